@@ -1,0 +1,56 @@
+// Greedy sampling on the GPU: the index of the largest logit of row `row`, lowest index on
+// ties (as torch.argmax), with up to four token ids suppressed (EOS when it must not end
+// the response). Writes the id where the next step's embedding reads it, so a decode step
+// needs no CPU round trip; the host reads back these 4 bytes only to stream text.
+
+struct Params {
+    n: u32,
+    n_suppress: u32,
+    row_stride: u32,
+    flags: u32,         // bit 0: read the step's last row of a [T, n] logits buffer
+    suppress: vec4<u32>,
+}
+struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> logits: array<f32>;
+@group(0) @binding(3) var<storage, read_write> token: array<u32>;
+
+const WG: u32 = 256u;
+var<workgroup> best_v: array<f32, 256>;
+var<workgroup> best_i: array<u32, 256>;
+
+fn suppressed(i: u32) -> bool {
+    for (var s = 0u; s < p.n_suppress; s++) {
+        if (p.suppress[s] == i) { return true; }
+    }
+    return false;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
+    var row = 0u;
+    if ((p.flags & 1u) != 0u) { row = (step.n_tokens - 1u) * p.row_stride; }
+    var bv = -3.4e38;
+    var bi = 0xffffffffu;
+    for (var i = lid.x; i < p.n; i += WG) {
+        let v = logits[row + i];
+        if (v > bv && !suppressed(i)) { bv = v; bi = i; }
+    }
+    best_v[lid.x] = bv;
+    best_i[lid.x] = bi;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid.x < s) {
+            let ov = best_v[lid.x + s];
+            let oi = best_i[lid.x + s];
+            if (ov > best_v[lid.x] || (ov == best_v[lid.x] && oi < best_i[lid.x])) {
+                best_v[lid.x] = ov;
+                best_i[lid.x] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u) { token[0] = best_i[0]; }
+}

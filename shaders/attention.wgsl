@@ -1,0 +1,88 @@
+// Causal attention of one query head over the KV cache, one workgroup per (head, token):
+//   scores = q.k * head_dim^-0.5; p = softmax(scores) in f32; out = p @ V
+// Keys 0..=pos0+t are visible. Scores go to a scratch row in global memory so the context
+// length is bounded by the cache, not by workgroup memory. GQA: query head h reads kv
+// head h / (n_heads / n_kv), as transformers' repeat_kv.
+
+struct Params {
+    n_heads: u32,
+    n_kv: u32,
+    head_dim: u32,
+    scratch_stride: u32,  // floats per scratch row (>= cache capacity in positions)
+    scale: f32,
+    _a: u32,
+    _b: u32,
+    _c: u32,
+}
+struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> q: array<f32>;
+@group(0) @binding(3) var<storage, read> cache_k: array<f32>;
+@group(0) @binding(4) var<storage, read> cache_v: array<f32>;
+@group(0) @binding(5) var<storage, read_write> scratch: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+const WG: u32 = 64u;
+const MAX_HEAD_DIM: u32 = 512u;
+var<workgroup> qs: array<f32, 512>;
+var<workgroup> red: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let h = wid.x;
+    let t = wid.y;
+    if (t >= step.n_tokens) { return; }
+    let d = p.head_dim;
+    let q_dim = p.n_heads * d;
+    let kv_dim = p.n_kv * d;
+    let kvh = h / (p.n_heads / p.n_kv);
+    let n_keys = step.pos0 + t + 1u;
+    let srow = (t * p.n_heads + h) * p.scratch_stride;
+
+    for (var i = lid.x; i < d; i += WG) { qs[i] = q[t * q_dim + h * d + i]; }
+    workgroupBarrier();
+
+    var m = -3.0e38;
+    for (var j = lid.x; j < n_keys; j += WG) {
+        let kb = j * kv_dim + kvh * d;
+        var s = 0.0;
+        for (var i = 0u; i < d; i++) { s += qs[i] * cache_k[kb + i]; }
+        s *= p.scale;
+        scratch[srow + j] = s;
+        m = max(m, s);
+    }
+    red[lid.x] = m;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid.x < s) { red[lid.x] = max(red[lid.x], red[lid.x + s]); }
+        workgroupBarrier();
+    }
+    let mx = red[0];
+    workgroupBarrier();
+
+    var sum = 0.0;
+    for (var j = lid.x; j < n_keys; j += WG) {
+        let e = exp(scratch[srow + j] - mx);
+        scratch[srow + j] = e;
+        sum += e;
+    }
+    red[lid.x] = sum;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid.x < s) { red[lid.x] += red[lid.x + s]; }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / red[0];
+    // Scratch was written by other invocations of this workgroup.
+    storageBarrier();
+
+    for (var i = lid.x; i < d; i += WG) {
+        var acc = 0.0;
+        for (var j = 0u; j < n_keys; j++) {
+            acc += scratch[srow + j] * cache_v[j * kv_dim + kvh * d + i];
+        }
+        out[t * q_dim + h * d + i] = acc * inv;
+    }
+}

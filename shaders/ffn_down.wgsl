@@ -1,0 +1,66 @@
+// SwiGLU second half: y[t, j, m] = down_e[m] . h[t, j, :] for the j-th expert of token t
+// (or a fixed slot), reading the expert's down rows from its pool slot. Same slot layout
+// as ffn_gate_up.wgsl; the down block starts after the 2*I gate/up rows.
+
+struct Params {
+    hidden: u32,
+    inter: u32,
+    top_k: u32,
+    in_vec4: u32,       // vec4<u32> per gate/up row (Hp / 8), to find the down block
+    down_vec4: u32,     // vec4<u32> per down row (Ip / 8)
+    slot_vec4: u32,
+    first_slot: u32,
+    chunk_slots: u32,
+    flags: u32,         // bit 0: fixed slot 0
+    _a: u32,
+    _b: u32,
+    _c: u32,
+}
+struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> h: array<f32>;
+@group(0) @binding(3) var<storage, read> ids: array<u32>;
+@group(0) @binding(4) var<storage, read> slot_of: array<u32>;
+@group(0) @binding(5) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+
+fn halves(v: vec4<u32>) -> array<vec4<f32>, 2> {
+    return array<vec4<f32>, 2>(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)),
+                               vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
+}
+
+fn h8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
+    var r = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (k0 + 8u <= p.inter) {
+        let i = base + k0;
+        r[0] = vec4<f32>(h[i], h[i + 1u], h[i + 2u], h[i + 3u]);
+        r[1] = vec4<f32>(h[i + 4u], h[i + 5u], h[i + 6u], h[i + 7u]);
+    } else {
+        for (var j = 0u; j < 8u; j++) {
+            if (k0 + j < p.inter) { r[j / 4u][j % 4u] = h[base + k0 + j]; }
+        }
+    }
+    return r;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let m = gid.x;
+    let j = gid.y;
+    let t = gid.z;
+    if (m >= p.hidden || t >= step.n_tokens) { return; }
+    var slot = 0u;
+    if ((p.flags & 1u) == 0u) { slot = slot_of[ids[t * p.top_k + j]]; }
+    if (slot < p.first_slot || slot >= p.first_slot + p.chunk_slots) { return; }
+    let row = (slot - p.first_slot) * p.slot_vec4 + 2u * p.inter * p.in_vec4 + m * p.down_vec4;
+    let hb = (t * p.top_k + j) * p.inter;
+    var acc = 0.0;
+    for (var c = 0u; c < p.down_vec4; c++) {
+        let hv = h8(hb, c * 8u);
+        let wv = halves(w[row + c]);
+        acc += dot(wv[0], hv[0]) + dot(wv[1], hv[1]);
+    }
+    y[(t * p.top_k + j) * p.hidden + m] = acc;
+}

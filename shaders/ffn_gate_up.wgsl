@@ -1,0 +1,75 @@
+// SwiGLU first half for routed experts (and, with a fixed slot, a dense MLP or Qwen's
+// shared expert): h[t, j, n] = silu(gate_e[n] . x_t) * (up_e[n] . x_t) with e the j-th
+// expert picked for token t. Expert ids are read on the GPU and mapped to a slot of the
+// expert pool through the slot table, so no CPU round trip is needed. The pool is split
+// into chunks (one storage binding each); this dispatch serves the slots of one chunk.
+// Slot layout (f16, rows padded to 8 halves): gate [I][Hp], up [I][Hp], down [H][Ip].
+
+struct Params {
+    hidden: u32,
+    inter: u32,
+    top_k: u32,
+    x_stride: u32,
+    in_vec4: u32,       // vec4<u32> per gate/up row (Hp / 8)
+    slot_vec4: u32,     // vec4<u32> per slot
+    first_slot: u32,    // first slot held by this chunk
+    chunk_slots: u32,
+    flags: u32,         // bit 0: fixed slot 0 (not routed)
+    _a: u32,
+    _b: u32,
+    _c: u32,
+}
+struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read> ids: array<u32>;
+@group(0) @binding(4) var<storage, read> slot_of: array<u32>;
+@group(0) @binding(5) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> h_out: array<f32>;
+
+fn halves(v: vec4<u32>) -> array<vec4<f32>, 2> {
+    return array<vec4<f32>, 2>(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)),
+                               vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
+}
+
+fn x8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
+    var r = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (k0 + 8u <= p.hidden) {
+        let i = base + k0;
+        r[0] = vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+        r[1] = vec4<f32>(x[i + 4u], x[i + 5u], x[i + 6u], x[i + 7u]);
+    } else {
+        for (var j = 0u; j < 8u; j++) {
+            if (k0 + j < p.hidden) { r[j / 4u][j % 4u] = x[base + k0 + j]; }
+        }
+    }
+    return r;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n = gid.x;
+    let j = gid.y;
+    let t = gid.z;
+    if (n >= p.inter || t >= step.n_tokens) { return; }
+    var slot = 0u;
+    if ((p.flags & 1u) == 0u) { slot = slot_of[ids[t * p.top_k + j]]; }
+    if (slot < p.first_slot || slot >= p.first_slot + p.chunk_slots) { return; }
+    let sbase = (slot - p.first_slot) * p.slot_vec4;
+    let g_row = sbase + n * p.in_vec4;
+    let u_row = sbase + (p.inter + n) * p.in_vec4;
+    let xb = t * p.x_stride;
+    var g = 0.0;
+    var u = 0.0;
+    for (var c = 0u; c < p.in_vec4; c++) {
+        let xv = x8(xb, c * 8u);
+        let gv = halves(w[g_row + c]);
+        let uv = halves(w[u_row + c]);
+        g += dot(gv[0], xv[0]) + dot(gv[1], xv[1]);
+        u += dot(uv[0], xv[0]) + dot(uv[1], xv[1]);
+    }
+    // silu(g) = g * sigmoid(g)
+    h_out[(t * p.top_k + j) * p.inter + n] = g / (1.0 + exp(-g)) * u;
+}

@@ -1,0 +1,112 @@
+// out[t, row_base + n] (+)= sum_k x[t, k] * W[n, k] (+ bias[row_base + n])
+// W is f16, row-major, each row padded to a multiple of 8 halves so a row is read as
+// vec4<u32> (8 halves per load): llvmpipe loads storage lane by lane with bounds checks,
+// so fewer, wider loads win. Accumulation is f32. One invocation owns one weight row and
+// TT tokens, so a prefill chunk reads each weight row once per TT tokens (matrix-matrix),
+// while decode (one token) is a plain matvec. Matrices larger than one binding are split
+// by rows; each chunk is one dispatch with its own row_base.
+
+struct Params {
+    k: u32,              // input features
+    n_rows: u32,         // rows in this chunk
+    row_base: u32,       // global row index of this chunk's first row
+    vec4_per_row: u32,   // vec4<u32> per weight row
+    x_stride: u32,
+    out_stride: u32,
+    flags: u32,          // bit 0: bias, bit 1: accumulate into out, bit 2: last token only
+    _a: u32,
+}
+struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+const TT: u32 = 4u;
+
+fn halves(v: vec4<u32>) -> array<vec4<f32>, 2> {
+    let a = unpack2x16float(v.x);
+    let b = unpack2x16float(v.y);
+    let c = unpack2x16float(v.z);
+    let d = unpack2x16float(v.w);
+    return array<vec4<f32>, 2>(vec4<f32>(a, b), vec4<f32>(c, d));
+}
+
+fn x8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
+    let i = base + k0;
+    return array<vec4<f32>, 2>(
+        vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]),
+        vec4<f32>(x[i + 4u], x[i + 5u], x[i + 6u], x[i + 7u]));
+}
+
+// The last, partial group of 8 inputs: zero the lanes past k so that neither padding nor
+// the next row's activations contribute.
+fn x8_tail(base: u32, k0: u32) -> array<vec4<f32>, 2> {
+    var r = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var j = 0u; j < 8u; j++) {
+        if (k0 + j < p.k) { r[j / 4u][j % 4u] = x[base + k0 + j]; }
+    }
+    return r;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n = gid.x;
+    if (n >= p.n_rows) { return; }
+    var t_begin = gid.y * TT;
+    var t_end = min(t_begin + TT, step.n_tokens);
+    var t_out0 = t_begin;
+    if ((p.flags & 4u) != 0u) {
+        if (gid.y > 0u) { return; }
+        t_begin = step.n_tokens - 1u;
+        t_end = step.n_tokens;
+        t_out0 = 0u;
+    }
+    if (t_begin >= t_end) { return; }
+    // Tokens past t_end re-read the last valid row and are not stored.
+    let xb0 = t_begin * p.x_stride;
+    let xb1 = min(t_begin + 1u, t_end - 1u) * p.x_stride;
+    let xb2 = min(t_begin + 2u, t_end - 1u) * p.x_stride;
+    let xb3 = min(t_begin + 3u, t_end - 1u) * p.x_stride;
+    var acc = vec4<f32>(0.0);
+    let wrow = n * p.vec4_per_row;
+    let full = p.k / 8u;
+    for (var c = 0u; c < full; c++) {
+        let wv = halves(w[wrow + c]);
+        let k0 = c * 8u;
+        let a0 = x8(xb0, k0);
+        let a1 = x8(xb1, k0);
+        let a2 = x8(xb2, k0);
+        let a3 = x8(xb3, k0);
+        acc += vec4<f32>(dot(wv[0], a0[0]) + dot(wv[1], a0[1]),
+                         dot(wv[0], a1[0]) + dot(wv[1], a1[1]),
+                         dot(wv[0], a2[0]) + dot(wv[1], a2[1]),
+                         dot(wv[0], a3[0]) + dot(wv[1], a3[1]));
+    }
+    if (full * 8u < p.k) {
+        let wv = halves(w[wrow + full]);
+        let k0 = full * 8u;
+        let a0 = x8_tail(xb0, k0);
+        let a1 = x8_tail(xb1, k0);
+        let a2 = x8_tail(xb2, k0);
+        let a3 = x8_tail(xb3, k0);
+        acc += vec4<f32>(dot(wv[0], a0[0]) + dot(wv[1], a0[1]),
+                         dot(wv[0], a1[0]) + dot(wv[1], a1[1]),
+                         dot(wv[0], a2[0]) + dot(wv[1], a2[1]),
+                         dot(wv[0], a3[0]) + dot(wv[1], a3[1]));
+    }
+    let row = p.row_base + n;
+    var b = 0.0;
+    if ((p.flags & 1u) != 0u) { b = bias[row]; }
+    for (var i = 0u; i < TT; i++) {
+        let t = t_begin + i;
+        if (t >= t_end) { break; }
+        let o = (t_out0 + i) * p.out_stride + row;
+        var v = acc[i] + b;
+        if ((p.flags & 2u) != 0u) { v += out[o]; }
+        out[o] = v;
+    }
+}

@@ -1,0 +1,45 @@
+// Adds the MoE block's output to the residual stream:
+//   x[t] += sum_j w[t, j] * y[t, j] + g_t * shared[t]
+// with g_t = sigmoid(shared_expert_gate(x_t)) for Qwen's shared expert (its logit is an
+// extra row of the router matmul), 1 for a dense MLP layer, and no shared term for OLMoE.
+
+struct Params {
+    hidden: u32,
+    top_k: u32,
+    flags: u32,          // bit 0: routed experts, bit 1: shared/dense term, bit 2: shared term gated
+    gate_stride: u32,    // floats per router-logit row
+    gate_col: u32,       // column of the shared-expert gate logit
+    _a: u32,
+    _b: u32,
+    _c: u32,
+}
+struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> y: array<f32>;
+@group(0) @binding(3) var<storage, read> weights: array<f32>;
+@group(0) @binding(4) var<storage, read> shared_y: array<f32>;
+@group(0) @binding(5) var<storage, read> router_logits: array<f32>;
+@group(0) @binding(6) var<storage, read_write> x: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let m = gid.x;
+    let t = gid.y;
+    if (m >= p.hidden || t >= step.n_tokens) { return; }
+    var acc = 0.0;
+    if ((p.flags & 1u) != 0u) {
+        for (var j = 0u; j < p.top_k; j++) {
+            acc += weights[t * p.top_k + j] * y[(t * p.top_k + j) * p.hidden + m];
+        }
+    }
+    if ((p.flags & 2u) != 0u) {
+        var g = 1.0;
+        if ((p.flags & 4u) != 0u) {
+            g = 1.0 / (1.0 + exp(-router_logits[t * p.gate_stride + p.gate_col]));
+        }
+        acc += g * shared_y[t * p.hidden + m];
+    }
+    x[t * p.hidden + m] += acc;
+}

@@ -1,0 +1,118 @@
+// Per token: optional clip of q/k/v, optional RMSNorm of q and k over the whole projection
+// (OLMoE: `query_states = self.q_norm(self.q_proj(hidden_states))`, with q_norm over
+// num_heads*head_dim and k_norm over num_kv_heads*head_dim), then rotary embedding
+// (rotate_half style, cos/sin from a table computed on the host in f32 like
+// transformers' inv_freq), then q goes to q_out and k, v are stored into the layer's KV
+// cache at position pos0 + t. One workgroup per token.
+
+struct Params {
+    n_heads: u32,
+    n_kv: u32,
+    head_dim: u32,
+    qkv_stride: u32,   // q_dim + 2 * kv_dim
+    flags: u32,        // bit 0: q/k RMSNorm, bit 1: clip qkv
+    eps: f32,
+    clip: f32,
+    rope_rows: u32,    // positions held by the cos/sin table
+}
+struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> qkv: array<f32>;
+@group(0) @binding(3) var<storage, read> q_norm_w: array<u32>;  // f16 pairs
+@group(0) @binding(4) var<storage, read> k_norm_w: array<u32>;
+@group(0) @binding(5) var<storage, read> rope: array<vec2<f32>>; // [pos][head_dim/2] (cos, sin)
+@group(0) @binding(6) var<storage, read_write> q_out: array<f32>;
+@group(0) @binding(7) var<storage, read_write> cache_k: array<f32>;
+@group(0) @binding(8) var<storage, read_write> cache_v: array<f32>;
+
+const WG: u32 = 64u;
+var<workgroup> red_q: array<f32, 64>;
+var<workgroup> red_k: array<f32, 64>;
+
+fn f16_at(buf_is_q: bool, i: u32) -> f32 {
+    if (buf_is_q) { return unpack2x16float(q_norm_w[i / 2u])[i % 2u]; }
+    return unpack2x16float(k_norm_w[i / 2u])[i % 2u];
+}
+
+fn clipped(v: f32) -> f32 {
+    if ((p.flags & 2u) != 0u) { return clamp(v, -p.clip, p.clip); }
+    return v;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let t = wid.x;
+    if (t >= step.n_tokens) { return; }
+    let pos = step.pos0 + t;
+    let q_dim = p.n_heads * p.head_dim;
+    let kv_dim = p.n_kv * p.head_dim;
+    let base = t * p.qkv_stride;
+    let half = p.head_dim / 2u;
+    let norm = (p.flags & 1u) != 0u;
+
+    var inv_q = 1.0;
+    var inv_k = 1.0;
+    if (norm) {
+        var sq = 0.0;
+        for (var i = lid.x; i < q_dim; i += WG) { let v = qkv[base + i]; sq += v * v; }
+        var sk = 0.0;
+        for (var i = lid.x; i < kv_dim; i += WG) { let v = qkv[base + q_dim + i]; sk += v * v; }
+        red_q[lid.x] = sq;
+        red_k[lid.x] = sk;
+    }
+    workgroupBarrier();
+    if (norm) {
+        for (var s = WG / 2u; s > 0u; s >>= 1u) {
+            if (lid.x < s) {
+                red_q[lid.x] += red_q[lid.x + s];
+                red_k[lid.x] += red_k[lid.x + s];
+            }
+            workgroupBarrier();
+        }
+        inv_q = inverseSqrt(red_q[0] / f32(q_dim) + p.eps);
+        inv_k = inverseSqrt(red_k[0] / f32(kv_dim) + p.eps);
+    }
+
+    let rrow = min(pos, p.rope_rows - 1u) * half;
+    // q: pairs (i, i + half) of each head
+    for (var idx = lid.x; idx < p.n_heads * half; idx += WG) {
+        let h = idx / half;
+        let i = idx % half;
+        let ia = h * p.head_dim + i;
+        let ib = ia + half;
+        var a = qkv[base + ia];
+        var b = qkv[base + ib];
+        if (norm) {
+            a = f16_at(true, ia) * (a * inv_q);
+            b = f16_at(true, ib) * (b * inv_q);
+        }
+        a = clipped(a);
+        b = clipped(b);
+        let cs = rope[rrow + i];
+        q_out[t * q_dim + ia] = a * cs.x - b * cs.y;
+        q_out[t * q_dim + ib] = b * cs.x + a * cs.y;
+    }
+    let cbase = pos * kv_dim;
+    for (var idx = lid.x; idx < p.n_kv * half; idx += WG) {
+        let h = idx / half;
+        let i = idx % half;
+        let ia = h * p.head_dim + i;
+        let ib = ia + half;
+        var a = qkv[base + q_dim + ia];
+        var b = qkv[base + q_dim + ib];
+        if (norm) {
+            a = f16_at(false, ia) * (a * inv_k);
+            b = f16_at(false, ib) * (b * inv_k);
+        }
+        a = clipped(a);
+        b = clipped(b);
+        let cs = rope[rrow + i];
+        cache_k[cbase + ia] = a * cs.x - b * cs.y;
+        cache_k[cbase + ib] = b * cs.x + a * cs.y;
+    }
+    for (var i = lid.x; i < kv_dim; i += WG) {
+        cache_v[cbase + i] = clipped(qkv[base + q_dim + kv_dim + i]);
+    }
+}

@@ -1,0 +1,427 @@
+//! Read-only access to a Hugging Face safetensors checkpoint: a single `model.safetensors`,
+//! or `model.safetensors.index.json` plus the shards it names.
+//!
+//! Every shard is memory-mapped and its header parsed (and validated: the safetensors crate
+//! checks that the data section is exactly as long as the header says) when the checkpoint is
+//! opened, so a truncated or corrupt file fails at `open`, naming the file. Reading a tensor
+//! then touches only that tensor's byte range of the mapping.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Component, Path, PathBuf};
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+const SINGLE_FILE: &str = "model.safetensors";
+const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Element types the runtime can read. Anything else is reported as a `BadTensor` error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    BF16,
+    F16,
+    F32,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::BF16 | DType::F16 => 2,
+            DType::F32 => 4,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// The shard file holding the tensor.
+    pub file: PathBuf,
+}
+
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+}
+
+/// Where one tensor lives: shard index and absolute byte range within that shard's mapping.
+struct Entry {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+pub struct Checkpoint {
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    /// Ordered so that `names()` is deterministic.
+    tensors: BTreeMap<String, Entry>,
+}
+
+/// How a layer stores its routed experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// Hub layout: `model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.weight`,
+    /// [I, H], [I, H], [H, I].
+    PerExpert,
+    /// transformers 5 in-memory layout: `model.layers.{l}.mlp.experts.gate_up_proj` [E, 2I, H]
+    /// (per expert, the I gate rows then the I up rows) and `model.layers.{l}.mlp.experts.down_proj`
+    /// [E, H, I]. Each expert slice is an nn.Linear-style [out, in] matrix, used as
+    /// `linear(x, gate_up_proj[e]).chunk(2, dim=-1)`.
+    Fused,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertProj {
+    Gate,
+    Up,
+    Down,
+}
+
+impl ExpertProj {
+    fn hub_name(self) -> &'static str {
+        match self {
+            ExpertProj::Gate => "gate_proj",
+            ExpertProj::Up => "up_proj",
+            ExpertProj::Down => "down_proj",
+        }
+    }
+}
+
+impl Checkpoint {
+    /// Opens `dir/model.safetensors` if present (transformers checks it first too), else
+    /// `dir/model.safetensors.index.json` and its shards.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let single = dir.join(SINGLE_FILE);
+        let index = dir.join(INDEX_FILE);
+        if single.is_file() {
+            let shard = map_shard(&single)?;
+            let mut tensors = BTreeMap::new();
+            for (name, entry) in shard_entries(&shard, 0)? {
+                tensors.insert(name, entry);
+            }
+            return Ok(Checkpoint { dir: dir.to_path_buf(), shards: vec![shard], tensors });
+        }
+        if index.is_file() {
+            return Self::open_sharded(dir, &index);
+        }
+        Err(Error::bad_file(dir, format!("no {SINGLE_FILE} or {INDEX_FILE} in this directory")))
+    }
+
+    fn open_sharded(dir: &Path, index_path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(index_path).map_err(|e| Error::io(index_path, e))?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_file(index_path, format!("invalid JSON: {e}")))?;
+        let weight_map = value
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| Error::field(index_path, "weight_map", "missing or not an object"))?;
+
+        // Shard file name -> shard index, in first-seen order.
+        let mut shard_ids: HashMap<&str, usize> = HashMap::new();
+        let mut shards = Vec::new();
+        let mut shard_tables: Vec<HashMap<String, Entry>> = Vec::new();
+        let mut tensors = BTreeMap::new();
+        for (name, file) in weight_map {
+            let file = file.as_str().ok_or_else(|| {
+                Error::field(index_path, format!("weight_map.{name}"), format!("expected a file name, found {file}"))
+            })?;
+            // The index must name files inside the checkpoint directory.
+            let plain = Path::new(file).components().all(|c| matches!(c, Component::Normal(_)));
+            if !plain || file.is_empty() {
+                return Err(Error::field(
+                    index_path,
+                    format!("weight_map.{name}"),
+                    format!("{file:?} is not a plain file name inside the checkpoint directory"),
+                ));
+            }
+            let id = match shard_ids.get(file) {
+                Some(&id) => id,
+                None => {
+                    let id = shards.len();
+                    let path = dir.join(file);
+                    if !path.is_file() {
+                        return Err(Error::bad_file(
+                            &path,
+                            format!("shard named by {} (for tensor `{name}`) does not exist", index_path.display()),
+                        ));
+                    }
+                    let shard = map_shard(&path)?;
+                    shard_tables.push(shard_entries(&shard, id)?.into_iter().collect());
+                    shards.push(shard);
+                    shard_ids.insert(file, id);
+                    id
+                }
+            };
+            // Tensors a shard holds but the index does not list are ignored, as transformers does.
+            let entry = shard_tables[id].remove(name).ok_or_else(|| Error::BadTensor {
+                path: shards[id].path.clone(),
+                name: name.clone(),
+                msg: format!("listed in {} but not present in this shard", index_path.display()),
+            })?;
+            tensors.insert(name.clone(), entry);
+        }
+        Ok(Checkpoint { dir: dir.to_path_buf(), shards, tensors })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// All tensor names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// The shard files, in the order they were opened.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.shards.iter().map(|s| s.path.as_path())
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| Error::MissingTensor { dir: self.dir.clone(), name: name.to_string() })
+    }
+
+    fn bad(&self, e: &Entry, name: &str, msg: impl Into<String>) -> Error {
+        Error::BadTensor { path: self.shards[e.shard].path.clone(), name: name.to_string(), msg: msg.into() }
+    }
+
+    fn dtype_of(&self, e: &Entry, name: &str) -> Result<DType> {
+        match e.dtype {
+            Dtype::BF16 => Ok(DType::BF16),
+            Dtype::F16 => Ok(DType::F16),
+            Dtype::F32 => Ok(DType::F32),
+            other => Err(self.bad(e, name, format!("unsupported dtype {other:?} (supported: BF16, F16, F32)"))),
+        }
+    }
+
+    /// Dtype, shape and file of a tensor. Fails for a missing tensor or an unsupported dtype.
+    pub fn info(&self, name: &str) -> Result<TensorInfo> {
+        let e = self.entry(name)?;
+        Ok(TensorInfo { dtype: self.dtype_of(e, name)?, shape: e.shape.clone(), file: self.shards[e.shard].path.clone() })
+    }
+
+    /// The tensor's entry after checking its shape is exactly `expected`, plus its dtype.
+    fn checked(&self, name: &str, expected: &[usize]) -> Result<(&Entry, DType)> {
+        let e = self.entry(name)?;
+        if e.shape != expected {
+            return Err(self.bad(e, name, format!("expected shape {expected:?}, found {:?}", e.shape)));
+        }
+        let dt = self.dtype_of(e, name)?;
+        Ok((e, dt))
+    }
+
+    fn bytes(&self, e: &Entry) -> &[u8] {
+        // In range: shard_entries checked start <= end <= mmap.len() when the shard was opened.
+        &self.shards[e.shard].mmap[e.start..e.end]
+    }
+
+    /// The whole tensor as f16 (BF16 and F32 rounded to nearest-even; F16 copied), after
+    /// checking that its shape is exactly `expected_shape`.
+    pub fn read_f16(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f16>> {
+        let (e, dt) = self.checked(name, expected_shape)?;
+        Ok(convert_f16(dt, self.bytes(e)))
+    }
+
+    /// The whole tensor as f32 (exact for BF16 and F16), after checking its shape.
+    pub fn read_f32(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f32>> {
+        let (e, dt) = self.checked(name, expected_shape)?;
+        Ok(convert_f32(dt, self.bytes(e)))
+    }
+
+    /// Rows `[row_start, row_start + rows)` of the tensor viewed as 2-D
+    /// [product of all dims but the last, last dim], as f32. The full shape must equal
+    /// `expected_shape`. Only the requested rows' bytes are read, so one expert can be taken
+    /// out of a fused [E, 2I, H] tensor (rows `e*2I ..`) without touching the rest.
+    pub fn read_rows_f32(&self, name: &str, expected_shape: &[usize], row_start: usize, rows: usize) -> Result<Vec<f32>> {
+        let (e, dt) = self.checked(name, expected_shape)?;
+        let bytes = self.row_bytes(e, dt, name, row_start, rows)?;
+        Ok(convert_f32(dt, bytes))
+    }
+
+    /// Like `read_rows_f32`, converted to f16.
+    pub fn read_rows_f16(&self, name: &str, expected_shape: &[usize], row_start: usize, rows: usize) -> Result<Vec<f16>> {
+        let (e, dt) = self.checked(name, expected_shape)?;
+        let bytes = self.row_bytes(e, dt, name, row_start, rows)?;
+        Ok(convert_f16(dt, bytes))
+    }
+
+    fn row_bytes(&self, e: &Entry, dt: DType, name: &str, row_start: usize, rows: usize) -> Result<&[u8]> {
+        let (row_len, total_rows) = match e.shape.split_last() {
+            Some((&last, rest)) => (last, rest.iter().product::<usize>()),
+            None => (1, 1), // a scalar is one row of one element
+        };
+        let end_row = row_start.checked_add(rows).filter(|&r| r <= total_rows).ok_or_else(|| {
+            self.bad(e, name, format!("rows {row_start}..{row_start}+{rows} out of range (2-D view has {total_rows} rows of {row_len})"))
+        })?;
+        let row_bytes = row_len * dt.size();
+        let all = self.bytes(e);
+        Ok(&all[row_start * row_bytes..end_row * row_bytes])
+    }
+
+    /// Which expert layout layer `layer` uses. Errors if it has neither, or both.
+    pub fn expert_layout(&self, layer: usize) -> Result<ExpertLayout> {
+        let hub = format!("model.layers.{layer}.mlp.experts.0.gate_proj.weight");
+        let fused = fused_gate_up_name(layer);
+        match (self.contains(&hub), self.contains(&fused)) {
+            (true, false) => Ok(ExpertLayout::PerExpert),
+            (false, true) => Ok(ExpertLayout::Fused),
+            (false, false) => Err(Error::MissingTensor { dir: self.dir.clone(), name: format!("{hub}` or `{fused}") }),
+            (true, true) => Err(Error::bad_file(
+                &self.dir,
+                format!("layer {layer} has both per-expert (`{hub}`) and fused (`{fused}`) expert tensors"),
+            )),
+        }
+    }
+
+    /// One routed expert's projection as a row-major [out, in] f32 matrix: gate/up [I, H],
+    /// down [H, I]. Shapes are checked against (num_experts, hidden, inter) in either layout.
+    pub fn read_expert_f32(
+        &self,
+        layer: usize,
+        expert: usize,
+        proj: ExpertProj,
+        num_experts: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Vec<f32>> {
+        let (name, shape, row_start, rows) = self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
+        match row_start {
+            None => self.read_f32(&name, &shape),
+            Some(r) => self.read_rows_f32(&name, &shape, r, rows),
+        }
+    }
+
+    /// Like `read_expert_f32`, converted to f16.
+    pub fn read_expert_f16(
+        &self,
+        layer: usize,
+        expert: usize,
+        proj: ExpertProj,
+        num_experts: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Vec<f16>> {
+        let (name, shape, row_start, rows) = self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
+        match row_start {
+            None => self.read_f16(&name, &shape),
+            Some(r) => self.read_rows_f16(&name, &shape, r, rows),
+        }
+    }
+
+    /// Tensor name, its full expected shape, and (for fused tensors) the row range of the
+    /// expert's matrix in the 2-D view.
+    fn expert_location(
+        &self,
+        layer: usize,
+        expert: usize,
+        proj: ExpertProj,
+        num_experts: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<(String, Vec<usize>, Option<usize>, usize)> {
+        if expert >= num_experts {
+            return Err(Error::Other(format!("expert {expert} out of range: layer {layer} has {num_experts} experts")));
+        }
+        Ok(match self.expert_layout(layer)? {
+            ExpertLayout::PerExpert => {
+                let name = format!("model.layers.{layer}.mlp.experts.{expert}.{}.weight", proj.hub_name());
+                let shape = match proj {
+                    ExpertProj::Gate | ExpertProj::Up => vec![inter, hidden],
+                    ExpertProj::Down => vec![hidden, inter],
+                };
+                (name, shape, None, 0)
+            }
+            ExpertLayout::Fused => match proj {
+                ExpertProj::Gate => (fused_gate_up_name(layer), vec![num_experts, 2 * inter, hidden], Some(expert * 2 * inter), inter),
+                ExpertProj::Up => {
+                    (fused_gate_up_name(layer), vec![num_experts, 2 * inter, hidden], Some(expert * 2 * inter + inter), inter)
+                }
+                ExpertProj::Down => (
+                    format!("model.layers.{layer}.mlp.experts.down_proj"),
+                    vec![num_experts, hidden, inter],
+                    Some(expert * hidden),
+                    hidden,
+                ),
+            },
+        })
+    }
+}
+
+fn fused_gate_up_name(layer: usize) -> String {
+    format!("model.layers.{layer}.mlp.experts.gate_up_proj")
+}
+
+fn map_shard(path: &Path) -> Result<Shard> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: the mapping is read-only; as with every mmap-based loader, modifying the file
+    // while it is mapped is outside the contract (the user must not rewrite a checkpoint
+    // while it is being loaded).
+    let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    Ok(Shard { path: path.to_path_buf(), mmap })
+}
+
+/// Parses and validates a shard header; returns its tensors with absolute byte ranges.
+fn shard_entries(shard: &Shard, id: usize) -> Result<Vec<(String, Entry)>> {
+    let buf: &[u8] = &shard.mmap;
+    let (header_len, meta) = SafeTensors::read_metadata(buf).map_err(|e| {
+        let what = match e {
+            safetensors::SafeTensorError::MetadataIncompleteBuffer => {
+                "data section length does not match the header (truncated or has trailing bytes)".to_string()
+            }
+            other => format!("invalid safetensors header: {other}"),
+        };
+        Error::bad_file(&shard.path, what)
+    })?;
+    let data_start = 8 + header_len;
+    let mut out = Vec::new();
+    for (name, info) in meta.tensors() {
+        let (s, e) = info.data_offsets;
+        let (start, end) = (data_start + s, data_start + e);
+        // read_metadata already validated this; re-check so slicing can never panic.
+        if start > end || end > buf.len() {
+            return Err(Error::bad_file(&shard.path, format!("tensor `{name}` lies outside the file")));
+        }
+        out.push((name, Entry { shard: id, dtype: info.dtype, shape: info.shape.clone(), start, end }));
+    }
+    Ok(out)
+}
+
+// Conversions. Tensor data in a mapping need not be 2- or 4-byte aligned, so elements are
+// assembled from little-endian bytes; chunks_exact keeps the loops free of bounds checks.
+
+fn convert_f32(dt: DType, bytes: &[u8]) -> Vec<f32> {
+    match dt {
+        // bf16 is the top half of an f32: widening is a shift, exact.
+        DType::BF16 => bytes.chunks_exact(2).map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)).collect(),
+        DType::F16 => bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+        DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+    }
+}
+
+fn convert_f16(dt: DType, bytes: &[u8]) -> Vec<f16> {
+    match dt {
+        // bf16 -> f32 is exact, so this rounds once (to nearest even); values beyond the f16
+        // range become ±inf, tiny ones f16 subnormals or zero.
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_f32(bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
+            .collect(),
+        DType::F16 => bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect(),
+        DType::F32 => bytes.chunks_exact(4).map(|c| f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+    }
+}

@@ -1,0 +1,147 @@
+//! The generation loop: chunked prefill, then one submission per decoded token.
+
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::gpu::GpuContext;
+use crate::model::{Forward, Head};
+use crate::sampling::{sample, Rng, SamplingOptions};
+
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampling: SamplingOptions,
+    /// Token ids that end the response (unless `ignore_eos`).
+    pub eos_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// Keep the logits row each generated token was chosen from (tests, evaluation).
+    pub record_logits: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Generation {
+    pub generated_ids: Vec<u32>,
+    /// Per generated token, the logits it was chosen from (with `record_logits`).
+    pub step_logits: Vec<Vec<f32>>,
+    pub ttft_s: f64,
+    /// Time from the first token to the last.
+    pub decode_s: f64,
+    pub prefill_s: f64,
+    pub stopped_by_eos: bool,
+    pub dispatches: u64,
+    pub submissions: u64,
+}
+
+impl Generation {
+    /// Tokens after the first, per second of decoding after the first token.
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        let n = self.generated_ids.len().saturating_sub(1);
+        if n == 0 || self.decode_s <= 0.0 {
+            0.0
+        } else {
+            n as f64 / self.decode_s
+        }
+    }
+}
+
+/// Generate from `prompt` with the KV cache starting empty. `on_token` sees each token as
+/// soon as it is known (to stream text).
+pub fn generate(
+    ctx: &GpuContext,
+    fwd: &Forward,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> Result<()>,
+) -> Result<Generation> {
+    if prompt.is_empty() {
+        return Err(Error::option("--prompt", "the prompt has no tokens"));
+    }
+    let v = fwd.cfg.vocab_size;
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= v) {
+        return Err(Error::option(
+            "--prompt-ids",
+            format!("token id {bad} is outside the vocabulary (vocab_size {v})"),
+        ));
+    }
+    let (d0, s0) = fwd.counters.get();
+    let greedy = opts.sampling.is_greedy();
+    // Greedy decoding keeps the sampled id on the GPU; sampling needs the logits row.
+    let head = if greedy { Head::LastArgmax } else { Head::Last };
+    let suppress: &[u32] = if opts.ignore_eos { &fwd.opts.suppress } else { &[] };
+    let mut rng = Rng::new(opts.sampling.seed);
+    let mut out = Generation::default();
+    if opts.max_new_tokens == 0 {
+        return Ok(out);
+    }
+
+    let t0 = Instant::now();
+    let chunk = fwd.opts.prefill_chunk;
+    let mut pos = 0;
+    while pos < prompt.len() {
+        let n = chunk.min(prompt.len() - pos);
+        let last = pos + n == prompt.len();
+        fwd.submit(ctx, pos, n, Some(&prompt[pos..pos + n]), if last { head } else { Head::None })?;
+        pos += n;
+    }
+    let mut next = |fwd: &Forward, out: &mut Generation| -> Result<u32> {
+        let logits = if opts.record_logits || !greedy {
+            Some(fwd.read_logits(ctx, 1)?)
+        } else {
+            None
+        };
+        let id = if greedy {
+            fwd.read_token(ctx)?
+        } else {
+            let l = logits.as_deref().unwrap_or(&[]);
+            let id = sample(l, &opts.sampling, suppress, &mut rng);
+            fwd.set_token(ctx, id);
+            id
+        };
+        if opts.record_logits {
+            out.step_logits.push(logits.unwrap_or_default());
+        }
+        Ok(id)
+    };
+    let mut id = next(fwd, &mut out)?;
+    ctx.check()?;
+    out.ttft_s = t0.elapsed().as_secs_f64();
+    out.prefill_s = out.ttft_s;
+    let t1 = Instant::now();
+    loop {
+        out.generated_ids.push(id);
+        on_token(id)?;
+        if !opts.ignore_eos && opts.eos_ids.contains(&id) {
+            out.stopped_by_eos = true;
+            break;
+        }
+        if out.generated_ids.len() >= opts.max_new_tokens {
+            break;
+        }
+        fwd.submit(ctx, pos, 1, None, head)?;
+        pos += 1;
+        id = next(fwd, &mut out)?;
+    }
+    ctx.check()?;
+    out.decode_s = t1.elapsed().as_secs_f64();
+    let (d1, s1) = fwd.counters.get();
+    out.dispatches = d1 - d0;
+    out.submissions = s1 - s0;
+    Ok(out)
+}
+
+/// Logits at every prompt position (one row per token), for parity tests and evaluation.
+pub fn prompt_logits(ctx: &GpuContext, fwd: &Forward, prompt: &[u32]) -> Result<Vec<Vec<f32>>> {
+    let chunk = fwd.opts.prefill_chunk;
+    let v = fwd.cfg.vocab_size;
+    let mut rows = Vec::with_capacity(prompt.len());
+    let mut pos = 0;
+    while pos < prompt.len() {
+        let n = chunk.min(prompt.len() - pos);
+        fwd.submit(ctx, pos, n, Some(&prompt[pos..pos + n]), Head::All)?;
+        let l = fwd.read_logits(ctx, n)?;
+        rows.extend(l.chunks(v).map(|r| r.to_vec()));
+        pos += n;
+    }
+    ctx.check()?;
+    Ok(rows)
+}

@@ -1,0 +1,268 @@
+//! The WGSL kernels, their parameter structs (each the byte-for-byte twin of the WGSL
+//! `Params` struct; a test checks the sizes against naga's layout) and their pipelines.
+
+use bytemuck::{Pod, Zeroable};
+
+/// One variant per shader file; the typed key of the pipeline cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    Embed,
+    RmsNorm,
+    Matmul,
+    RopeKv,
+    Attention,
+    RouterTopk,
+    FfnGateUp,
+    FfnDown,
+    MoeCombine,
+    Argmax,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 10] = [
+        Kernel::Embed,
+        Kernel::RmsNorm,
+        Kernel::Matmul,
+        Kernel::RopeKv,
+        Kernel::Attention,
+        Kernel::RouterTopk,
+        Kernel::FfnGateUp,
+        Kernel::FfnDown,
+        Kernel::MoeCombine,
+        Kernel::Argmax,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Embed => "embed",
+            Kernel::RmsNorm => "rmsnorm",
+            Kernel::Matmul => "matmul",
+            Kernel::RopeKv => "rope_kv",
+            Kernel::Attention => "attention",
+            Kernel::RouterTopk => "router_topk",
+            Kernel::FfnGateUp => "ffn_gate_up",
+            Kernel::FfnDown => "ffn_down",
+            Kernel::MoeCombine => "moe_combine",
+            Kernel::Argmax => "argmax",
+        }
+    }
+
+    pub fn source(self) -> &'static str {
+        match self {
+            Kernel::Embed => include_str!("../../shaders/embed.wgsl"),
+            Kernel::RmsNorm => include_str!("../../shaders/rmsnorm.wgsl"),
+            Kernel::Matmul => include_str!("../../shaders/matmul.wgsl"),
+            Kernel::RopeKv => include_str!("../../shaders/rope_kv.wgsl"),
+            Kernel::Attention => include_str!("../../shaders/attention.wgsl"),
+            Kernel::RouterTopk => include_str!("../../shaders/router_topk.wgsl"),
+            Kernel::FfnGateUp => include_str!("../../shaders/ffn_gate_up.wgsl"),
+            Kernel::FfnDown => include_str!("../../shaders/ffn_down.wgsl"),
+            Kernel::MoeCombine => include_str!("../../shaders/moe_combine.wgsl"),
+            Kernel::Argmax => include_str!("../../shaders/argmax.wgsl"),
+        }
+    }
+
+    /// Size in bytes of the kernel's `Params` struct on the Rust side.
+    pub fn params_size(self) -> usize {
+        use std::mem::size_of;
+        match self {
+            Kernel::Embed => size_of::<EmbedParams>(),
+            Kernel::RmsNorm => size_of::<RmsNormParams>(),
+            Kernel::Matmul => size_of::<MatmulParams>(),
+            Kernel::RopeKv => size_of::<RopeKvParams>(),
+            Kernel::Attention => size_of::<AttentionParams>(),
+            Kernel::RouterTopk => size_of::<RouterTopkParams>(),
+            Kernel::FfnGateUp => size_of::<FfnGateUpParams>(),
+            Kernel::FfnDown => size_of::<FfnDownParams>(),
+            Kernel::MoeCombine => size_of::<MoeCombineParams>(),
+            Kernel::Argmax => size_of::<ArgmaxParams>(),
+        }
+    }
+}
+
+/// Per-submission state shared by all kernels: where the tokens of this step start in the
+/// sequence and how many there are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Step {
+    pub pos0: u32,
+    pub n_tokens: u32,
+    pub _pad: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct EmbedParams {
+    pub hidden: u32,
+    pub row_start: u32,
+    pub rows: u32,
+    pub words_per_row: u32,
+}
+
+pub const LAST_TOKEN_ONLY: u32 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct RmsNormParams {
+    pub n: u32,
+    pub x_stride: u32,
+    pub out_stride: u32,
+    pub flags: u32,
+    pub eps: f32,
+    pub _pad: [u32; 3],
+}
+
+pub mod matmul_flags {
+    pub const BIAS: u32 = 1;
+    pub const ACCUMULATE: u32 = 2;
+    pub const LAST_TOKEN_ONLY: u32 = 4;
+}
+/// Tokens per invocation in matmul.wgsl (`TT`).
+pub const MATMUL_TOKENS_PER_THREAD: u32 = 4;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct MatmulParams {
+    pub k: u32,
+    pub n_rows: u32,
+    pub row_base: u32,
+    pub vec4_per_row: u32,
+    pub x_stride: u32,
+    pub out_stride: u32,
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+pub mod rope_flags {
+    pub const QK_NORM: u32 = 1;
+    pub const CLIP: u32 = 2;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct RopeKvParams {
+    pub n_heads: u32,
+    pub n_kv: u32,
+    pub head_dim: u32,
+    pub qkv_stride: u32,
+    pub flags: u32,
+    pub eps: f32,
+    pub clip: f32,
+    pub rope_rows: u32,
+}
+
+/// attention.wgsl keeps one query head in workgroup memory.
+pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct AttentionParams {
+    pub n_heads: u32,
+    pub n_kv: u32,
+    pub head_dim: u32,
+    pub scratch_stride: u32,
+    pub scale: f32,
+    pub _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct RouterTopkParams {
+    pub n_experts: u32,
+    pub top_k: u32,
+    pub logits_stride: u32,
+    pub norm_topk: u32,
+}
+
+pub const FFN_FIXED_SLOT: u32 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct FfnGateUpParams {
+    pub hidden: u32,
+    pub inter: u32,
+    pub top_k: u32,
+    pub x_stride: u32,
+    pub in_vec4: u32,
+    pub slot_vec4: u32,
+    pub first_slot: u32,
+    pub chunk_slots: u32,
+    pub flags: u32,
+    pub _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct FfnDownParams {
+    pub hidden: u32,
+    pub inter: u32,
+    pub top_k: u32,
+    pub in_vec4: u32,
+    pub down_vec4: u32,
+    pub slot_vec4: u32,
+    pub first_slot: u32,
+    pub chunk_slots: u32,
+    pub flags: u32,
+    pub _pad: [u32; 3],
+}
+
+pub mod combine_flags {
+    pub const ROUTED: u32 = 1;
+    pub const SHARED: u32 = 2;
+    pub const SHARED_GATED: u32 = 4;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct MoeCombineParams {
+    pub hidden: u32,
+    pub top_k: u32,
+    pub flags: u32,
+    pub gate_stride: u32,
+    pub gate_col: u32,
+    pub _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct ArgmaxParams {
+    pub n: u32,
+    pub n_suppress: u32,
+    pub row_stride: u32,
+    pub flags: u32,
+    pub suppress: [u32; 4],
+}
+
+/// Compiled pipelines, one per kernel, built once per device.
+pub struct Kernels {
+    pipelines: Vec<(Kernel, wgpu::ComputePipeline)>,
+}
+
+impl Kernels {
+    pub fn new(device: &wgpu::Device) -> Self {
+        let pipelines = Kernel::ALL
+            .iter()
+            .map(|&k| {
+                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(k.name()),
+                    source: wgpu::ShaderSource::Wgsl(k.source().into()),
+                });
+                let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(k.name()),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                });
+                (k, pipeline)
+            })
+            .collect();
+        Kernels { pipelines }
+    }
+
+    pub fn pipeline(&self, k: Kernel) -> &wgpu::ComputePipeline {
+        // Every kernel is built in `new`, so the lookup cannot miss.
+        &self.pipelines[Kernel::ALL.iter().position(|&x| x == k).unwrap_or(0)].1
+    }
+}

@@ -1,0 +1,118 @@
+//! A recorded sequence of kernel dispatches. Bind groups and parameter buffers are made
+//! once at load time; a step only writes the shared `Step` uniform and re-encodes the
+//! dispatches, whose grid sizes follow the step's token count.
+
+use bytemuck::Pod;
+
+use super::context::{GpuBuffer, GpuContext};
+use super::kernels::Kernel;
+
+/// One grid dimension, known at build time or derived from the step's token count.
+#[derive(Clone, Copy, Debug)]
+pub enum Dim {
+    Const(u32),
+    Tokens,
+    /// ceil(tokens / n)
+    TokensDiv(u32),
+}
+
+impl Dim {
+    fn eval(self, tokens: u32) -> u32 {
+        match self {
+            Dim::Const(n) => n,
+            Dim::Tokens => tokens,
+            Dim::TokensDiv(n) => tokens.div_ceil(n),
+        }
+    }
+}
+
+pub struct Op {
+    pub kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    grid: [Dim; 3],
+    _params: GpuBuffer,
+}
+
+#[derive(Default)]
+pub struct Program {
+    pub ops: Vec<Op>,
+}
+
+/// Workgroups needed to cover `n` items with 64-wide workgroups.
+pub fn groups64(n: usize) -> u32 {
+    n.div_ceil(64) as u32
+}
+
+impl Program {
+    /// Add one dispatch. Binding 0 is the kernel's params, binding 1 the step uniform, and
+    /// `buffers` fill bindings 2.. in order, exactly as declared in the WGSL file.
+    pub fn push<P: Pod>(
+        &mut self,
+        ctx: &GpuContext,
+        kernel: Kernel,
+        params: &P,
+        step: &wgpu::Buffer,
+        buffers: &[&wgpu::Buffer],
+        grid: [Dim; 3],
+    ) {
+        let pbuf = ctx.uniform_with(kernel.name(), bytemuck::bytes_of(params));
+        let bind_group = make_bind_group(ctx, kernel, &pbuf, step, buffers);
+        self.ops.push(Op {
+            kernel,
+            bind_group,
+            grid,
+            _params: pbuf,
+        });
+    }
+
+    pub fn record(&self, ctx: &GpuContext, pass: &mut wgpu::ComputePass<'_>, tokens: u32) {
+        for op in &self.ops {
+            let [x, y, z] = op.grid.map(|d| d.eval(tokens));
+            if x == 0 || y == 0 || z == 0 {
+                continue;
+            }
+            pass.set_pipeline(ctx.kernels.pipeline(op.kernel));
+            pass.set_bind_group(0, &op.bind_group, &[]);
+            pass.dispatch_workgroups(x, y, z);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+pub fn make_bind_group(
+    ctx: &GpuContext,
+    kernel: Kernel,
+    params: &wgpu::Buffer,
+    step: &wgpu::Buffer,
+    buffers: &[&wgpu::Buffer],
+) -> wgpu::BindGroup {
+    let layout = ctx.kernels.pipeline(kernel).get_bind_group_layout(0);
+    let mut entries = vec![
+        wgpu::BindGroupEntry {
+            binding: 0,
+            resource: params.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 1,
+            resource: step.as_entire_binding(),
+        },
+    ];
+    for (i, b) in buffers.iter().enumerate() {
+        entries.push(wgpu::BindGroupEntry {
+            binding: 2 + i as u32,
+            resource: b.as_entire_binding(),
+        });
+    }
+    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(kernel.name()),
+        layout: &layout,
+        entries: &entries,
+    })
+}

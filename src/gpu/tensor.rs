@@ -1,0 +1,157 @@
+//! Weights on the GPU: f16 matrices split by rows under the storage-binding limit, and
+//! pools of expert slots. Rows are padded to a multiple of 8 halves (16 bytes) so kernels
+//! read them as vec4<u32>.
+
+use half::f16;
+
+use super::context::{GpuBuffer, GpuContext};
+use crate::error::{Error, Result};
+
+pub fn pad8(n: usize) -> usize {
+    n.div_ceil(8) * 8
+}
+
+/// Append `rows` rows of `cols` values to `out`, each padded with zeros to pad8(cols).
+pub fn push_padded_rows(out: &mut Vec<f16>, data: &[f16], rows: usize, cols: usize) {
+    let pc = pad8(cols);
+    out.reserve(rows * pc);
+    for r in 0..rows {
+        out.extend_from_slice(&data[r * cols..(r + 1) * cols]);
+        out.resize(out.len() + (pc - cols), f16::ZERO);
+    }
+}
+
+pub struct MatrixChunk {
+    pub row_start: usize,
+    pub rows: usize,
+    pub buffer: GpuBuffer,
+}
+
+/// An f16 [rows, cols] matrix, row-major, split into chunks of whole rows.
+pub struct F16Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub chunks: Vec<MatrixChunk>,
+}
+
+impl F16Matrix {
+    pub fn row_bytes(cols: usize) -> u64 {
+        pad8(cols) as u64 * 2
+    }
+
+    pub fn vec4_per_row(&self) -> u32 {
+        (pad8(self.cols) / 8) as u32
+    }
+
+    /// Upload `data` ([rows, cols], row-major).
+    pub fn upload(ctx: &GpuContext, label: &str, rows: usize, cols: usize, data: &[f16]) -> Result<Self> {
+        if data.len() != rows * cols {
+            return Err(Error::Other(format!(
+                "{label}: {} values for a [{rows}, {cols}] matrix",
+                data.len()
+            )));
+        }
+        let row_bytes = Self::row_bytes(cols);
+        let max_rows = (ctx.max_binding() / row_bytes) as usize;
+        if max_rows == 0 {
+            return Err(Error::DoesNotFit(format!(
+                "{label}: one row of {cols} f16 values exceeds the adapter's storage binding limit of {} bytes",
+                ctx.max_binding()
+            )));
+        }
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        while start < rows {
+            let n = max_rows.min(rows - start);
+            let mut padded = Vec::new();
+            push_padded_rows(&mut padded, &data[start * cols..(start + n) * cols], n, cols);
+            let buffer = ctx.storage_with(label, bytemuck::cast_slice(&padded));
+            chunks.push(MatrixChunk {
+                row_start: start,
+                rows: n,
+                buffer,
+            });
+            start += n;
+        }
+        Ok(F16Matrix { rows, cols, chunks })
+    }
+}
+
+/// A vector of f16 values (norm weights), padded to an even count.
+pub fn upload_f16_vec(ctx: &GpuContext, label: &str, data: &[f16]) -> GpuBuffer {
+    let mut v = data.to_vec();
+    v.resize(pad8(v.len().max(1)), f16::ZERO);
+    ctx.storage_with(label, bytemuck::cast_slice(&v))
+}
+
+pub fn upload_f32_vec(ctx: &GpuContext, label: &str, data: &[f32]) -> GpuBuffer {
+    ctx.storage_with(label, bytemuck::cast_slice(data))
+}
+
+/// Slots of SwiGLU experts with f16 weights. A slot holds gate [I][Hp], up [I][Hp] and
+/// down [H][Ip] (Hp, Ip padded to 8); slots are grouped into chunks of one binding each.
+pub struct ExpertPool {
+    pub hidden: usize,
+    pub inter: usize,
+    pub slots: usize,
+    pub slots_per_chunk: usize,
+    pub chunks: Vec<GpuBuffer>,
+}
+
+impl ExpertPool {
+    pub fn slot_bytes(hidden: usize, inter: usize) -> u64 {
+        (2 * inter * pad8(hidden) + hidden * pad8(inter)) as u64 * 2
+    }
+
+    pub fn new(ctx: &GpuContext, label: &str, slots: usize, hidden: usize, inter: usize) -> Result<Self> {
+        let sb = Self::slot_bytes(hidden, inter);
+        let per_chunk = (ctx.max_binding() / sb) as usize;
+        if per_chunk == 0 {
+            return Err(Error::DoesNotFit(format!(
+                "{label}: one expert of {sb} bytes (hidden {hidden}, intermediate {inter}) exceeds the adapter's storage binding limit of {} bytes",
+                ctx.max_binding()
+            )));
+        }
+        let per_chunk = per_chunk.min(slots.max(1));
+        let mut chunks = Vec::new();
+        let mut left = slots;
+        while left > 0 {
+            let n = per_chunk.min(left);
+            chunks.push(ctx.buffer(
+                label,
+                n as u64 * sb,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            ));
+            left -= n;
+        }
+        Ok(ExpertPool {
+            hidden,
+            inter,
+            slots,
+            slots_per_chunk: per_chunk,
+            chunks,
+        })
+    }
+
+    pub fn in_vec4(&self) -> u32 {
+        (pad8(self.hidden) / 8) as u32
+    }
+    pub fn down_vec4(&self) -> u32 {
+        (pad8(self.inter) / 8) as u32
+    }
+    pub fn slot_vec4(&self) -> u32 {
+        (Self::slot_bytes(self.hidden, self.inter) / 16) as u32
+    }
+
+    /// Write one expert: gate, up [inter, hidden] and down [hidden, inter], row-major.
+    pub fn write_slot(&self, ctx: &GpuContext, slot: usize, gate: &[f16], up: &[f16], down: &[f16]) {
+        let (h, i) = (self.hidden, self.inter);
+        let mut v = Vec::with_capacity((Self::slot_bytes(h, i) / 2) as usize);
+        push_padded_rows(&mut v, gate, i, h);
+        push_padded_rows(&mut v, up, i, h);
+        push_padded_rows(&mut v, down, h, i);
+        let chunk = slot / self.slots_per_chunk;
+        let off = (slot % self.slots_per_chunk) as u64 * Self::slot_bytes(h, i);
+        ctx.write(&self.chunks[chunk], off, bytemuck::cast_slice(&v));
+    }
+}

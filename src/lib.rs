@@ -1,0 +1,13 @@
+//! wgmoe: Mixture-of-Experts inference on wgpu compute shaders.
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod tokenizer;
+
+pub use error::{Error, Result};
+pub mod gpu;
+pub mod model;
+pub mod engine;
+pub mod generate;
+pub mod sampling;

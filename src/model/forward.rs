@@ -1,0 +1,423 @@
+//! The forward pass on the GPU. Activation buffers are sized for one prefill chunk at
+//! load time and every dispatch is pre-built, so a step is: write the `Step` uniform,
+//! encode the dispatches into one compute pass, submit once. With greedy decoding the
+//! sampled id is written on the GPU where the next step's embedding reads it, and only
+//! those 4 bytes come back to the host.
+
+use crate::config::{Arch, ModelConfig};
+use crate::error::{Error, Result};
+use crate::gpu::context::map_read;
+use crate::gpu::kernels::*;
+use crate::gpu::program::{groups64, Dim, Program};
+use crate::gpu::tensor::{ExpertPool, F16Matrix};
+use crate::gpu::{GpuBuffer, GpuContext};
+use crate::model::weights::{Mlp, ModelWeights};
+
+#[derive(Clone, Debug)]
+pub struct ForwardOptions {
+    /// Positions the KV cache holds (prompt + generated tokens).
+    pub max_context: usize,
+    /// Most prompt tokens processed by one submission.
+    pub prefill_chunk: usize,
+    /// Keep logits of every position of a chunk (tests, evaluation), not only the last.
+    pub all_logits: bool,
+    /// Token ids greedy sampling never picks (EOS when it must not end a response).
+    pub suppress: Vec<u32>,
+}
+
+/// What the last dispatches of a step compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// Nothing past the layers (a prefill chunk that is not the last).
+    None,
+    /// Logits of the last token only.
+    Last,
+    /// Logits of the last token, then its argmax into the next step's input.
+    LastArgmax,
+    /// Logits of every token of the chunk (needs `all_logits`).
+    All,
+}
+
+pub struct Forward {
+    pub cfg: ModelConfig,
+    pub weights: ModelWeights,
+    pub opts: ForwardOptions,
+    step: GpuBuffer,
+    ids: GpuBuffer,
+    logits: GpuBuffer,
+    token_readback: GpuBuffer,
+    body: Program,
+    head_last: Program,
+    argmax_last: Program,
+    head_all: Option<Program>,
+    argmax_all: Option<Program>,
+    _buffers: Vec<GpuBuffer>,
+    /// Dispatches and submissions since creation (for metrics).
+    pub counters: std::cell::Cell<(u64, u64)>,
+}
+
+fn storage(ctx: &GpuContext, label: &str, bytes: usize) -> GpuBuffer {
+    ctx.buffer(
+        label,
+        bytes as u64,
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+    )
+}
+
+/// cos/sin of RoPE for positions [0, rows), as transformers computes them in f32:
+/// inv_freq = 1 / theta^(2i/d); angle = pos * inv_freq; emb = cat(freqs, freqs).
+pub fn rope_table(theta: f64, head_dim: usize, rows: usize) -> Vec<f32> {
+    let half = head_dim / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| 1.0f32 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
+        .collect();
+    let mut t = Vec::with_capacity(rows * half * 2);
+    for pos in 0..rows {
+        for &f in &inv {
+            let a = pos as f32 * f;
+            t.push((a as f64).cos() as f32);
+            t.push((a as f64).sin() as f32);
+        }
+    }
+    t
+}
+
+impl Forward {
+    pub fn new(ctx: &GpuContext, cfg: &ModelConfig, weights: ModelWeights, mut opts: ForwardOptions) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let q_dim = nh * hd;
+        let kv_dim = nkv * hd;
+        let qkv_dim = q_dim + 2 * kv_dim;
+        let v = cfg.vocab_size;
+        let k = cfg.top_k;
+        let ctxlen = opts.max_context.max(1);
+        let maxb = ctx.max_binding() as usize;
+        if hd > ATTENTION_MAX_HEAD_DIM || hd % 2 != 0 {
+            return Err(Error::DoesNotFit(format!(
+                "head_dim {hd}: attention supports even head dims up to {ATTENTION_MAX_HEAD_DIM}"
+            )));
+        }
+        if ctxlen * kv_dim * 4 > maxb {
+            return Err(Error::DoesNotFit(format!(
+                "a KV cache of {ctxlen} positions x {kv_dim} floats per layer exceeds the adapter's storage binding limit ({maxb} bytes); at most {} positions fit",
+                maxb / (kv_dim * 4)
+            )));
+        }
+        // A chunk's attention scratch (heads x chunk x context floats) must fit one binding.
+        let max_chunk = (maxb / (nh * ctxlen * 4)).max(1);
+        opts.prefill_chunk = opts.prefill_chunk.clamp(1, max_chunk).min(ctxlen);
+        let t = opts.prefill_chunk;
+        let logit_rows = if opts.all_logits { t } else { 1 };
+        if logit_rows * v * 4 > maxb {
+            return Err(Error::DoesNotFit(format!(
+                "logits of {logit_rows} rows x {v} exceed the storage binding limit"
+            )));
+        }
+        let shared_i = cfg.shared_expert_intermediate.unwrap_or(0);
+        let h_width = (k * cfg.moe_intermediate).max(shared_i).max(cfg.dense_intermediate);
+        let router_stride = cfg.num_experts + usize::from(cfg.arch == Arch::Qwen2Moe && cfg.shared_expert_intermediate.is_some());
+
+        let step = ctx.buffer("step", 16, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST);
+        let ids = storage(ctx, "ids", t * 4);
+        let x = storage(ctx, "x", t * h * 4);
+        let xn = storage(ctx, "xn", t * h * 4);
+        let qkv = storage(ctx, "qkv", t * qkv_dim * 4);
+        let q = storage(ctx, "q", t * q_dim * 4);
+        let attn = storage(ctx, "attn_out", t * q_dim * 4);
+        let scratch = storage(ctx, "attn_scratch", t * nh * ctxlen * 4);
+        let router = storage(ctx, "router_logits", t * router_stride * 4);
+        let topk_ids = storage(ctx, "topk_ids", t * k * 4);
+        let topk_w = storage(ctx, "topk_weights", t * k * 4);
+        let hbuf = storage(ctx, "ffn_h", t * h_width * 4);
+        let y = storage(ctx, "ffn_y", t * k * h * 4);
+        let shared_y = storage(ctx, "shared_y", t * h * 4);
+        let xf = storage(ctx, "x_final", t * h * 4);
+        let logits = storage(ctx, "logits", logit_rows * v * 4);
+        let dummy = storage(ctx, "dummy", 16);
+        let token_readback = ctx.buffer("token_readback", 16, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+        let rope = ctx.storage_with("rope", bytemuck::cast_slice(&rope_table(cfg.rope_theta, hd, ctxlen)));
+        let mut caches = Vec::new();
+        for _ in 0..cfg.num_layers {
+            caches.push((storage(ctx, "cache_k", ctxlen * kv_dim * 4), storage(ctx, "cache_v", ctxlen * kv_dim * 4)));
+        }
+
+        let eps = cfg.rms_norm_eps as f32;
+        let mut body = Program::default();
+        let w = &weights;
+        let tok = Dim::Tokens;
+        for c in &w.embed.chunks {
+            body.push(ctx, Kernel::Embed, &EmbedParams {
+                hidden: h as u32,
+                row_start: c.row_start as u32,
+                rows: c.rows as u32,
+                words_per_row: w.embed.vec4_per_row() * 4,
+            }, &step, &[&ids, &c.buffer, &x], [Dim::Const(groups64(h)), tok, Dim::Const(1)]);
+        }
+        let norm = |prog: &mut Program, weight: &wgpu::Buffer, src: &wgpu::Buffer, dst: &wgpu::Buffer| {
+            prog.push(ctx, Kernel::RmsNorm, &RmsNormParams {
+                n: h as u32,
+                x_stride: h as u32,
+                out_stride: h as u32,
+                flags: 0,
+                eps,
+                _pad: [0; 3],
+            }, &step, &[src, weight, dst], [tok, Dim::Const(1), Dim::Const(1)]);
+        };
+        let matmul = |prog: &mut Program, m: &F16Matrix, src: &wgpu::Buffer, bias: Option<&wgpu::Buffer>, dst: &wgpu::Buffer, out_stride: usize, flags: u32| {
+            for c in &m.chunks {
+                let f = flags | if bias.is_some() { matmul_flags::BIAS } else { 0 };
+                let last = flags & matmul_flags::LAST_TOKEN_ONLY != 0;
+                prog.push(ctx, Kernel::Matmul, &MatmulParams {
+                    k: m.cols as u32,
+                    n_rows: c.rows as u32,
+                    row_base: c.row_start as u32,
+                    vec4_per_row: m.vec4_per_row(),
+                    x_stride: m.cols as u32,
+                    out_stride: out_stride as u32,
+                    flags: f,
+                    _pad: 0,
+                }, &step, &[src, &c.buffer, bias.unwrap_or(&dummy), dst], [
+                    Dim::Const(groups64(c.rows)),
+                    if last { Dim::Const(1) } else { Dim::TokensDiv(MATMUL_TOKENS_PER_THREAD) },
+                    Dim::Const(1),
+                ]);
+            }
+        };
+        // SwiGLU over an expert pool: routed (ids via the slot table) or one fixed slot.
+        let swiglu = |prog: &mut Program, pool: &ExpertPool, routed: Option<&wgpu::Buffer>, out: &wgpu::Buffer| {
+            let (kk, flags, slot_of) = match routed {
+                Some(s) => (k, 0, s),
+                None => (1, FFN_FIXED_SLOT, &*dummy),
+            };
+            for (ci, chunk) in pool.chunks.iter().enumerate() {
+                let first = ci * pool.slots_per_chunk;
+                let n = pool.slots_per_chunk.min(pool.slots - first);
+                prog.push(ctx, Kernel::FfnGateUp, &FfnGateUpParams {
+                    hidden: h as u32,
+                    inter: pool.inter as u32,
+                    top_k: kk as u32,
+                    x_stride: h as u32,
+                    in_vec4: pool.in_vec4(),
+                    slot_vec4: pool.slot_vec4(),
+                    first_slot: first as u32,
+                    chunk_slots: n as u32,
+                    flags,
+                    _pad: [0; 3],
+                }, &step, &[&xn, &topk_ids, slot_of, chunk, &hbuf], [Dim::Const(groups64(pool.inter)), Dim::Const(kk as u32), tok]);
+            }
+            for (ci, chunk) in pool.chunks.iter().enumerate() {
+                let first = ci * pool.slots_per_chunk;
+                let n = pool.slots_per_chunk.min(pool.slots - first);
+                prog.push(ctx, Kernel::FfnDown, &FfnDownParams {
+                    hidden: h as u32,
+                    inter: pool.inter as u32,
+                    top_k: kk as u32,
+                    in_vec4: pool.in_vec4(),
+                    down_vec4: pool.down_vec4(),
+                    slot_vec4: pool.slot_vec4(),
+                    first_slot: first as u32,
+                    chunk_slots: n as u32,
+                    flags,
+                    _pad: [0; 3],
+                }, &step, &[&hbuf, &topk_ids, slot_of, chunk, out], [Dim::Const(groups64(h)), Dim::Const(kk as u32), tok]);
+            }
+        };
+
+        let mut rope_flags = if cfg.qk_norm { rope_flags::QK_NORM } else { 0 };
+        if cfg.clip_qkv.is_some() {
+            rope_flags |= rope_flags::CLIP;
+        }
+        for (l, lw) in w.layers.iter().enumerate() {
+            let (ck, cv) = &caches[l];
+            norm(&mut body, &lw.attn_norm, &x, &xn);
+            matmul(&mut body, &lw.qkv, &xn, lw.qkv_bias.as_deref(), &qkv, qkv_dim, 0);
+            body.push(ctx, Kernel::RopeKv, &RopeKvParams {
+                n_heads: nh as u32,
+                n_kv: nkv as u32,
+                head_dim: hd as u32,
+                qkv_stride: qkv_dim as u32,
+                flags: rope_flags,
+                eps,
+                clip: cfg.clip_qkv.unwrap_or(0.0),
+                rope_rows: ctxlen as u32,
+            }, &step, &[
+                &qkv,
+                lw.q_norm.as_deref().unwrap_or(&dummy),
+                lw.k_norm.as_deref().unwrap_or(&dummy),
+                &rope,
+                &q,
+                ck,
+                cv,
+            ], [tok, Dim::Const(1), Dim::Const(1)]);
+            body.push(ctx, Kernel::Attention, &AttentionParams {
+                n_heads: nh as u32,
+                n_kv: nkv as u32,
+                head_dim: hd as u32,
+                scratch_stride: ctxlen as u32,
+                scale: (hd as f32).powf(-0.5),
+                _pad: [0; 3],
+            }, &step, &[&q, ck, cv, &scratch, &attn], [Dim::Const(nh as u32), tok, Dim::Const(1)]);
+            matmul(&mut body, &lw.o_proj, &attn, None, &x, h, matmul_flags::ACCUMULATE);
+            norm(&mut body, &lw.ffn_norm, &x, &xn);
+            match &lw.mlp {
+                Mlp::Moe { router: rw, experts, slot_of, shared } => {
+                    matmul(&mut body, rw, &xn, None, &router, router_stride, 0);
+                    body.push(ctx, Kernel::RouterTopk, &RouterTopkParams {
+                        n_experts: cfg.num_experts as u32,
+                        top_k: k as u32,
+                        logits_stride: router_stride as u32,
+                        norm_topk: cfg.norm_topk_prob as u32,
+                    }, &step, &[&router, &topk_ids, &topk_w], [Dim::TokensDiv(64), Dim::Const(1), Dim::Const(1)]);
+                    swiglu(&mut body, experts, Some(slot_of), &y);
+                    let mut flags = combine_flags::ROUTED;
+                    if let Some(sp) = shared {
+                        swiglu(&mut body, sp, None, &shared_y);
+                        flags |= combine_flags::SHARED | combine_flags::SHARED_GATED;
+                    }
+                    body.push(ctx, Kernel::MoeCombine, &MoeCombineParams {
+                        hidden: h as u32,
+                        top_k: k as u32,
+                        flags,
+                        gate_stride: router_stride as u32,
+                        gate_col: cfg.num_experts as u32,
+                        _pad: [0; 3],
+                    }, &step, &[&y, &topk_w, &shared_y, &router, &x], [Dim::Const(groups64(h)), tok, Dim::Const(1)]);
+                }
+                Mlp::Dense { mlp } => {
+                    swiglu(&mut body, mlp, None, &shared_y);
+                    body.push(ctx, Kernel::MoeCombine, &MoeCombineParams {
+                        hidden: h as u32,
+                        top_k: k as u32,
+                        flags: combine_flags::SHARED,
+                        gate_stride: router_stride as u32,
+                        gate_col: 0,
+                        _pad: [0; 3],
+                    }, &step, &[&y, &topk_w, &shared_y, &router, &x], [Dim::Const(groups64(h)), tok, Dim::Const(1)]);
+                }
+            }
+        }
+
+        let lm = w.lm_head();
+        let mut suppress = [0u32; 4];
+        let n_suppress = opts.suppress.len().min(4);
+        suppress[..n_suppress].copy_from_slice(&opts.suppress[..n_suppress]);
+        let argmax = |all: bool| {
+            let mut p = Program::default();
+            p.push(ctx, Kernel::Argmax, &ArgmaxParams {
+                n: v as u32,
+                n_suppress: n_suppress as u32,
+                row_stride: v as u32,
+                flags: all as u32,
+                suppress,
+            }, &step, &[&logits, &ids], [Dim::Const(1), Dim::Const(1), Dim::Const(1)]);
+            p
+        };
+        let mut head_last = Program::default();
+        norm(&mut head_last, &w.final_norm, &x, &xf);
+        matmul(&mut head_last, lm, &xf, None, &logits, v, matmul_flags::LAST_TOKEN_ONLY);
+        let argmax_last = argmax(false);
+        let (head_all, argmax_all) = if opts.all_logits {
+            let mut p = Program::default();
+            norm(&mut p, &w.final_norm, &x, &xf);
+            matmul(&mut p, lm, &xf, None, &logits, v, 0);
+            (Some(p), Some(argmax(true)))
+        } else {
+            (None, None)
+        };
+        ctx.check()?;
+        let mut buffers = vec![x, xn, qkv, q, attn, scratch, router, topk_ids, topk_w, hbuf, y, shared_y, xf, dummy, rope];
+        for (a, b) in caches {
+            buffers.push(a);
+            buffers.push(b);
+        }
+        Ok(Forward {
+            cfg: cfg.clone(),
+            weights,
+            opts,
+            step,
+            ids,
+            logits,
+            token_readback,
+            body,
+            head_last,
+            argmax_last,
+            head_all,
+            argmax_all,
+            _buffers: buffers,
+            counters: std::cell::Cell::new((0, 0)),
+        })
+    }
+
+    /// Dispatches of one decode step (greedy, full residency).
+    pub fn dispatches_per_decode_step(&self) -> usize {
+        self.body.len() + self.head_last.len() + self.argmax_last.len()
+    }
+
+    /// Process tokens at positions [pos0, pos0 + n). `ids` (if given) are uploaded as the
+    /// step's input; otherwise the input is what the previous argmax wrote.
+    pub fn submit(&self, ctx: &GpuContext, pos0: usize, n: usize, ids: Option<&[u32]>, head: Head) -> Result<()> {
+        if n == 0 || n > self.opts.prefill_chunk {
+            return Err(Error::Other(format!("step of {n} tokens (chunk {})", self.opts.prefill_chunk)));
+        }
+        if pos0 + n > self.opts.max_context {
+            return Err(Error::option(
+                "--max-new-tokens",
+                format!("position {} exceeds the context of {} positions", pos0 + n, self.opts.max_context),
+            ));
+        }
+        if let Some(ids) = ids {
+            ctx.write(&self.ids, 0, bytemuck::cast_slice(ids));
+        }
+        let step = Step {
+            pos0: pos0 as u32,
+            n_tokens: n as u32,
+            _pad: [0; 2],
+        };
+        ctx.write(&self.step, 0, bytemuck::bytes_of(&step));
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        let mut dispatches = self.body.len();
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            self.body.record(ctx, &mut pass, n as u32);
+            let progs: Vec<&Program> = match head {
+                Head::None => vec![],
+                Head::Last => vec![&self.head_last],
+                Head::LastArgmax => vec![&self.head_last, &self.argmax_last],
+                Head::All => match (&self.head_all, &self.argmax_all) {
+                    (Some(h), Some(a)) => vec![h, a],
+                    _ => return Err(Error::Other("all-position logits were not enabled".into())),
+                },
+            };
+            for p in progs {
+                p.record(ctx, &mut pass, n as u32);
+                dispatches += p.len();
+            }
+        }
+        if matches!(head, Head::LastArgmax | Head::All) {
+            enc.copy_buffer_to_buffer(&self.ids, 0, &self.token_readback, 0, 4);
+        }
+        ctx.queue.submit([enc.finish()]);
+        let (d, s) = self.counters.get();
+        self.counters.set((d + dispatches as u64, s + 1));
+        Ok(())
+    }
+
+    /// The token id written by the last argmax (blocks until the step finished).
+    pub fn read_token(&self, ctx: &GpuContext) -> Result<u32> {
+        let b = map_read(ctx, &self.token_readback, 4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// Logits rows [0, rows) of the last step (row 0 = last token with `Head::Last*`).
+    pub fn read_logits(&self, ctx: &GpuContext, rows: usize) -> Result<Vec<f32>> {
+        let v = self.cfg.vocab_size;
+        let bytes = ctx.read_back(&self.logits, 0, (rows * v * 4) as u64)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Overwrite the next step's input token (after host-side sampling).
+    pub fn set_token(&self, ctx: &GpuContext, id: u32) {
+        ctx.write(&self.ids, 0, &id.to_le_bytes());
+    }
+}

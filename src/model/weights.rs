@@ -1,0 +1,191 @@
+//! Loading a checkpoint's weights onto the GPU: everything f16, the routed experts in an
+//! expert pool (one slot per expert: full residency), Qwen's shared expert and dense MLPs
+//! as single-slot pools so the same SwiGLU kernels serve them.
+
+use half::f16;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::checkpoint::{Checkpoint, ExpertProj};
+use crate::config::{Arch, ModelConfig};
+use crate::error::Result;
+use crate::gpu::tensor::{upload_f16_vec, upload_f32_vec, ExpertPool, F16Matrix};
+use crate::gpu::{GpuBuffer, GpuContext};
+
+pub enum Mlp {
+    Moe {
+        /// Router rows (one per expert), plus Qwen's shared_expert_gate as the last row.
+        router: F16Matrix,
+        experts: ExpertPool,
+        /// expert id -> pool slot (identity while every expert is resident).
+        slot_of: GpuBuffer,
+        shared: Option<ExpertPool>,
+    },
+    Dense {
+        mlp: ExpertPool,
+    },
+}
+
+pub struct LayerWeights {
+    pub attn_norm: GpuBuffer,
+    /// q, k and v projections stacked by rows: one matmul computes all three.
+    pub qkv: F16Matrix,
+    pub qkv_bias: Option<GpuBuffer>,
+    pub q_norm: Option<GpuBuffer>,
+    pub k_norm: Option<GpuBuffer>,
+    pub o_proj: F16Matrix,
+    pub ffn_norm: GpuBuffer,
+    pub mlp: Mlp,
+}
+
+pub struct ModelWeights {
+    pub embed: F16Matrix,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: GpuBuffer,
+    /// None when the embeddings are tied (`tie_word_embeddings`).
+    pub lm_head: Option<F16Matrix>,
+}
+
+fn to_f16(v: &[f32]) -> Vec<f16> {
+    v.iter().map(|&x| f16::from_f32(x)).collect()
+}
+
+fn progress(total: u64) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers {elapsed} {msg}") {
+        pb.set_style(style);
+    }
+    pb
+}
+
+impl ModelWeights {
+    pub fn load(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Self> {
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let q_dim = cfg.num_heads * cfg.head_dim;
+        let kv_dim = cfg.num_kv_heads * cfg.head_dim;
+        let pb = progress(cfg.num_layers as u64 + 2);
+        pb.set_message("embeddings");
+        let embed_data = ckpt.read_f16("model.embed_tokens.weight", &[v, h])?;
+        let embed = F16Matrix::upload(ctx, "embed_tokens", v, h, &embed_data)?;
+        drop(embed_data);
+        pb.inc(1);
+
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            pb.set_message(format!("layer {l}"));
+            let p = format!("model.layers.{l}");
+            let attn_norm = upload_f16_vec(ctx, "attn_norm", &ckpt.read_f16(&format!("{p}.input_layernorm.weight"), &[h])?);
+            let mut qkv = ckpt.read_f16(&format!("{p}.self_attn.q_proj.weight"), &[q_dim, h])?;
+            qkv.extend(ckpt.read_f16(&format!("{p}.self_attn.k_proj.weight"), &[kv_dim, h])?);
+            qkv.extend(ckpt.read_f16(&format!("{p}.self_attn.v_proj.weight"), &[kv_dim, h])?);
+            let qkv = F16Matrix::upload(ctx, "qkv_proj", q_dim + 2 * kv_dim, h, &qkv)?;
+            let qkv_bias = if cfg.qkv_bias {
+                let mut b = ckpt.read_f32(&format!("{p}.self_attn.q_proj.bias"), &[q_dim])?;
+                b.extend(ckpt.read_f32(&format!("{p}.self_attn.k_proj.bias"), &[kv_dim])?);
+                b.extend(ckpt.read_f32(&format!("{p}.self_attn.v_proj.bias"), &[kv_dim])?);
+                // The bias is added in f32 after an f16-weight matmul; keep it f16-rounded
+                // like every other weight so GPU and CPU reference agree on the values.
+                let b: Vec<f32> = b.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+                Some(upload_f32_vec(ctx, "qkv_bias", &b))
+            } else {
+                None
+            };
+            let (q_norm, k_norm) = if cfg.qk_norm {
+                (
+                    Some(upload_f16_vec(ctx, "q_norm", &ckpt.read_f16(&format!("{p}.self_attn.q_norm.weight"), &[q_dim])?)),
+                    Some(upload_f16_vec(ctx, "k_norm", &ckpt.read_f16(&format!("{p}.self_attn.k_norm.weight"), &[kv_dim])?)),
+                )
+            } else {
+                (None, None)
+            };
+            let o = ckpt.read_f16(&format!("{p}.self_attn.o_proj.weight"), &[h, q_dim])?;
+            let o_proj = F16Matrix::upload(ctx, "o_proj", h, q_dim, &o)?;
+            let ffn_norm = upload_f16_vec(ctx, "ffn_norm", &ckpt.read_f16(&format!("{p}.post_attention_layernorm.weight"), &[h])?);
+            let mlp = if cfg.sparse_layers[l] {
+                load_moe(ctx, cfg, ckpt, l)?
+            } else {
+                let i = cfg.dense_intermediate;
+                let mlp = ExpertPool::new(ctx, "dense_mlp", 1, h, i)?;
+                let gate = ckpt.read_f16(&format!("{p}.mlp.gate_proj.weight"), &[i, h])?;
+                let up = ckpt.read_f16(&format!("{p}.mlp.up_proj.weight"), &[i, h])?;
+                let down = ckpt.read_f16(&format!("{p}.mlp.down_proj.weight"), &[h, i])?;
+                mlp.write_slot(ctx, 0, &gate, &up, &down);
+                Mlp::Dense { mlp }
+            };
+            layers.push(LayerWeights {
+                attn_norm,
+                qkv,
+                qkv_bias,
+                q_norm,
+                k_norm,
+                o_proj,
+                ffn_norm,
+                mlp,
+            });
+            // Bound host memory: let queued uploads drain layer by layer.
+            ctx.sync()?;
+            pb.inc(1);
+        }
+        pb.set_message("head");
+        let final_norm = upload_f16_vec(ctx, "final_norm", &ckpt.read_f16("model.norm.weight", &[h])?);
+        let lm_head = if cfg.tie_word_embeddings && !ckpt.contains("lm_head.weight") {
+            None
+        } else {
+            let w = ckpt.read_f16("lm_head.weight", &[v, h])?;
+            Some(F16Matrix::upload(ctx, "lm_head", v, h, &w)?)
+        };
+        ctx.sync()?;
+        pb.inc(1);
+        pb.finish_and_clear();
+        Ok(ModelWeights {
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+        })
+    }
+
+    pub fn lm_head(&self) -> &F16Matrix {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+}
+
+fn load_moe(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint, l: usize) -> Result<Mlp> {
+    let (h, e, i) = (cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate);
+    let p = format!("model.layers.{l}.mlp");
+    let mut router = ckpt.read_f16(&format!("{p}.gate.weight"), &[e, h])?;
+    let shared_i = match cfg.arch {
+        Arch::Qwen2Moe => cfg.shared_expert_intermediate,
+        Arch::Olmoe => None,
+    };
+    if shared_i.is_some() {
+        router.extend(ckpt.read_f16(&format!("{p}.shared_expert_gate.weight"), &[1, h])?);
+    }
+    let router_rows = router.len() / h;
+    let router = F16Matrix::upload(ctx, "router", router_rows, h, &router)?;
+    let experts = ExpertPool::new(ctx, "experts", e, h, i)?;
+    for ex in 0..e {
+        let gate = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Gate, e, h, i)?);
+        let up = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Up, e, h, i)?);
+        let down = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Down, e, h, i)?);
+        experts.write_slot(ctx, ex, &gate, &up, &down);
+    }
+    let identity: Vec<u32> = (0..e as u32).collect();
+    let slot_of = ctx.storage_with("slot_of", bytemuck::cast_slice(&identity));
+    let shared = match shared_i {
+        Some(si) => {
+            let pool = ExpertPool::new(ctx, "shared_expert", 1, h, si)?;
+            let gate = ckpt.read_f16(&format!("{p}.shared_expert.gate_proj.weight"), &[si, h])?;
+            let up = ckpt.read_f16(&format!("{p}.shared_expert.up_proj.weight"), &[si, h])?;
+            let down = ckpt.read_f16(&format!("{p}.shared_expert.down_proj.weight"), &[h, si])?;
+            pool.write_slot(ctx, 0, &gate, &up, &down);
+            Some(pool)
+        }
+        None => None,
+    };
+    Ok(Mlp::Moe {
+        router,
+        experts,
+        slot_of,
+        shared,
+    })
+}

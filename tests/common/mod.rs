@@ -1,0 +1,102 @@
+//! Shared by the integration tests: fixture paths and golden files written by
+//! tools/make_fixtures.py with transformers.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use safetensors::{Dtype, SafeTensors};
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    repo().join("models").join(name)
+}
+
+pub fn init_env() {
+    // Keeps the Vulkan loader quiet, as the README asks users to do.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
+}
+
+pub struct GoldenPrompt {
+    pub text: String,
+    pub prompt_ids: Vec<u32>,
+    pub prompt_logits: Vec<Vec<f32>>,
+    pub prompt_gap: Vec<f32>,
+    pub generated_ids: Vec<u32>,
+    pub step_logits: Vec<Vec<f32>>,
+    pub step_gap: Vec<f32>,
+}
+
+pub struct Golden {
+    pub prompts: Vec<GoldenPrompt>,
+    pub meta: HashMap<String, String>,
+}
+
+fn tensor_f32(st: &SafeTensors, name: &str) -> (Vec<f32>, Vec<usize>) {
+    let t = st.tensor(name).unwrap_or_else(|e| panic!("golden tensor {name}: {e}"));
+    let shape = t.shape().to_vec();
+    let d = t.data();
+    let v = match t.dtype() {
+        Dtype::F32 => d.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        Dtype::F16 => d.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        Dtype::I64 => d.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f32).collect(),
+        other => panic!("golden tensor {name}: unexpected dtype {other:?}"),
+    };
+    (v, shape)
+}
+
+fn tensor_ids(st: &SafeTensors, name: &str) -> Vec<u32> {
+    let t = st.tensor(name).unwrap_or_else(|e| panic!("golden tensor {name}: {e}"));
+    assert_eq!(t.dtype(), Dtype::I64, "{name}");
+    t.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect()
+}
+
+fn rows(v: Vec<f32>, shape: &[usize]) -> Vec<Vec<f32>> {
+    v.chunks(shape[1]).map(|r| r.to_vec()).collect()
+}
+
+/// `file` is e.g. "olmoe-tiny.safetensors" under models/goldens.
+pub fn load_golden(file: &str) -> Golden {
+    let path = repo().join("models/goldens").join(file);
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let (_, md) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta: HashMap<String, String> = md.metadata().clone().unwrap_or_default();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut prompts = Vec::new();
+    for p in 0.. {
+        if st.tensor(&format!("p{p}.prompt_ids")).is_err() {
+            break;
+        }
+        let (pl, ps) = tensor_f32(&st, &format!("p{p}.prompt_logits"));
+        let (sl, ss) = tensor_f32(&st, &format!("p{p}.step_logits"));
+        prompts.push(GoldenPrompt {
+            text: meta.get(&format!("p{p}.text")).cloned().unwrap_or_default(),
+            prompt_ids: tensor_ids(&st, &format!("p{p}.prompt_ids")),
+            prompt_logits: rows(pl, &ps),
+            prompt_gap: tensor_f32(&st, &format!("p{p}.prompt_logits_top2_gap")).0,
+            generated_ids: tensor_ids(&st, &format!("p{p}.generated_ids")),
+            step_logits: rows(sl, &ss),
+            step_gap: tensor_f32(&st, &format!("p{p}.step_top2_gap")).0,
+        });
+    }
+    assert!(!prompts.is_empty(), "{}: no prompts", path.display());
+    Golden { prompts, meta }
+}
+
+/// Largest |a - b| and the index where it occurs.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
+    assert_eq!(a.len(), b.len());
+    let mut m = (0.0f32, 0usize);
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let d = (x - y).abs();
+        if d > m.0 || d.is_nan() {
+            m = (d, i);
+        }
+    }
+    m
+}
