@@ -12,7 +12,7 @@ struct Params {
     first_slot: u32,
     chunk_slots: u32,
     flags: u32,         // bit 0: fixed slot 0
-    _a: u32,
+    j_base: u32,        // first top-k index served (per-expert executor: one per dispatch)
     _b: u32,
     _c: u32,
 }
@@ -48,7 +48,7 @@ fn h8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let m = gid.x;
-    let j = gid.y;
+    let j = gid.y + p.j_base;
     let t = gid.z;
     if (m >= p.hidden || t >= step.n_tokens) { return; }
     var slot = 0u;

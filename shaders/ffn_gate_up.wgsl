@@ -15,7 +15,7 @@ struct Params {
     first_slot: u32,    // first slot held by this chunk
     chunk_slots: u32,
     flags: u32,         // bit 0: fixed slot 0 (not routed)
-    _a: u32,
+    j_base: u32,        // first top-k index served (per-expert executor: one per dispatch)
     _b: u32,
     _c: u32,
 }
@@ -51,7 +51,7 @@ fn x8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let n = gid.x;
-    let j = gid.y;
+    let j = gid.y + p.j_base;
     let t = gid.z;
     if (n >= p.inter || t >= step.n_tokens) { return; }
     var slot = 0u;

@@ -64,6 +64,8 @@ pub struct Checkpoint {
     shards: Vec<Shard>,
     /// Ordered so that `names()` is deterministic.
     tensors: BTreeMap<String, Entry>,
+    /// The `__metadata__` of the single file (or of the first shard).
+    metadata: HashMap<String, String>,
 }
 
 /// How a layer stores its routed experts.
@@ -108,12 +110,21 @@ impl Checkpoint {
             for (name, entry) in shard_entries(&shard, 0)? {
                 tensors.insert(name, entry);
             }
-            return Ok(Checkpoint { dir: dir.to_path_buf(), shards: vec![shard], tensors });
+            let metadata = shard_metadata(&shard);
+            return Ok(Checkpoint {
+                dir: dir.to_path_buf(),
+                shards: vec![shard],
+                tensors,
+                metadata,
+            });
         }
         if index.is_file() {
             return Self::open_sharded(dir, &index);
         }
-        Err(Error::bad_file(dir, format!("no {SINGLE_FILE} or {INDEX_FILE} in this directory")))
+        Err(Error::bad_file(
+            dir,
+            format!("no {SINGLE_FILE} or {INDEX_FILE} in this directory"),
+        ))
     }
 
     fn open_sharded(dir: &Path, index_path: &Path) -> Result<Self> {
@@ -132,10 +143,16 @@ impl Checkpoint {
         let mut tensors = BTreeMap::new();
         for (name, file) in weight_map {
             let file = file.as_str().ok_or_else(|| {
-                Error::field(index_path, format!("weight_map.{name}"), format!("expected a file name, found {file}"))
+                Error::field(
+                    index_path,
+                    format!("weight_map.{name}"),
+                    format!("expected a file name, found {file}"),
+                )
             })?;
             // The index must name files inside the checkpoint directory.
-            let plain = Path::new(file).components().all(|c| matches!(c, Component::Normal(_)));
+            let plain = Path::new(file)
+                .components()
+                .all(|c| matches!(c, Component::Normal(_)));
             if !plain || file.is_empty() {
                 return Err(Error::field(
                     index_path,
@@ -151,7 +168,10 @@ impl Checkpoint {
                     if !path.is_file() {
                         return Err(Error::bad_file(
                             &path,
-                            format!("shard named by {} (for tensor `{name}`) does not exist", index_path.display()),
+                            format!(
+                                "shard named by {} (for tensor `{name}`) does not exist",
+                                index_path.display()
+                            ),
                         ));
                     }
                     let shard = map_shard(&path)?;
@@ -162,14 +182,25 @@ impl Checkpoint {
                 }
             };
             // Tensors a shard holds but the index does not list are ignored, as transformers does.
-            let entry = shard_tables[id].remove(name).ok_or_else(|| Error::BadTensor {
-                path: shards[id].path.clone(),
-                name: name.clone(),
-                msg: format!("listed in {} but not present in this shard", index_path.display()),
-            })?;
+            let entry = shard_tables[id]
+                .remove(name)
+                .ok_or_else(|| Error::BadTensor {
+                    path: shards[id].path.clone(),
+                    name: name.clone(),
+                    msg: format!(
+                        "listed in {} but not present in this shard",
+                        index_path.display()
+                    ),
+                })?;
             tensors.insert(name.clone(), entry);
         }
-        Ok(Checkpoint { dir: dir.to_path_buf(), shards, tensors })
+        let metadata = shards.first().map(shard_metadata).unwrap_or_default();
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            shards,
+            tensors,
+            metadata,
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -191,13 +222,18 @@ impl Checkpoint {
     }
 
     fn entry(&self, name: &str) -> Result<&Entry> {
-        self.tensors
-            .get(name)
-            .ok_or_else(|| Error::MissingTensor { dir: self.dir.clone(), name: name.to_string() })
+        self.tensors.get(name).ok_or_else(|| Error::MissingTensor {
+            dir: self.dir.clone(),
+            name: name.to_string(),
+        })
     }
 
     fn bad(&self, e: &Entry, name: &str, msg: impl Into<String>) -> Error {
-        Error::BadTensor { path: self.shards[e.shard].path.clone(), name: name.to_string(), msg: msg.into() }
+        Error::BadTensor {
+            path: self.shards[e.shard].path.clone(),
+            name: name.to_string(),
+            msg: msg.into(),
+        }
     }
 
     fn dtype_of(&self, e: &Entry, name: &str) -> Result<DType> {
@@ -205,21 +241,51 @@ impl Checkpoint {
             Dtype::BF16 => Ok(DType::BF16),
             Dtype::F16 => Ok(DType::F16),
             Dtype::F32 => Ok(DType::F32),
-            other => Err(self.bad(e, name, format!("unsupported dtype {other:?} (supported: BF16, F16, F32)"))),
+            other => Err(self.bad(
+                e,
+                name,
+                format!("unsupported dtype {other:?} (supported: BF16, F16, F32)"),
+            )),
         }
+    }
+
+    /// The safetensors `__metadata__` of the file (the first shard when sharded).
+    pub fn metadata(&self) -> &HashMap<String, String> {
+        &self.metadata
+    }
+
+    /// The bytes of a U8 tensor of exactly `expected_shape`, borrowed from the mapping
+    /// (read-only: the packed INT4 experts of a converted model are used in place).
+    pub fn raw_u8(&self, name: &str, expected_shape: &[usize]) -> Result<&[u8]> {
+        let e = self.entry(name)?;
+        if e.dtype != Dtype::U8 {
+            return Err(self.bad(e, name, format!("expected dtype U8, found {:?}", e.dtype)));
+        }
+        if e.shape != expected_shape {
+            return Err(self.bad(e, name, format!("expected shape {expected_shape:?}, found {:?}", e.shape)));
+        }
+        Ok(self.bytes(e))
     }
 
     /// Dtype, shape and file of a tensor. Fails for a missing tensor or an unsupported dtype.
     pub fn info(&self, name: &str) -> Result<TensorInfo> {
         let e = self.entry(name)?;
-        Ok(TensorInfo { dtype: self.dtype_of(e, name)?, shape: e.shape.clone(), file: self.shards[e.shard].path.clone() })
+        Ok(TensorInfo {
+            dtype: self.dtype_of(e, name)?,
+            shape: e.shape.clone(),
+            file: self.shards[e.shard].path.clone(),
+        })
     }
 
     /// The tensor's entry after checking its shape is exactly `expected`, plus its dtype.
     fn checked(&self, name: &str, expected: &[usize]) -> Result<(&Entry, DType)> {
         let e = self.entry(name)?;
         if e.shape != expected {
-            return Err(self.bad(e, name, format!("expected shape {expected:?}, found {:?}", e.shape)));
+            return Err(self.bad(
+                e,
+                name,
+                format!("expected shape {expected:?}, found {:?}", e.shape),
+            ));
         }
         let dt = self.dtype_of(e, name)?;
         Ok((e, dt))
@@ -247,20 +313,39 @@ impl Checkpoint {
     /// [product of all dims but the last, last dim], as f32. The full shape must equal
     /// `expected_shape`. Only the requested rows' bytes are read, so one expert can be taken
     /// out of a fused [E, 2I, H] tensor (rows `e*2I ..`) without touching the rest.
-    pub fn read_rows_f32(&self, name: &str, expected_shape: &[usize], row_start: usize, rows: usize) -> Result<Vec<f32>> {
+    pub fn read_rows_f32(
+        &self,
+        name: &str,
+        expected_shape: &[usize],
+        row_start: usize,
+        rows: usize,
+    ) -> Result<Vec<f32>> {
         let (e, dt) = self.checked(name, expected_shape)?;
         let bytes = self.row_bytes(e, dt, name, row_start, rows)?;
         Ok(convert_f32(dt, bytes))
     }
 
     /// Like `read_rows_f32`, converted to f16.
-    pub fn read_rows_f16(&self, name: &str, expected_shape: &[usize], row_start: usize, rows: usize) -> Result<Vec<f16>> {
+    pub fn read_rows_f16(
+        &self,
+        name: &str,
+        expected_shape: &[usize],
+        row_start: usize,
+        rows: usize,
+    ) -> Result<Vec<f16>> {
         let (e, dt) = self.checked(name, expected_shape)?;
         let bytes = self.row_bytes(e, dt, name, row_start, rows)?;
         Ok(convert_f16(dt, bytes))
     }
 
-    fn row_bytes(&self, e: &Entry, dt: DType, name: &str, row_start: usize, rows: usize) -> Result<&[u8]> {
+    fn row_bytes(
+        &self,
+        e: &Entry,
+        dt: DType,
+        name: &str,
+        row_start: usize,
+        rows: usize,
+    ) -> Result<&[u8]> {
         let (row_len, total_rows) = match e.shape.split_last() {
             Some((&last, rest)) => (last, rest.iter().product::<usize>()),
             None => (1, 1), // a scalar is one row of one element
@@ -299,7 +384,8 @@ impl Checkpoint {
         hidden: usize,
         inter: usize,
     ) -> Result<Vec<f32>> {
-        let (name, shape, row_start, rows) = self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
+        let (name, shape, row_start, rows) =
+            self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
         match row_start {
             None => self.read_f32(&name, &shape),
             Some(r) => self.read_rows_f32(&name, &shape, r, rows),
@@ -316,7 +402,8 @@ impl Checkpoint {
         hidden: usize,
         inter: usize,
     ) -> Result<Vec<f16>> {
-        let (name, shape, row_start, rows) = self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
+        let (name, shape, row_start, rows) =
+            self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
         match row_start {
             None => self.read_f16(&name, &shape),
             Some(r) => self.read_rows_f16(&name, &shape, r, rows),
@@ -335,11 +422,16 @@ impl Checkpoint {
         inter: usize,
     ) -> Result<(String, Vec<usize>, Option<usize>, usize)> {
         if expert >= num_experts {
-            return Err(Error::Other(format!("expert {expert} out of range: layer {layer} has {num_experts} experts")));
+            return Err(Error::Other(format!(
+                "expert {expert} out of range: layer {layer} has {num_experts} experts"
+            )));
         }
         Ok(match self.expert_layout(layer)? {
             ExpertLayout::PerExpert => {
-                let name = format!("model.layers.{layer}.mlp.experts.{expert}.{}.weight", proj.hub_name());
+                let name = format!(
+                    "model.layers.{layer}.mlp.experts.{expert}.{}.weight",
+                    proj.hub_name()
+                );
                 let shape = match proj {
                     ExpertProj::Gate | ExpertProj::Up => vec![inter, hidden],
                     ExpertProj::Down => vec![hidden, inter],
@@ -347,10 +439,18 @@ impl Checkpoint {
                 (name, shape, None, 0)
             }
             ExpertLayout::Fused => match proj {
-                ExpertProj::Gate => (fused_gate_up_name(layer), vec![num_experts, 2 * inter, hidden], Some(expert * 2 * inter), inter),
-                ExpertProj::Up => {
-                    (fused_gate_up_name(layer), vec![num_experts, 2 * inter, hidden], Some(expert * 2 * inter + inter), inter)
-                }
+                ExpertProj::Gate => (
+                    fused_gate_up_name(layer),
+                    vec![num_experts, 2 * inter, hidden],
+                    Some(expert * 2 * inter),
+                    inter,
+                ),
+                ExpertProj::Up => (
+                    fused_gate_up_name(layer),
+                    vec![num_experts, 2 * inter, hidden],
+                    Some(expert * 2 * inter + inter),
+                    inter,
+                ),
                 ExpertProj::Down => (
                     format!("model.layers.{layer}.mlp.experts.down_proj"),
                     vec![num_experts, hidden, inter],
@@ -360,6 +460,13 @@ impl Checkpoint {
             },
         })
     }
+}
+
+fn shard_metadata(shard: &Shard) -> HashMap<String, String> {
+    SafeTensors::read_metadata(&shard.mmap)
+        .ok()
+        .and_then(|(_, m)| m.metadata().clone())
+        .unwrap_or_default()
 }
 
 fn fused_gate_up_name(layer: usize) -> String {
@@ -372,7 +479,10 @@ fn map_shard(path: &Path) -> Result<Shard> {
     // while it is mapped is outside the contract (the user must not rewrite a checkpoint
     // while it is being loaded).
     let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    Ok(Shard { path: path.to_path_buf(), mmap })
+    Ok(Shard {
+        path: path.to_path_buf(),
+        mmap,
+    })
 }
 
 /// Parses and validates a shard header; returns its tensors with absolute byte ranges.
@@ -381,7 +491,8 @@ fn shard_entries(shard: &Shard, id: usize) -> Result<Vec<(String, Entry)>> {
     let (header_len, meta) = SafeTensors::read_metadata(buf).map_err(|e| {
         let what = match e {
             safetensors::SafeTensorError::MetadataIncompleteBuffer => {
-                "data section length does not match the header (truncated or has trailing bytes)".to_string()
+                "data section length does not match the header (truncated or has trailing bytes)"
+                    .to_string()
             }
             other => format!("invalid safetensors header: {other}"),
         };
@@ -394,9 +505,21 @@ fn shard_entries(shard: &Shard, id: usize) -> Result<Vec<(String, Entry)>> {
         let (start, end) = (data_start + s, data_start + e);
         // read_metadata already validated this; re-check so slicing can never panic.
         if start > end || end > buf.len() {
-            return Err(Error::bad_file(&shard.path, format!("tensor `{name}` lies outside the file")));
+            return Err(Error::bad_file(
+                &shard.path,
+                format!("tensor `{name}` lies outside the file"),
+            ));
         }
-        out.push((name, Entry { shard: id, dtype: info.dtype, shape: info.shape.clone(), start, end }));
+        out.push((
+            name,
+            Entry {
+                shard: id,
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                start,
+                end,
+            },
+        ));
     }
     Ok(out)
 }
@@ -407,9 +530,18 @@ fn shard_entries(shard: &Shard, id: usize) -> Result<Vec<(String, Entry)>> {
 fn convert_f32(dt: DType, bytes: &[u8]) -> Vec<f32> {
     match dt {
         // bf16 is the top half of an f32: widening is a shift, exact.
-        DType::BF16 => bytes.chunks_exact(2).map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)).collect(),
-        DType::F16 => bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
-        DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
     }
 }
 
@@ -421,7 +553,13 @@ fn convert_f16(dt: DType, bytes: &[u8]) -> Vec<f16> {
             .chunks_exact(2)
             .map(|c| f16::from_f32(bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
             .collect(),
-        DType::F16 => bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect(),
-        DType::F32 => bytes.chunks_exact(4).map(|c| f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
     }
 }

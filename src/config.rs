@@ -122,7 +122,11 @@ impl ModelConfig {
 
         if let Some(act) = f.opt_str("hidden_act")? {
             if act != "silu" {
-                return Err(Error::field(path, "hidden_act", format!("{act:?} is not supported (only \"silu\")")));
+                return Err(Error::field(
+                    path,
+                    "hidden_act",
+                    format!("{act:?} is not supported (only \"silu\")"),
+                ));
             }
         }
 
@@ -153,7 +157,11 @@ impl ModelConfig {
         };
         // RoPE is applied to pairs of dimensions.
         if head_dim % 2 != 0 {
-            return Err(Error::field(path, "head_dim", format!("{head_dim} is odd; RoPE needs an even head dimension")));
+            return Err(Error::field(
+                path,
+                "head_dim",
+                format!("{head_dim} is odd; RoPE needs an even head dimension"),
+            ));
         }
 
         let num_experts = f.req_pos("num_experts")?;
@@ -168,7 +176,11 @@ impl ModelConfig {
         let norm_topk_prob = f.opt_bool("norm_topk_prob")?.unwrap_or(false);
         let rms_norm_eps = f.req_f64("rms_norm_eps")?;
         if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
-            return Err(Error::field(path, "rms_norm_eps", format!("{rms_norm_eps} must be a positive finite number")));
+            return Err(Error::field(
+                path,
+                "rms_norm_eps",
+                format!("{rms_norm_eps} must be a positive finite number"),
+            ));
         }
         let max_position_embeddings = f.req_pos("max_position_embeddings")?;
         let tie_word_embeddings = f.req_bool("tie_word_embeddings")?;
@@ -188,13 +200,23 @@ impl ModelConfig {
                 // OLMoE's attention_bias would put a bias on q, k, v *and* o; the published
                 // models have none and we implement none.
                 if f.opt_bool("attention_bias")? == Some(true) {
-                    return Err(Error::field(path, "attention_bias", "true is not supported for olmoe"));
+                    return Err(Error::field(
+                        path,
+                        "attention_bias",
+                        "true is not supported for olmoe",
+                    ));
                 }
                 qkv_bias = false;
                 clip_qkv = match f.opt_f64("clip_qkv")? {
                     None => None,
                     Some(c) if c > 0.0 && c.is_finite() => Some(c as f32),
-                    Some(c) => return Err(Error::field(path, "clip_qkv", format!("{c} must be positive or null"))),
+                    Some(c) => {
+                        return Err(Error::field(
+                            path,
+                            "clip_qkv",
+                            format!("{c} must be positive or null"),
+                        ))
+                    }
                 };
             }
             Arch::Qwen2Moe => {
@@ -202,7 +224,11 @@ impl ModelConfig {
                 shared_expert_intermediate = Some(f.req_pos("shared_expert_intermediate_size")?);
                 dense_intermediate = f.req_pos("intermediate_size")?;
                 if f.opt_bool("use_sliding_window")? == Some(true) {
-                    return Err(Error::field(path, "use_sliding_window", "sliding-window attention is not supported"));
+                    return Err(Error::field(
+                        path,
+                        "use_sliding_window",
+                        "sliding-window attention is not supported",
+                    ));
                 }
                 let step = f.req_pos("decoder_sparse_step")?;
                 // Absent in the published Qwen1.5-MoE config; absence means "no dense-only layers".
@@ -294,38 +320,64 @@ fn parse_rope(f: &Fields) -> Result<f64> {
                 check_default_rope(f, key, m)?;
                 if let Some(v) = m.get("rope_theta") {
                     let field = format!("{key}.rope_theta");
-                    let t = v
-                        .as_f64()
-                        .ok_or_else(|| Error::field(f.path, &field, format!("expected a number, found {v}")))?;
+                    let t = v.as_f64().ok_or_else(|| {
+                        Error::field(f.path, &field, format!("expected a number, found {v}"))
+                    })?;
                     if let Some((prev_field, prev)) = &theta_from_objects {
                         if *prev != t {
-                            return Err(Error::field(f.path, &field, format!("{t} disagrees with {prev_field} = {prev}")));
+                            return Err(Error::field(
+                                f.path,
+                                &field,
+                                format!("{t} disagrees with {prev_field} = {prev}"),
+                            ));
                         }
                     }
                     theta_from_objects = Some((field, t));
                 }
             }
-            Some(v) => return Err(Error::field(f.path, key, format!("expected an object or null, found {v}"))),
+            Some(v) => {
+                return Err(Error::field(
+                    f.path,
+                    key,
+                    format!("expected an object or null, found {v}"),
+                ))
+            }
         }
     }
     if let Some(p) = f.opt_f64("partial_rotary_factor")? {
         if p != 1.0 {
-            return Err(Error::field(f.path, "partial_rotary_factor", format!("{p} is not supported (only 1.0)")));
+            return Err(Error::field(
+                f.path,
+                "partial_rotary_factor",
+                format!("{p} is not supported (only 1.0)"),
+            ));
         }
     }
     let top = f.opt_f64("rope_theta")?;
     let theta = match (top, theta_from_objects) {
         (Some(t), Some((field, o))) if t != o => {
-            return Err(Error::field(f.path, "rope_theta", format!("{t} disagrees with {field} = {o}")));
+            return Err(Error::field(
+                f.path,
+                "rope_theta",
+                format!("{t} disagrees with {field} = {o}"),
+            ));
         }
         (Some(t), _) => t,
         (None, Some((_, o))) => o,
         (None, None) => {
-            return Err(Error::field(f.path, "rope_theta", "missing (neither rope_theta nor rope_parameters.rope_theta is present)"));
+            return Err(Error::field(
+                f.path,
+                "rope_theta",
+                "missing (neither rope_theta nor rope_parameters.rope_theta is present)",
+            ));
         }
     };
     if !(theta > 0.0 && theta.is_finite()) {
-        return Err(Error::field(f.path, "rope_theta", format!("{theta} must be a positive finite number")));
+        return Err(Error::field(
+            f.path,
+            "rope_theta",
+            format!("{theta} must be a positive finite number"),
+        ));
     }
     Ok(theta)
 }
@@ -391,13 +443,21 @@ impl GenerationConfig {
         let temperature = f.opt_f64("temperature")?.map(|t| t as f32);
         if let Some(t) = temperature {
             if !(t >= 0.0 && t.is_finite()) {
-                return Err(Error::field(path, "temperature", format!("{t} must be a non-negative finite number")));
+                return Err(Error::field(
+                    path,
+                    "temperature",
+                    format!("{t} must be a non-negative finite number"),
+                ));
             }
         }
         let top_p = f.opt_f64("top_p")?.map(|p| p as f32);
         if let Some(p) = top_p {
             if !(p > 0.0 && p <= 1.0) {
-                return Err(Error::field(path, "top_p", format!("{p} must be in (0, 1]")));
+                return Err(Error::field(
+                    path,
+                    "top_p",
+                    format!("{p} must be in (0, 1]"),
+                ));
             }
         }
         Ok(GenerationConfig {
@@ -458,7 +518,9 @@ impl<'a> Fields<'a> {
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => as_usize(v).map(Some).ok_or_else(|| self.wrong(key, "a non-negative integer", v)),
+            Some(v) => as_usize(v)
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "a non-negative integer", v)),
         }
     }
 
@@ -477,14 +539,19 @@ impl<'a> Fields<'a> {
     fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => as_u32(v).map(Some).ok_or_else(|| self.wrong(key, "a token id (u32)", v)),
+            Some(v) => as_u32(v)
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "a token id (u32)", v)),
         }
     }
 
     fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.wrong(key, "a number", v)),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "a number", v)),
         }
     }
 
@@ -512,7 +579,9 @@ impl<'a> Fields<'a> {
                 .iter()
                 .map(|v| as_u32(v).ok_or_else(|| self.wrong(key, "a list of token ids", v)))
                 .collect(),
-            Some(v) => as_u32(v).map(|id| vec![id]).ok_or_else(|| self.wrong(key, "a token id or a list of them", v)),
+            Some(v) => as_u32(v)
+                .map(|id| vec![id])
+                .ok_or_else(|| self.wrong(key, "a token id or a list of them", v)),
         }
     }
 
@@ -521,7 +590,9 @@ impl<'a> Fields<'a> {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|v| as_usize(v).ok_or_else(|| self.wrong(key, "a list of non-negative integers", v)))
+                .map(|v| {
+                    as_usize(v).ok_or_else(|| self.wrong(key, "a list of non-negative integers", v))
+                })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
             Some(v) => Err(self.wrong(key, "a list of non-negative integers", v)),

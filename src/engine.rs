@@ -15,12 +15,14 @@ use crate::tokenizer::Tokenizer;
 #[serde(rename_all = "lowercase")]
 pub enum ExpertPrecision {
     F16,
+    Int4,
 }
 
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
     pub adapter: AdapterRequest,
     pub expert_precision: ExpertPrecision,
+    pub executor: crate::model::forward::Executor,
     pub max_context: usize,
     pub prefill_chunk: usize,
     pub all_logits: bool,
@@ -77,9 +79,13 @@ impl Engine {
         }
         let ckpt = Checkpoint::open(dir)?;
         let ctx = GpuContext::new(&opts.adapter)?;
-        let weights = ModelWeights::load(&ctx, &cfg, &ckpt)?;
+        if crate::convert::is_converted(&ckpt) {
+            crate::convert::validate_converted(&ckpt, &cfg)?;
+        }
+        let weights = ModelWeights::load(&ctx, &cfg, &ckpt, opts.expert_precision == ExpertPrecision::Int4)?;
         let suppress = eos_ids(&cfg, generation.as_ref());
         let fwd = Forward::new(&ctx, &cfg, weights, ForwardOptions {
+            executor: opts.executor,
             max_context: opts.max_context,
             prefill_chunk: opts.prefill_chunk,
             all_logits: opts.all_logits,

@@ -2,6 +2,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod cpu_ref;
 pub mod error;
 pub mod tokenizer;
 
@@ -11,3 +12,5 @@ pub mod model;
 pub mod engine;
 pub mod generate;
 pub mod sampling;
+pub mod quant;
+pub mod convert;

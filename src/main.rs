@@ -9,6 +9,7 @@ use serde_json::json;
 
 use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
 use wgmoe::error::{Error, Result};
+use wgmoe::model::forward::Executor;
 use wgmoe::generate::{generate, GenerateOptions};
 use wgmoe::gpu::{context::list_adapters, AdapterRequest, BackendChoice};
 use wgmoe::sampling::SamplingOptions;
@@ -43,6 +44,10 @@ struct GpuArgs {
     /// Use the adapter whose name contains this text (case-insensitive).
     #[arg(long)]
     adapter: Option<String>,
+    /// Cap the storage-binding size used to split large tensors (bytes), below the
+    /// adapter's own limit; exercises the split paths.
+    #[arg(long, hide = true)]
+    max_binding: Option<u64>,
 }
 
 impl GpuArgs {
@@ -50,6 +55,7 @@ impl GpuArgs {
         AdapterRequest {
             backend: self.backend,
             adapter: self.adapter.clone(),
+            max_binding: self.max_binding,
         }
     }
 }
@@ -84,9 +90,12 @@ struct RunArgs {
     /// Do not stop at EOS, and never sample it.
     #[arg(long)]
     ignore_eos: bool,
-    /// Storage of routed expert weights.
-    #[arg(long, value_enum, default_value = "f16")]
+    /// Storage of routed expert weights: int4 (W4A16, block 256) or f16.
+    #[arg(long, value_enum, default_value = "int4")]
     expert_precision: ExpertPrecision,
+    /// How routed experts are dispatched.
+    #[arg(long, value_enum, default_value = "grouped")]
+    executor: Executor,
     /// Most prompt tokens per prefill submission.
     #[arg(long, default_value_t = 64)]
     prefill_chunk: usize,
@@ -214,6 +223,7 @@ fn run(a: RunArgs) -> Result<()> {
     let engine = Engine::load(&a.model, &EngineOptions {
         adapter: a.gpu.request(),
         expert_precision: a.expert_precision,
+        executor: a.executor,
         max_context,
         prefill_chunk: a.prefill_chunk,
         all_logits: false,
@@ -276,6 +286,7 @@ fn run(a: RunArgs) -> Result<()> {
                 "backend": engine.ctx.backend_name(),
                 "driver": engine.ctx.driver(),
                 "expert_precision": a.expert_precision,
+                "executor": a.executor,
                 "dispatches_per_decode_step": engine.fwd.dispatches_per_decode_step(),
                 "submissions_per_token": g.submissions as f64 / n,
                 "dispatches_per_token": g.dispatches as f64 / n,

@@ -31,7 +31,10 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let tok_path = dir.join("tokenizer.json");
         if !tok_path.is_file() {
-            return Err(Error::bad_file(&tok_path, "missing (the checkpoint directory must contain tokenizer.json)"));
+            return Err(Error::bad_file(
+                &tok_path,
+                "missing (the checkpoint directory must contain tokenizer.json)",
+            ));
         }
         let inner = tokenizers::Tokenizer::from_file(&tok_path)
             .map_err(|e| Error::Tokenizer(format!("{}: cannot load: {e}", tok_path.display())))?;
@@ -65,8 +68,8 @@ impl Tokenizer {
     }
 
     fn apply_config(&mut self, text: &str, path: &Path) -> Result<()> {
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| Error::bad_file(path, format!("invalid JSON: {e}")))?;
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| Error::bad_file(path, format!("invalid JSON: {e}")))?;
         let Value::Object(obj) = value else {
             return Err(Error::bad_file(path, "expected a JSON object at top level"));
         };
@@ -75,7 +78,13 @@ impl Tokenizer {
         self.add_bos_token = match obj.get("add_bos_token") {
             None | Some(Value::Null) => None,
             Some(Value::Bool(b)) => Some(*b),
-            Some(v) => return Err(Error::field(path, "add_bos_token", format!("expected true or false, found {v}"))),
+            Some(v) => {
+                return Err(Error::field(
+                    path,
+                    "add_bos_token",
+                    format!("expected true or false, found {v}"),
+                ))
+            }
         };
         self.chat_template = match obj.get("chat_template") {
             None | Some(Value::Null) => None,
@@ -89,18 +98,32 @@ impl Tokenizer {
                     let name = item.get("name").and_then(Value::as_str);
                     let tmpl = item.get("template").and_then(Value::as_str);
                     let (Some(name), Some(tmpl)) = (name, tmpl) else {
-                        return Err(Error::field(path, field, "expected {\"name\": string, \"template\": string}"));
+                        return Err(Error::field(
+                            path,
+                            field,
+                            "expected {\"name\": string, \"template\": string}",
+                        ));
                     };
                     if name == "default" {
                         default = Some(tmpl.to_string());
                     }
                 }
                 if default.is_none() && !items.is_empty() {
-                    return Err(Error::field(path, "chat_template", "list form has no template named \"default\""));
+                    return Err(Error::field(
+                        path,
+                        "chat_template",
+                        "list form has no template named \"default\"",
+                    ));
                 }
                 default
             }
-            Some(v) => return Err(Error::field(path, "chat_template", format!("expected a string or a list, found {v}"))),
+            Some(v) => {
+                return Err(Error::field(
+                    path,
+                    "chat_template",
+                    format!("expected a string or a list, found {v}"),
+                ))
+            }
         };
         if self.chat_template.is_some() {
             self.chat_template_source = Some(path.to_path_buf());
@@ -175,7 +198,11 @@ impl Tokenizer {
     /// Renders the chat template for `messages` (role, content) the way transformers does:
     /// Jinja with trim_blocks and lstrip_blocks, `bos_token`, `eos_token`, `messages` and
     /// `add_generation_prompt` in scope, and a `raise_exception(msg)` function.
-    pub fn apply_chat_template(&self, messages: &[(String, String)], add_generation_prompt: bool) -> Result<String> {
+    pub fn apply_chat_template(
+        &self,
+        messages: &[(String, String)],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let Some(template) = self.chat_template.as_deref() else {
             return Err(Error::Tokenizer(
                 "this tokenizer has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja)".into(),
@@ -189,17 +216,26 @@ impl Tokenizer {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<JValue, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<JValue, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.set_unknown_method_callback(python_methods);
-        let tmpl = env
-            .template_from_str(template)
-            .map_err(|e| Error::Tokenizer(format!("{source}: cannot parse chat template: {}", jinja_error(&e))))?;
+        let tmpl = env.template_from_str(template).map_err(|e| {
+            Error::Tokenizer(format!(
+                "{source}: cannot parse chat template: {}",
+                jinja_error(&e)
+            ))
+        })?;
         let msgs: Vec<JValue> = messages
             .iter()
             .map(|(role, content)| {
-                JValue::from_iter([("role", JValue::from(role.as_str())), ("content", JValue::from(content.as_str()))])
+                JValue::from_iter([
+                    ("role", JValue::from(role.as_str())),
+                    ("content", JValue::from(content.as_str())),
+                ])
             })
             .collect();
         let ctx = minijinja::context! {
@@ -208,8 +244,12 @@ impl Tokenizer {
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
         };
-        tmpl.render(ctx)
-            .map_err(|e| Error::Tokenizer(format!("{source}: rendering chat template failed: {}", jinja_error(&e))))
+        tmpl.render(ctx).map_err(|e| {
+            Error::Tokenizer(format!(
+                "{source}: rendering chat template failed: {}",
+                jinja_error(&e)
+            ))
+        })
     }
 }
 
@@ -227,21 +267,38 @@ fn jinja_error(e: &minijinja::Error) -> String {
 
 /// `bos_token` / `eos_token` in tokenizer_config.json: a string, an AddedToken object
 /// ({"content": "...", ...}), or null.
-fn special_token(obj: &serde_json::Map<String, Value>, key: &str, path: &Path) -> Result<Option<String>> {
+fn special_token(
+    obj: &serde_json::Map<String, Value>,
+    key: &str,
+    path: &Path,
+) -> Result<Option<String>> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Object(m)) => match m.get("content") {
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            _ => Err(Error::field(path, format!("{key}.content"), "missing or not a string")),
+            _ => Err(Error::field(
+                path,
+                format!("{key}.content"),
+                "missing or not a string",
+            )),
         },
-        Some(v) => Err(Error::field(path, key, format!("expected a string or {{\"content\": ...}}, found {v}"))),
+        Some(v) => Err(Error::field(
+            path,
+            key,
+            format!("expected a string or {{\"content\": ...}}, found {v}"),
+        )),
     }
 }
 
 /// The Python str/dict methods HF chat templates commonly call (jinja2 runs them as real
 /// Python methods; minijinja has none). Anything else is an "unknown method" error.
-fn python_methods(state: &State, value: &JValue, method: &str, args: &[JValue]) -> std::result::Result<JValue, minijinja::Error> {
+fn python_methods(
+    state: &State,
+    value: &JValue,
+    method: &str,
+    args: &[JValue],
+) -> std::result::Result<JValue, minijinja::Error> {
     match value.kind() {
         ValueKind::String => {
             let s = value.as_str().unwrap_or_default();
@@ -264,11 +321,17 @@ fn python_methods(state: &State, value: &JValue, method: &str, args: &[JValue]) 
                     let prefixes: Vec<String> = if let Some(p) = arg.as_str() {
                         vec![p.to_string()]
                     } else {
-                        arg.try_iter()?.map(|v| v.as_str().unwrap_or_default().to_string()).collect()
+                        arg.try_iter()?
+                            .map(|v| v.as_str().unwrap_or_default().to_string())
+                            .collect()
                     };
-                    let hit = prefixes
-                        .iter()
-                        .any(|p| if method == "startswith" { s.starts_with(p.as_str()) } else { s.ends_with(p.as_str()) });
+                    let hit = prefixes.iter().any(|p| {
+                        if method == "startswith" {
+                            s.starts_with(p.as_str())
+                        } else {
+                            s.ends_with(p.as_str())
+                        }
+                    });
                     Ok(JValue::from(hit))
                 }
                 "upper" => Ok(JValue::from(s.to_uppercase())),
@@ -299,13 +362,20 @@ fn python_methods(state: &State, value: &JValue, method: &str, args: &[JValue]) 
             }
             "values" => {
                 let _: () = from_args(args)?;
-                let vals = value.try_iter()?.map(|k| value.get_item(&k)).collect::<std::result::Result<Vec<_>, _>>()?;
+                let vals = value
+                    .try_iter()?
+                    .map(|k| value.get_item(&k))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
                 Ok(JValue::from(vals))
             }
             "get" => {
                 let (key, default): (JValue, Option<JValue>) = from_args(args)?;
                 let v = value.get_item(&key)?;
-                Ok(if v.is_undefined() { default.unwrap_or(JValue::from(())) } else { v })
+                Ok(if v.is_undefined() {
+                    default.unwrap_or(JValue::from(()))
+                } else {
+                    v
+                })
             }
             _ => Err(minijinja::Error::from(ErrorKind::UnknownMethod)),
         },

@@ -7,6 +7,7 @@ use common::*;
 use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
 use wgmoe::generate::{generate, prompt_logits, GenerateOptions};
 use wgmoe::gpu::AdapterRequest;
+use wgmoe::model::forward::Executor;
 use wgmoe::sampling::SamplingOptions;
 
 /// Allowed |logit - golden| = LOGIT_ATOL + LOGIT_RTOL * |golden|. Weights are the
@@ -33,22 +34,41 @@ fn worst_vs_golden(ours: &[f32], golden: &[f32]) -> (f32, f32, usize) {
 /// than this (a near tie that f32 summation order can flip).
 const NEAR_TIE: f32 = 2e-3;
 
-fn load(name: &str, max_context: usize, chunk: usize) -> Engine {
+#[derive(Clone, Copy)]
+struct Setup {
+    precision: ExpertPrecision,
+    executor: Executor,
+    chunk: usize,
+    max_binding: Option<u64>,
+}
+
+const F16: Setup = Setup { precision: ExpertPrecision::F16, executor: Executor::Grouped, chunk: 64, max_binding: None };
+const INT4: Setup = Setup { precision: ExpertPrecision::Int4, executor: Executor::Grouped, chunk: 64, max_binding: None };
+
+fn load(name: &str, max_context: usize, s: Setup) -> Engine {
     init_env();
     Engine::load(&fixture(name), &EngineOptions {
-        adapter: AdapterRequest::default(),
-        expert_precision: ExpertPrecision::F16,
+        adapter: AdapterRequest { max_binding: s.max_binding, ..Default::default() },
+        expert_precision: s.precision,
+        executor: s.executor,
         max_context,
-        prefill_chunk: chunk,
+        prefill_chunk: s.chunk,
         all_logits: true,
     })
     .unwrap_or_else(|e| panic!("loading {name}: {e}"))
 }
 
-fn check_fixture(name: &str, chunk: usize) {
-    let golden = load_golden(&format!("{name}.safetensors"));
+/// Compare with the goldens of transformers run on the same expert precision (the INT4
+/// goldens use the INT4 round-trip expert weights).
+fn check_fixture(name: &str, s: Setup) {
+    let file = match s.precision {
+        ExpertPrecision::F16 => format!("{name}.safetensors"),
+        ExpertPrecision::Int4 => format!("{name}.int4.safetensors"),
+    };
+    let golden = load_golden(&file);
+    let chunk = s.chunk;
     let max_ctx = golden.prompts.iter().map(|p| p.prompt_ids.len() + p.generated_ids.len()).max().unwrap();
-    let engine = load(name, max_ctx, chunk);
+    let engine = load(name, max_ctx, s);
     for (pi, g) in golden.prompts.iter().enumerate() {
         // Logits at every prompt position.
         let rows = prompt_logits(&engine.ctx, &engine.fwd, &g.prompt_ids).unwrap();
@@ -81,23 +101,54 @@ fn check_fixture(name: &str, chunk: usize) {
                 break;
             }
         }
-        eprintln!("{name} p{pi} (chunk {chunk}): max |logit diff| prompt {worst:.2e}, steps {step_worst:.2e}; tokens {:?}", out.generated_ids);
+        eprintln!("{name} {file} p{pi} (chunk {chunk}, {:?}): max |logit diff| prompt {worst:.2e}, steps {step_worst:.2e}; tokens {:?}", s.executor, out.generated_ids);
     }
 }
 
 #[test]
-fn olmoe_matches_transformers() {
-    check_fixture("olmoe-tiny", 64);
+fn olmoe_f16_matches_transformers() {
+    check_fixture("olmoe-tiny", F16);
 }
 
 #[test]
-fn qwen2moe_matches_transformers() {
-    check_fixture("qwen2moe-tiny", 64);
+fn qwen2moe_f16_matches_transformers() {
+    check_fixture("qwen2moe-tiny", F16);
+}
+
+#[test]
+fn olmoe_int4_matches_transformers_on_int4_weights() {
+    check_fixture("olmoe-tiny", INT4);
+    check_fixture("olmoe-tiny", Setup { executor: Executor::PerExpert, ..INT4 });
+}
+
+#[test]
+fn qwen2moe_int4_matches_transformers_on_int4_weights() {
+    check_fixture("qwen2moe-tiny", INT4);
+    check_fixture("qwen2moe-tiny", Setup { executor: Executor::PerExpert, ..INT4 });
+}
+
+#[test]
+fn per_expert_f16_matches_transformers() {
+    check_fixture("olmoe-tiny", Setup { executor: Executor::PerExpert, ..F16 });
+    check_fixture("qwen2moe-tiny", Setup { executor: Executor::PerExpert, ..F16 });
 }
 
 /// Prefill split into several submissions must give the same results.
 #[test]
 fn chunked_prefill_matches_transformers() {
-    check_fixture("olmoe-tiny", 4);
-    check_fixture("qwen2moe-tiny", 5);
+    check_fixture("olmoe-tiny", Setup { chunk: 4, ..F16 });
+    check_fixture("qwen2moe-tiny", Setup { chunk: 5, ..INT4 });
+}
+
+/// With a small storage-binding cap the embeddings, lm_head and expert pools are split
+/// into many chunks (one dispatch each); results must not change.
+#[test]
+fn split_tensors_match_transformers() {
+    let e = load("olmoe-tiny", 8, Setup { max_binding: Some(64 << 10), ..F16 });
+    assert!(e.fwd.weights.embed.chunks.len() > 50, "embeddings should be split: {} chunks", e.fwd.weights.embed.chunks.len());
+    drop(e);
+    check_fixture("olmoe-tiny", Setup { max_binding: Some(64 << 10), ..F16 });
+    check_fixture("qwen2moe-tiny", Setup { max_binding: Some(1 << 20), ..F16 });
+    check_fixture("olmoe-tiny", Setup { max_binding: Some(40 << 10), ..INT4 });
+    check_fixture("qwen2moe-tiny", Setup { max_binding: Some(640 << 10), ..INT4 });
 }

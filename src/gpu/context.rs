@@ -31,6 +31,9 @@ pub struct AdapterRequest {
     pub backend: Option<BackendChoice>,
     /// Case-insensitive substring of the adapter name.
     pub adapter: Option<String>,
+    /// Cap on the storage binding size used to split tensors (bytes). Lets tests and
+    /// users exercise the split paths on small models; never raises the adapter's limit.
+    pub max_binding: Option<u64>,
 }
 
 /// Bytes currently allocated by the runtime on the GPU, and the peak.
@@ -170,6 +173,7 @@ pub struct GpuContext {
     pub features: wgpu::Features,
     pub limits: wgpu::Limits,
     pub tracker: Arc<MemTracker>,
+    max_binding_cap: Option<u64>,
     errors: Arc<Mutex<Vec<String>>>,
     pub(crate) kernels: super::kernels::Kernels,
 }
@@ -225,6 +229,7 @@ impl GpuContext {
             features,
             limits,
             tracker: Arc::default(),
+            max_binding_cap: req.max_binding,
             errors,
             kernels,
         })
@@ -243,9 +248,16 @@ impl GpuContext {
         format!("{} {}", self.info.driver, self.info.driver_info).trim().to_string()
     }
 
-    /// Largest storage binding, the unit in which big tensors are split.
+    /// The adapter's largest storage binding (activations, caches).
+    pub fn binding_limit(&self) -> u64 {
+        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size) / 16 * 16
+    }
+
+    /// The unit in which weight tensors are split: the binding limit, or the user's cap.
     pub fn max_binding(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+        let adapter = self.binding_limit();
+        // Bindings stay multiples of 16 bytes (one vec4<u32>).
+        self.max_binding_cap.map_or(adapter, |c| c.min(adapter)) / 16 * 16
     }
 
     pub fn buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> GpuBuffer {

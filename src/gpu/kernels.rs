@@ -16,10 +16,12 @@ pub enum Kernel {
     FfnDown,
     MoeCombine,
     Argmax,
+    FfnGateUpQ4,
+    FfnDownQ4,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 12] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -30,6 +32,8 @@ impl Kernel {
         Kernel::FfnDown,
         Kernel::MoeCombine,
         Kernel::Argmax,
+        Kernel::FfnGateUpQ4,
+        Kernel::FfnDownQ4,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,6 +48,8 @@ impl Kernel {
             Kernel::FfnDown => "ffn_down",
             Kernel::MoeCombine => "moe_combine",
             Kernel::Argmax => "argmax",
+            Kernel::FfnGateUpQ4 => "ffn_gate_up_q4",
+            Kernel::FfnDownQ4 => "ffn_down_q4",
         }
     }
 
@@ -59,6 +65,8 @@ impl Kernel {
             Kernel::FfnDown => include_str!("../../shaders/ffn_down.wgsl"),
             Kernel::MoeCombine => include_str!("../../shaders/moe_combine.wgsl"),
             Kernel::Argmax => include_str!("../../shaders/argmax.wgsl"),
+            Kernel::FfnGateUpQ4 => include_str!("../../shaders/ffn_gate_up_q4.wgsl"),
+            Kernel::FfnDownQ4 => include_str!("../../shaders/ffn_down_q4.wgsl"),
         }
     }
 
@@ -76,6 +84,7 @@ impl Kernel {
             Kernel::FfnDown => size_of::<FfnDownParams>(),
             Kernel::MoeCombine => size_of::<MoeCombineParams>(),
             Kernel::Argmax => size_of::<ArgmaxParams>(),
+            Kernel::FfnGateUpQ4 | Kernel::FfnDownQ4 => size_of::<FfnQ4Params>(),
         }
     }
 }
@@ -188,7 +197,9 @@ pub struct FfnGateUpParams {
     pub first_slot: u32,
     pub chunk_slots: u32,
     pub flags: u32,
-    pub _pad: [u32; 3],
+    /// First top-k index served: the per-expert executor serves one index per dispatch.
+    pub j_base: u32,
+    pub _pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -203,8 +214,35 @@ pub struct FfnDownParams {
     pub first_slot: u32,
     pub chunk_slots: u32,
     pub flags: u32,
+    /// First top-k index served: the per-expert executor serves one index per dispatch.
+    pub j_base: u32,
+    pub _pad: [u32; 2],
+}
+
+/// Parameters of the W4A16 expert kernels (ffn_gate_up_q4 reads `a` = gate and `b` = up;
+/// ffn_down_q4 reads `a` = down). Offsets are inside one slot: nibbles in vec4<u32>,
+/// scales in u32 words.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct FfnQ4Params {
+    pub hidden: u32,
+    pub inter: u32,
+    pub top_k: u32,
+    pub j_base: u32,
+    pub x_stride: u32,
+    pub slot_vec4: u32,
+    pub first_slot: u32,
+    pub chunk_slots: u32,
+    pub a_q: u32,
+    pub b_q: u32,
+    pub a_s: u32,
+    pub b_s: u32,
+    pub flags: u32,
     pub _pad: [u32; 3],
 }
+
+/// ffn_down_q4: add the weighted sum over the top-k experts into the residual stream.
+pub const Q4_DOWN_FUSED_COMBINE: u32 = 1;
 
 pub mod combine_flags {
     pub const ROUTED: u32 = 1;

@@ -155,3 +155,64 @@ impl ExpertPool {
         ctx.write(&self.chunks[chunk], off, bytemuck::cast_slice(&v));
     }
 }
+
+/// Slots of INT4 experts in the packed layout of `crate::quant::Q4SlotLayout`, grouped
+/// into chunks of one storage binding each. Bytes arrive already packed (from the host
+/// source or a converted file) and are copied as they are: nothing is expanded.
+pub struct Q4Pool {
+    pub layout: crate::quant::Q4SlotLayout,
+    pub slots: usize,
+    pub slots_per_chunk: usize,
+    pub chunks: Vec<GpuBuffer>,
+}
+
+impl Q4Pool {
+    pub fn new(ctx: &GpuContext, label: &str, slots: usize, layout: crate::quant::Q4SlotLayout) -> Result<Self> {
+        let sb = layout.bytes as u64;
+        let per_chunk = (ctx.max_binding() / sb) as usize;
+        if per_chunk == 0 {
+            return Err(Error::DoesNotFit(format!(
+                "{label}: one INT4 expert of {sb} bytes exceeds the adapter's storage binding limit of {} bytes",
+                ctx.max_binding()
+            )));
+        }
+        let per_chunk = per_chunk.min(slots.max(1));
+        let mut chunks = Vec::new();
+        let mut left = slots;
+        while left > 0 {
+            let n = per_chunk.min(left);
+            chunks.push(ctx.buffer(label, n as u64 * sb, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST));
+            left -= n;
+        }
+        Ok(Q4Pool { layout, slots, slots_per_chunk: per_chunk, chunks })
+    }
+
+    pub fn slot_vec4(&self) -> u32 {
+        (self.layout.bytes / 16) as u32
+    }
+
+    /// (chunk, byte offset) of a slot.
+    pub fn locate(&self, slot: usize) -> (usize, u64) {
+        (slot / self.slots_per_chunk, (slot % self.slots_per_chunk) as u64 * self.layout.bytes as u64)
+    }
+
+    pub fn write_slot(&self, ctx: &GpuContext, slot: usize, bytes: &[u8]) {
+        let (c, off) = self.locate(slot);
+        ctx.write(&self.chunks[c], off, bytes);
+    }
+}
+
+/// Routed experts on the GPU, in the precision they are computed in.
+pub enum ExpertStore {
+    F16(ExpertPool),
+    Int4(Q4Pool),
+}
+
+impl ExpertStore {
+    pub fn chunks(&self) -> usize {
+        match self {
+            ExpertStore::F16(p) => p.chunks.len(),
+            ExpertStore::Int4(p) => p.chunks.len(),
+        }
+    }
+}

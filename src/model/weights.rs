@@ -8,14 +8,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::checkpoint::{Checkpoint, ExpertProj};
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
-use crate::gpu::tensor::{upload_f16_vec, upload_f32_vec, ExpertPool, F16Matrix};
+use crate::convert::{is_converted, packed_layer};
+use crate::gpu::tensor::{upload_f16_vec, upload_f32_vec, ExpertPool, ExpertStore, F16Matrix, Q4Pool};
+use crate::quant::Q4SlotLayout;
 use crate::gpu::{GpuBuffer, GpuContext};
 
 pub enum Mlp {
     Moe {
         /// Router rows (one per expert), plus Qwen's shared_expert_gate as the last row.
         router: F16Matrix,
-        experts: ExpertPool,
+        experts: ExpertStore,
         /// expert id -> pool slot (identity while every expert is resident).
         slot_of: GpuBuffer,
         shared: Option<ExpertPool>,
@@ -58,7 +60,13 @@ fn progress(total: u64) -> ProgressBar {
 }
 
 impl ModelWeights {
-    pub fn load(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Self> {
+    pub fn load(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint, int4: bool) -> Result<Self> {
+        if !int4 && is_converted(ckpt) {
+            return Err(crate::error::Error::option(
+                "--expert-precision",
+                format!("{} holds INT4 experts (converted by `wgmoe quantize`); f16 experts need the original checkpoint", ckpt.dir().display()),
+            ));
+        }
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let q_dim = cfg.num_heads * cfg.head_dim;
         let kv_dim = cfg.num_kv_heads * cfg.head_dim;
@@ -101,7 +109,7 @@ impl ModelWeights {
             let o_proj = F16Matrix::upload(ctx, "o_proj", h, q_dim, &o)?;
             let ffn_norm = upload_f16_vec(ctx, "ffn_norm", &ckpt.read_f16(&format!("{p}.post_attention_layernorm.weight"), &[h])?);
             let mlp = if cfg.sparse_layers[l] {
-                load_moe(ctx, cfg, ckpt, l)?
+                load_moe(ctx, cfg, ckpt, l, int4)?
             } else {
                 let i = cfg.dense_intermediate;
                 let mlp = ExpertPool::new(ctx, "dense_mlp", 1, h, i)?;
@@ -149,7 +157,7 @@ impl ModelWeights {
     }
 }
 
-fn load_moe(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint, l: usize) -> Result<Mlp> {
+fn load_moe(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint, l: usize, int4: bool) -> Result<Mlp> {
     let (h, e, i) = (cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate);
     let p = format!("model.layers.{l}.mlp");
     let mut router = ckpt.read_f16(&format!("{p}.gate.weight"), &[e, h])?;
@@ -162,13 +170,24 @@ fn load_moe(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint, l: usize) ->
     }
     let router_rows = router.len() / h;
     let router = F16Matrix::upload(ctx, "router", router_rows, h, &router)?;
-    let experts = ExpertPool::new(ctx, "experts", e, h, i)?;
-    for ex in 0..e {
-        let gate = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Gate, e, h, i)?);
-        let up = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Up, e, h, i)?);
-        let down = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Down, e, h, i)?);
-        experts.write_slot(ctx, ex, &gate, &up, &down);
-    }
+    let experts = if int4 {
+        let layout = Q4SlotLayout::new(h, i);
+        let pool = Q4Pool::new(ctx, "experts_int4", e, layout)?;
+        let packed = packed_layer(ckpt, cfg, l)?;
+        for (ex, slot) in packed.chunks_exact(layout.bytes).enumerate() {
+            pool.write_slot(ctx, ex, slot);
+        }
+        ExpertStore::Int4(pool)
+    } else {
+        let pool = ExpertPool::new(ctx, "experts", e, h, i)?;
+        for ex in 0..e {
+            let gate = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Gate, e, h, i)?);
+            let up = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Up, e, h, i)?);
+            let down = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Down, e, h, i)?);
+            pool.write_slot(ctx, ex, &gate, &up, &down);
+        }
+        ExpertStore::F16(pool)
+    };
     let identity: Vec<u32> = (0..e as u32).collect();
     let slot_of = ctx.storage_with("slot_of", bytemuck::cast_slice(&identity));
     let shared = match shared_i {

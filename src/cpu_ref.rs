@@ -1,0 +1,394 @@
+//! A plain CPU reference of every WGSL kernel, the oracle of `tests/kernels.rs`.
+//!
+//! Same semantics as the shaders, written as directly as possible: f32 math, f16 weights
+//! given unpadded and row-major (`[rows, cols]`), activations as row-major `[T, ...]`
+//! slices. Strides, chunking, padding and flags such as "last token only" are the GPU's
+//! business; a test selects the rows it needs. Each function names the transformers line
+//! it mirrors. Shapes are checked and reported as errors, never as panics.
+
+use half::f16;
+
+use crate::error::{Error, Result};
+
+fn need(what: &str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::Other(format!("cpu_ref: {what} has {got} values, expected {want}")))
+    }
+}
+
+fn rows_of(what: &str, len: usize, width: usize) -> Result<usize> {
+    if width == 0 || len % width != 0 {
+        return Err(Error::Other(format!("cpu_ref: {what} of {len} values is not whole rows of {width}")));
+    }
+    Ok(len / width)
+}
+
+fn dot(a: &[f32], w: &[f16]) -> f32 {
+    a.iter().zip(w).map(|(x, w)| x * w.to_f32()).sum()
+}
+
+/// `x * sigmoid(x)` (transformers' `ACT2FN["silu"]`).
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Rows `ids` of an f16 `[vocab, hidden]` table, as f32 `[T, hidden]`.
+/// Mirrors `inputs_embeds = self.embed_tokens(input_ids)`.
+pub fn embed(table: &[f16], hidden: usize, ids: &[u32]) -> Result<Vec<f32>> {
+    let vocab = rows_of("embedding table", table.len(), hidden)?;
+    let mut out = Vec::with_capacity(ids.len() * hidden);
+    for &id in ids {
+        let id = id as usize;
+        if id >= vocab {
+            return Err(Error::Other(format!("cpu_ref: token id {id} outside a vocabulary of {vocab}")));
+        }
+        out.extend(table[id * hidden..(id + 1) * hidden].iter().map(|w| w.to_f32()));
+    }
+    Ok(out)
+}
+
+/// RMSNorm of each row of `x` ([T, n]). Mirrors OlmoeRMSNorm / Qwen2MoeRMSNorm:
+/// `variance = hidden_states.pow(2).mean(-1, keepdim=True)`,
+/// `hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)`,
+/// `return self.weight * hidden_states.to(input_dtype)`.
+pub fn rmsnorm(x: &[f32], weight: &[f16], eps: f32) -> Result<Vec<f32>> {
+    let n = weight.len();
+    rows_of("rmsnorm input", x.len(), n)?;
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(n) {
+        let variance = row.iter().map(|v| v * v).sum::<f32>() / n as f32;
+        let inv = 1.0 / (variance + eps).sqrt();
+        out.extend(row.iter().zip(weight).map(|(v, w)| w.to_f32() * (v * inv)));
+    }
+    Ok(out)
+}
+
+/// `x [T, K] · W[N, K]^T (+ bias) (+ accumulate_into)`, as `[T, N]`.
+/// Mirrors `nn.Linear`: `F.linear(input, self.weight, self.bias)`; `accumulate_into` is the
+/// residual add that follows o_proj (`hidden_states = residual + hidden_states`).
+pub fn matmul(
+    x: &[f32],
+    k: usize,
+    w: &[f16],
+    n: usize,
+    bias: Option<&[f32]>,
+    accumulate_into: Option<&[f32]>,
+) -> Result<Vec<f32>> {
+    let t = rows_of("matmul input", x.len(), k)?;
+    need("matmul weight", w.len(), n * k)?;
+    if let Some(b) = bias {
+        need("matmul bias", b.len(), n)?;
+    }
+    if let Some(acc) = accumulate_into {
+        need("matmul accumulator", acc.len(), t * n)?;
+    }
+    let mut out = Vec::with_capacity(t * n);
+    for ti in 0..t {
+        let xr = &x[ti * k..(ti + 1) * k];
+        for r in 0..n {
+            let mut v = dot(xr, &w[r * k..(r + 1) * k]);
+            if let Some(b) = bias {
+                v += b[r];
+            }
+            if let Some(acc) = accumulate_into {
+                v += acc[ti * n + r];
+            }
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+/// Attention head layout shared by `rope_kv` and `attention`.
+#[derive(Clone, Copy, Debug)]
+pub struct Heads {
+    pub n_heads: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+}
+
+impl Heads {
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv * self.head_dim
+    }
+    pub fn qkv_dim(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+}
+
+/// OLMoE's q_norm / k_norm: RMSNorm over the whole q (`n_heads * head_dim`) and k
+/// (`n_kv * head_dim`) projections, not per head.
+#[derive(Clone, Copy, Debug)]
+pub struct QkNorm<'a> {
+    pub q: &'a [f16],
+    pub k: &'a [f16],
+    pub eps: f32,
+}
+
+/// rotate_half RoPE of one head in place, with the (cos, sin) pairs of one position
+/// (`rope_row`: `head_dim / 2` pairs, as `model::forward::rope_table`).
+/// Mirrors `q_embed = (q * cos) + (rotate_half(q) * sin)`.
+fn rotate(head: &mut [f32], rope_row: &[f32]) {
+    let half = head.len() / 2;
+    for i in 0..half {
+        let (cos, sin) = (rope_row[2 * i], rope_row[2 * i + 1]);
+        let (a, b) = (head[i], head[i + half]);
+        head[i] = a * cos - b * sin;
+        head[i + half] = b * cos + a * sin;
+    }
+}
+
+/// Split fused `qkv` rows ([T, q_dim + 2 kv_dim]) into q, k, v; optionally RMSNorm q and k
+/// over the whole projection, clip all three to [-clip, clip], apply RoPE to q and k at
+/// position `pos0 + t`, and store k and v in row `pos0 + t` of the caches
+/// ([positions, kv_dim]). Returns the rotated q, [T, q_dim]. `rope` is
+/// `model::forward::rope_table(theta, head_dim, rows)`. Mirrors OlmoeAttention.forward:
+/// `query_states = self.q_norm(self.q_proj(hidden_states))`,
+/// `query_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)`,
+/// `query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)`,
+/// `key_states, value_states = past_key_value.update(key_states, value_states, ...)`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv(
+    qkv: &[f32],
+    heads: Heads,
+    qk_norm: Option<QkNorm<'_>>,
+    clip: Option<f32>,
+    rope: &[f32],
+    pos0: usize,
+    cache_k: &mut [f32],
+    cache_v: &mut [f32],
+) -> Result<Vec<f32>> {
+    let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
+    let t = rows_of("rope_kv qkv", qkv.len(), heads.qkv_dim())?;
+    let rope_rows = rows_of("rope table", rope.len(), hd)?;
+    let positions = rows_of("k cache", cache_k.len(), kv_dim)?;
+    need("v cache", cache_v.len(), cache_k.len())?;
+    if pos0 + t > positions.min(rope_rows) {
+        return Err(Error::Other(format!(
+            "cpu_ref: positions up to {} exceed the cache ({positions}) or the rope table ({rope_rows})",
+            pos0 + t
+        )));
+    }
+    if let Some(n) = &qk_norm {
+        need("q_norm weight", n.q.len(), q_dim)?;
+        need("k_norm weight", n.k.len(), kv_dim)?;
+    }
+    let clamp = |v: f32| clip.map_or(v, |c| v.clamp(-c, c));
+    let mut q_out = Vec::with_capacity(t * q_dim);
+    for (ti, row) in qkv.chunks(heads.qkv_dim()).enumerate() {
+        let (mut q, mut k) = (row[..q_dim].to_vec(), row[q_dim..q_dim + kv_dim].to_vec());
+        let v = &row[q_dim + kv_dim..];
+        if let Some(n) = &qk_norm {
+            q = rmsnorm(&q, n.q, n.eps)?;
+            k = rmsnorm(&k, n.k, n.eps)?;
+        }
+        q.iter_mut().for_each(|x| *x = clamp(*x));
+        k.iter_mut().for_each(|x| *x = clamp(*x));
+        let pos = pos0 + ti;
+        let rope_row = &rope[pos * hd..(pos + 1) * hd];
+        q.chunks_mut(hd).for_each(|h| rotate(h, rope_row));
+        k.chunks_mut(hd).for_each(|h| rotate(h, rope_row));
+        q_out.extend_from_slice(&q);
+        cache_k[pos * kv_dim..(pos + 1) * kv_dim].copy_from_slice(&k);
+        for (c, x) in cache_v[pos * kv_dim..(pos + 1) * kv_dim].iter_mut().zip(v) {
+            *c = clamp(*x);
+        }
+    }
+    Ok(q_out)
+}
+
+/// Causal attention of q ([T, q_dim], tokens at positions pos0..pos0+T) over cache rows
+/// 0..=pos0+t; query head h reads kv head h / (n_heads / n_kv). Returns [T, q_dim].
+/// Mirrors eager_attention_forward:
+/// `key_states = repeat_kv(key, module.num_key_value_groups)`,
+/// `attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling`,
+/// `attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32)`,
+/// `attn_output = torch.matmul(attn_weights, value_states)`, with `scaling = head_dim**-0.5`.
+pub fn attention(q: &[f32], heads: Heads, cache_k: &[f32], cache_v: &[f32], pos0: usize) -> Result<Vec<f32>> {
+    let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
+    let t = rows_of("attention q", q.len(), q_dim)?;
+    let positions = rows_of("k cache", cache_k.len(), kv_dim)?;
+    need("v cache", cache_v.len(), cache_k.len())?;
+    if heads.n_kv == 0 || heads.n_heads % heads.n_kv != 0 || pos0 + t > positions {
+        return Err(Error::Other(format!(
+            "cpu_ref: attention shape {heads:?}, pos0 {pos0}, {t} tokens, {positions} cached"
+        )));
+    }
+    let group = heads.n_heads / heads.n_kv;
+    let scale = (hd as f32).powf(-0.5);
+    let mut out = vec![0.0f32; t * q_dim];
+    for ti in 0..t {
+        let n_keys = pos0 + ti + 1;
+        for h in 0..heads.n_heads {
+            let kvh = h / group;
+            let qh = &q[ti * q_dim + h * hd..][..hd];
+            let scores: Vec<f32> = (0..n_keys)
+                .map(|j| {
+                    let kh = &cache_k[j * kv_dim + kvh * hd..][..hd];
+                    qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>() * scale
+                })
+                .collect();
+            let p = softmax(&scores);
+            let o = &mut out[ti * q_dim + h * hd..][..hd];
+            for (j, pj) in p.iter().enumerate() {
+                let vh = &cache_v[j * kv_dim + kvh * hd..][..hd];
+                o.iter_mut().zip(vh).for_each(|(o, v)| *o += pj * v);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Softmax in f32 with the maximum subtracted first.
+pub fn softmax(x: &[f32]) -> Vec<f32> {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = x.iter().map(|v| (v - m).exp()).collect();
+    let s: f32 = e.iter().sum();
+    e.iter().map(|v| v / s).collect()
+}
+
+/// Per token: softmax over the first `n_experts` of a logits row (`stride` floats per row),
+/// the `top_k` most probable experts (lowest index on ties) and their weights, optionally
+/// renormalised to sum to 1. Returns (ids, weights), each [T, top_k]. Mirrors
+/// `routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)`,
+/// `routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)`,
+/// `if self.norm_topk_prob: routing_weights /= routing_weights.sum(dim=-1, keepdim=True)`.
+pub fn router_topk(
+    logits: &[f32],
+    stride: usize,
+    n_experts: usize,
+    top_k: usize,
+    norm_topk: bool,
+) -> Result<(Vec<u32>, Vec<f32>)> {
+    let t = rows_of("router logits", logits.len(), stride)?;
+    if n_experts > stride || top_k > n_experts {
+        return Err(Error::Other(format!("cpu_ref: top {top_k} of {n_experts} experts, row stride {stride}")));
+    }
+    let (mut ids, mut weights) = (Vec::new(), Vec::new());
+    for ti in 0..t {
+        let probs = softmax(&logits[ti * stride..ti * stride + n_experts]);
+        let mut order: Vec<usize> = (0..n_experts).collect();
+        // Stable sort: equal probabilities keep the lower index first.
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+        let picked: Vec<f32> = order[..top_k].iter().map(|&e| probs[e]).collect();
+        let sum: f32 = picked.iter().sum();
+        ids.extend(order[..top_k].iter().map(|&e| e as u32));
+        weights.extend(picked.iter().map(|w| if norm_topk { w / sum } else { *w }));
+    }
+    Ok((ids, weights))
+}
+
+/// First half of a SwiGLU expert: `silu(x · gate^T) * (x · up^T)`, x [T, hidden],
+/// gate and up [inter, hidden]; returns [T, inter]. Mirrors
+/// `self.act_fn(self.gate_proj(x)) * self.up_proj(x)`.
+pub fn swiglu_gate_up(x: &[f32], hidden: usize, gate: &[f16], up: &[f16], inter: usize) -> Result<Vec<f32>> {
+    let g = matmul(x, hidden, gate, inter, None, None)?;
+    let u = matmul(x, hidden, up, inter, None, None)?;
+    Ok(g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect())
+}
+
+/// A whole SwiGLU expert (or dense MLP): gate, up [inter, hidden], down [hidden, inter];
+/// x [T, hidden] to [T, hidden]. Mirrors OlmoeMLP.forward:
+/// `down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))`.
+pub fn swiglu_expert(
+    x: &[f32],
+    hidden: usize,
+    gate: &[f16],
+    up: &[f16],
+    down: &[f16],
+    inter: usize,
+) -> Result<Vec<f32>> {
+    let h = swiglu_gate_up(x, hidden, gate, up, inter)?;
+    matmul(&h, inter, down, hidden, None, None)
+}
+
+/// The routed experts' outputs of each token: `y` [T, top_k, hidden] and their router
+/// weights [T, top_k].
+#[derive(Clone, Copy, Debug)]
+pub struct Routed<'a> {
+    pub y: &'a [f32],
+    pub weights: &'a [f32],
+    pub top_k: usize,
+}
+
+/// The residual stream after the MoE block: `x + sum_j w[t, j] * y[t, j] + g_t * shared[t]`
+/// with `g_t = sigmoid(shared_gate[t])` when a gate logit per token is given, else 1.
+/// Mirrors `final_hidden_states.index_add_(0, top_x, current_hidden_states)` (with
+/// `current_hidden_states = expert_layer(current_state) * routing_weights[top_x, idx, None]`),
+/// Qwen2Moe's `shared_expert_output = F.sigmoid(self.shared_expert_gate(hidden_states)) *
+/// shared_expert_output`, `final_hidden_states = final_hidden_states + shared_expert_output`,
+/// and the decoder layer's `hidden_states = residual + hidden_states`.
+pub fn moe_combine(
+    x: &[f32],
+    hidden: usize,
+    routed: Option<Routed<'_>>,
+    shared: Option<&[f32]>,
+    shared_gate: Option<&[f32]>,
+) -> Result<Vec<f32>> {
+    let t = rows_of("residual", x.len(), hidden)?;
+    if let Some(r) = &routed {
+        need("expert outputs", r.y.len(), t * r.top_k * hidden)?;
+        need("expert weights", r.weights.len(), t * r.top_k)?;
+    }
+    if let Some(s) = shared {
+        need("shared expert output", s.len(), t * hidden)?;
+    }
+    if let Some(g) = shared_gate {
+        need("shared expert gate logits", g.len(), t)?;
+    }
+    let mut out = x.to_vec();
+    for ti in 0..t {
+        for m in 0..hidden {
+            let mut acc = 0.0f32;
+            if let Some(r) = &routed {
+                for j in 0..r.top_k {
+                    acc += r.weights[ti * r.top_k + j] * r.y[(ti * r.top_k + j) * hidden + m];
+                }
+            }
+            if let Some(s) = shared {
+                let g = shared_gate.map_or(1.0, |g| sigmoid(g[ti]));
+                acc += g * s[ti * hidden + m];
+            }
+            out[ti * hidden + m] += acc;
+        }
+    }
+    Ok(out)
+}
+
+/// Greedy choice: the largest logit, lowest index on ties, skipping `suppress`.
+/// Mirrors `next_tokens = torch.argmax(next_token_scores, dim=-1)`.
+pub fn argmax(logits: &[f32], suppress: &[u32]) -> u32 {
+    crate::sampling::argmax(logits, suppress)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f16s(v: &[f32]) -> Vec<f16> {
+        v.iter().map(|&x| f16::from_f32(x)).collect()
+    }
+
+    #[test]
+    fn small_hand_checked_cases() {
+        // [1, 2] · [[1, 0], [1, 1]]^T + [0.5, 0] = [1.5, 3]
+        let y = matmul(&[1.0, 2.0], 2, &f16s(&[1.0, 0.0, 1.0, 1.0]), 2, Some(&[0.5, 0.0]), None).unwrap();
+        assert_eq!(y, vec![1.5, 3.0]);
+        // rms of [3, 4] is sqrt(12.5)
+        let n = rmsnorm(&[3.0, 4.0], &f16s(&[1.0, 2.0]), 0.0).unwrap();
+        assert!((n[0] - 3.0 / 12.5f32.sqrt()).abs() < 1e-6 && (n[1] - 8.0 / 12.5f32.sqrt()).abs() < 1e-6);
+        let (ids, w) = router_topk(&[1.0, 3.0, 3.0, 0.0], 4, 4, 2, true).unwrap();
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(w, vec![0.5, 0.5]);
+        assert!(matmul(&[1.0, 2.0, 3.0], 2, &f16s(&[1.0, 0.0]), 1, None, None).is_err());
+    }
+}
