@@ -36,7 +36,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
     var bi = 0xffffffffu;
     for (var i = lid.x; i < p.n; i += WG) {
         let v = logits[row + i];
-        if (v > bv && !suppressed(i)) { bv = v; bi = i; }
+        // The first candidate is taken whatever its value, so a row of -inf or NaN still
+        // yields a valid id (as sampling::argmax on the host).
+        if ((bi == 0xffffffffu || v > bv) && !suppressed(i)) { bv = v; bi = i; }
     }
     best_v[lid.x] = bv;
     best_i[lid.x] = bi;
@@ -45,7 +47,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
         if (lid.x < s) {
             let ov = best_v[lid.x + s];
             let oi = best_i[lid.x + s];
-            if (ov > best_v[lid.x] || (ov == best_v[lid.x] && oi < best_i[lid.x])) {
+            let mine = best_i[lid.x];
+            let better = ov > best_v[lid.x] || (ov == best_v[lid.x] && oi < mine);
+            if (oi != 0xffffffffu && (mine == 0xffffffffu || better)) {
                 best_v[lid.x] = ov;
                 best_i[lid.x] = oi;
             }

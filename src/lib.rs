@@ -14,3 +14,5 @@ pub mod generate;
 pub mod sampling;
 pub mod quant;
 pub mod convert;
+pub mod eval;
+pub mod inspect;

@@ -32,8 +32,46 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Generate text from a Hugging Face checkpoint directory.
+    /// Generate text from a Hugging Face checkpoint directory (or a converted one).
     Run(RunArgs),
+    /// Convert a Hugging Face checkpoint to wgmoe's INT4 format (FP16 non-routed tensors,
+    /// packed INT4 routed experts), for a memory-mapped, conversion-free start.
+    Quantize {
+        /// Hugging Face checkpoint directory.
+        model: PathBuf,
+        /// Output directory.
+        #[arg(short, long)]
+        out: PathBuf,
+    },
+    /// Print a checkpoint's tensors by class, with element counts, bytes per format and the
+    /// weights resident on the GPU.
+    Inspect {
+        model: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fidelity of INT4 experts against FP16 experts: KL divergence and top-1 agreement of
+    /// next-token distributions over a greedy FP16 decode.
+    Eval(EvalArgs),
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    /// Hugging Face checkpoint directory (f16 experts need the original weights).
+    model: PathBuf,
+    #[arg(short, long, conflicts_with = "prompt_ids")]
+    prompt: Option<String>,
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Tokens decoded (greedy, FP16 experts) and compared.
+    #[arg(short = 'n', long, default_value_t = 24)]
+    max_new_tokens: usize,
+    #[arg(long, value_enum, default_value = "grouped")]
+    executor: Executor,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    gpu: GpuArgs,
 }
 
 #[derive(Args, Clone)]
@@ -111,6 +149,9 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Devices { gpu, json } => devices(&gpu, json),
         Cmd::Run(args) => run(args),
+        Cmd::Quantize { model, out } => quantize(&model, &out),
+        Cmd::Inspect { model, json } => inspect(&model, json),
+        Cmd::Eval(args) => eval(args),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -303,6 +344,107 @@ fn run(a: RunArgs) -> Result<()> {
             g.generated_ids.len(),
             g.ttft_s,
             g.decode_tokens_per_s()
+        );
+    }
+    Ok(())
+}
+
+fn quantize(model: &std::path::Path, out: &std::path::Path) -> Result<()> {
+    let pb = indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) = indicatif::ProgressStyle::with_template("quantizing {bar:30} {pos}/{len} tensors {elapsed}") {
+        pb.set_style(style);
+    }
+    let t0 = std::time::Instant::now();
+    let summary = wgmoe::convert::write_converted(model, out, &mut |done, total| {
+        pb.set_length(total as u64);
+        pb.set_position(done as u64);
+    })?;
+    pb.finish_and_clear();
+    eprintln!(
+        "wrote {} ({}: {} f16 non-routed + {} int4 experts) in {:.1}s",
+        summary.out_file,
+        wgmoe::inspect::human(summary.bytes),
+        wgmoe::inspect::human(summary.dense_f16_bytes),
+        wgmoe::inspect::human(summary.expert_int4_bytes),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn inspect(model: &std::path::Path, as_json: bool) -> Result<()> {
+    let (cfg, _, _) = Engine::open_host(model)?;
+    let ckpt = wgmoe::checkpoint::Checkpoint::open(model)?;
+    let i = wgmoe::inspect::inspect(&cfg, &ckpt)?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&i).map_err(|e| Error::Other(e.to_string()))?);
+    } else {
+        println!(
+            "{}: {:?}, {} layers, hidden {}, {} experts top-{}, expert intermediate {}, vocab {}",
+            model.display(),
+            cfg.arch,
+            cfg.num_layers,
+            cfg.hidden_size,
+            cfg.num_experts,
+            cfg.top_k,
+            cfg.moe_intermediate,
+            cfg.vocab_size
+        );
+        wgmoe::inspect::print_table(&i);
+    }
+    Ok(())
+}
+
+fn eval(a: EvalArgs) -> Result<()> {
+    let (cfg, _, tok) = Engine::open_host(&a.model)?;
+    let prompt_ids: Vec<u32> = match (&a.prompt, &a.prompt_ids) {
+        (_, Some(ids)) => ids.clone(),
+        (Some(text), None) => tok
+            .as_ref()
+            .ok_or_else(|| Error::bad_file(a.model.join("tokenizer.json"), "missing: needed to encode --prompt"))?
+            .encode(text, true)?,
+        (None, None) => return Err(Error::option("--prompt", "give a prompt with -p TEXT or --prompt-ids 1,2,3")),
+    };
+    let max_context = prompt_ids.len() + a.max_new_tokens;
+    if max_context > cfg.max_position_embeddings {
+        return Err(Error::option("--max-new-tokens", format!("{max_context} positions exceed max_position_embeddings = {}", cfg.max_position_embeddings)));
+    }
+    let opts = |precision| EngineOptions {
+        adapter: a.gpu.request(),
+        expert_precision: precision,
+        executor: a.executor,
+        max_context,
+        prefill_chunk: 64,
+        all_logits: true,
+    };
+    // Reference: greedy decode with FP16 experts, keeping each step's logits.
+    let f16 = Engine::load(&a.model, &opts(ExpertPrecision::F16))?;
+    let g = generate(&f16.ctx, &f16.fwd, &prompt_ids, &GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        sampling: SamplingOptions::greedy(),
+        eos_ids: vec![],
+        ignore_eos: true,
+        record_logits: true,
+    }, &mut |_| Ok(()))?;
+    let adapter = f16.ctx.adapter_name().to_string();
+    drop(f16);
+    // Candidate: INT4 experts on the same sequence, teacher-forced.
+    let int4 = Engine::load(&a.model, &opts(ExpertPrecision::Int4))?;
+    let mut seq = prompt_ids.clone();
+    seq.extend_from_slice(&g.generated_ids[..g.generated_ids.len().saturating_sub(1)]);
+    let rows = wgmoe::generate::prompt_logits(&int4.ctx, &int4.fwd, &seq)?;
+    let cand = &rows[prompt_ids.len() - 1..];
+    let f = wgmoe::eval::fidelity(&g.step_logits, cand);
+    if a.json {
+        println!("{}", json!({"model": a.model.display().to_string(), "adapter": adapter, "prompt_ids": prompt_ids, "reference_ids": g.generated_ids, "int4_vs_f16": f}));
+    } else {
+        println!(
+            "{}: INT4 vs FP16 experts over {} positions (greedy FP16 decode, teacher-forced): mean KL {:.3e} nats, max KL {:.3e}, top-1 agreement {:.1}% [{}]",
+            a.model.display(),
+            f.positions,
+            f.mean_kl,
+            f.max_kl,
+            100.0 * f.top1_agreement,
+            adapter
         );
     }
     Ok(())

@@ -46,8 +46,13 @@ const F16: Setup = Setup { precision: ExpertPrecision::F16, executor: Executor::
 const INT4: Setup = Setup { precision: ExpertPrecision::Int4, executor: Executor::Grouped, chunk: 64, max_binding: None };
 
 fn load(name: &str, max_context: usize, s: Setup) -> Engine {
+    load_dir(&fixture(name), max_context, s)
+}
+
+fn load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> Engine {
     init_env();
-    Engine::load(&fixture(name), &EngineOptions {
+    let name = dir.display();
+    Engine::load(dir, &EngineOptions {
         adapter: AdapterRequest { max_binding: s.max_binding, ..Default::default() },
         expert_precision: s.precision,
         executor: s.executor,
@@ -61,6 +66,10 @@ fn load(name: &str, max_context: usize, s: Setup) -> Engine {
 /// Compare with the goldens of transformers run on the same expert precision (the INT4
 /// goldens use the INT4 round-trip expert weights).
 fn check_fixture(name: &str, s: Setup) {
+    check_dir(name, &fixture(name), s)
+}
+
+fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
     let file = match s.precision {
         ExpertPrecision::F16 => format!("{name}.safetensors"),
         ExpertPrecision::Int4 => format!("{name}.int4.safetensors"),
@@ -68,7 +77,7 @@ fn check_fixture(name: &str, s: Setup) {
     let golden = load_golden(&file);
     let chunk = s.chunk;
     let max_ctx = golden.prompts.iter().map(|p| p.prompt_ids.len() + p.generated_ids.len()).max().unwrap();
-    let engine = load(name, max_ctx, s);
+    let engine = load_dir(dir, max_ctx, s);
     for (pi, g) in golden.prompts.iter().enumerate() {
         // Logits at every prompt position.
         let rows = prompt_logits(&engine.ctx, &engine.fwd, &g.prompt_ids).unwrap();
@@ -151,4 +160,48 @@ fn split_tensors_match_transformers() {
     check_fixture("qwen2moe-tiny", Setup { max_binding: Some(1 << 20), ..F16 });
     check_fixture("olmoe-tiny", Setup { max_binding: Some(40 << 10), ..INT4 });
     check_fixture("qwen2moe-tiny", Setup { max_binding: Some(640 << 10), ..INT4 });
+}
+
+/// A model converted by `wgmoe quantize` loads without conversion work and gives the same
+/// results as quantising on load; a converted file that fails validation is refused.
+#[test]
+fn converted_model_matches_and_is_validated() {
+    init_env();
+    for name in ["olmoe-tiny", "qwen2moe-tiny"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join(name);
+        wgmoe::convert::write_converted(&fixture(name), &out, &mut |_, _| {}).unwrap();
+        check_dir(name, &out, INT4);
+        check_dir(name, &out, Setup { executor: Executor::PerExpert, ..INT4 });
+
+        let opts = |precision| EngineOptions {
+            adapter: AdapterRequest::default(),
+            expert_precision: precision,
+            executor: Executor::Grouped,
+            max_context: 8,
+            prefill_chunk: 8,
+            all_logits: false,
+        };
+        let err = Engine::load(&out, &opts(ExpertPrecision::F16)).err().expect("f16 on a converted model").to_string();
+        assert!(err.contains("--expert-precision"), "{err}");
+
+        // One flipped byte inside the packed experts.
+        let file = out.join("model.safetensors");
+        let mut bytes = std::fs::read(&file).unwrap();
+        let n = bytes.len();
+        bytes[n - 100] ^= 0x10;
+        std::fs::write(&file, &bytes).unwrap();
+        let err = Engine::load(&out, &opts(ExpertPrecision::Int4)).err().expect("corrupt experts").to_string();
+        assert!(err.contains("checksum") && err.contains("mlp.experts.int4"), "{err}");
+        bytes[n - 100] ^= 0x10;
+        std::fs::write(&file, &bytes).unwrap();
+        assert!(Engine::load(&out, &opts(ExpertPrecision::Int4)).is_ok());
+
+        // A config that is not the one the file was converted from.
+        let cfg_path = out.join("config.json");
+        let cfg = std::fs::read_to_string(&cfg_path).unwrap();
+        std::fs::write(&cfg_path, cfg.replacen("\"max_position_embeddings\": 512", "\"max_position_embeddings\": 511", 1)).unwrap();
+        let err = Engine::load(&out, &opts(ExpertPrecision::Int4)).err().expect("changed config").to_string();
+        assert!(err.contains("source_config_hash"), "{err}");
+    }
 }

@@ -1,0 +1,161 @@
+//! `wgmoe inspect`: what a checkpoint holds, by class of tensor, and what it costs on the
+//! GPU in each expert precision.
+
+use std::collections::BTreeMap;
+
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+use crate::convert::is_converted;
+use crate::error::Result;
+use crate::gpu::tensor::ExpertPool;
+use crate::quant::Q4SlotLayout;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorClass {
+    RoutedExperts,
+    SharedExperts,
+    DenseMlp,
+    Router,
+    Attention,
+    Norms,
+    Embeddings,
+    LmHead,
+    Other,
+}
+
+pub fn classify(name: &str) -> TensorClass {
+    if name.contains(".mlp.experts.") {
+        TensorClass::RoutedExperts
+    } else if name.contains(".mlp.shared_expert") {
+        TensorClass::SharedExperts
+    } else if name.ends_with(".mlp.gate.weight") {
+        TensorClass::Router
+    } else if name.contains(".mlp.") {
+        TensorClass::DenseMlp
+    } else if name.contains("norm") {
+        TensorClass::Norms
+    } else if name.contains(".self_attn.") {
+        TensorClass::Attention
+    } else if name.contains("embed_tokens") {
+        TensorClass::Embeddings
+    } else if name.starts_with("lm_head") {
+        TensorClass::LmHead
+    } else {
+        TensorClass::Other
+    }
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ClassStats {
+    pub tensors: usize,
+    pub elements: u64,
+    /// Bytes as stored in this checkpoint.
+    pub stored_bytes: u64,
+    pub f16_bytes: u64,
+    /// Routed experts only: packed INT4 bytes (block 256, f16 scales, padding included).
+    pub int4_bytes: u64,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Inspection {
+    pub converted_int4: bool,
+    pub classes: BTreeMap<TensorClass, ClassStats>,
+    pub routed_expert_count: usize,
+    pub int4_bytes_per_expert: u64,
+    pub f16_bytes_per_expert: u64,
+    /// Weights resident on the GPU with every expert resident.
+    pub gpu_weight_bytes_int4: u64,
+    pub gpu_weight_bytes_f16: Option<u64>,
+    pub kv_cache_bytes_per_position: u64,
+}
+
+pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
+    let converted = is_converted(ckpt);
+    let mut classes: BTreeMap<TensorClass, ClassStats> = BTreeMap::new();
+    let n_sparse = cfg.sparse_layers.iter().filter(|&&s| s).count();
+    let routed_count = n_sparse * cfg.num_experts;
+    let layout = Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate);
+    let per_expert_elems = 3 * cfg.hidden_size * cfg.moe_intermediate;
+    for name in ckpt.names() {
+        let class = classify(name);
+        let st = classes.entry(class).or_default();
+        st.tensors += 1;
+        if converted && class == TensorClass::RoutedExperts {
+            let info = ckpt.raw_u8(name, &[cfg.num_experts, layout.bytes])?;
+            st.elements += (cfg.num_experts * per_expert_elems) as u64;
+            st.stored_bytes += info.len() as u64;
+            st.f16_bytes += (cfg.num_experts * per_expert_elems * 2) as u64;
+            st.int4_bytes += info.len() as u64;
+            continue;
+        }
+        let info = ckpt.info(name)?;
+        let n: u64 = info.shape.iter().product::<usize>() as u64;
+        st.elements += n;
+        st.stored_bytes += n * info.dtype.size() as u64;
+        st.f16_bytes += n * 2;
+    }
+    if let Some(st) = classes.get_mut(&TensorClass::RoutedExperts) {
+        st.int4_bytes = (routed_count * layout.bytes) as u64;
+    }
+    let dense_f16: u64 = classes
+        .iter()
+        .filter(|(c, _)| **c != TensorClass::RoutedExperts)
+        .map(|(_, s)| s.f16_bytes)
+        .sum();
+    let f16_per_expert = ExpertPool::slot_bytes(cfg.hidden_size, cfg.moe_intermediate);
+    Ok(Inspection {
+        converted_int4: converted,
+        classes,
+        routed_expert_count: routed_count,
+        int4_bytes_per_expert: layout.bytes as u64,
+        f16_bytes_per_expert: f16_per_expert,
+        gpu_weight_bytes_int4: dense_f16 + (routed_count * layout.bytes) as u64,
+        gpu_weight_bytes_f16: (!converted).then_some(dense_f16 + routed_count as u64 * f16_per_expert),
+        kv_cache_bytes_per_position: (cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4) as u64,
+    })
+}
+
+pub fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.2} MiB", b / (1u64 << 20) as f64)
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+pub fn print_table(i: &Inspection) {
+    println!(
+        "{:<16} {:>8} {:>14} {:>12} {:>12} {:>12}",
+        "class", "tensors", "elements", "stored", "as f16", "as int4"
+    );
+    for (c, s) in &i.classes {
+        let name = serde_json::to_value(c).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+        let int4 = if s.int4_bytes > 0 { human(s.int4_bytes) } else { "-".into() };
+        println!(
+            "{:<16} {:>8} {:>14} {:>12} {:>12} {:>12}",
+            name,
+            s.tensors,
+            s.elements,
+            human(s.stored_bytes),
+            human(s.f16_bytes),
+            int4
+        );
+    }
+    println!(
+        "routed experts: {} ({} each as int4, {} as f16)",
+        i.routed_expert_count,
+        human(i.int4_bytes_per_expert),
+        human(i.f16_bytes_per_expert)
+    );
+    println!("GPU-resident weights, all experts int4: {}", human(i.gpu_weight_bytes_int4));
+    if let Some(b) = i.gpu_weight_bytes_f16 {
+        println!("GPU-resident weights, all experts f16:  {}", human(b));
+    }
+    println!("KV cache: {} per position (f32 keys and values)", human(i.kv_cache_bytes_per_position));
+}
