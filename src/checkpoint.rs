@@ -392,6 +392,21 @@ impl Checkpoint {
         }
     }
 
+    /// Check that one expert projection exists with the right shape and a readable dtype,
+    /// without reading it.
+    pub fn check_expert(
+        &self,
+        layer: usize,
+        expert: usize,
+        proj: ExpertProj,
+        num_experts: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<()> {
+        let (name, shape, _, _) = self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
+        self.checked(&name, &shape).map(|_| ())
+    }
+
     /// Like `read_expert_f32`, converted to f16.
     pub fn read_expert_f16(
         &self,

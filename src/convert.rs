@@ -180,6 +180,8 @@ pub fn write_converted(src: &Path, out_dir: &Path, on_progress: &mut dyn FnMut(u
     if is_converted(&ckpt) {
         return Err(Error::bad_file(ckpt.dir().join("model.safetensors"), "is already a converted INT4 model"));
     }
+    // The same tensor and shape checks as loading, before anything is written.
+    crate::model::weights::check_tensors(&cfg, &ckpt)?;
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     let layout = Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate);
 

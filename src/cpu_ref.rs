@@ -9,6 +9,7 @@
 use half::f16;
 
 use crate::error::{Error, Result};
+use crate::quant::{Q4Matrix, Q4SlotLayout, BLOCK};
 
 fn need(what: &str, got: usize, want: usize) -> Result<()> {
     if got == want {
@@ -368,6 +369,134 @@ pub fn moe_combine(
 /// Mirrors `next_tokens = torch.argmax(next_token_scores, dim=-1)`.
 pub fn argmax(logits: &[f32], suppress: &[u32]) -> u32 {
     crate::sampling::argmax(logits, suppress)
+}
+
+// ---------------------------------------------------------------------------------------------
+// W4A16 routed experts: INT4 weights in the packed layout of `crate::quant`
+
+/// Row `n` of a packed INT4 matrix dotted with `x` (`m.inp` values), read element by
+/// element through `Q4Matrix::nibble` and `Q4Matrix::scale`. Per-block scaling, as the
+/// kernels do it: each block of 256 inputs is summed unscaled, `sum (nibble - 8) * x`, and
+/// multiplied by its f16 scale once; but every sum here is in f64, so the result is the
+/// exact value (to f64) and a test measures only the kernels' f32 rounding.
+fn q4_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
+    let mut acc = 0.0f64;
+    for b in 0..m.blocks() {
+        let mut bs = 0.0f64;
+        for k in b * BLOCK..((b + 1) * BLOCK).min(m.inp) {
+            bs += (m.nibble(q, n, k) as i32 - 8) as f64 * x[k] as f64;
+        }
+        acc += m.scale(s, n, b).to_f64() * bs;
+    }
+    acc
+}
+
+fn q4_sections(what: &str, m: Q4Matrix, q: &[u8], s: &[u8]) -> Result<()> {
+    if q.len() < m.q_bytes() || s.len() < m.scale_bytes() {
+        return Err(Error::Other(format!(
+            "cpu_ref: {what} [{}, {}] needs {} nibble and {} scale bytes, got {} and {}",
+            m.out,
+            m.inp,
+            m.q_bytes(),
+            m.scale_bytes(),
+            q.len(),
+            s.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `x [T, in] · W^T` for one packed INT4 matrix `m`: `q` and `s` are its nibble and scale
+/// sections as written by `Q4Matrix::pack`. Returns [T, out]. Per-block scaling in f64
+/// (see `q4_row_dot`), one rounding to f32 at the end.
+pub fn w4a16_matmul(x: &[f32], m: Q4Matrix, q: &[u8], s: &[u8]) -> Result<Vec<f32>> {
+    let t = rows_of("w4a16 matmul input", x.len(), m.inp)?;
+    q4_sections("w4a16 matrix", m, q, s)?;
+    let mut out = Vec::with_capacity(t * m.out);
+    for xr in x.chunks(m.inp) {
+        out.extend((0..m.out).map(|n| q4_row_dot(m, q, s, n, xr) as f32));
+    }
+    Ok(out)
+}
+
+fn q4_slot<'a>(layout: &Q4SlotLayout, slot: &'a [u8]) -> Result<&'a [u8]> {
+    need("INT4 expert slot (bytes)", slot.len(), layout.bytes)?;
+    Ok(slot)
+}
+
+/// First half of an INT4 SwiGLU expert straight from its packed slot bytes
+/// (`Q4SlotLayout`): `silu(x · gate^T) * (x · up^T)`, x [T, hidden], returns [T, inter].
+/// What shaders/ffn_gate_up_q4.wgsl computes for one (token, top-k index). Per-block
+/// scaling in f64 (see `q4_row_dot`); silu and the product in f64, rounded once to f32.
+/// Mirrors `self.act_fn(self.gate_proj(x)) * self.up_proj(x)` with the dequantised weights.
+pub fn w4a16_gate_up(x: &[f32], layout: &Q4SlotLayout, slot: &[u8]) -> Result<Vec<f32>> {
+    let slot = q4_slot(layout, slot)?;
+    let (h, i, g) = (layout.hidden, layout.inter, layout.gate);
+    let t = rows_of("w4a16 gate_up input", x.len(), h)?;
+    let (gq, uq) = (&slot[layout.gate_q..layout.up_q], &slot[layout.up_q..layout.down_q]);
+    let (gs, us) = (&slot[layout.gate_s..layout.up_s], &slot[layout.up_s..layout.down_s]);
+    q4_sections("w4a16 gate", g, gq, gs)?;
+    q4_sections("w4a16 up", g, uq, us)?;
+    let mut out = Vec::with_capacity(t * i);
+    for xr in x.chunks(h) {
+        for n in 0..i {
+            let gv = q4_row_dot(g, gq, gs, n, xr);
+            let uv = q4_row_dot(g, uq, us, n, xr);
+            out.push((gv / (1.0 + (-gv).exp()) * uv) as f32);
+        }
+    }
+    Ok(out)
+}
+
+/// Second half of an INT4 SwiGLU expert from its packed slot bytes: `h · down^T`,
+/// h [T, inter], returns [T, hidden]. What shaders/ffn_down_q4.wgsl computes per slot
+/// (flags bit 0 clear) for one (token, top-k index). Per-block scaling in f64.
+/// Mirrors `self.down_proj(...)` with the dequantised weights.
+pub fn w4a16_down(h: &[f32], layout: &Q4SlotLayout, slot: &[u8]) -> Result<Vec<f32>> {
+    let slot = q4_slot(layout, slot)?;
+    let d = layout.down;
+    w4a16_matmul(h, d, &slot[layout.down_q..layout.gate_s], &slot[layout.down_s..])
+}
+
+/// The fused weighted combine of shaders/ffn_down_q4.wgsl (flags bit 0 set):
+/// `x[t] + sum_j w[t, j] * (down_{t,j} · h[t, j])` over the top-k indices whose slot is
+/// given (`slots[t * top_k + j]`; `None` = that expert lives in another chunk and is not
+/// added). x [T, hidden], h [T, top_k, inter], weights [T, top_k]; returns [T, hidden].
+/// Everything, x included, is summed in f64 and rounded once, so a token with no slot
+/// given keeps x exactly. Mirrors `final_hidden_states.index_add_(0, top_x,
+/// current_hidden_states)` with `current_hidden_states = expert_layer(current_state) *
+/// routing_weights[top_x, idx, None]`, plus the decoder layer's residual add.
+pub fn w4a16_down_combine(
+    x: &[f32],
+    h: &[f32],
+    weights: &[f32],
+    top_k: usize,
+    layout: &Q4SlotLayout,
+    slots: &[Option<&[u8]>],
+) -> Result<Vec<f32>> {
+    let (hid, inter) = (layout.hidden, layout.inter);
+    let t = rows_of("residual", x.len(), hid)?;
+    need("expert activations", h.len(), t * top_k * inter)?;
+    need("expert weights", weights.len(), t * top_k)?;
+    need("expert slots", slots.len(), t * top_k)?;
+    let d = layout.down;
+    let mut out = Vec::with_capacity(t * hid);
+    for ti in 0..t {
+        let mut acc: Vec<f64> = x[ti * hid..(ti + 1) * hid].iter().map(|&v| v as f64).collect();
+        for j in 0..top_k {
+            let Some(slot) = slots[ti * top_k + j] else { continue };
+            let slot = q4_slot(layout, slot)?;
+            let (q, s) = (&slot[layout.down_q..layout.gate_s], &slot[layout.down_s..]);
+            q4_sections("w4a16 down", d, q, s)?;
+            let hr = &h[(ti * top_k + j) * inter..][..inter];
+            let w = weights[ti * top_k + j] as f64;
+            for (m, a) in acc.iter_mut().enumerate() {
+                *a += w * q4_row_dot(d, q, s, m, hr);
+            }
+        }
+        out.extend(acc.iter().map(|&v| v as f32));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -42,6 +42,9 @@ pub enum Error {
     DoesNotFit(String),
     #[error("{0}")]
     Other(String),
+    /// stdout was closed by the reader (e.g. `| head`): not a failure of the command.
+    #[error("stdout closed")]
+    StdoutClosed,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -129,15 +129,17 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-pub fn print_table(i: &Inspection) {
-    println!(
+pub fn table(i: &Inspection) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, 
         "{:<16} {:>8} {:>14} {:>12} {:>12} {:>12}",
         "class", "tensors", "elements", "stored", "as f16", "as int4"
     );
     for (c, s) in &i.classes {
         let name = serde_json::to_value(c).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
         let int4 = if s.int4_bytes > 0 { human(s.int4_bytes) } else { "-".into() };
-        println!(
+        let _ = writeln!(o, 
             "{:<16} {:>8} {:>14} {:>12} {:>12} {:>12}",
             name,
             s.tensors,
@@ -147,15 +149,16 @@ pub fn print_table(i: &Inspection) {
             int4
         );
     }
-    println!(
+    let _ = writeln!(o, 
         "routed experts: {} ({} each as int4, {} as f16)",
         i.routed_expert_count,
         human(i.int4_bytes_per_expert),
         human(i.f16_bytes_per_expert)
     );
-    println!("GPU-resident weights, all experts int4: {}", human(i.gpu_weight_bytes_int4));
+    let _ = writeln!(o, "GPU-resident weights, all experts int4: {}", human(i.gpu_weight_bytes_int4));
     if let Some(b) = i.gpu_weight_bytes_f16 {
-        println!("GPU-resident weights, all experts f16:  {}", human(b));
+        let _ = writeln!(o, "GPU-resident weights, all experts f16:  {}", human(b));
     }
-    println!("KV cache: {} per position (f32 keys and values)", human(i.kv_cache_bytes_per_position));
+    let _ = writeln!(o, "KV cache: {} per position (f32 keys and values)", human(i.kv_cache_bytes_per_position));
+    o
 }

@@ -117,11 +117,11 @@ struct RunArgs {
     /// Greedy decoding (the default unless --temperature, --top-k or --top-p is given).
     #[arg(long)]
     greedy: bool,
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     temperature: Option<f32>,
     #[arg(long)]
     top_k: Option<usize>,
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     top_p: Option<f32>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -144,8 +144,39 @@ struct RunArgs {
     gpu: GpuArgs,
 }
 
+/// Print a line to stdout; a closed stdout (e.g. `| head`) ends the command quietly
+/// instead of panicking like `println!`.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        let mut o = std::io::stdout().lock();
+        writeln!(o, $($t)*).and_then(|_| o.flush()).map_err(stdout_error)?;
+    }};
+}
+
+fn stdout_error(e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        Error::StdoutClosed
+    } else {
+        Error::io("<stdout>", e)
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            // --help, --version
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line, like every other error; the usage hint is on --help.
+            let msg = e.to_string();
+            let first = msg.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            eprintln!("error: {first} (see --help)");
+            return ExitCode::from(2);
+        }
+    };
     let r = match cli.cmd {
         Cmd::Devices { gpu, json } => devices(&gpu, json),
         Cmd::Run(args) => run(args),
@@ -154,7 +185,7 @@ fn main() -> ExitCode {
         Cmd::Eval(args) => eval(args),
     };
     match r {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) | Err(Error::StdoutClosed) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
@@ -165,7 +196,7 @@ fn main() -> ExitCode {
 fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
     let list = list_adapters(&gpu.request());
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&list).map_err(|e| Error::Other(e.to_string()))?);
+        out!("{}", serde_json::to_string_pretty(&list).map_err(|e| Error::Other(e.to_string()))?);
         return Ok(());
     }
     if list.is_empty() {
@@ -173,13 +204,13 @@ fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
         return wgmoe::gpu::GpuContext::new(&gpu.request()).map(|_| ());
     }
     for (i, a) in list.iter().enumerate() {
-        println!("[{i}] {} ({}, {})", a.name, a.backend, a.device_type);
-        println!("    driver: {} {}", a.driver, a.driver_info);
-        println!(
+        out!("[{i}] {} ({}, {})", a.name, a.backend, a.device_type);
+        out!("    driver: {} {}", a.driver, a.driver_info);
+        out!(
             "    features: shader_f16={} subgroup={} timestamp_query={}",
             a.shader_f16, a.subgroup, a.timestamp_query
         );
-        println!(
+        out!(
             "    limits: max_buffer_size={} max_storage_buffer_binding_size={} storage_buffers_per_stage={} workgroup_storage={} invocations_per_workgroup={} storage_offset_alignment={}",
             a.max_buffer_size,
             a.max_storage_buffer_binding_size,
@@ -245,13 +276,17 @@ fn run(a: RunArgs) -> Result<()> {
     }
     if prompt_ids.len() > cfg.max_position_embeddings {
         return Err(Error::option(
-            "--prompt",
+            if a.prompt_ids.is_some() { "--prompt-ids" } else { "--prompt" },
             format!(
-                "{} prompt tokens exceed max_position_embeddings = {}",
+                "{} prompt tokens exceed max_position_embeddings = {} of {}",
                 prompt_ids.len(),
-                cfg.max_position_embeddings
+                cfg.max_position_embeddings,
+                a.model.join("config.json").display()
             ),
         ));
+    }
+    if a.prefill_chunk == 0 {
+        return Err(Error::option("--prefill-chunk", "must be at least 1"));
     }
     let max_context = (prompt_ids.len() + a.max_new_tokens).min(cfg.max_position_embeddings);
     let max_new = max_context - prompt_ids.len();
@@ -292,13 +327,13 @@ fn run(a: RunArgs) -> Result<()> {
         if json_mode {
             return Ok(());
         }
-        if let Some(t) = tokr {
-            let s = stream.push(t, id)?;
-            let mut out = stdout.lock();
-            let _ = out.write_all(s.as_bytes());
-            let _ = out.flush();
-        } else {
-            println!("{id}");
+        let mut out = stdout.lock();
+        match tokr {
+            Some(t) => {
+                let s = stream.push(t, id)?;
+                out.write_all(s.as_bytes()).and_then(|_| out.flush()).map_err(stdout_error)?;
+            }
+            None => writeln!(out, "{id}").map_err(stdout_error)?,
         }
         Ok(())
     };
@@ -334,10 +369,12 @@ fn run(a: RunArgs) -> Result<()> {
                 "peak_gpu_bytes": engine.ctx.tracker.peak(),
             }
         });
-        println!("{obj}");
+        out!("{obj}");
     } else {
-        let tail = stream.finish(tokr.ok_or_else(|| Error::Other("no tokenizer".into()))?).unwrap_or_default();
-        println!("{tail}");
+        if let Some(t) = tokr {
+            let tail = stream.finish(t)?;
+            out!("{tail}");
+        }
         eprintln!(
             "{} prompt tokens, {} generated; TTFT {:.3}s, decode {:.2} tok/s",
             prompt_ids.len(),
@@ -376,9 +413,9 @@ fn inspect(model: &std::path::Path, as_json: bool) -> Result<()> {
     let ckpt = wgmoe::checkpoint::Checkpoint::open(model)?;
     let i = wgmoe::inspect::inspect(&cfg, &ckpt)?;
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&i).map_err(|e| Error::Other(e.to_string()))?);
+        out!("{}", serde_json::to_string_pretty(&i).map_err(|e| Error::Other(e.to_string()))?);
     } else {
-        println!(
+        out!(
             "{}: {:?}, {} layers, hidden {}, {} experts top-{}, expert intermediate {}, vocab {}",
             model.display(),
             cfg.arch,
@@ -389,7 +426,11 @@ fn inspect(model: &std::path::Path, as_json: bool) -> Result<()> {
             cfg.moe_intermediate,
             cfg.vocab_size
         );
-        wgmoe::inspect::print_table(&i);
+        let missing = wgmoe::model::weights::check_tensors(&cfg, &ckpt).err();
+        out!("{}", wgmoe::inspect::table(&i));
+        if let Some(e) = missing {
+            out!("warning: this checkpoint cannot be loaded: {e}");
+        }
     }
     Ok(())
 }
@@ -435,9 +476,9 @@ fn eval(a: EvalArgs) -> Result<()> {
     let cand = &rows[prompt_ids.len() - 1..];
     let f = wgmoe::eval::fidelity(&g.step_logits, cand);
     if a.json {
-        println!("{}", json!({"model": a.model.display().to_string(), "adapter": adapter, "prompt_ids": prompt_ids, "reference_ids": g.generated_ids, "int4_vs_f16": f}));
+        out!("{}", json!({"model": a.model.display().to_string(), "adapter": adapter, "prompt_ids": prompt_ids, "reference_ids": g.generated_ids, "int4_vs_f16": f}));
     } else {
-        println!(
+        out!(
             "{}: INT4 vs FP16 experts over {} positions (greedy FP16 decode, teacher-forced): mean KL {:.3e} nats, max KL {:.3e}, top-1 agreement {:.1}% [{}]",
             a.model.display(),
             f.positions,

@@ -195,10 +195,13 @@ impl GpuContext {
             }
         }
         adapters.sort_by_key(|a| preference(&a.get_info()));
-        let adapter = adapters
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::Gpu(NO_ADAPTER_HELP.to_string()))?;
+        let adapter = adapters.into_iter().next().ok_or_else(|| match req.backend {
+            Some(b) if !list_adapters(&AdapterRequest::default()).is_empty() => Error::option(
+                "--backend",
+                format!("no {b:?} adapter on this machine; `wgmoe devices` lists the adapters there are"),
+            ),
+            _ => Error::Gpu(NO_ADAPTER_HELP.to_string()),
+        })?;
         let info = adapter.get_info();
         let wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP

@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::gpu::context::map_read;
 use crate::gpu::kernels::*;
 use crate::gpu::program::{groups64, Dim, Program};
-use crate::gpu::tensor::{ExpertPool, ExpertStore, F16Matrix, Q4Pool};
+use crate::gpu::tensor::F16Matrix;
+use crate::model::moe::MoeDispatch;
 use crate::gpu::{GpuBuffer, GpuContext};
 use crate::model::weights::{Mlp, ModelWeights};
 
@@ -196,100 +197,19 @@ impl Forward {
                 ]);
             }
         };
-        // SwiGLU over an f16 expert pool: routed (ids via the slot table) or one fixed slot.
-        // `js` = (first top-k index, count) served by these dispatches.
-        let swiglu = |prog: &mut Program, pool: &ExpertPool, routed: Option<&wgpu::Buffer>, js: (usize, usize), out: &wgpu::Buffer| {
-            let (kk, top_k, flags, slot_of) = match routed {
-                Some(s) => (js.1, k, 0, s),
-                None => (1, 1, FFN_FIXED_SLOT, &*dummy),
-            };
-            for (ci, chunk) in pool.chunks.iter().enumerate() {
-                let first = ci * pool.slots_per_chunk;
-                let n = pool.slots_per_chunk.min(pool.slots - first);
-                prog.push(ctx, Kernel::FfnGateUp, &FfnGateUpParams {
-                    hidden: h as u32,
-                    inter: pool.inter as u32,
-                    top_k: top_k as u32,
-                    x_stride: h as u32,
-                    in_vec4: pool.in_vec4(),
-                    slot_vec4: pool.slot_vec4(),
-                    first_slot: first as u32,
-                    chunk_slots: n as u32,
-                    flags,
-                    j_base: js.0 as u32,
-                    _pad: [0; 2],
-                }, &step, &[&xn, &topk_ids, slot_of, chunk, &hbuf], [Dim::Const(groups64(pool.inter)), Dim::Const(kk as u32), tok]);
-            }
-            for (ci, chunk) in pool.chunks.iter().enumerate() {
-                let first = ci * pool.slots_per_chunk;
-                let n = pool.slots_per_chunk.min(pool.slots - first);
-                prog.push(ctx, Kernel::FfnDown, &FfnDownParams {
-                    hidden: h as u32,
-                    inter: pool.inter as u32,
-                    top_k: top_k as u32,
-                    in_vec4: pool.in_vec4(),
-                    down_vec4: pool.down_vec4(),
-                    slot_vec4: pool.slot_vec4(),
-                    first_slot: first as u32,
-                    chunk_slots: n as u32,
-                    flags,
-                    j_base: js.0 as u32,
-                    _pad: [0; 2],
-                }, &step, &[&hbuf, &topk_ids, slot_of, chunk, out], [Dim::Const(groups64(h)), Dim::Const(kk as u32), tok]);
-            }
+        let moe = MoeDispatch {
+            ctx,
+            step: &step,
+            hidden: h,
+            top_k: k,
+            dummy: &dummy,
+            xn: &xn,
+            topk_ids: &topk_ids,
+            topk_w: &topk_w,
+            hbuf: &hbuf,
+            y: &y,
+            x: &x,
         };
-
-        // W4A16 gate/up for top-k indices js.0 .. js.0 + js.1, one dispatch per chunk.
-        let q4_gate_up = |prog: &mut Program, pool: &Q4Pool, slot_of: &wgpu::Buffer, js: (usize, usize)| {
-            let l = &pool.layout;
-            for (ci, chunk) in pool.chunks.iter().enumerate() {
-                let first = ci * pool.slots_per_chunk;
-                prog.push(ctx, Kernel::FfnGateUpQ4, &FfnQ4Params {
-                    hidden: h as u32,
-                    inter: l.inter as u32,
-                    top_k: k as u32,
-                    j_base: js.0 as u32,
-                    x_stride: h as u32,
-                    slot_vec4: pool.slot_vec4(),
-                    first_slot: first as u32,
-                    chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
-                    a_q: (l.gate_q / 16) as u32,
-                    b_q: (l.up_q / 16) as u32,
-                    a_s: (l.gate_s / 4) as u32,
-                    b_s: (l.up_s / 4) as u32,
-                    flags: 0,
-                    _pad: [0; 3],
-                }, &step, &[&xn, &topk_ids, slot_of, chunk, chunk, &hbuf], [Dim::Const(groups64(l.inter)), Dim::Const(js.1 as u32), tok]);
-            }
-        };
-        // W4A16 down: per top-k index into y, or (fused) weighted into the residual x.
-        let q4_down = |prog: &mut Program, pool: &Q4Pool, slot_of: &wgpu::Buffer, js: Option<(usize, usize)>| {
-            let l = &pool.layout;
-            for (ci, chunk) in pool.chunks.iter().enumerate() {
-                let first = ci * pool.slots_per_chunk;
-                let (flags, j0, ny, out) = match js {
-                    Some((j0, n)) => (0, j0, n, &y),
-                    None => (Q4_DOWN_FUSED_COMBINE, 0, 1, &x),
-                };
-                prog.push(ctx, Kernel::FfnDownQ4, &FfnQ4Params {
-                    hidden: h as u32,
-                    inter: l.inter as u32,
-                    top_k: k as u32,
-                    j_base: j0 as u32,
-                    x_stride: 0,
-                    slot_vec4: pool.slot_vec4(),
-                    first_slot: first as u32,
-                    chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
-                    a_q: (l.down_q / 16) as u32,
-                    b_q: 0,
-                    a_s: (l.down_s / 4) as u32,
-                    b_s: 0,
-                    flags,
-                    _pad: [0; 3],
-                }, &step, &[&hbuf, &topk_ids, slot_of, chunk, chunk, &topk_w, out], [Dim::Const(groups64(h)), Dim::Const(ny as u32), tok]);
-            }
-        };
-
         let mut rope_flags = if cfg.qk_norm { rope_flags::QK_NORM } else { 0 };
         if cfg.clip_qkv.is_some() {
             rope_flags |= rope_flags::CLIP;
@@ -335,29 +255,9 @@ impl Forward {
                         logits_stride: router_stride as u32,
                         norm_topk: cfg.norm_topk_prob as u32,
                     }, &step, &[&router, &topk_ids, &topk_w], [Dim::TokensDiv(64), Dim::Const(1), Dim::Const(1)]);
-                    let per_expert = opts.executor == Executor::PerExpert;
-                    let mut flags = combine_flags::ROUTED;
-                    match experts {
-                        ExpertStore::F16(pool) if per_expert => {
-                            for j in 0..k {
-                                swiglu(&mut body, pool, Some(slot_of), (j, 1), &y);
-                            }
-                        }
-                        ExpertStore::F16(pool) => swiglu(&mut body, pool, Some(slot_of), (0, k), &y),
-                        ExpertStore::Int4(pool) if per_expert => {
-                            for j in 0..k {
-                                q4_gate_up(&mut body, pool, slot_of, (j, 1));
-                                q4_down(&mut body, pool, slot_of, Some((j, 1)));
-                            }
-                        }
-                        ExpertStore::Int4(pool) => {
-                            q4_gate_up(&mut body, pool, slot_of, (0, k));
-                            q4_down(&mut body, pool, slot_of, None);
-                            flags = 0;
-                        }
-                    }
+                    let mut flags = moe.routed(&mut body, opts.executor, experts, slot_of);
                     if let Some(sp) = shared {
-                        swiglu(&mut body, sp, None, (0, 1), &shared_y);
+                        moe.swiglu_f16(&mut body, sp, None, (0, 1), &shared_y);
                         flags |= combine_flags::SHARED | combine_flags::SHARED_GATED;
                     }
                     if flags != 0 {
@@ -372,7 +272,7 @@ impl Forward {
                     }
                 }
                 Mlp::Dense { mlp } => {
-                    swiglu(&mut body, mlp, None, (0, 1), &shared_y);
+                    moe.swiglu_f16(&mut body, mlp, None, (0, 1), &shared_y);
                     body.push(ctx, Kernel::MoeCombine, &MoeCombineParams {
                         hidden: h as u32,
                         top_k: k as u32,

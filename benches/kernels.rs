@@ -1,0 +1,176 @@
+//! Kernel benchmarks on the first adapter (lavapipe here): W4A16 vs f16 matvec on the
+//! expert shapes of OLMoE-1B-7B and Qwen1.5-MoE-A2.7B, beside this machine's memory read
+//! bandwidth, and one MoE layer's routed experts with the grouped vs per-expert executor.
+//! Throughput counters are bytes of weights read. Run: `cargo bench --bench kernels`.
+//! Each iteration is one submission of REPS dispatches and a wait, so per-dispatch figures
+//! carry 1/REPS of the submit cost.
+
+use std::sync::OnceLock;
+
+use divan::counter::BytesCount;
+use half::f16;
+use wgmoe::gpu::kernels::*;
+use wgmoe::gpu::program::{groups64, Dim, Program};
+use wgmoe::gpu::tensor::{ExpertStore, F16Matrix, Q4Pool};
+use wgmoe::gpu::{AdapterRequest, GpuBuffer, GpuContext};
+use wgmoe::model::forward::Executor;
+use wgmoe::model::moe::MoeDispatch;
+use wgmoe::quant::Q4SlotLayout;
+
+const REPS: usize = 16;
+
+fn main() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", "/tmp");
+    }
+    eprintln!("adapter: {} ({}, {})", ctx().adapter_name(), ctx().backend_name(), ctx().driver());
+    divan::main();
+}
+
+fn ctx() -> &'static GpuContext {
+    static CTX: OnceLock<GpuContext> = OnceLock::new();
+    CTX.get_or_init(|| GpuContext::new(&AdapterRequest::default()).expect("no GPU adapter"))
+}
+
+/// Deterministic pseudo-random bytes / values (xorshift).
+fn noise(n: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u32
+        })
+        .collect()
+}
+
+fn storage(label: &str, data: &[u8]) -> GpuBuffer {
+    ctx().storage_with(label, data)
+}
+
+fn step_buf(n_tokens: u32) -> GpuBuffer {
+    let s = Step { pos0: 0, n_tokens, _pad: [0; 2] };
+    ctx().uniform_with("step", bytemuck::bytes_of(&s))
+}
+
+fn run(prog: &Program) {
+    let c = ctx();
+    let mut enc = c.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        prog.record(c, &mut pass, 1);
+    }
+    c.queue.submit([enc.finish()]);
+    c.sync().expect("gpu error");
+}
+
+/// (in, out) of the expert matrices: OLMoE gate/up 2048->1024, down 1024->2048; Qwen
+/// gate/up 2048->1408, down 1408->2048 (partial last block).
+const SHAPES: [(usize, usize); 4] = [(2048, 1024), (1024, 2048), (2048, 1408), (1408, 2048)];
+
+#[divan::bench(args = SHAPES, sample_count = 20)]
+fn matvec_w4a16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
+    // A one-slot pool whose down matrix is [out, in].
+    let layout = Q4SlotLayout::new(out, inp);
+    let pool = Q4Pool::new(ctx(), "bench", 1, layout).expect("pool");
+    let mut slot = vec![0u8; layout.bytes];
+    let w: Vec<f32> = noise(3 * inp * out, 1).iter().map(|&r| (r as f32 / u32::MAX as f32) - 0.5).collect();
+    layout.pack_expert(&w[..inp * out], &w[inp * out..2 * inp * out], &w[2 * inp * out..], &mut slot);
+    pool.write_slot(ctx(), 0, &slot);
+    let h = storage("h", bytemuck::cast_slice(&vec![0.5f32; inp]));
+    let zero = storage("ids", bytemuck::cast_slice(&[0u32; 4]));
+    let ones = storage("w", bytemuck::cast_slice(&[1.0f32; 4]));
+    let y = storage("y", &vec![0u8; out * 4]);
+    let step = step_buf(1);
+    let mut prog = Program::default();
+    for _ in 0..REPS {
+        prog.push(ctx(), Kernel::FfnDownQ4, &FfnQ4Params {
+            hidden: out as u32,
+            inter: inp as u32,
+            top_k: 1,
+            slot_vec4: pool.slot_vec4(),
+            chunk_slots: 1,
+            a_q: (layout.down_q / 16) as u32,
+            a_s: (layout.down_s / 4) as u32,
+            ..Default::default()
+        }, &step, &[&h, &zero, &zero, &pool.chunks[0], &pool.chunks[0], &ones, &y], [Dim::Const(groups64(out)), Dim::Const(1), Dim::Const(1)]);
+    }
+    run(&prog);
+    let bytes = (layout.down.q_bytes() + layout.down.scale_bytes()) * REPS;
+    bencher.counter(BytesCount::new(bytes)).bench(|| run(&prog));
+}
+
+#[divan::bench(args = SHAPES, sample_count = 20)]
+fn matvec_f16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
+    let w: Vec<f16> = noise(inp * out, 2).iter().map(|&r| f16::from_f32((r as f32 / u32::MAX as f32) - 0.5)).collect();
+    let m = F16Matrix::upload(ctx(), "w", out, inp, &w).expect("upload");
+    let x = storage("x", bytemuck::cast_slice(&vec![0.5f32; inp]));
+    let dummy = storage("dummy", &[0u8; 16]);
+    let y = storage("y", &vec![0u8; out * 4]);
+    let step = step_buf(1);
+    let mut prog = Program::default();
+    for _ in 0..REPS {
+        for c in &m.chunks {
+            prog.push(ctx(), Kernel::Matmul, &MatmulParams {
+                k: inp as u32,
+                n_rows: c.rows as u32,
+                row_base: c.row_start as u32,
+                vec4_per_row: m.vec4_per_row(),
+                x_stride: inp as u32,
+                out_stride: out as u32,
+                flags: 0,
+                _pad: 0,
+            }, &step, &[&x, &c.buffer, &dummy, &y], [Dim::Const(groups64(c.rows)), Dim::Const(1), Dim::Const(1)]);
+        }
+    }
+    run(&prog);
+    bencher.counter(BytesCount::new(inp * out * 2 * REPS)).bench(|| run(&prog));
+}
+
+/// This machine's memory read bandwidth: sum of a 256 MiB buffer on one core and on all.
+#[divan::bench(args = [1, 2], sample_count = 10)]
+fn memory_read(bencher: divan::Bencher, threads: usize) {
+    let words = (256usize << 20) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    bencher.counter(BytesCount::new(words * 8)).bench(|| {
+        let per = words.div_ceil(threads);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = buf.chunks(per).map(|c| s.spawn(move || c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))).collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, u64::wrapping_add)
+        })
+    });
+}
+
+/// One MoE layer's routed experts (OLMoE shapes: hidden 2048, 64 experts of 1024, top-8;
+/// INT4), for one decoded token, per executor. Counter: bytes of the 8 experts read.
+#[divan::bench(args = [Executor::Grouped, Executor::PerExpert], sample_count = 20)]
+fn moe_layer_olmoe_int4(bencher: divan::Bencher, executor: Executor) {
+    let (h, i, e, k) = (2048usize, 1024usize, 64usize, 8usize);
+    let layout = Q4SlotLayout::new(h, i);
+    let pool = Q4Pool::new(ctx(), "experts", e, layout).expect("pool");
+    let slot: Vec<u8> = bytemuck::cast_slice(&noise(layout.bytes / 4, 3)).to_vec();
+    for s in 0..e {
+        pool.write_slot(ctx(), s, &slot);
+    }
+    let store = ExpertStore::Int4(pool);
+    let ids: Vec<u32> = (0..k as u32).map(|j| j * 7 % e as u32).collect();
+    let slot_of: Vec<u32> = (0..e as u32).collect();
+    let (xn, x) = (storage("xn", bytemuck::cast_slice(&vec![0.1f32; h])), storage("x", &vec![0u8; h * 4]));
+    let topk_ids = storage("ids", bytemuck::cast_slice(&ids));
+    let topk_w = storage("w", bytemuck::cast_slice(&vec![0.125f32; k]));
+    let slot_buf = storage("slot_of", bytemuck::cast_slice(&slot_of));
+    let hbuf = storage("h", &vec![0u8; k * i * 4]);
+    let y = storage("y", &vec![0u8; k * h * 4]);
+    let dummy = storage("dummy", &[0u8; 16]);
+    let step = step_buf(1);
+    let moe = MoeDispatch { ctx: ctx(), step: &step, hidden: h, top_k: k, dummy: &dummy, xn: &xn, topk_ids: &topk_ids, topk_w: &topk_w, hbuf: &hbuf, y: &y, x: &x };
+    let mut prog = Program::default();
+    let flags = moe.routed(&mut prog, executor, &store, &slot_buf);
+    if flags != 0 {
+        prog.push(ctx(), Kernel::MoeCombine, &MoeCombineParams { hidden: h as u32, top_k: k as u32, flags, ..Default::default() }, &step, &[&y, &topk_w, &dummy, &dummy, &x], [Dim::Const(groups64(h)), Dim::Const(1), Dim::Const(1)]);
+    }
+    eprintln!("moe layer {executor:?}: {} dispatches", prog.len());
+    run(&prog);
+    bencher.counter(BytesCount::new(k * layout.bytes)).bench(|| run(&prog));
+}

@@ -1,0 +1,157 @@
+//! Dispatches of the routed experts of one MoE layer (and of single-slot SwiGLU blocks:
+//! Qwen's shared expert, dense MLP layers), for both executors and both precisions.
+
+use crate::gpu::kernels::*;
+use crate::gpu::program::{groups64, Dim, Program};
+use crate::gpu::tensor::{ExpertPool, ExpertStore, Q4Pool};
+use crate::gpu::GpuContext;
+use crate::model::forward::Executor;
+
+/// The buffers a layer's expert dispatches read and write.
+pub struct MoeDispatch<'a> {
+    pub ctx: &'a GpuContext,
+    pub step: &'a wgpu::Buffer,
+    pub hidden: usize,
+    pub top_k: usize,
+    pub dummy: &'a wgpu::Buffer,
+    /// Normed hidden state [T, H] (expert input).
+    pub xn: &'a wgpu::Buffer,
+    pub topk_ids: &'a wgpu::Buffer,
+    pub topk_w: &'a wgpu::Buffer,
+    /// SwiGLU intermediate [T, k, I].
+    pub hbuf: &'a wgpu::Buffer,
+    /// Per-expert outputs [T, k, H].
+    pub y: &'a wgpu::Buffer,
+    /// Residual stream [T, H].
+    pub x: &'a wgpu::Buffer,
+}
+
+impl MoeDispatch<'_> {
+    /// Routed experts. Returns the `combine_flags` the layer's combine dispatch still
+    /// needs (0 when the executor already added the experts into x).
+    pub fn routed(&self, prog: &mut Program, executor: Executor, store: &ExpertStore, slot_of: &wgpu::Buffer) -> u32 {
+        let k = self.top_k;
+        let per_expert = executor == Executor::PerExpert;
+        match store {
+            ExpertStore::F16(pool) if per_expert => {
+                for j in 0..k {
+                    self.swiglu_f16(prog, pool, Some(slot_of), (j, 1), self.y);
+                }
+                combine_flags::ROUTED
+            }
+            ExpertStore::F16(pool) => {
+                self.swiglu_f16(prog, pool, Some(slot_of), (0, k), self.y);
+                combine_flags::ROUTED
+            }
+            ExpertStore::Int4(pool) if per_expert => {
+                for j in 0..k {
+                    self.q4_gate_up(prog, pool, slot_of, (j, 1));
+                    self.q4_down(prog, pool, slot_of, Some((j, 1)));
+                }
+                combine_flags::ROUTED
+            }
+            ExpertStore::Int4(pool) => {
+                self.q4_gate_up(prog, pool, slot_of, (0, k));
+                self.q4_down(prog, pool, slot_of, None);
+                0
+            }
+        }
+    }
+
+    /// SwiGLU over an f16 expert pool: routed (ids via the slot table) or one fixed slot.
+    /// `js` = (first top-k index, count) served by these dispatches.
+    pub fn swiglu_f16(&self, prog: &mut Program, pool: &ExpertPool, routed: Option<&wgpu::Buffer>, js: (usize, usize), out: &wgpu::Buffer) {
+        let (h, k) = (self.hidden, self.top_k);
+        let (kk, top_k, flags, slot_of) = match routed {
+            Some(s) => (js.1, k, 0, s),
+            None => (1, 1, FFN_FIXED_SLOT, self.dummy),
+        };
+        let tok = Dim::Tokens;
+        for (ci, chunk) in pool.chunks.iter().enumerate() {
+            let first = ci * pool.slots_per_chunk;
+            let n = pool.slots_per_chunk.min(pool.slots - first);
+            prog.push(self.ctx, Kernel::FfnGateUp, &FfnGateUpParams {
+                hidden: h as u32,
+                inter: pool.inter as u32,
+                top_k: top_k as u32,
+                x_stride: h as u32,
+                in_vec4: pool.in_vec4(),
+                slot_vec4: pool.slot_vec4(),
+                first_slot: first as u32,
+                chunk_slots: n as u32,
+                flags,
+                j_base: js.0 as u32,
+                _pad: [0; 2],
+            }, self.step, &[self.xn, self.topk_ids, slot_of, chunk, self.hbuf], [Dim::Const(groups64(pool.inter)), Dim::Const(kk as u32), tok]);
+        }
+        for (ci, chunk) in pool.chunks.iter().enumerate() {
+            let first = ci * pool.slots_per_chunk;
+            let n = pool.slots_per_chunk.min(pool.slots - first);
+            prog.push(self.ctx, Kernel::FfnDown, &FfnDownParams {
+                hidden: h as u32,
+                inter: pool.inter as u32,
+                top_k: top_k as u32,
+                in_vec4: pool.in_vec4(),
+                down_vec4: pool.down_vec4(),
+                slot_vec4: pool.slot_vec4(),
+                first_slot: first as u32,
+                chunk_slots: n as u32,
+                flags,
+                j_base: js.0 as u32,
+                _pad: [0; 2],
+            }, self.step, &[self.hbuf, self.topk_ids, slot_of, chunk, out], [Dim::Const(groups64(h)), Dim::Const(kk as u32), tok]);
+        }
+    }
+
+    /// W4A16 gate/up for top-k indices js.0 .. js.0 + js.1, one dispatch per chunk.
+    pub fn q4_gate_up(&self, prog: &mut Program, pool: &Q4Pool, slot_of: &wgpu::Buffer, js: (usize, usize)) {
+        let l = &pool.layout;
+        for (ci, chunk) in pool.chunks.iter().enumerate() {
+            let first = ci * pool.slots_per_chunk;
+            prog.push(self.ctx, Kernel::FfnGateUpQ4, &FfnQ4Params {
+                hidden: self.hidden as u32,
+                inter: l.inter as u32,
+                top_k: self.top_k as u32,
+                j_base: js.0 as u32,
+                x_stride: self.hidden as u32,
+                slot_vec4: pool.slot_vec4(),
+                first_slot: first as u32,
+                chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
+                a_q: (l.gate_q / 16) as u32,
+                b_q: (l.up_q / 16) as u32,
+                a_s: (l.gate_s / 4) as u32,
+                b_s: (l.up_s / 4) as u32,
+                flags: 0,
+                _pad: [0; 3],
+            }, self.step, &[self.xn, self.topk_ids, slot_of, chunk, chunk, self.hbuf], [Dim::Const(groups64(l.inter)), Dim::Const(js.1 as u32), Dim::Tokens]);
+        }
+    }
+
+    /// W4A16 down: per top-k index into y, or (fused, `js` None) weighted into x.
+    pub fn q4_down(&self, prog: &mut Program, pool: &Q4Pool, slot_of: &wgpu::Buffer, js: Option<(usize, usize)>) {
+        let l = &pool.layout;
+        for (ci, chunk) in pool.chunks.iter().enumerate() {
+            let first = ci * pool.slots_per_chunk;
+            let (flags, j0, ny, out) = match js {
+                Some((j0, n)) => (0, j0, n, self.y),
+                None => (Q4_DOWN_FUSED_COMBINE, 0, 1, self.x),
+            };
+            prog.push(self.ctx, Kernel::FfnDownQ4, &FfnQ4Params {
+                hidden: self.hidden as u32,
+                inter: l.inter as u32,
+                top_k: self.top_k as u32,
+                j_base: j0 as u32,
+                x_stride: 0,
+                slot_vec4: pool.slot_vec4(),
+                first_slot: first as u32,
+                chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
+                a_q: (l.down_q / 16) as u32,
+                b_q: 0,
+                a_s: (l.down_s / 4) as u32,
+                b_s: 0,
+                flags,
+                _pad: [0; 3],
+            }, self.step, &[self.hbuf, self.topk_ids, slot_of, chunk, chunk, self.topk_w, out], [Dim::Const(groups64(self.hidden)), Dim::Const(ny as u32), Dim::Tokens]);
+        }
+    }
+}

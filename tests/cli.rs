@@ -1,0 +1,641 @@
+//! End-to-end tests of the `wgmoe` binary: every bad input must end in one `error: ` line
+//! that names what is at fault (file, tensor, config field or option), a non-zero exit, no
+//! panic, and untouched model files; good input must produce consistent output.
+//!
+//! Every test works on copies of the fixtures in a temporary directory.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::hash::{Hash, Hasher};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use safetensors::SafeTensors;
+use serde_json::Value;
+use tempfile::TempDir;
+
+const OLMOE: &str = "olmoe-tiny";
+const QWEN: &str = "qwen2moe-tiny";
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+struct Run {
+    cmd: String,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "command: {}\nexit: {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}\n--------------",
+            self.cmd, self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+fn command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_wgmoe"));
+    // Keeps the Vulkan loader quiet (set per command: tests run on parallel threads).
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        c.env("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
+    // A panic must show up as its default one-line note, whatever the caller's setting.
+    c.env_remove("RUST_BACKTRACE").env_remove("RUST_LIB_BACKTRACE");
+    c.stdin(Stdio::null());
+    c
+}
+
+fn wgmoe<I, S>(args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_os_string()).collect();
+    let cmd = format!(
+        "wgmoe {}",
+        args.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+    );
+    let out = command().args(&args).output().expect("spawn wgmoe");
+    Run {
+        cmd,
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn assert_no_panic(r: &Run) {
+    for s in [&r.stdout, &r.stderr] {
+        assert!(
+            !s.contains("panicked") && !s.contains("RUST_BACKTRACE") && !s.contains("stack backtrace"),
+            "panic text in output:\n{r}"
+        );
+    }
+}
+
+/// The command failed cleanly: non-zero exit (not a signal), no panic, and the last line
+/// of stderr is the only `error` line and names every item of `names`.
+fn assert_error(r: &Run, names: &[&str]) {
+    assert_no_panic(r);
+    assert!(r.code.is_some(), "killed by a signal:\n{r}");
+    assert_ne!(r.code, Some(0), "expected failure:\n{r}");
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    let last = *lines.last().unwrap_or_else(|| panic!("empty stderr:\n{r}"));
+    assert!(last.starts_with("error: "), "last stderr line is not `error: ...`:\n{r}");
+    let error_lines = lines.iter().filter(|l| l.trim_start().to_lowercase().starts_with("error")).count();
+    assert_eq!(error_lines, 1, "expected exactly one error line:\n{r}");
+    for n in names {
+        assert!(last.contains(n), "error line does not name `{n}`:\n{r}");
+    }
+}
+
+fn assert_ok(r: &Run) {
+    assert_no_panic(r);
+    assert_eq!(r.code, Some(0), "expected success:\n{r}");
+}
+
+fn json_of(r: &Run) -> Value {
+    assert_ok(r);
+    serde_json::from_str(r.stdout.trim()).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{r}"))
+}
+
+fn ids(v: &Value, key: &str) -> Vec<u64> {
+    v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("`{key}` is not an array: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap_or_else(|| panic!("`{key}` holds a non-integer: {v}")))
+        .collect()
+}
+
+/// A copy of a fixture directory at `<tmp>/<name>`.
+fn copy_fixture(name: &str) -> (TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dst = tmp.path().join(name);
+    std::fs::create_dir(&dst).unwrap();
+    for e in std::fs::read_dir(common::fixture(name)).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+        }
+    }
+    (tmp, dst)
+}
+
+/// File name -> (length, content hash) of every file under `dir`.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u64, u64)> {
+    let mut m = BTreeMap::new();
+    if !dir.exists() {
+        return m;
+    }
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                bytes.hash(&mut h);
+                m.insert(p.strip_prefix(dir).unwrap().to_path_buf(), (bytes.len() as u64, h.finish()));
+            }
+        }
+    }
+    m
+}
+
+/// Runs `args` and checks the files under `dir` are the same before and after.
+fn run_untouched<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> Run {
+    let before = snapshot(dir);
+    let r = wgmoe(args);
+    let after = snapshot(dir);
+    assert!(before == after, "files under {} changed:\n{r}\nbefore: {before:?}\nafter: {after:?}", dir.display());
+    r
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let p = dir.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(v.as_object_mut().unwrap());
+    std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+fn vocab_size(dir: &Path) -> u64 {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    v["vocab_size"].as_u64().unwrap()
+}
+
+/// Rewrites a safetensors file through the `safetensors` crate, keeping its metadata;
+/// `edit` gets each tensor's (name, shape) and returns None to drop it or the shape to
+/// declare (same byte count).
+fn rewrite_safetensors(path: &Path, edit: impl Fn(&str, &[usize]) -> Option<Vec<usize>>) {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, md) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = md.metadata().clone();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut views = Vec::new();
+    for (name, t) in st.tensors() {
+        if let Some(shape) = edit(&name, t.shape()) {
+            let v = safetensors::tensor::TensorView::new(t.dtype(), shape, t.data()).unwrap();
+            views.push((name, v));
+        }
+    }
+    let out = safetensors::serialize(views, meta).unwrap();
+    std::fs::write(path, out).unwrap();
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad input: model directory, config, weights, tokenizer
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn model_dir_missing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("no-such-model");
+    let r = run_untouched(tmp.path(), &["run", &s(&dir), "-p", "hi", "-n", "2"]);
+    assert_error(&r, &["no-such-model"]);
+    assert!(!dir.exists(), "the missing model directory was created");
+    for sub in ["inspect", "quantize"] {
+        let mut args = vec![sub.to_string(), s(&dir)];
+        if sub == "quantize" {
+            args.extend(["-o".into(), s(&tmp.path().join("out"))]);
+        }
+        let r = run_untouched(tmp.path(), &args);
+        assert_error(&r, &["no-such-model"]);
+    }
+}
+
+#[test]
+fn config_missing() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    std::fs::remove_file(dir.join("config.json")).unwrap();
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
+    assert_error(&r, &["config.json"]);
+}
+
+#[test]
+fn config_malformed() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    std::fs::write(dir.join("config.json"), "{\"model_type\": \"olmoe\",\n").unwrap();
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
+    assert_error(&r, &["config.json"]);
+}
+
+#[test]
+fn config_missing_required_field() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    edit_config(&dir, |c| {
+        c.remove("hidden_size");
+    });
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
+    assert_error(&r, &["config.json", "hidden_size"]);
+}
+
+#[test]
+fn config_unknown_model_type() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    edit_config(&dir, |c| {
+        c.insert("model_type".into(), Value::String("mixtral_9000".into()));
+    });
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
+    assert_error(&r, &["config.json", "model_type", "mixtral_9000"]);
+}
+
+#[test]
+fn safetensors_shard_missing() {
+    let (_t, dir) = copy_fixture(QWEN);
+    std::fs::remove_file(dir.join("model-00002-of-00003.safetensors")).unwrap();
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
+    assert_error(&r, &["model-00002-of-00003.safetensors"]);
+}
+
+#[test]
+fn safetensors_truncated() {
+    // Cut in the data section, and inside the 8-byte header length.
+    for (fixture, file) in [(OLMOE, "model.safetensors"), (QWEN, "model-00003-of-00003.safetensors")] {
+        for cut in [None, Some(4u64)] {
+            let (_t, dir) = copy_fixture(fixture);
+            let p = dir.join(file);
+            let len = std::fs::metadata(&p).unwrap().len();
+            let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            f.set_len(cut.unwrap_or(len / 2)).unwrap();
+            drop(f);
+            let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
+            assert_error(&r, &[file]);
+        }
+    }
+}
+
+#[test]
+fn safetensors_corrupt_header() {
+    // Header length 2^64-1 (absurd) and 0 (empty JSON).
+    for fill in [0xffu8, 0x00] {
+        let (_t, dir) = copy_fixture(OLMOE);
+        let p = dir.join("model.safetensors");
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes[..8].fill(fill);
+        std::fs::write(&p, bytes).unwrap();
+        let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
+        assert_error(&r, &["model.safetensors"]);
+    }
+}
+
+#[test]
+fn safetensors_tensor_missing() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let victim = "model.layers.1.self_attn.q_proj.weight";
+    rewrite_safetensors(&dir.join("model.safetensors"), |n, sh| (n != victim).then(|| sh.to_vec()));
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
+    assert_error(&r, &[victim]);
+}
+
+#[test]
+fn safetensors_tensor_missing_expert() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let victim = "model.layers.0.mlp.experts.3.up_proj.weight";
+    rewrite_safetensors(&dir.join("model.safetensors"), |n, sh| (n != victim).then(|| sh.to_vec()));
+    for precision in ["int4", "f16"] {
+        let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--expert-precision", precision]);
+        assert_error(&r, &[victim]);
+    }
+}
+
+#[test]
+fn safetensors_tensor_wrong_shape() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let victim = "model.layers.0.self_attn.k_proj.weight";
+    rewrite_safetensors(&dir.join("model.safetensors"), |n, sh| {
+        Some(if n == victim { sh.iter().rev().copied().collect() } else { sh.to_vec() })
+    });
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
+    assert_error(&r, &[victim]);
+}
+
+#[test]
+fn tokenizer_garbage() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    std::fs::write(dir.join("tokenizer.json"), b"\x00garbage{{{ not a tokenizer").unwrap();
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
+    assert_error(&r, &["tokenizer.json"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad input: prompt and options
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn prompt_ids_outside_vocab() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let r = run_untouched(&dir, &["run", &s(&dir), "--prompt-ids", "999999", "-n", "2"]);
+    assert_error(&r, &["--prompt-ids", "999999"]);
+}
+
+#[test]
+fn prompt_longer_than_max_position_embeddings() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    edit_config(&dir, |c| {
+        c.insert("max_position_embeddings".into(), 8.into());
+    });
+    let r = run_untouched(&dir, &["run", &s(&dir), "--prompt-ids", "1,2,3,4,5,6,7,8,9", "-n", "2"]);
+    assert_error(&r, &["max_position_embeddings"]);
+}
+
+#[test]
+fn max_new_tokens_clamped_to_max_position_embeddings() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    edit_config(&dir, |c| {
+        c.insert("max_position_embeddings".into(), 8.into());
+    });
+    let r = run_untouched(&dir, &["run", &s(&dir), "--prompt-ids", "1,2,3,4,5,6", "-n", "5", "--json", "--ignore-eos"]);
+    let v = json_of(&r);
+    assert!(
+        r.stderr.lines().any(|l| l.starts_with("note: ") && l.contains("max_position_embeddings")),
+        "no note about the clamp:\n{r}"
+    );
+    let gen = ids(&v, "generated_ids");
+    assert!(!gen.is_empty() && gen.len() <= 2, "8 positions - 6 prompt tokens allow 2 new tokens:\n{r}");
+    assert_eq!(v["metrics"]["generated_tokens"].as_u64(), Some(gen.len() as u64), "{r}");
+}
+
+#[test]
+fn adapter_not_found() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--adapter", "nonexistent-gpu"]);
+    assert_error(&r, &["--adapter", "nonexistent-gpu"]);
+}
+
+#[test]
+fn top_p_zero() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--top-p", "0"]);
+    assert_error(&r, &["--top-p"]);
+}
+
+#[test]
+fn temperature_negative_with_equals() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--temperature=-1"]);
+    assert_error(&r, &["--temperature"]);
+}
+
+#[test]
+fn temperature_negative() {
+    // `--temperature -1` as two arguments, as users type it.
+    let (_t, dir) = copy_fixture(OLMOE);
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--temperature", "-1"]);
+    assert_error(&r, &["--temperature"]);
+}
+
+#[test]
+fn greedy_conflicts_with_temperature() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--greedy", "--temperature", "0.7"]);
+    assert_error(&r, &["--greedy", "--temperature"]);
+}
+
+#[test]
+fn quantize_converted_dir_and_f16_on_converted() {
+    let (t, dir) = copy_fixture(OLMOE);
+    let conv = t.path().join("converted");
+    let r = run_untouched(&dir, &["quantize", &s(&dir), "-o", &s(&conv)]);
+    assert_ok(&r);
+
+    // Quantizing the output again is refused, and writes nothing.
+    let again = t.path().join("again");
+    let r = run_untouched(&conv, &["quantize", &s(&conv), "-o", &s(&again)]);
+    assert_error(&r, &["model.safetensors"]);
+    assert!(!again.join("model.safetensors").exists(), "a refused quantize wrote output:\n{r}");
+
+    // f16 experts need the original weights.
+    let r = run_untouched(&conv, &["run", &s(&conv), "-p", "hi", "-n", "2", "--expert-precision", "f16"]);
+    assert_error(&r, &["--expert-precision"]);
+}
+
+#[test]
+fn quantize_refuses_checkpoint_missing_a_tensor() {
+    // The converter should validate the checkpoint against its config instead of writing
+    // a converted model that can never load.
+    let (t, dir) = copy_fixture(OLMOE);
+    let victim = "model.layers.1.self_attn.q_proj.weight";
+    rewrite_safetensors(&dir.join("model.safetensors"), |n, sh| (n != victim).then(|| sh.to_vec()));
+    let out = t.path().join("converted");
+    let r = run_untouched(&dir, &["quantize", &s(&dir), "-o", &s(&out)]);
+    assert_error(&r, &[victim]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Good input
+// ---------------------------------------------------------------------------------------
+
+const HELLO: &str = "Hello, world";
+
+fn run_json(dir: &Path, extra: &[&str]) -> (Run, Value) {
+    let mut args: Vec<String> = vec!["run".into(), s(dir), "--json".into()];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let r = run_untouched(dir, &args);
+    let v = json_of(&r);
+    (r, v)
+}
+
+#[test]
+fn run_json_output_and_metrics() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let (r, v) = run_json(&dir, &["-p", HELLO, "-n", "5"]);
+    let vocab = vocab_size(&dir);
+    let prompt = ids(&v, "prompt_ids");
+    let gen = ids(&v, "generated_ids");
+    assert!(!prompt.is_empty(), "{r}");
+    assert_eq!(gen.len(), 5, "{r}");
+    assert!(prompt.iter().chain(&gen).all(|&t| t < vocab), "ids outside the vocabulary:\n{r}");
+    assert!(v["text"].is_string(), "{r}");
+    let m = &v["metrics"];
+    assert!(m["ttft_s"].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()), "ttft_s:\n{r}");
+    assert!(m["decode_tokens_per_s"].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()), "decode_tokens_per_s:\n{r}");
+    assert_eq!(m["prompt_tokens"].as_u64(), Some(prompt.len() as u64), "{r}");
+    assert_eq!(m["generated_tokens"].as_u64(), Some(5), "{r}");
+    assert!(m["adapter"].as_str().is_some_and(|s| !s.is_empty()), "adapter:\n{r}");
+    assert!(m["backend"].as_str().is_some_and(|s| !s.is_empty()), "backend:\n{r}");
+}
+
+#[test]
+fn run_sharded_qwen() {
+    let (_t, dir) = copy_fixture(QWEN);
+    let (r, v) = run_json(&dir, &["-p", HELLO, "-n", "3", "--ignore-eos"]);
+    let gen = ids(&v, "generated_ids");
+    assert_eq!(gen.len(), 3, "{r}");
+    assert!(gen.iter().all(|&t| t < vocab_size(&dir)), "{r}");
+}
+
+#[test]
+fn prompt_ids_match_text_prompt_and_greedy_is_deterministic() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let (r1, a) = run_json(&dir, &["-p", HELLO, "-n", "5"]);
+    let (r2, b) = run_json(&dir, &["-p", HELLO, "-n", "5"]);
+    assert_eq!(ids(&a, "generated_ids"), ids(&b, "generated_ids"), "greedy differs between runs:\n{r1}\n{r2}");
+    let prompt: Vec<String> = ids(&a, "prompt_ids").iter().map(|x| x.to_string()).collect();
+    let (r3, c) = run_json(&dir, &["--prompt-ids", &prompt.join(","), "-n", "5"]);
+    assert_eq!(ids(&c, "prompt_ids"), ids(&a, "prompt_ids"), "{r3}");
+    assert_eq!(ids(&c, "generated_ids"), ids(&a, "generated_ids"), "--prompt-ids differs from -p:\n{r1}\n{r3}");
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let args = ["-p", HELLO, "-n", "8", "--temperature", "0.8", "--top-k", "20", "--seed", "7"];
+    let (r1, a) = run_json(&dir, &args);
+    let (r2, b) = run_json(&dir, &args);
+    assert_eq!(ids(&a, "generated_ids").len(), ids(&b, "generated_ids").len());
+    assert_eq!(ids(&a, "generated_ids"), ids(&b, "generated_ids"), "same seed, different tokens:\n{r1}\n{r2}");
+    assert!(ids(&a, "generated_ids").iter().all(|&t| t < vocab_size(&dir)), "{r1}");
+}
+
+#[test]
+fn executors_agree() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let (r1, a) = run_json(&dir, &["-p", HELLO, "-n", "5", "--executor", "per-expert"]);
+    let (r2, b) = run_json(&dir, &["-p", HELLO, "-n", "5", "--executor", "grouped"]);
+    assert_eq!(ids(&a, "generated_ids"), ids(&b, "generated_ids"), "executors disagree:\n{r1}\n{r2}");
+}
+
+#[test]
+fn f16_experts_run() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let (r, v) = run_json(&dir, &["-p", HELLO, "-n", "5", "--expert-precision", "f16"]);
+    let gen = ids(&v, "generated_ids");
+    assert_eq!(gen.len(), 5, "{r}");
+    assert!(gen.iter().all(|&t| t < vocab_size(&dir)), "{r}");
+    assert_eq!(v["metrics"]["expert_precision"].as_str(), Some("f16"), "{r}");
+}
+
+#[test]
+fn text_mode_streams_decoded_text() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let (_, v) = run_json(&dir, &["-p", HELLO, "-n", "5"]);
+    let r = run_untouched(&dir, &["run", &s(&dir), "-p", HELLO, "-n", "5"]);
+    assert_ok(&r);
+    let text = v["text"].as_str().unwrap();
+    assert!(!text.is_empty());
+    assert_eq!(r.stdout.trim_end_matches('\n'), text, "streamed text differs from the JSON text:\n{r}");
+}
+
+#[test]
+fn text_mode_without_tokenizer_prints_ids() {
+    // With no tokenizer.json, --prompt-ids still works; text mode prints one id per line.
+    let (_t, dir) = copy_fixture(OLMOE);
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    let r = run_untouched(&dir, &["run", &s(&dir), "--prompt-ids", "1,2", "-n", "3", "--ignore-eos"]);
+    assert_ok(&r);
+    let lines: Vec<&str> = r.stdout.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 3, "{r}");
+    assert!(lines.iter().all(|l| l.trim().parse::<u32>().is_ok()), "{r}");
+}
+
+#[test]
+fn devices_lists_adapters() {
+    let r = wgmoe(["devices"]);
+    assert_ok(&r);
+    assert!(r.stdout.lines().any(|l| l.starts_with("[0] ")), "no adapter listed:\n{r}");
+    let r = wgmoe(["devices", "--json"]);
+    let v = json_of(&r);
+    let list = v.as_array().unwrap_or_else(|| panic!("not an array:\n{r}"));
+    assert!(!list.is_empty(), "{r}");
+    assert!(list.iter().all(|a| a["name"].is_string() && a["backend"].is_string()), "{r}");
+}
+
+#[test]
+fn inspect_prints_class_table() {
+    for (fixture, classes) in [
+        (OLMOE, &["routed_experts", "router", "attention", "norms", "embeddings", "lm_head"][..]),
+        (QWEN, &["routed_experts", "router", "attention", "embeddings", "lm_head"][..]),
+    ] {
+        let (_t, dir) = copy_fixture(fixture);
+        let r = run_untouched(&dir, &["inspect", &s(&dir)]);
+        assert_ok(&r);
+        assert!(r.stdout.lines().any(|l| l.starts_with("class")), "no table header:\n{r}");
+        for c in classes {
+            assert!(r.stdout.lines().any(|l| l.starts_with(c)), "no `{c}` row:\n{r}");
+        }
+        let r = run_untouched(&dir, &["inspect", &s(&dir), "--json"]);
+        json_of(&r);
+    }
+}
+
+#[test]
+fn quantize_then_run_matches_quantize_on_load() {
+    for fixture in [OLMOE, QWEN] {
+        let (t, dir) = copy_fixture(fixture);
+        let conv = t.path().join("converted");
+        let r = run_untouched(&dir, &["quantize", &s(&dir), "-o", &s(&conv)]);
+        assert_ok(&r);
+        for f in ["model.safetensors", "config.json", "tokenizer.json"] {
+            assert!(conv.join(f).is_file(), "quantize did not write {f}:\n{r}");
+        }
+        assert!(!conv.join("model.safetensors.partial").exists(), "{r}");
+        let args = ["-p", HELLO, "-n", "5", "--ignore-eos"];
+        let (r1, on_load) = run_json(&dir, &args);
+        let (r2, converted) = run_json(&conv, &args);
+        assert_eq!(ids(&converted, "prompt_ids"), ids(&on_load, "prompt_ids"), "{r2}");
+        assert_eq!(
+            ids(&converted, "generated_ids"),
+            ids(&on_load, "generated_ids"),
+            "converted model differs from quantise-on-load:\n{r1}\n{r2}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Closed stdout (`wgmoe ... | head`)
+// ---------------------------------------------------------------------------------------
+
+fn run_with_closed_stdout(args: &[&str]) -> Run {
+    let mut child = command()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn wgmoe");
+    // Close the read end before the child writes anything.
+    drop(child.stdout.take());
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    Run {
+        cmd: format!("wgmoe {} | (stdout closed)", args.join(" ")),
+        code: status.code(),
+        stdout: String::new(),
+        stderr,
+    }
+}
+
+#[test]
+fn closed_stdout_does_not_panic() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let d = s(&dir);
+    let mut failures = Vec::new();
+    for args in [
+        vec!["devices", "--json"],
+        vec!["devices"],
+        vec!["run", d.as_str(), "-p", HELLO, "-n", "3"],
+        vec!["run", d.as_str(), "-p", HELLO, "-n", "3", "--json"],
+    ] {
+        let r = run_with_closed_stdout(&args);
+        let panicked = r.stderr.contains("panicked") || r.stderr.contains("RUST_BACKTRACE");
+        if panicked || r.code.is_none() {
+            failures.push(r.to_string());
+        }
+    }
+    assert!(failures.is_empty(), "panics with stdout closed:\n{}", failures.join("\n"));
+}
