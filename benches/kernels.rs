@@ -17,19 +17,26 @@ use wgmoe::model::forward::Executor;
 use wgmoe::model::moe::MoeDispatch;
 use wgmoe::quant::Q4SlotLayout;
 
-const REPS: usize = 16;
+fn reps() -> usize { std::env::var("WGMOE_BENCH_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(16) }
 
 fn main() {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         std::env::set_var("XDG_RUNTIME_DIR", "/tmp");
     }
-    eprintln!("adapter: {} ({}, {})", ctx().adapter_name(), ctx().backend_name(), ctx().driver());
+    eprintln!(
+        "adapter: {} ({}, {}); subgroup kernels: {}",
+        ctx().adapter_name(),
+        ctx().backend_name(),
+        ctx().driver(),
+        ctx().kernels.uses_subgroups()
+    );
     divan::main();
 }
 
 fn ctx() -> &'static GpuContext {
     static CTX: OnceLock<GpuContext> = OnceLock::new();
-    CTX.get_or_init(|| GpuContext::new(&AdapterRequest::default()).expect("no GPU adapter"))
+    let portable = std::env::var_os("WGMOE_PORTABLE_KERNELS").is_some();
+    CTX.get_or_init(|| GpuContext::new(&AdapterRequest { portable_kernels: portable, ..Default::default() }).expect("no GPU adapter"))
 }
 
 /// Deterministic pseudo-random bytes / values (xorshift).
@@ -67,7 +74,7 @@ fn run(prog: &Program) {
 
 /// (in, out) of the expert matrices: OLMoE gate/up 2048->1024, down 1024->2048; Qwen
 /// gate/up 2048->1408, down 1408->2048 (partial last block).
-const SHAPES: [(usize, usize); 4] = [(2048, 1024), (1024, 2048), (2048, 1408), (1408, 2048)];
+const SHAPES: [(usize, usize); 4] = [(2048, 1408), (2048, 1024), (1024, 2048), (1408, 2048)];
 
 #[divan::bench(args = SHAPES, sample_count = 20)]
 fn matvec_w4a16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
@@ -83,9 +90,12 @@ fn matvec_w4a16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
     let ones = storage("w", bytemuck::cast_slice(&[1.0f32; 4]));
     let y = storage("y", &vec![0u8; out * 4]);
     let step = step_buf(1);
+    let kernel = ctx().kernels.q4_down();
+    let mut binds: Vec<&wgpu::Buffer> = vec![&h, &zero, &zero, &pool.chunks[0], &pool.chunks[0], &ones, &y];
+    binds.push(&h);
     let mut prog = Program::default();
-    for _ in 0..REPS {
-        prog.push(ctx(), Kernel::FfnDownQ4, &FfnQ4Params {
+    for _ in 0..reps() {
+        prog.push(ctx(), kernel, &FfnQ4Params {
             hidden: out as u32,
             inter: inp as u32,
             top_k: 1,
@@ -94,10 +104,10 @@ fn matvec_w4a16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
             a_q: (layout.down_q / 16) as u32,
             a_s: (layout.down_s / 4) as u32,
             ..Default::default()
-        }, &step, &[&h, &zero, &zero, &pool.chunks[0], &pool.chunks[0], &ones, &y], [Dim::Const(groups64(out)), Dim::Const(1), Dim::Const(1)]);
+        }, &step, &binds, [Dim::Const(out.div_ceil(kernel.rows_per_workgroup()) as u32), Dim::Const(1), Dim::Const(1)]);
     }
     run(&prog);
-    let bytes = (layout.down.q_bytes() + layout.down.scale_bytes()) * REPS;
+    let bytes = (layout.down.q_bytes() + layout.down.scale_bytes()) * reps();
     bencher.counter(BytesCount::new(bytes)).bench(|| run(&prog));
 }
 
@@ -110,7 +120,7 @@ fn matvec_f16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
     let y = storage("y", &vec![0u8; out * 4]);
     let step = step_buf(1);
     let mut prog = Program::default();
-    for _ in 0..REPS {
+    for _ in 0..reps() {
         for c in &m.chunks {
             prog.push(ctx(), Kernel::Matmul, &MatmulParams {
                 k: inp as u32,
@@ -125,7 +135,7 @@ fn matvec_f16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
         }
     }
     run(&prog);
-    bencher.counter(BytesCount::new(inp * out * 2 * REPS)).bench(|| run(&prog));
+    bencher.counter(BytesCount::new(inp * out * 2 * reps())).bench(|| run(&prog));
 }
 
 /// This machine's memory read bandwidth: sum of a 256 MiB buffer on one core and on all.

@@ -1,10 +1,12 @@
 // W4A16 SwiGLU second half for INT4 experts (layout in src/quant.rs). Two modes:
-// - per slot (flags bit 0 clear): y[t, j, m] = down_e[m] . h[t, j, :] for one top-k index
-//   per invocation row (grid y = top-k indices served);
+// - per slot (flags bit 0 clear): y[t, j, m] = down_e[m] . h[t, j, :] for the top-k
+//   indices j_base .. j_base + grid y;
 // - fused combine (flags bit 0 set): x[t, m] += sum_j w[t, j] * (down_e[m] . h[t, j, :])
 //   over the top-k experts whose slot is in this chunk, so the weighted combine needs no
 //   separate dispatch and no y buffer. Chunks run as successive dispatches, so the
 //   read-modify-write of x never races.
+// Portable variant: one invocation per output row, no subgroup operations
+// (ffn_down_q4_sg.wgsl gives a row to 8 lanes where subgroups exist).
 
 struct Params {
     hidden: u32,       // output rows (H)
@@ -35,34 +37,61 @@ struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 @group(0) @binding(6) var<storage, read> ws: array<u32>;
 @group(0) @binding(7) var<storage, read> weights: array<f32>;
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;
+@group(0) @binding(9) var<storage, read> h4: array<vec4<f32>>;  // h again, as vec4s
 
-fn dot8(w: u32, i: u32) -> f32 {
+// q . a over the 8 columns of one u32 word: its bytes' low nibbles are columns 0..3 (a),
+// high nibbles columns 4..7 (b).
+fn dot8(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
     let lo = vec4<f32>(unpack4xU8(w & 0x0F0F0F0Fu)) - vec4<f32>(8.0);
     let hi = vec4<f32>(unpack4xU8((w >> 4u) & 0x0F0F0F0Fu)) - vec4<f32>(8.0);
-    return dot(lo, vec4<f32>(h[i], h[i + 1u], h[i + 2u], h[i + 3u]))
-         + dot(hi, vec4<f32>(h[i + 4u], h[i + 5u], h[i + 6u], h[i + 7u]));
+    return dot(lo, a) + dot(hi, b);
 }
 
-fn dot32(q: vec4<u32>, i: u32) -> f32 {
-    return dot8(q.x, i) + dot8(q.y, i + 8u) + dot8(q.z, i + 16u) + dot8(q.w, i + 24u);
+// Activation i (< inter) of the row starting at `base`, 0 past the end: neither padding
+// nor the next row may contribute (0 * NaN would).
+fn act(base: u32, k: u32) -> f32 {
+    return select(0.0, h[base + min(k, p.inter - 1u)], k < p.inter);
 }
 
-// down_e[m] . h[t, j, :] for the expert in `slot` (relative to this chunk).
-fn row_dot(rel_slot: u32, m: u32, hb: u32) -> f32 {
-    let sv = rel_slot * p.slot_vec4;
-    let sw = sv * 4u + p.down_s;
+fn act4(base: u32, k: u32) -> vec4<f32> {
+    return vec4<f32>(act(base, k), act(base, k + 1u), act(base, k + 2u), act(base, k + 3u));
+}
+
+// 32 activations from column k0 of the row at `base`, as 8 vec4s: one vec4 load each
+// when the row is 16-byte aligned and whole (llvmpipe checks bounds per load, so fewer,
+// wider loads win), element by element otherwise.
+struct Act32 { a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32> }
+
+fn act32(base: u32, k0: u32) -> Act32 {
+    if (k0 + 32u <= p.inter && (base % 4u) == 0u) {
+        let i = (base + k0) / 4u;
+        return Act32(h4[i], h4[i + 1u], h4[i + 2u], h4[i + 3u], h4[i + 4u], h4[i + 5u], h4[i + 6u], h4[i + 7u]);
+    }
+    return Act32(act4(base, k0), act4(base, k0 + 4u), act4(base, k0 + 8u), act4(base, k0 + 12u),
+                 act4(base, k0 + 16u), act4(base, k0 + 20u), act4(base, k0 + 24u), act4(base, k0 + 28u));
+}
+
+fn dot32(q: vec4<u32>, a: Act32) -> f32 {
+    return dot8(q.x, a.a0, a.a1) + dot8(q.y, a.a2, a.a3) + dot8(q.z, a.a4, a.a5) + dot8(q.w, a.a6, a.a7);
+}
+
+fn scale(word_base: u32, half_index: u32) -> f32 {
+    return unpack2x16float(ws[word_base + half_index / 2u])[half_index % 2u];
+}
+
+// down_e[m] . h[hb ..] for the expert in chunk-relative slot `rel`.
+fn row_dot(rel: u32, m: u32, hb: u32) -> f32 {
+    let sv = rel * p.slot_vec4;
     let nv = (p.inter + 31u) / 32u;
     let nb = (p.inter + 255u) / 256u;
-    let op2 = (p.hidden + 1u) / 2u * 2u;
+    let row = sv + p.down_q + m * nv;
     var acc = 0.0;
     for (var b = 0u; b < nb; b++) {
         var bs = 0.0;
-        let c_end = min(b * 8u + 8u, nv);
-        for (var c = b * 8u; c < c_end; c++) {
-            bs += dot32(wq[sv + p.down_q + c * p.hidden + m], hb + c * 32u);
+        for (var c = b * 8u; c < min(b * 8u + 8u, nv); c++) {
+            bs += dot32(wq[row + c], act32(hb, c * 32u));
         }
-        let idx = b * op2 + m;
-        acc += unpack2x16float(ws[sw + idx / 2u])[idx % 2u] * bs;
+        acc += scale(sv * 4u + p.down_s, m * nb + b) * bs;
     }
     return acc;
 }

@@ -382,9 +382,10 @@ pub fn argmax(logits: &[f32], suppress: &[u32]) -> u32 {
 fn q4_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
     let mut acc = 0.0f64;
     for b in 0..m.blocks() {
+        let cols = b * BLOCK..((b + 1) * BLOCK).min(m.inp);
         let mut bs = 0.0f64;
-        for k in b * BLOCK..((b + 1) * BLOCK).min(m.inp) {
-            bs += (m.nibble(q, n, k) as i32 - 8) as f64 * x[k] as f64;
+        for (k, &xk) in cols.clone().zip(&x[cols]) {
+            bs += (m.nibble(q, n, k) as i32 - 8) as f64 * xk as f64;
         }
         acc += m.scale(s, n, b).to_f64() * bs;
     }

@@ -16,3 +16,4 @@ pub mod quant;
 pub mod convert;
 pub mod eval;
 pub mod inspect;
+pub mod residency;

@@ -86,6 +86,9 @@ struct GpuArgs {
     /// adapter's own limit; exercises the split paths.
     #[arg(long, hide = true)]
     max_binding: Option<u64>,
+    /// Use the portable kernels even where subgroup operations exist.
+    #[arg(long)]
+    portable_kernels: bool,
 }
 
 impl GpuArgs {
@@ -94,6 +97,7 @@ impl GpuArgs {
             backend: self.backend,
             adapter: self.adapter.clone(),
             max_binding: self.max_binding,
+            portable_kernels: self.portable_kernels,
         }
     }
 }

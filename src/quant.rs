@@ -10,15 +10,16 @@
 //!   w'    = q * scale
 //! stored as the nibble q + 8.
 //!
-//! Packed matrix (one [out, in] weight):
-//! - nibbles: `in` padded to a multiple of 32 (one vec4<u32>); vec4 `c` of row `n` is at
-//!   index `c * out + n`, i.e. column-group-major. Consecutive invocations compute
-//!   consecutive rows, so on a GPU their 16-byte loads are adjacent (coalesced).
+//! Packed matrix (one [out, in] weight), row-major:
+//! - nibbles: each row padded to a multiple of 32 columns (one vec4<u32>); vec4 `c` of row
+//!   `n` is at index `n * ceil(in/32) + c`. The kernels give a row to 8 lanes, lane l taking
+//!   vec4 l of every 256-column block, so the 8 lanes of a row read 128 contiguous bytes
+//!   (coalesced on a GPU; on llvmpipe, whose lanes are SIMD, adjacent loads instead of
+//!   gathers), and each lane's vec4 lies in exactly one block: one scale per vec4.
 //!   Word j of vec4 c covers columns 32c + 8j .. 32c + 8j + 7: byte i holds column
 //!   8j + i in its low nibble and column 8j + 4 + i in its high nibble, so one mask and one
 //!   `unpack4xU8` give four consecutive columns. Padding nibbles are 8 (q = 0).
-//! - scales: f16, block-major `[ceil(in/256)][out_pad2]` (out rounded up to even so each
-//!   block row starts on a u32), again adjacent across consecutive rows.
+//! - scales: f16, row-major `[out][ceil(in/256)]`.
 //! Bits per weight: 4 + 16/256 = 4.0625, plus the padding to 32 columns and 16 bytes.
 //!
 //! An INT4 expert slot is gate [I, H], up [I, H], down [H, I]: the three nibble sections,
@@ -65,31 +66,28 @@ impl Q4Matrix {
     pub fn blocks(&self) -> usize {
         self.inp.div_ceil(BLOCK)
     }
-    pub fn out_pad2(&self) -> usize {
-        self.out.div_ceil(2) * 2
-    }
     pub fn q_bytes(&self) -> usize {
         self.vec4_per_row() * self.out * 16
     }
     pub fn scale_bytes(&self) -> usize {
-        (self.blocks() * self.out_pad2() * 2).div_ceil(16) * 16
+        (self.blocks() * self.out * 2).div_ceil(16) * 16
     }
 
     /// Quantise `w` ([out, in], row-major) into `q_out` (q_bytes) and `s_out` (scale_bytes).
     pub fn pack(&self, w: &[f32], q_out: &mut [u8], s_out: &mut [u8]) {
         let (out, inp) = (self.out, self.inp);
         let nv = self.vec4_per_row();
-        let op2 = self.out_pad2();
+        let nb = self.blocks();
         q_out.fill(0x88);
         s_out.fill(0);
         for n in 0..out {
             let (q, scales) = quantize_row(&w[n * inp..(n + 1) * inp]);
             for (b, s) in scales.iter().enumerate() {
-                let at = (b * op2 + n) * 2;
+                let at = (n * nb + b) * 2;
                 s_out[at..at + 2].copy_from_slice(&s.to_le_bytes());
             }
             for c in 0..nv {
-                let base = (c * out + n) * 16;
+                let base = (n * nv + c) * 16;
                 for j in 0..4 {
                     for i in 0..4 {
                         let col = c * 32 + j * 8 + i;
@@ -107,7 +105,7 @@ impl Q4Matrix {
         let c = k / 32;
         let j = (k % 32) / 8;
         let r = k % 8;
-        let byte = q[(c * self.out + n) * 16 + j * 4 + (r % 4)];
+        let byte = q[(n * self.vec4_per_row() + c) * 16 + j * 4 + (r % 4)];
         if r < 4 {
             byte & 0xF
         } else {
@@ -116,7 +114,7 @@ impl Q4Matrix {
     }
 
     pub fn scale(&self, s: &[u8], n: usize, block: usize) -> f16 {
-        let at = (block * self.out_pad2() + n) * 2;
+        let at = (n * self.blocks() + block) * 2;
         f16::from_le_bytes([s[at], s[at + 1]])
     }
 
@@ -167,7 +165,7 @@ impl Q4SlotLayout {
     /// A one-line description stored in converted files and checked on load.
     pub fn describe(&self) -> String {
         format!(
-            "int4-b256 slot: hidden {} inter {}; nibble vec4 [in/32][out] gate@{} up@{} down@{}; f16 scales [blocks][out_pad2] gate@{} up@{} down@{}; {} bytes",
+            "int4-b256 slot v2: hidden {} inter {}; nibble vec4 row-major [out][in/32] gate@{} up@{} down@{}; f16 scales [out][blocks] gate@{} up@{} down@{}; {} bytes",
             self.hidden, self.inter, self.gate_q, self.up_q, self.down_q, self.gate_s, self.up_s, self.down_s, self.bytes
         )
     }

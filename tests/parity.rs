@@ -40,10 +40,12 @@ struct Setup {
     executor: Executor,
     chunk: usize,
     max_binding: Option<u64>,
+    /// Portable kernels even where subgroups exist.
+    portable: bool,
 }
 
-const F16: Setup = Setup { precision: ExpertPrecision::F16, executor: Executor::Grouped, chunk: 64, max_binding: None };
-const INT4: Setup = Setup { precision: ExpertPrecision::Int4, executor: Executor::Grouped, chunk: 64, max_binding: None };
+const F16: Setup = Setup { precision: ExpertPrecision::F16, executor: Executor::Grouped, chunk: 64, max_binding: None, portable: false };
+const INT4: Setup = Setup { precision: ExpertPrecision::Int4, executor: Executor::Grouped, chunk: 64, max_binding: None, portable: false };
 
 fn load(name: &str, max_context: usize, s: Setup) -> Engine {
     load_dir(&fixture(name), max_context, s)
@@ -53,7 +55,7 @@ fn load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> Engine {
     init_env();
     let name = dir.display();
     Engine::load(dir, &EngineOptions {
-        adapter: AdapterRequest { max_binding: s.max_binding, ..Default::default() },
+        adapter: AdapterRequest { max_binding: s.max_binding, portable_kernels: s.portable, ..Default::default() },
         expert_precision: s.precision,
         executor: s.executor,
         max_context,
@@ -134,6 +136,13 @@ fn olmoe_int4_matches_transformers_on_int4_weights() {
 fn qwen2moe_int4_matches_transformers_on_int4_weights() {
     check_fixture("qwen2moe-tiny", INT4);
     check_fixture("qwen2moe-tiny", Setup { executor: Executor::PerExpert, ..INT4 });
+}
+
+/// The portable W4A16 kernels (no subgroup operations) give the same results.
+#[test]
+fn portable_int4_kernels_match_transformers() {
+    check_fixture("olmoe-tiny", Setup { portable: true, ..INT4 });
+    check_fixture("qwen2moe-tiny", Setup { portable: true, executor: Executor::PerExpert, ..INT4 });
 }
 
 #[test]

@@ -34,6 +34,8 @@ pub struct AdapterRequest {
     /// Cap on the storage binding size used to split tensors (bytes). Lets tests and
     /// users exercise the split paths on small models; never raises the adapter's limit.
     pub max_binding: Option<u64>,
+    /// Force the portable kernels even where subgroup operations exist (tests, A/B).
+    pub portable_kernels: bool,
 }
 
 /// Bytes currently allocated by the runtime on the GPU, and the peak.
@@ -175,7 +177,7 @@ pub struct GpuContext {
     pub tracker: Arc<MemTracker>,
     max_binding_cap: Option<u64>,
     errors: Arc<Mutex<Vec<String>>>,
-    pub(crate) kernels: super::kernels::Kernels,
+    pub kernels: super::kernels::Kernels,
 }
 
 impl GpuContext {
@@ -224,7 +226,11 @@ impl GpuContext {
                 v.push(e.to_string());
             }
         }));
-        let kernels = super::kernels::Kernels::new(&device);
+        // Subgroup kernels give each row to 8 lanes of one subgroup.
+        let subgroups = features.contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size >= 8
+            && !req.portable_kernels;
+        let kernels = super::kernels::Kernels::new(&device, subgroups);
         Ok(GpuContext {
             device,
             queue,
@@ -264,8 +270,9 @@ impl GpuContext {
     }
 
     pub fn buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> GpuBuffer {
-        // wgpu rejects zero-sized bindings; the smallest buffer is one vec4.
-        let size = size.max(16).div_ceil(4) * 4;
+        // wgpu rejects zero-sized bindings, and any buffer may be viewed as vec4s: sizes
+        // are whole vec4s.
+        let size = size.max(16).div_ceil(16) * 16;
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,

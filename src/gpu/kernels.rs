@@ -18,10 +18,12 @@ pub enum Kernel {
     Argmax,
     FfnGateUpQ4,
     FfnDownQ4,
+    FfnGateUpQ4Sg,
+    FfnDownQ4Sg,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 14] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -34,6 +36,8 @@ impl Kernel {
         Kernel::Argmax,
         Kernel::FfnGateUpQ4,
         Kernel::FfnDownQ4,
+        Kernel::FfnGateUpQ4Sg,
+        Kernel::FfnDownQ4Sg,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +54,8 @@ impl Kernel {
             Kernel::Argmax => "argmax",
             Kernel::FfnGateUpQ4 => "ffn_gate_up_q4",
             Kernel::FfnDownQ4 => "ffn_down_q4",
+            Kernel::FfnGateUpQ4Sg => "ffn_gate_up_q4_sg",
+            Kernel::FfnDownQ4Sg => "ffn_down_q4_sg",
         }
     }
 
@@ -67,10 +73,27 @@ impl Kernel {
             Kernel::Argmax => include_str!("../../shaders/argmax.wgsl"),
             Kernel::FfnGateUpQ4 => include_str!("../../shaders/ffn_gate_up_q4.wgsl"),
             Kernel::FfnDownQ4 => include_str!("../../shaders/ffn_down_q4.wgsl"),
+            Kernel::FfnGateUpQ4Sg => include_str!("../../shaders/ffn_gate_up_q4_sg.wgsl"),
+            Kernel::FfnDownQ4Sg => include_str!("../../shaders/ffn_down_q4_sg.wgsl"),
         }
     }
 
     /// Size in bytes of the kernel's `Params` struct on the Rust side.
+    /// Whether the kernel uses subgroup operations (built only where SUBGROUP exists with
+    /// subgroups of at least 8 lanes).
+    pub fn needs_subgroups(self) -> bool {
+        matches!(self, Kernel::FfnGateUpQ4Sg | Kernel::FfnDownQ4Sg)
+    }
+
+    /// Output rows one workgroup computes (the grid's x dimension is ceil(rows / this)).
+    pub fn rows_per_workgroup(self) -> usize {
+        if self.needs_subgroups() {
+            8
+        } else {
+            64
+        }
+    }
+
     pub fn params_size(self) -> usize {
         use std::mem::size_of;
         match self {
@@ -84,7 +107,9 @@ impl Kernel {
             Kernel::FfnDown => size_of::<FfnDownParams>(),
             Kernel::MoeCombine => size_of::<MoeCombineParams>(),
             Kernel::Argmax => size_of::<ArgmaxParams>(),
-            Kernel::FfnGateUpQ4 | Kernel::FfnDownQ4 => size_of::<FfnQ4Params>(),
+            Kernel::FfnGateUpQ4 | Kernel::FfnDownQ4 | Kernel::FfnGateUpQ4Sg | Kernel::FfnDownQ4Sg => {
+                size_of::<FfnQ4Params>()
+            }
         }
     }
 }
@@ -274,12 +299,15 @@ pub struct ArgmaxParams {
 /// Compiled pipelines, one per kernel, built once per device.
 pub struct Kernels {
     pipelines: Vec<(Kernel, wgpu::ComputePipeline)>,
+    subgroups: bool,
 }
 
 impl Kernels {
-    pub fn new(device: &wgpu::Device) -> Self {
+    /// `subgroups`: build the subgroup variants and prefer them.
+    pub fn new(device: &wgpu::Device, subgroups: bool) -> Self {
         let pipelines = Kernel::ALL
             .iter()
+            .filter(|k| subgroups || !k.needs_subgroups())
             .map(|&k| {
                 let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(k.name()),
@@ -296,11 +324,27 @@ impl Kernels {
                 (k, pipeline)
             })
             .collect();
-        Kernels { pipelines }
+        Kernels { pipelines, subgroups }
     }
 
     pub fn pipeline(&self, k: Kernel) -> &wgpu::ComputePipeline {
-        // Every kernel is built in `new`, so the lookup cannot miss.
-        &self.pipelines[Kernel::ALL.iter().position(|&x| x == k).unwrap_or(0)].1
+        // Every kernel the device can run is built in `new`, and `q4_gate_up`/`q4_down`
+        // only hand out subgroup kernels when they were built.
+        let i = self.pipelines.iter().position(|(x, _)| *x == k).unwrap_or(0);
+        &self.pipelines[i].1
+    }
+
+    pub fn uses_subgroups(&self) -> bool {
+        self.subgroups
+    }
+
+    /// The W4A16 gate/up kernel for this device.
+    pub fn q4_gate_up(&self) -> Kernel {
+        if self.subgroups { Kernel::FfnGateUpQ4Sg } else { Kernel::FfnGateUpQ4 }
+    }
+
+    /// The W4A16 down kernel for this device.
+    pub fn q4_down(&self) -> Kernel {
+        if self.subgroups { Kernel::FfnDownQ4Sg } else { Kernel::FfnDownQ4 }
     }
 }

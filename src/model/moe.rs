@@ -7,6 +7,17 @@ use crate::gpu::tensor::{ExpertPool, ExpertStore, Q4Pool};
 use crate::gpu::GpuContext;
 use crate::model::forward::Executor;
 
+/// The W4A16 kernels bind their activations a second time, as vec4s.
+fn q4_bindings<'b>(_k: Kernel, base: &[&'b wgpu::Buffer], act: &'b wgpu::Buffer) -> Vec<&'b wgpu::Buffer> {
+    let mut v = base.to_vec();
+    v.push(act);
+    v
+}
+
+fn groups(rows: usize, k: Kernel) -> u32 {
+    rows.div_ceil(k.rows_per_workgroup()) as u32
+}
+
 /// The buffers a layer's expert dispatches read and write.
 pub struct MoeDispatch<'a> {
     pub ctx: &'a GpuContext,
@@ -108,7 +119,8 @@ impl MoeDispatch<'_> {
         let l = &pool.layout;
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let first = ci * pool.slots_per_chunk;
-            prog.push(self.ctx, Kernel::FfnGateUpQ4, &FfnQ4Params {
+            let kernel = self.ctx.kernels.q4_gate_up();
+            prog.push(self.ctx, kernel, &FfnQ4Params {
                 hidden: self.hidden as u32,
                 inter: l.inter as u32,
                 top_k: self.top_k as u32,
@@ -123,7 +135,7 @@ impl MoeDispatch<'_> {
                 b_s: (l.up_s / 4) as u32,
                 flags: 0,
                 _pad: [0; 3],
-            }, self.step, &[self.xn, self.topk_ids, slot_of, chunk, chunk, self.hbuf], [Dim::Const(groups64(l.inter)), Dim::Const(js.1 as u32), Dim::Tokens]);
+            }, self.step, &q4_bindings(kernel, &[self.xn, self.topk_ids, slot_of, chunk, chunk, self.hbuf], self.xn), [Dim::Const(groups(l.inter, kernel)), Dim::Const(js.1 as u32), Dim::Tokens]);
         }
     }
 
@@ -136,7 +148,8 @@ impl MoeDispatch<'_> {
                 Some((j0, n)) => (0, j0, n, self.y),
                 None => (Q4_DOWN_FUSED_COMBINE, 0, 1, self.x),
             };
-            prog.push(self.ctx, Kernel::FfnDownQ4, &FfnQ4Params {
+            let kernel = self.ctx.kernels.q4_down();
+            prog.push(self.ctx, kernel, &FfnQ4Params {
                 hidden: self.hidden as u32,
                 inter: l.inter as u32,
                 top_k: self.top_k as u32,
@@ -151,7 +164,7 @@ impl MoeDispatch<'_> {
                 b_s: 0,
                 flags,
                 _pad: [0; 3],
-            }, self.step, &[self.hbuf, self.topk_ids, slot_of, chunk, chunk, self.topk_w, out], [Dim::Const(groups64(self.hidden)), Dim::Const(ny as u32), Dim::Tokens]);
+            }, self.step, &q4_bindings(kernel, &[self.hbuf, self.topk_ids, slot_of, chunk, chunk, self.topk_w, out], self.hbuf), [Dim::Const(groups(self.hidden, kernel)), Dim::Const(ny as u32), Dim::Tokens]);
         }
     }
 }

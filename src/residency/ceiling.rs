@@ -1,0 +1,343 @@
+//! What a policy could achieve at best, and a simulator to compare policies against it.
+//!
+//! - [`belady`]: Belady's optimal offline policy on a trace of routed groups (evict the
+//!   resident expert, outside the current group, whose next use is farthest away).
+//! - [`frequency_ceiling`]: for a static placement, the sum of the `capacity` largest access
+//!   probabilities.
+//! - [`simulate`]: the real [`ExpertCache`] driven by a policy on a trace, with a fence that
+//!   completes immediately.
+//!
+//! All three count the same way: every distinct expert of a group is one access, a hit if it
+//! was resident, a miss otherwise; cold misses count; evictions happen only when full.
+
+use std::collections::HashMap;
+
+use super::cache::{CacheConfig, ExpertCache};
+use super::error::ConfigError;
+use super::fence::MockFence;
+use super::policy::Policy;
+
+/// Outcome of running a trace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+}
+
+impl SimStats {
+    /// hits / (hits + misses); 0 for an empty trace.
+    pub fn hit_rate(&self) -> f64 {
+        let total = self.hits + self.misses;
+        if total == 0 {
+            0.0
+        } else {
+            self.hits as f64 / total as f64
+        }
+    }
+}
+
+fn distinct(group: &[u32]) -> Vec<u32> {
+    let mut d: Vec<u32> = Vec::with_capacity(group.len());
+    for &e in group {
+        if !d.contains(&e) {
+            d.push(e);
+        }
+    }
+    d
+}
+
+fn check_groups(groups: &[Vec<u32>], capacity: usize) -> Result<(), ConfigError> {
+    match groups.iter().position(|g| g.len() > capacity) {
+        Some(t) => Err(ConfigError::new(format!(
+            "step {t} wants {} distinct experts but the capacity is {capacity}",
+            groups[t].len()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Belady's optimal policy on `trace` (per step, the group wanted by one layer) with
+/// `capacity` resident experts.
+pub fn belady(trace: &[Vec<u32>], capacity: usize) -> Result<SimStats, ConfigError> {
+    let groups: Vec<Vec<u32>> = trace.iter().map(|g| distinct(g)).collect();
+    check_groups(&groups, capacity)?;
+    // next_use[t][i]: the next step after t that wants groups[t][i] (u64::MAX: never).
+    let mut next_use: Vec<Vec<u64>> = vec![Vec::new(); groups.len()];
+    let mut seen: HashMap<u32, u64> = HashMap::new();
+    for t in (0..groups.len()).rev() {
+        next_use[t] = groups[t]
+            .iter()
+            .map(|e| seen.get(e).copied().unwrap_or(u64::MAX))
+            .collect();
+        for &e in &groups[t] {
+            seen.insert(e, t as u64);
+        }
+    }
+    let mut resident: HashMap<u32, u64> = HashMap::new(); // expert -> its next use
+    let mut stats = SimStats::default();
+    for (t, group) in groups.iter().enumerate() {
+        let misses: Vec<u32> = group
+            .iter()
+            .copied()
+            .filter(|e| !resident.contains_key(e))
+            .collect();
+        stats.hits += (group.len() - misses.len()) as u64;
+        stats.misses += misses.len() as u64;
+        let need = (resident.len() + misses.len()).saturating_sub(capacity);
+        for _ in 0..need {
+            let victim = resident
+                .iter()
+                .filter(|(e, _)| !group.contains(e))
+                .max_by_key(|&(&e, &next)| (next, std::cmp::Reverse(e)))
+                .map(|(&e, _)| e);
+            if let Some(v) = victim {
+                resident.remove(&v);
+                stats.evictions += 1;
+            }
+        }
+        for (i, &e) in group.iter().enumerate() {
+            resident.insert(e, next_use[t][i]);
+        }
+    }
+    Ok(stats)
+}
+
+/// Belady's hit rate on `trace` with `capacity` resident experts.
+pub fn belady_hit_rate(trace: &[Vec<u32>], capacity: usize) -> Result<f64, ConfigError> {
+    belady(trace, capacity).map(|s| s.hit_rate())
+}
+
+/// The hit rate of the best static placement: the sum of the `capacity` largest
+/// `probabilities` (each expert's share of the layer's accesses; non-finite or negative
+/// values count as 0).
+pub fn frequency_ceiling(probabilities: &[f64], capacity: usize) -> f64 {
+    let mut p: Vec<f64> = probabilities
+        .iter()
+        .map(|&x| if x.is_finite() && x > 0.0 { x } else { 0.0 })
+        .collect();
+    p.sort_by(|a, b| b.total_cmp(a));
+    p.iter().take(capacity).sum()
+}
+
+/// Under uniform routing, the expected number of distinct experts `tokens` tokens touch:
+/// `E * (1 - (1 - k/E)^n)`.
+pub fn expected_experts_touched(num_experts: usize, top_k: usize, tokens: u64) -> f64 {
+    if num_experts == 0 {
+        return 0.0;
+    }
+    let e = num_experts as f64;
+    let miss = 1.0 - (top_k as f64 / e).min(1.0);
+    e * (1.0 - miss.powf(tokens as f64))
+}
+
+/// Runs the real [`ExpertCache`] of `layer` on `trace` with `policy` (the fence completes
+/// every submission at once, so `NotNow` never happens). Spares: the largest group size.
+pub fn simulate(
+    layer: usize,
+    trace: &[Vec<u32>],
+    num_experts: usize,
+    capacity: usize,
+    policy: &mut dyn Policy,
+) -> Result<SimStats, ConfigError> {
+    let top_k = trace
+        .iter()
+        .map(|g| distinct(g).len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let config = CacheConfig::partial(layer, num_experts, top_k, capacity);
+    let mut cache = ExpertCache::<MockFence>::new(config)?;
+    let mut fence = MockFence::new();
+    let fail = |t: usize, e: &dyn std::fmt::Display| ConfigError::new(format!("step {t}: {e}"));
+    for (t, group) in trace.iter().enumerate() {
+        let plan = cache.plan(group, policy, &fence).map_err(|e| fail(t, &e))?;
+        if !plan.is_all_hits() {
+            let copy = fence.submit();
+            cache
+                .complete_uploads(&plan, copy)
+                .map_err(|e| fail(t, &e))?;
+        }
+        cache.publish(&plan, policy).map_err(|e| fail(t, &e))?;
+        let read = fence.submit();
+        cache
+            .mark_read(plan.wanted(), read)
+            .map_err(|e| fail(t, &e))?;
+        fence.complete_all();
+    }
+    let s = cache.stats();
+    Ok(SimStats {
+        hits: s.hits,
+        misses: s.misses,
+        evictions: s.evictions,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::policy::{LfuDecay, Lru, StaticProfile};
+    use super::super::profile::Profile;
+    use super::super::testutil::{zipf_trace, Rng};
+    use super::*;
+
+    fn singles(refs: &[u32]) -> Vec<Vec<u32>> {
+        refs.iter().map(|&r| vec![r]).collect()
+    }
+
+    /// The textbook reference string (Silberschatz): 3 frames, OPT 9 faults, LRU 12.
+    const TEXTBOOK: [u32; 20] = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1];
+
+    #[test]
+    fn belady_and_lru_match_the_textbook() {
+        let trace = singles(&TEXTBOOK);
+        let opt = belady(&trace, 3).unwrap();
+        assert_eq!((opt.misses, opt.hits), (9, 11));
+        assert_eq!(opt.evictions, 6);
+        let lru = simulate(0, &trace, 8, 3, &mut Lru::new()).unwrap();
+        assert_eq!((lru.misses, lru.hits), (12, 8));
+        assert_eq!(lru.evictions, 9);
+        assert!((belady_hit_rate(&trace, 3).unwrap() - 11.0 / 20.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn infeasible_traces_are_errors_and_empty_ones_are_zero() {
+        assert!(belady(&[vec![0, 1, 2]], 2).is_err());
+        assert!(simulate(0, &[vec![0, 1, 2]], 4, 2, &mut Lru::new()).is_err());
+        assert_eq!(belady_hit_rate(&[], 2).unwrap(), 0.0);
+    }
+
+    /// Exhaustive optimum over every eviction choice (dynamic programming over resident sets).
+    fn brute_force_min_misses(trace: &[Vec<u32>], capacity: usize) -> u64 {
+        use std::collections::BTreeMap;
+        let mut states: BTreeMap<u64, u64> = BTreeMap::from([(0u64, 0u64)]);
+        for group in trace {
+            let g = distinct(group);
+            let gmask: u64 = g.iter().fold(0, |m, &e| m | 1 << e);
+            let mut next: BTreeMap<u64, u64> = BTreeMap::new();
+            for (&set, &cost) in &states {
+                let missing = (gmask & !set).count_ones() as usize;
+                let need = (set.count_ones() as usize + missing).saturating_sub(capacity);
+                let evictable: Vec<u64> = (0..64).filter(|&e| set & !gmask & 1 << e != 0).collect();
+                // Every subset of `evictable` of size `need`.
+                let n = evictable.len();
+                for sub in 0u64..1 << n {
+                    if sub.count_ones() as usize != need {
+                        continue;
+                    }
+                    let mut s = set;
+                    for (i, &e) in evictable.iter().enumerate() {
+                        if sub & 1 << i != 0 {
+                            s &= !(1 << e);
+                        }
+                    }
+                    s |= gmask;
+                    let c = cost + missing as u64;
+                    let entry = next.entry(s).or_insert(u64::MAX);
+                    *entry = (*entry).min(c);
+                }
+            }
+            states = next;
+        }
+        states.values().copied().min().unwrap_or(0)
+    }
+
+    #[test]
+    fn belady_is_optimal_on_small_grouped_traces() {
+        let mut rng = Rng::new(11);
+        for case in 0..300 {
+            let e = 4 + rng.below(4);
+            let k = 1 + rng.below(3);
+            let cap = k + rng.below(e - k + 1);
+            let steps = 4 + rng.below(14);
+            let trace: Vec<Vec<u32>> = (0..steps)
+                .map(|_| {
+                    let n = 1 + rng.below(k);
+                    (0..n).map(|_| rng.below(e) as u32).collect()
+                })
+                .collect();
+            let opt = belady(&trace, cap).unwrap();
+            assert_eq!(
+                opt.misses,
+                brute_force_min_misses(&trace, cap),
+                "case {case}: E={e} cap={cap} {trace:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn belady_bounds_every_policy_on_skewed_traces() {
+        let mut rng = Rng::new(42);
+        let (e, k) = (32usize, 4usize);
+        for s in [0.0, 0.8, 1.2] {
+            let trace = zipf_trace(&mut rng, 3_000, e, k, s);
+            let mut prof = Profile::new("zipf", 1, e);
+            for g in &trace {
+                prof.record_group(0, g);
+            }
+            for cap in [k, 8, 16, 24, e] {
+                let opt = belady(&trace, cap).unwrap();
+                let runs = [
+                    simulate(0, &trace, e, cap, &mut Lru::new()).unwrap(),
+                    simulate(0, &trace, e, cap, &mut LfuDecay::new(0.95).unwrap()).unwrap(),
+                    simulate(0, &trace, e, cap, &mut LfuDecay::new(1.0).unwrap()).unwrap(),
+                    simulate(0, &trace, e, cap, &mut StaticProfile::new(&prof, cap)).unwrap(),
+                ];
+                for r in runs {
+                    assert_eq!(r.hits + r.misses, opt.hits + opt.misses);
+                    assert!(
+                        opt.hit_rate() >= r.hit_rate(),
+                        "s={s} cap={cap}: belady {} < {}",
+                        opt.hit_rate(),
+                        r.hit_rate()
+                    );
+                }
+                if cap == e {
+                    // Full residency: only cold misses, for everyone.
+                    assert_eq!(opt.misses, runs[0].misses);
+                    assert_eq!(runs[0].evictions, 0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn skew_makes_caching_pay() {
+        // On a skewed trace the frequency-aware policies beat the uniform ratio C/E clearly.
+        let mut rng = Rng::new(5);
+        let (e, k, cap) = (64usize, 8usize, 32usize);
+        let trace = zipf_trace(&mut rng, 4_000, e, k, 1.2);
+        let lfu = simulate(0, &trace, e, cap, &mut LfuDecay::new(0.99).unwrap()).unwrap();
+        assert!(
+            lfu.hit_rate() > cap as f64 / e as f64 + 0.1,
+            "{}",
+            lfu.hit_rate()
+        );
+    }
+
+    #[test]
+    fn frequency_ceiling_sums_the_largest_probabilities() {
+        let p = [0.1, 0.4, 0.2, 0.3];
+        assert!((frequency_ceiling(&p, 2) - 0.7).abs() < 1e-12);
+        assert!((frequency_ceiling(&p, 1) - 0.4).abs() < 1e-12);
+        assert_eq!(frequency_ceiling(&p, 0), 0.0);
+        assert!((frequency_ceiling(&p, 10) - 1.0).abs() < 1e-12);
+        assert!((frequency_ceiling(&[0.5, f64::NAN, -1.0, 0.25], 2) - 0.75).abs() < 1e-12);
+        // Uniform routing: a cache is only a smaller copy, C/E.
+        let uniform = vec![1.0 / 64.0; 64];
+        assert!((frequency_ceiling(&uniform, 16) - 0.25).abs() < 1e-12);
+        // From a profile.
+        let mut prof = Profile::new("m", 1, 4);
+        prof.counts[0] = vec![1, 4, 2, 3];
+        assert!((frequency_ceiling(&prof.probabilities(0), 2) - 0.7).abs() < 1e-12);
+    }
+
+    #[test]
+    fn experts_touched_under_uniform_routing() {
+        assert_eq!(expected_experts_touched(64, 8, 0), 0.0);
+        assert!((expected_experts_touched(64, 8, 1) - 8.0).abs() < 1e-9);
+        // OLMoE: 64 experts, top-8, 16 tokens touch about 56.5.
+        let t = expected_experts_touched(64, 8, 16);
+        assert!((t - 64.0 * (1.0 - (56.0f64 / 64.0).powi(16))).abs() < 1e-9);
+        assert!(expected_experts_touched(64, 64, 3) == 64.0);
+    }
+}

@@ -1,0 +1,37 @@
+//! Expert residency, the GPU-independent core (DESIGN.md §3, issue 4).
+//!
+//! - [`Fence`]: has a submission retired? ([`MockFence`] for tests and simulation.)
+//! - [`ExpertCache`]: one layer's slots and its generation-versioned expert -> slot table;
+//!   plan / upload / publish-or-abort for each routed group.
+//! - [`StagingPool`]: the bounded pool of staging buffers, reused only after their copy's fence.
+//! - [`Policy`]: [`Lru`], [`LfuDecay`], [`StaticProfile`] (from a [`Profile`]).
+//! - Ceilings: [`belady`], [`frequency_ceiling`], and [`simulate`] to compare policies.
+//!
+//! Nothing here touches a GPU; the wgpu side supplies a `Fence` over submission indices,
+//! performs the copies a [`Plan`] lists and uploads [`SlotTable::words`] at publication.
+
+mod cache;
+mod ceiling;
+mod error;
+mod fence;
+mod policy;
+mod profile;
+mod staging;
+
+#[cfg(test)]
+mod cache_tests;
+#[cfg(test)]
+mod testutil;
+
+pub use cache::{
+    AbortReport, CacheConfig, CacheStats, ExpertCache, Placement, Plan, SlotInfo, SlotState,
+    SlotTable, NO_SLOT,
+};
+pub use ceiling::{
+    belady, belady_hit_rate, expected_experts_touched, frequency_ceiling, simulate, SimStats,
+};
+pub use error::{CacheError, ConfigError, StagingError};
+pub use fence::{Fence, MockFence};
+pub use policy::{build_policy, LfuDecay, Lru, Policy, PolicyKind, StaticProfile};
+pub use profile::Profile;
+pub use staging::{StagingPool, StagingStats};
