@@ -31,18 +31,21 @@ fn halves(v: vec4<u32>) -> array<vec4<f32>, 2> {
                                vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
 }
 
+// One input, 0 past the end: neither padding nor the next row may contribute. (No
+// dynamically indexed private array: llvmpipe gives those scratch memory per dispatch.)
+fn hk(base: u32, k: u32) -> f32 {
+    return select(0.0, h[base + min(k, p.inter - 1u)], k < p.inter);
+}
+
 fn h8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
-    var r = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
     if (k0 + 8u <= p.inter) {
         let i = base + k0;
-        r[0] = vec4<f32>(h[i], h[i + 1u], h[i + 2u], h[i + 3u]);
-        r[1] = vec4<f32>(h[i + 4u], h[i + 5u], h[i + 6u], h[i + 7u]);
-    } else {
-        for (var j = 0u; j < 8u; j++) {
-            if (k0 + j < p.inter) { r[j / 4u][j % 4u] = h[base + k0 + j]; }
-        }
+        return array<vec4<f32>, 2>(vec4<f32>(h[i], h[i + 1u], h[i + 2u], h[i + 3u]),
+                                   vec4<f32>(h[i + 4u], h[i + 5u], h[i + 6u], h[i + 7u]));
     }
-    return r;
+    return array<vec4<f32>, 2>(
+        vec4<f32>(hk(base, k0), hk(base, k0 + 1u), hk(base, k0 + 2u), hk(base, k0 + 3u)),
+        vec4<f32>(hk(base, k0 + 4u), hk(base, k0 + 5u), hk(base, k0 + 6u), hk(base, k0 + 7u)));
 }
 
 @compute @workgroup_size(64)

@@ -34,18 +34,21 @@ fn halves(v: vec4<u32>) -> array<vec4<f32>, 2> {
                                vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
 }
 
+// One input, 0 past the end: neither padding nor the next row may contribute. (No
+// dynamically indexed private array: llvmpipe gives those scratch memory per dispatch.)
+fn xk(base: u32, k: u32) -> f32 {
+    return select(0.0, x[base + min(k, p.hidden - 1u)], k < p.hidden);
+}
+
 fn x8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
-    var r = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
     if (k0 + 8u <= p.hidden) {
         let i = base + k0;
-        r[0] = vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
-        r[1] = vec4<f32>(x[i + 4u], x[i + 5u], x[i + 6u], x[i + 7u]);
-    } else {
-        for (var j = 0u; j < 8u; j++) {
-            if (k0 + j < p.hidden) { r[j / 4u][j % 4u] = x[base + k0 + j]; }
-        }
+        return array<vec4<f32>, 2>(vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]),
+                                   vec4<f32>(x[i + 4u], x[i + 5u], x[i + 6u], x[i + 7u]));
     }
-    return r;
+    return array<vec4<f32>, 2>(
+        vec4<f32>(xk(base, k0), xk(base, k0 + 1u), xk(base, k0 + 2u), xk(base, k0 + 3u)),
+        vec4<f32>(xk(base, k0 + 4u), xk(base, k0 + 5u), xk(base, k0 + 6u), xk(base, k0 + 7u)));
 }
 
 @compute @workgroup_size(64)

@@ -42,14 +42,17 @@ fn x8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
         vec4<f32>(x[i + 4u], x[i + 5u], x[i + 6u], x[i + 7u]));
 }
 
-// The last, partial group of 8 inputs: zero the lanes past k so that neither padding nor
-// the next row's activations contribute.
+// The last, partial group of 8 inputs: lanes past k are zero so that neither padding nor
+// the next row's activations contribute. (No dynamically indexed private array: llvmpipe
+// gives those scratch memory per dispatch, and Mesa 22.3 does not free it.)
+fn xk(base: u32, k: u32) -> f32 {
+    return select(0.0, x[base + min(k, p.k - 1u)], k < p.k);
+}
+
 fn x8_tail(base: u32, k0: u32) -> array<vec4<f32>, 2> {
-    var r = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
-    for (var j = 0u; j < 8u; j++) {
-        if (k0 + j < p.k) { r[j / 4u][j % 4u] = x[base + k0 + j]; }
-    }
-    return r;
+    return array<vec4<f32>, 2>(
+        vec4<f32>(xk(base, k0), xk(base, k0 + 1u), xk(base, k0 + 2u), xk(base, k0 + 3u)),
+        vec4<f32>(xk(base, k0 + 4u), xk(base, k0 + 5u), xk(base, k0 + 6u), xk(base, k0 + 7u)));
 }
 
 @compute @workgroup_size(64)

@@ -40,16 +40,74 @@ pub fn experts_tensor(layer: usize) -> String {
 
 /// A 64-bit checksum fast enough to run over gigabytes at load (one multiply per 8 bytes).
 pub fn fast_hash(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ bytes.len() as u64;
-    let mut chunks = bytes.chunks_exact(8);
-    for c in &mut chunks {
+    let mut h = FastHasher::new(bytes.len() as u64);
+    h.update(bytes);
+    h.finish()
+}
+
+/// `fast_hash` computed incrementally, for data written in pieces. The total length is part
+/// of the hash's seed, so it must be known up front.
+#[derive(Clone, Debug)]
+pub struct FastHasher {
+    h: u64,
+    carry: [u8; 8],
+    n_carry: usize,
+    total: u64,
+    seen: u64,
+}
+
+impl FastHasher {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+
+    pub fn new(total_len: u64) -> Self {
+        FastHasher { h: 0xcbf2_9ce4_8422_2325 ^ total_len, carry: [0; 8], n_carry: 0, total: total_len, seen: 0 }
+    }
+
+    fn word(&mut self, c: &[u8]) {
         let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-        h = (h ^ w).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
+        self.h = (self.h ^ w).wrapping_mul(Self::PRIME).rotate_left(29);
     }
-    for &b in chunks.remainder() {
-        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+
+    pub fn update(&mut self, mut bytes: &[u8]) {
+        self.seen += bytes.len() as u64;
+        if self.n_carry > 0 {
+            let take = (8 - self.n_carry).min(bytes.len());
+            self.carry[self.n_carry..self.n_carry + take].copy_from_slice(&bytes[..take]);
+            self.n_carry += take;
+            bytes = &bytes[take..];
+            if self.n_carry < 8 {
+                return;
+            }
+            let c = self.carry;
+            self.word(&c);
+            self.n_carry = 0;
+        }
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.word(c);
+        }
+        let rest = chunks.remainder();
+        self.carry[..rest.len()].copy_from_slice(rest);
+        self.n_carry = rest.len();
     }
-    h ^ (h >> 32)
+
+    /// Bytes hashed so far.
+    pub fn seen(&self) -> u64 {
+        self.seen
+    }
+
+    /// The hash; `None` when the bytes seen are not the length given to `new`.
+    pub fn try_finish(&self) -> Option<u64> {
+        (self.seen == self.total).then(|| self.finish())
+    }
+
+    pub fn finish(&self) -> u64 {
+        let mut h = self.h;
+        for &b in &self.carry[..self.n_carry] {
+            h = (h ^ b as u64).wrapping_mul(Self::PRIME);
+        }
+        h ^ (h >> 32)
+    }
 }
 
 pub fn is_converted(ckpt: &Checkpoint) -> bool {
@@ -166,11 +224,272 @@ pub struct ConvertSummary {
     pub expert_int4_bytes: u64,
 }
 
-struct Planned {
-    name: String,
-    dtype: &'static str,
-    shape: Vec<usize>,
-    bytes: usize,
+/// One tensor of a safetensors file written by `SafetensorsStream`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedTensor {
+    pub name: String,
+    /// safetensors dtype name: "F16", "BF16", "F32", "U8".
+    pub dtype: &'static str,
+    pub shape: Vec<usize>,
+    pub bytes: usize,
+}
+
+impl PlannedTensor {
+    pub fn new(name: impl Into<String>, dtype: &'static str, shape: Vec<usize>) -> Self {
+        let size = match dtype {
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            "F64" | "I64" | "U64" => 8,
+            _ => 1,
+        };
+        let bytes = shape.iter().product::<usize>() * size;
+        PlannedTensor { name: name.into(), dtype, shape, bytes }
+    }
+}
+
+/// A safetensors file written tensor by tensor, in the order of a plan fixed up front, so
+/// no tensor (let alone the model) needs to be held in memory whole: a tensor's bytes may
+/// be given in any number of pieces. The file is written as `NAME.partial` and renamed when
+/// complete. Metadata values may change before `finish` as long as the header keeps its
+/// length (use fixed-width placeholders, e.g. for checksums known only at the end).
+pub struct SafetensorsStream {
+    out_file: std::path::PathBuf,
+    tmp_file: std::path::PathBuf,
+    plan: Vec<PlannedTensor>,
+    meta: BTreeMap<String, String>,
+    header_len: usize,
+    file: std::io::BufWriter<File>,
+    cur: usize,
+    cur_written: usize,
+    written: u64,
+}
+
+fn safetensors_header(meta: &BTreeMap<String, String>, plan: &[PlannedTensor]) -> Vec<u8> {
+    let mut obj = serde_json::Map::new();
+    if !meta.is_empty() {
+        obj.insert("__metadata__".into(), serde_json::to_value(meta).unwrap_or_default());
+    }
+    let mut off = 0usize;
+    for p in plan {
+        obj.insert(p.name.clone(), serde_json::json!({"dtype": p.dtype, "shape": p.shape, "data_offsets": [off, off + p.bytes]}));
+        off += p.bytes;
+    }
+    let mut h = serde_json::Value::Object(obj).to_string().into_bytes();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    h
+}
+
+impl SafetensorsStream {
+    pub fn create(out_file: &Path, plan: Vec<PlannedTensor>, meta: BTreeMap<String, String>) -> Result<Self> {
+        let mut names = std::collections::HashSet::new();
+        if let Some(p) = plan.iter().find(|p| !names.insert(p.name.as_str())) {
+            return Err(Error::Other(format!("internal: tensor `{}` planned twice", p.name)));
+        }
+        let mut tmp = out_file.as_os_str().to_owned();
+        tmp.push(".partial");
+        let tmp_file = std::path::PathBuf::from(tmp);
+        let header = safetensors_header(&meta, &plan);
+        let mut file = std::io::BufWriter::with_capacity(
+            1 << 20,
+            File::create(&tmp_file).map_err(|e| Error::io(&tmp_file, e))?,
+        );
+        let io = |e| Error::io(&tmp_file, e);
+        file.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+        file.write_all(&header).map_err(io)?;
+        let mut s = SafetensorsStream {
+            out_file: out_file.to_path_buf(),
+            tmp_file: tmp_file.clone(),
+            plan,
+            meta,
+            header_len: header.len(),
+            file,
+            cur: 0,
+            cur_written: 0,
+            written: 0,
+        };
+        s.skip_empty();
+        Ok(s)
+    }
+
+    fn skip_empty(&mut self) {
+        while self.cur < self.plan.len() && self.plan[self.cur].bytes == 0 {
+            self.cur += 1;
+        }
+    }
+
+    pub fn plan(&self) -> &[PlannedTensor] {
+        &self.plan
+    }
+
+    /// The tensor the next bytes belong to.
+    pub fn current(&self) -> Option<&PlannedTensor> {
+        self.plan.get(self.cur)
+    }
+
+    /// Bytes of tensor data written so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Bytes of tensor data the plan holds.
+    pub fn data_bytes(&self) -> u64 {
+        self.plan.iter().map(|p| p.bytes as u64).sum()
+    }
+
+    /// Append `data` to tensor `name`, which must be the current tensor of the plan.
+    pub fn write(&mut self, name: &str, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let Some(p) = self.plan.get(self.cur) else {
+            return Err(Error::Other(format!("internal: `{name}` written after the last planned tensor")));
+        };
+        if p.name != name {
+            return Err(Error::Other(format!("internal: `{name}` written where `{}` is due", p.name)));
+        }
+        if self.cur_written + data.len() > p.bytes {
+            return Err(Error::Other(format!(
+                "internal: {} bytes written to `{name}`, which holds {}",
+                self.cur_written + data.len(),
+                p.bytes
+            )));
+        }
+        self.file.write_all(data).map_err(|e| Error::io(&self.tmp_file, e))?;
+        self.cur_written += data.len();
+        self.written += data.len() as u64;
+        if self.cur_written == p.bytes {
+            self.cur += 1;
+            self.cur_written = 0;
+            self.skip_empty();
+        }
+        Ok(())
+    }
+
+    pub fn set_metadata(&mut self, key: impl Into<String>, value: impl Into<String>) {
+        self.meta.insert(key.into(), value.into());
+    }
+
+    /// Rewrite the header with the final metadata, sync and rename into place. Returns the
+    /// file's size.
+    pub fn finish(self) -> Result<u64> {
+        if let Some(p) = self.plan.get(self.cur) {
+            return Err(Error::Other(format!("internal: `{}` is incomplete ({} of {} bytes)", p.name, self.cur_written, p.bytes)));
+        }
+        let header = safetensors_header(&self.meta, &self.plan);
+        if header.len() != self.header_len {
+            return Err(Error::Other("internal: safetensors header changed length".into()));
+        }
+        let tmp_file = self.tmp_file;
+        let io = |e| Error::io(&tmp_file, e);
+        let mut file = self.file.into_inner().map_err(|e| Error::io(&tmp_file, e.into_error()))?;
+        file.seek(SeekFrom::Start(8)).map_err(io)?;
+        file.write_all(&header).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        drop(file);
+        std::fs::rename(&tmp_file, &self.out_file).map_err(|e| Error::io(&self.out_file, e))?;
+        Ok(8 + self.header_len as u64 + self.written)
+    }
+}
+
+/// The writer of a converted model's `model.safetensors` (the format `wgmoe quantize`
+/// writes and `validate_converted` checks): the non-routed tensors as F16 in the order
+/// given, then per MoE layer the packed INT4 expert slots, with the format metadata and a
+/// checksum per layer computed as the bytes stream through. Used by `write_converted` and
+/// by `wgmoe synth`.
+pub struct ConvertedModelWriter {
+    st: SafetensorsStream,
+    layout: Q4SlotLayout,
+    sums: Vec<String>,
+    /// Layer whose experts are being written, and their running checksum.
+    hashing: Option<(usize, FastHasher)>,
+    dense: u64,
+    experts: u64,
+    num_experts: usize,
+}
+
+impl ConvertedModelWriter {
+    /// `dense`: every non-routed tensor (name, shape), in write order. `extra_meta`: more
+    /// metadata (e.g. `wgmoe.source_files`), added to the format's own.
+    pub fn create(out_dir: &Path, cfg: &ModelConfig, dense: Vec<(String, Vec<usize>)>, extra_meta: BTreeMap<String, String>) -> Result<Self> {
+        std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
+        let layout = Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate);
+        let mut plan: Vec<PlannedTensor> = dense.into_iter().map(|(n, s)| PlannedTensor::new(n, "F16", s)).collect();
+        for l in (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]) {
+            plan.push(PlannedTensor {
+                name: experts_tensor(l),
+                dtype: "U8",
+                shape: vec![cfg.num_experts, layout.bytes],
+                bytes: cfg.num_experts * layout.bytes,
+            });
+        }
+        let mut meta: BTreeMap<String, String> = meta_json(cfg, &layout).into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        meta.extend(extra_meta);
+        // Fixed-width placeholders, so the header keeps its length when the real sums go in.
+        let sums: Vec<String> = (0..cfg.num_layers).map(|_| "0".repeat(16)).collect();
+        meta.insert("wgmoe.expert_checksums".into(), serde_json::to_string(&sums).unwrap_or_default());
+        let st = SafetensorsStream::create(&out_dir.join("model.safetensors"), plan, meta)?;
+        Ok(ConvertedModelWriter { st, layout, sums, hashing: None, dense: 0, experts: 0, num_experts: cfg.num_experts })
+    }
+
+    pub fn layout(&self) -> Q4SlotLayout {
+        self.layout
+    }
+
+    pub fn stream(&self) -> &SafetensorsStream {
+        &self.st
+    }
+
+    /// Append f16 values to the non-routed tensor `name` (whole or in pieces).
+    pub fn write_dense(&mut self, name: &str, data: &[half::f16]) -> Result<()> {
+        self.st.write(name, bytemuck::cast_slice(data))?;
+        self.dense += (data.len() * 2) as u64;
+        Ok(())
+    }
+
+    /// Append packed expert slots (whole slots or any pieces of them, in expert order) to
+    /// layer `layer`'s expert tensor.
+    pub fn write_experts(&mut self, layer: usize, data: &[u8]) -> Result<()> {
+        let total = (self.num_experts * self.layout.bytes) as u64;
+        match &mut self.hashing {
+            Some((l, _)) if *l == layer => {}
+            _ => {
+                self.close_layer()?;
+                self.hashing = Some((layer, FastHasher::new(total)));
+            }
+        }
+        self.st.write(&experts_tensor(layer), data)?;
+        if let Some((_, h)) = &mut self.hashing {
+            h.update(data);
+        }
+        self.experts += data.len() as u64;
+        if self.hashing.as_ref().is_some_and(|(_, h)| h.seen() == total) {
+            self.close_layer()?;
+        }
+        Ok(())
+    }
+
+    fn close_layer(&mut self) -> Result<()> {
+        if let Some((l, h)) = self.hashing.take() {
+            let sum = h.try_finish().ok_or_else(|| Error::Other(format!("internal: experts of layer {l} incomplete")))?;
+            self.sums[l] = format!("{sum:016x}");
+        }
+        Ok(())
+    }
+
+    pub fn finish(mut self) -> Result<ConvertSummary> {
+        self.close_layer()?;
+        self.st.set_metadata("wgmoe.expert_checksums", serde_json::to_string(&self.sums).unwrap_or_default());
+        let out_file = self.st.out_file.clone();
+        let bytes = self.st.finish()?;
+        Ok(ConvertSummary {
+            out_file: out_file.display().to_string(),
+            bytes,
+            dense_f16_bytes: self.dense,
+            expert_int4_bytes: self.experts,
+        })
+    }
 }
 
 /// `wgmoe quantize`: write a converted model to `out_dir`, streaming tensor by tensor.
@@ -183,23 +502,11 @@ pub fn write_converted(src: &Path, out_dir: &Path, on_progress: &mut dyn FnMut(u
     // The same tensor and shape checks as loading, before anything is written.
     crate::model::weights::check_tensors(&cfg, &ckpt)?;
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
-    let layout = Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate);
 
-    let mut plan = Vec::new();
+    let mut dense = Vec::new();
     for name in ckpt.names().filter(|n| !is_routed_expert(n)) {
-        let info = ckpt.info(name)?;
-        let n: usize = info.shape.iter().product();
-        plan.push(Planned { name: name.to_string(), dtype: "F16", shape: info.shape.clone(), bytes: n * 2 });
+        dense.push((name.to_string(), ckpt.info(name)?.shape));
     }
-    for l in (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]) {
-        plan.push(Planned {
-            name: experts_tensor(l),
-            dtype: "U8",
-            shape: vec![cfg.num_experts, layout.bytes],
-            bytes: cfg.num_experts * layout.bytes,
-        });
-    }
-
     let mut sources = Vec::new();
     for f in ckpt.files() {
         let data = std::fs::read(f).map_err(|e| Error::io(f, e))?;
@@ -209,73 +516,54 @@ pub fn write_converted(src: &Path, out_dir: &Path, on_progress: &mut dyn FnMut(u
             "hash": format!("{:016x}", fast_hash(&data)),
         }));
     }
-    let mut meta: BTreeMap<String, String> = meta_json(&cfg, &layout).into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    meta.insert("wgmoe.source_files".into(), serde_json::Value::Array(sources).to_string());
-    // Fixed-width placeholders, so the header keeps its length when the real sums go in.
-    let placeholder: Vec<String> = (0..cfg.num_layers).map(|_| "0".repeat(16)).collect();
-    meta.insert("wgmoe.expert_checksums".into(), serde_json::to_string(&placeholder).unwrap_or_default());
-
-    let header = |meta: &BTreeMap<String, String>| -> Vec<u8> {
-        let mut obj = serde_json::Map::new();
-        obj.insert("__metadata__".into(), serde_json::to_value(meta).unwrap_or_default());
-        let mut off = 0usize;
-        for p in &plan {
-            obj.insert(p.name.clone(), serde_json::json!({"dtype": p.dtype, "shape": p.shape, "data_offsets": [off, off + p.bytes]}));
-            off += p.bytes;
-        }
-        let mut h = serde_json::Value::Object(obj).to_string().into_bytes();
-        while h.len() % 8 != 0 {
-            h.push(b' ');
-        }
-        h
-    };
-    let out_file = out_dir.join("model.safetensors");
-    let tmp_file = out_dir.join("model.safetensors.partial");
-    let mut f = std::io::BufWriter::new(File::create(&tmp_file).map_err(|e| Error::io(&tmp_file, e))?);
-    let h0 = header(&meta);
-    let io = |e| Error::io(&tmp_file, e);
-    f.write_all(&(h0.len() as u64).to_le_bytes()).map_err(io)?;
-    f.write_all(&h0).map_err(io)?;
-    let mut sums = placeholder.clone();
-    let (mut dense, mut experts) = (0u64, 0u64);
+    let mut extra = BTreeMap::new();
+    extra.insert("wgmoe.source_files".to_string(), serde_json::Value::Array(sources).to_string());
+    let mut w = ConvertedModelWriter::create(out_dir, &cfg, dense, extra)?;
+    let plan: Vec<PlannedTensor> = w.stream().plan().to_vec();
     let total = plan.len();
     for (k, p) in plan.iter().enumerate() {
         on_progress(k, total);
         if p.dtype == "F16" {
             let v = ckpt.read_f16(&p.name, &p.shape)?;
-            f.write_all(bytemuck::cast_slice(&v)).map_err(io)?;
-            dense += p.bytes as u64;
+            w.write_dense(&p.name, &v)?;
         } else {
             let l: usize = p.name.split('.').nth(2).and_then(|s| s.parse().ok()).unwrap_or(0);
             let packed = quantize_layer(&ckpt, &cfg, l)?;
-            sums[l] = format!("{:016x}", fast_hash(&packed));
-            f.write_all(&packed).map_err(io)?;
-            experts += p.bytes as u64;
+            w.write_experts(l, &packed)?;
         }
     }
     on_progress(total, total);
-    meta.insert("wgmoe.expert_checksums".into(), serde_json::to_string(&sums).unwrap_or_default());
-    let h1 = header(&meta);
-    if h1.len() != h0.len() {
-        return Err(Error::Other("internal: converted header changed length".into()));
-    }
-    let mut file = f.into_inner().map_err(|e| Error::io(&tmp_file, e.into_error()))?;
-    file.seek(SeekFrom::Start(8)).map_err(io)?;
-    file.write_all(&h1).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    drop(file);
-    std::fs::rename(&tmp_file, &out_file).map_err(|e| Error::io(&out_file, e))?;
+    let summary = w.finish()?;
     for name in FILES_TO_COPY {
         let s = src.join(name);
         if s.is_file() {
             std::fs::copy(&s, out_dir.join(name)).map_err(|e| Error::io(&s, e))?;
         }
     }
-    let bytes = std::fs::metadata(&out_file).map_err(|e| Error::io(&out_file, e))?.len();
-    Ok(ConvertSummary {
-        out_file: out_file.display().to_string(),
-        bytes,
-        dense_f16_bytes: dense,
-        expert_int4_bytes: experts,
-    })
+    let bytes = std::fs::metadata(&summary.out_file).map_err(|e| Error::io(&summary.out_file, e))?.len();
+    Ok(ConvertSummary { bytes, ..summary })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incremental_hash_matches_one_shot() {
+        let data: Vec<u8> = (0..1001u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        for len in [0usize, 1, 7, 8, 9, 64, 1000, 1001] {
+            let d = &data[..len];
+            let want = fast_hash(d);
+            for piece in [1usize, 3, 8, 13, 500] {
+                let mut h = FastHasher::new(len as u64);
+                for c in d.chunks(piece) {
+                    h.update(c);
+                }
+                assert_eq!(h.try_finish(), Some(want), "len {len} piece {piece}");
+            }
+        }
+        let mut h = FastHasher::new(10);
+        h.update(&[1, 2, 3]);
+        assert_eq!(h.try_finish(), None);
+    }
 }

@@ -17,3 +17,5 @@ pub mod convert;
 pub mod eval;
 pub mod inspect;
 pub mod residency;
+pub mod synth;
+pub mod bench;

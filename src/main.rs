@@ -53,6 +53,12 @@ enum Cmd {
     /// Fidelity of INT4 experts against FP16 experts: KL divergence and top-1 agreement of
     /// next-token distributions over a greedy FP16 decode.
     Eval(EvalArgs),
+    /// Write a random-weight model with the exact shapes of a real checkpoint (converted
+    /// INT4 format, or a bf16 Hugging Face checkpoint), streaming.
+    Synth(SynthArgs),
+    /// The measurement contract: a fixed prompt set in blocks, fixed new tokens, greedy,
+    /// EOS suppressed, warm-up excluded; comma-separated lists sweep configurations.
+    Bench(BenchArgs),
 }
 
 #[derive(Args)]
@@ -72,6 +78,69 @@ struct EvalArgs {
     json: bool,
     #[command(flatten)]
     gpu: GpuArgs,
+}
+
+/// Expert residency options (partial residency needs INT4 experts).
+#[derive(Args, Clone)]
+struct ResidencyArgs {
+    /// Expert slots per layer on the GPU (top_k..=num_experts; default all).
+    #[arg(long)]
+    resident_experts: Option<usize>,
+    /// GPU memory the runtime may allocate (e.g. 6GiB, 512MiB); derives --resident-experts.
+    #[arg(long, value_parser = parse_size)]
+    vram_budget: Option<u64>,
+    /// Which expert a full cache evicts.
+    #[arg(long, value_parser = ["lru", "lfu-decay", "profile"], default_value = "lru")]
+    cache_policy: String,
+    /// Per-step decay of the LFU access counter (0, 1].
+    #[arg(long, default_value_t = wgmoe::residency::LfuDecay::DEFAULT_DECAY)]
+    decay: f64,
+    /// Expert-frequency profile for --cache-policy profile (from --write-profile).
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// Write the per-layer expert frequencies of this run to FILE (a calibration run).
+    #[arg(long)]
+    write_profile: Option<PathBuf>,
+    /// Mapped staging buffers for expert uploads.
+    #[arg(long, default_value_t = 4)]
+    staging_buffers: usize,
+}
+
+impl ResidencyArgs {
+    fn options(&self) -> Result<wgmoe::engine::ResidencyOptions> {
+        let policy: wgmoe::residency::PolicyKind =
+            self.cache_policy.parse().map_err(|e: wgmoe::residency::ConfigError| Error::option("--cache-policy", e.0))?;
+        Ok(wgmoe::engine::ResidencyOptions {
+            resident_experts: self.resident_experts,
+            vram_budget: self.vram_budget,
+            policy,
+            decay: self.decay,
+            profile: self.profile.clone(),
+            staging_buffers: self.staging_buffers,
+            record_profile: self.write_profile.is_some(),
+        })
+    }
+}
+
+/// "6GiB", "512MiB", "1.5GB", "1000000" (bytes).
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().map_err(|_| format!("`{s}` is not a size like 6GiB or 512MiB"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1024f64.powi(4),
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use B, KiB, MiB, GiB, KB, MB, GB)")),
+    };
+    Ok((v * mult) as u64)
 }
 
 #[derive(Args, Clone)]
@@ -141,6 +210,8 @@ struct RunArgs {
     /// Most prompt tokens per prefill submission.
     #[arg(long, default_value_t = 64)]
     prefill_chunk: usize,
+    #[command(flatten)]
+    residency: ResidencyArgs,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -187,6 +258,8 @@ fn main() -> ExitCode {
         Cmd::Quantize { model, out } => quantize(&model, &out),
         Cmd::Inspect { model, json } => inspect(&model, json),
         Cmd::Eval(args) => eval(args),
+        Cmd::Synth(args) => synth(args),
+        Cmd::Bench(args) => bench(args),
     };
     match r {
         Ok(()) | Err(Error::StdoutClosed) => ExitCode::SUCCESS,
@@ -195,6 +268,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Peak resident set size of this process (Linux: VmHWM), if the OS tells.
+fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
@@ -301,6 +382,7 @@ fn run(a: RunArgs) -> Result<()> {
         );
     }
     let engine = Engine::load(&a.model, &EngineOptions {
+        residency: a.residency.options()?,
         adapter: a.gpu.request(),
         expert_precision: a.expert_precision,
         executor: a.executor,
@@ -347,6 +429,17 @@ fn run(a: RunArgs) -> Result<()> {
         None => String::new(),
     };
     let n = g.generated_ids.len().max(1) as f64;
+    let (rs, host_sum) = match engine.fwd.residency.as_ref() {
+        Some(r) => {
+            let r = r.borrow();
+            (r.stats(), Some(r.host.checksum()?))
+        }
+        None => (Default::default(), None),
+    };
+    if let (Some(path), Some(p)) = (&a.residency.write_profile, engine.fwd.profile.as_ref()) {
+        p.borrow().save(path)?;
+        eprintln!("wrote expert profile {}", path.display());
+    }
     if json_mode {
         let obj = json!({
             "model": a.model.display().to_string(),
@@ -371,6 +464,18 @@ fn run(a: RunArgs) -> Result<()> {
                 "submissions_per_token": g.submissions as f64 / n,
                 "dispatches_per_token": g.dispatches as f64 / n,
                 "peak_gpu_bytes": engine.ctx.tracker.peak(),
+                "peak_rss_bytes": peak_rss_bytes(),
+                "resident_experts_per_layer": engine.resident_experts,
+                "cache_policy": if engine.resident_experts < engine.cfg.num_experts { Some(a.residency.cache_policy.as_str()) } else { None },
+                "expert_hits": rs.expert_hits,
+                "expert_misses": rs.expert_misses,
+                "expert_evictions": rs.expert_evictions,
+                "h2d_bytes": rs.h2d_bytes,
+                "upload_seconds": rs.upload_seconds,
+                "expert_hits_per_layer": rs.hits_per_layer,
+                "expert_misses_per_layer": rs.misses_per_layer,
+                "expert_evictions_per_layer": rs.evictions_per_layer,
+                "host_source_checksum": host_sum.map(|h| format!("{h:016x}")),
             }
         });
         out!("{obj}");
@@ -454,6 +559,7 @@ fn eval(a: EvalArgs) -> Result<()> {
         return Err(Error::option("--max-new-tokens", format!("{max_context} positions exceed max_position_embeddings = {}", cfg.max_position_embeddings)));
     }
     let opts = |precision| EngineOptions {
+        residency: Default::default(),
         adapter: a.gpu.request(),
         expert_precision: precision,
         executor: a.executor,
@@ -491,6 +597,199 @@ fn eval(a: EvalArgs) -> Result<()> {
             100.0 * f.top1_agreement,
             adapter
         );
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+struct SynthArgs {
+    /// Architecture whose real config.json gives the default shape.
+    #[arg(long, value_enum)]
+    arch: wgmoe::synth::SynthArch,
+    /// Output directory.
+    #[arg(short, long)]
+    out: PathBuf,
+    /// Weights: converted INT4 (f16 non-routed, packed INT4 experts) or a bf16 HF checkpoint.
+    #[arg(long, value_enum, default_value = "converted")]
+    format: wgmoe::synth::SynthFormat,
+    #[arg(long)]
+    hidden: Option<usize>,
+    #[arg(long)]
+    layers: Option<usize>,
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Default: --heads (both presets have as many KV heads as heads).
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    #[arg(long)]
+    experts: Option<usize>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    expert_intermediate: Option<usize>,
+    /// Qwen1.5-MoE only.
+    #[arg(long)]
+    shared_expert_intermediate: Option<usize>,
+    #[arg(long)]
+    vocab: Option<usize>,
+    #[arg(long)]
+    max_position_embeddings: Option<usize>,
+    /// Seed of the random weights (same seed and shape, same bytes).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// --format hf: largest shard (bytes) before splitting into model-0000k-of-0000n files.
+    #[arg(long, default_value_t = wgmoe::synth::DEFAULT_MAX_SHARD_BYTES)]
+    max_shard_bytes: u64,
+    /// Print a JSON summary on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Model directory.
+    model: PathBuf,
+    /// Use the first N prompts of the built-in set (1..=12).
+    #[arg(long, default_value_t = 12)]
+    prompts: usize,
+    /// Times the prompt set is repeated.
+    #[arg(long, default_value_t = 3)]
+    blocks: usize,
+    /// New tokens per response (EOS suppressed: always this many).
+    #[arg(short = 'n', long, default_value_t = 128)]
+    max_new_tokens: usize,
+    /// Responses run first and excluded, per configuration.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Executors to sweep (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "grouped")]
+    executor: Vec<Executor>,
+    /// Expert precisions to sweep (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "int4")]
+    expert_precision: Vec<ExpertPrecision>,
+    /// Most prompt tokens per prefill submission.
+    #[arg(long, default_value_t = 64)]
+    prefill_chunk: usize,
+    /// Write the records (a JSON array, one object per configuration) to FILE.
+    #[arg(long)]
+    json_out: Option<PathBuf>,
+    #[command(flatten)]
+    gpu: GpuArgs,
+}
+
+fn synth(a: SynthArgs) -> Result<()> {
+    use wgmoe::inspect::human;
+    use wgmoe::synth::{ShapeOverrides, SynthOptions, SynthShape};
+    let shape = SynthShape::resolve(a.arch, &ShapeOverrides {
+        hidden: a.hidden,
+        layers: a.layers,
+        heads: a.heads,
+        kv_heads: a.kv_heads,
+        experts: a.experts,
+        top_k: a.top_k,
+        expert_intermediate: a.expert_intermediate,
+        shared_expert_intermediate: a.shared_expert_intermediate,
+        vocab: a.vocab,
+        max_position_embeddings: a.max_position_embeddings,
+    })?;
+    if a.max_shard_bytes == 0 {
+        return Err(Error::option("--max-shard-bytes", "must be greater than 0"));
+    }
+    let opts = SynthOptions { arch: a.arch, shape, seed: a.seed, format: a.format, max_shard_bytes: a.max_shard_bytes };
+    let pb = indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) = indicatif::ProgressStyle::with_template("synth {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} {elapsed}") {
+        pb.set_style(style);
+    }
+    let t0 = std::time::Instant::now();
+    let s = wgmoe::synth::write_synthetic(&opts, &a.out, &mut |done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+    })?;
+    pb.finish_and_clear();
+    let sh = &s.shape;
+    eprintln!(
+        "wrote {} ({}, {}): hidden {}, {} layers, {}/{} heads, {} experts top-{}, expert intermediate {}{}, vocab {}, max positions {}, seed {}",
+        s.dir,
+        a.arch.name(),
+        match a.format {
+            wgmoe::synth::SynthFormat::Converted => "converted INT4",
+            wgmoe::synth::SynthFormat::Hf => "bf16 Hugging Face",
+        },
+        sh.hidden,
+        sh.layers,
+        sh.heads,
+        sh.kv_heads,
+        sh.experts,
+        sh.top_k,
+        sh.expert_intermediate,
+        sh.shared_expert_intermediate.map(|i| format!(", shared expert {i}")).unwrap_or_default(),
+        sh.vocab,
+        sh.max_position_embeddings,
+        s.seed
+    );
+    let params = |n: u64| if n >= 1_000_000_000 { format!("{:.3} B", n as f64 / 1e9) } else { format!("{:.3} M", n as f64 / 1e6) };
+    eprintln!(
+        "parameters: {} total, {} routed experts, {} active per token",
+        params(s.params_total),
+        params(s.params_routed),
+        params(s.params_active)
+    );
+    for f in &s.files {
+        eprintln!("  {} {}", f.file, human(f.bytes));
+    }
+    eprintln!(
+        "weights: {} ({} non-routed + {} routed experts) in {:.1}s",
+        human(s.weight_bytes),
+        human(s.dense_bytes),
+        human(s.expert_bytes),
+        t0.elapsed().as_secs_f64()
+    );
+    eprintln!("note: {}", wgmoe::synth::NOTE_UNIFORM_ROUTING);
+    if a.json {
+        out!("{}", serde_json::to_string_pretty(&s).map_err(|e| Error::Other(e.to_string()))?);
+    }
+    Ok(())
+}
+
+fn bench(a: BenchArgs) -> Result<()> {
+    let opts = wgmoe::bench::BenchOptions {
+        model: a.model.clone(),
+        prompts: a.prompts,
+        blocks: a.blocks,
+        new_tokens: a.max_new_tokens,
+        warmup: a.warmup,
+        executors: a.executor.clone(),
+        expert_precisions: a.expert_precision.clone(),
+        prefill_chunk: a.prefill_chunk,
+        adapter: a.gpu.request(),
+    };
+    let write = |records: &[wgmoe::bench::BenchRecord]| -> Result<()> {
+        if let Some(path) = &a.json_out {
+            let text = serde_json::to_string_pretty(records).map_err(|e| Error::Other(e.to_string()))?;
+            std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))?;
+        }
+        Ok(())
+    };
+    let mut done: Vec<wgmoe::bench::BenchRecord> = Vec::new();
+    let mut write_err = None;
+    let records = wgmoe::bench::run_bench(&opts, &mut |r| {
+        eprintln!(
+            "{}: decode {:.2} tok/s, TTFT {:.3}s, prefill {:.1} tok/s",
+            wgmoe::bench::config_label(r), r.decode_tokens_per_s, r.ttft_s_mean, r.prefill_tokens_per_s
+        );
+        done.push(r.clone());
+        // Keep what is measured if a later configuration fails.
+        if let Err(e) = write(&done) {
+            write_err.get_or_insert(e);
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e);
+    }
+    write(&records)?;
+    out!("{}", wgmoe::bench::table(&records).trim_end());
+    if let Some(p) = &a.json_out {
+        eprintln!("wrote {}", p.display());
     }
     Ok(())
 }

@@ -627,7 +627,7 @@ fn router_case(
         },
         &step,
         &[&lb, &ids, &w],
-        [Dim::TokensDiv(64), Dim::Const(1), Dim::Const(1)],
+        [Dim::Tokens, Dim::Const(1), Dim::Const(1)],
     );
     run(ctx, &prog, t);
     let (want_ids, want_w) = cpu_ref::router_topk(logits, stride, n_experts, top_k, norm).unwrap();

@@ -55,6 +55,7 @@ fn load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> Engine {
     init_env();
     let name = dir.display();
     Engine::load(dir, &EngineOptions {
+        residency: Default::default(),
         adapter: AdapterRequest { max_binding: s.max_binding, portable_kernels: s.portable, ..Default::default() },
         expert_precision: s.precision,
         executor: s.executor,
@@ -184,6 +185,7 @@ fn converted_model_matches_and_is_validated() {
         check_dir(name, &out, Setup { executor: Executor::PerExpert, ..INT4 });
 
         let opts = |precision| EngineOptions {
+        residency: Default::default(),
             adapter: AdapterRequest::default(),
             expert_precision: precision,
             executor: Executor::Grouped,

@@ -286,6 +286,15 @@ impl GpuContext {
         }
     }
 
+    /// Count a buffer created elsewhere (e.g. mapped at creation) in the tracker.
+    pub fn track(&self, buffer: wgpu::Buffer) -> GpuBuffer {
+        self.tracker.add(buffer.size());
+        GpuBuffer {
+            buffer,
+            tracker: self.tracker.clone(),
+        }
+    }
+
     /// A storage buffer initialised with `data`.
     pub fn storage_with(&self, label: &str, data: &[u8]) -> GpuBuffer {
         let b = self.buffer(

@@ -199,6 +199,9 @@ pub struct AttentionParams {
     pub _pad: [u32; 3],
 }
 
+/// router_topk.wgsl keeps one token's probabilities in workgroup memory.
+pub const ROUTER_MAX_EXPERTS: usize = 1024;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct RouterTopkParams {

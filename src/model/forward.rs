@@ -12,6 +12,7 @@ use crate::gpu::program::{groups64, Dim, Program};
 use crate::gpu::tensor::F16Matrix;
 use crate::model::moe::MoeDispatch;
 use crate::gpu::{GpuBuffer, GpuContext};
+use crate::gpu::tensor::ExpertStore;
 use crate::model::weights::{Mlp, ModelWeights};
 
 /// How the routed experts of a layer are dispatched.
@@ -59,7 +60,20 @@ pub struct Forward {
     ids: GpuBuffer,
     logits: GpuBuffer,
     token_readback: GpuBuffer,
-    body: Program,
+    /// Per layer: attention and router (layer 0 starts with the embedding).
+    pre: Vec<Program>,
+    /// Per layer: the MLP block (experts, shared expert, combine).
+    post: Vec<Program>,
+    /// Router output readback (segmented steps) and the layer's routing on the host.
+    topk_ids: GpuBuffer,
+    ids_readback: GpuBuffer,
+    /// Partial residency: the cache runtime. Also used (full residency) to record a profile.
+    pub residency: Option<std::cell::RefCell<crate::model::residency::Residency>>,
+    /// Read each layer's routing back to the host even with every expert resident
+    /// (profile recording).
+    pub record_routing: bool,
+    /// Per-layer expert frequencies recorded from the routing (`--write-profile`).
+    pub profile: Option<std::cell::RefCell<crate::residency::Profile>>,
     head_last: Program,
     argmax_last: Program,
     head_all: Option<Program>,
@@ -95,6 +109,24 @@ pub fn rope_table(theta: f64, head_dim: usize, rows: usize) -> Vec<f32> {
     t
 }
 
+/// Bytes of activation buffers, KV cache and tables `Forward::new` allocates (admission
+/// control computes it before anything is allocated).
+pub fn workspace_bytes(cfg: &ModelConfig, max_context: usize, chunk: usize, all_logits: bool) -> u64 {
+    let (h, v, k) = (cfg.hidden_size, cfg.vocab_size, cfg.top_k);
+    let q_dim = cfg.num_heads * cfg.head_dim;
+    let kv_dim = cfg.num_kv_heads * cfg.head_dim;
+    let t = chunk.max(1);
+    let ctxlen = max_context.max(1);
+    let h_width = (k * cfg.moe_intermediate).max(cfg.shared_expert_intermediate.unwrap_or(0)).max(cfg.dense_intermediate);
+    let floats = t * (4 * h + q_dim + 2 * kv_dim + 2 * q_dim + cfg.num_heads * ctxlen + cfg.num_experts + 1 + 2 * k + h_width + k * h)
+        + if all_logits { t * v } else { v }
+        + ctxlen * cfg.head_dim
+        + cfg.num_layers * 2 * ctxlen * kv_dim;
+    // Plus each dispatch's small parameter uniform and buffer rounding to 16 bytes.
+    let allowance = 8192 + cfg.num_layers * 4096;
+    (floats * 4 + t * 4 + cfg.num_layers * cfg.num_experts * 4 + allowance) as u64
+}
+
 impl Forward {
     pub fn new(ctx: &GpuContext, cfg: &ModelConfig, weights: ModelWeights, mut opts: ForwardOptions) -> Result<Self> {
         let h = cfg.hidden_size;
@@ -106,6 +138,12 @@ impl Forward {
         let k = cfg.top_k;
         let ctxlen = opts.max_context.max(1);
         let maxb = ctx.binding_limit() as usize;
+        if cfg.num_experts > ROUTER_MAX_EXPERTS {
+            return Err(Error::DoesNotFit(format!(
+                "num_experts {}: the router kernel supports up to {ROUTER_MAX_EXPERTS} experts",
+                cfg.num_experts
+            )));
+        }
         if hd > ATTENTION_MAX_HEAD_DIM || hd % 2 != 0 {
             return Err(Error::DoesNotFit(format!(
                 "head_dim {hd}: attention supports even head dims up to {ATTENTION_MAX_HEAD_DIM}"
@@ -156,6 +194,8 @@ impl Forward {
         }
 
         let eps = cfg.rms_norm_eps as f32;
+        let mut pre: Vec<Program> = Vec::new();
+        let mut post: Vec<Program> = Vec::new();
         let mut body = Program::default();
         let w = &weights;
         let tok = Dim::Tokens;
@@ -215,6 +255,9 @@ impl Forward {
             rope_flags |= rope_flags::CLIP;
         }
         for (l, lw) in w.layers.iter().enumerate() {
+            if l > 0 {
+                post.push(std::mem::take(&mut body));
+            }
             let (ck, cv) = &caches[l];
             norm(&mut body, &lw.attn_norm, &x, &xn);
             matmul(&mut body, &lw.qkv, &xn, lw.qkv_bias.as_deref(), &qkv, qkv_dim, 0);
@@ -254,7 +297,8 @@ impl Forward {
                         top_k: k as u32,
                         logits_stride: router_stride as u32,
                         norm_topk: cfg.norm_topk_prob as u32,
-                    }, &step, &[&router, &topk_ids, &topk_w], [Dim::TokensDiv(64), Dim::Const(1), Dim::Const(1)]);
+                    }, &step, &[&router, &topk_ids, &topk_w], [Dim::Tokens, Dim::Const(1), Dim::Const(1)]);
+                    pre.push(std::mem::take(&mut body));
                     let mut flags = moe.routed(&mut body, opts.executor, experts, slot_of);
                     if let Some(sp) = shared {
                         moe.swiglu_f16(&mut body, sp, None, (0, 1), &shared_y);
@@ -272,6 +316,7 @@ impl Forward {
                     }
                 }
                 Mlp::Dense { mlp } => {
+                    pre.push(std::mem::take(&mut body));
                     moe.swiglu_f16(&mut body, mlp, None, (0, 1), &shared_y);
                     body.push(ctx, Kernel::MoeCombine, &MoeCombineParams {
                         hidden: h as u32,
@@ -285,6 +330,7 @@ impl Forward {
             }
         }
 
+        post.push(std::mem::take(&mut body));
         let lm = w.lm_head();
         let mut suppress = [0u32; 4];
         let n_suppress = opts.suppress.len().min(4);
@@ -313,7 +359,8 @@ impl Forward {
             (None, None)
         };
         ctx.check()?;
-        let mut buffers = vec![x, xn, qkv, q, attn, scratch, router, topk_ids, topk_w, hbuf, y, shared_y, xf, dummy, rope];
+        let ids_readback = ctx.buffer("ids_readback", (t * k * 4) as u64, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+        let mut buffers = vec![x, xn, qkv, q, attn, scratch, router, topk_w, hbuf, y, shared_y, xf, dummy, rope];
         for (a, b) in caches {
             buffers.push(a);
             buffers.push(b);
@@ -326,7 +373,13 @@ impl Forward {
             ids,
             logits,
             token_readback,
-            body,
+            pre,
+            post,
+            topk_ids,
+            ids_readback,
+            residency: None,
+            record_routing: false,
+            profile: None,
             head_last,
             argmax_last,
             head_all,
@@ -338,7 +391,7 @@ impl Forward {
 
     /// Dispatches of one decode step (greedy, full residency).
     pub fn dispatches_per_decode_step(&self) -> usize {
-        self.body.len() + self.head_last.len() + self.argmax_last.len()
+        self.pre.iter().chain(&self.post).map(Program::len).sum::<usize>() + self.head_last.len() + self.argmax_last.len()
     }
 
     /// Process tokens at positions [pos0, pos0 + n). `ids` (if given) are uploaded as the
@@ -362,31 +415,119 @@ impl Forward {
             _pad: [0; 2],
         };
         ctx.write(&self.step, 0, bytemuck::bytes_of(&step));
+        let progs: Vec<&Program> = match head {
+            Head::None => vec![],
+            Head::Last => vec![&self.head_last],
+            Head::LastArgmax => vec![&self.head_last, &self.argmax_last],
+            Head::All => match (&self.head_all, &self.argmax_all) {
+                (Some(h), Some(a)) => vec![h, a],
+                _ => return Err(Error::Other("all-position logits were not enabled".into())),
+            },
+        };
+        let copy_token = matches!(head, Head::LastArgmax | Head::All);
+        if self.residency.is_some() || self.record_routing {
+            return self.submit_segmented(ctx, n, &progs, copy_token);
+        }
+        // Every expert resident: the whole step is one compute pass in one submission.
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        let mut dispatches = self.body.len();
+        let mut dispatches = 0;
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            self.body.record(ctx, &mut pass, n as u32);
-            let progs: Vec<&Program> = match head {
-                Head::None => vec![],
-                Head::Last => vec![&self.head_last],
-                Head::LastArgmax => vec![&self.head_last, &self.argmax_last],
-                Head::All => match (&self.head_all, &self.argmax_all) {
-                    (Some(h), Some(a)) => vec![h, a],
-                    _ => return Err(Error::Other("all-position logits were not enabled".into())),
-                },
-            };
-            for p in progs {
+            for (pre, post) in self.pre.iter().zip(&self.post) {
+                pre.record(ctx, &mut pass, n as u32);
+                post.record(ctx, &mut pass, n as u32);
+                dispatches += pre.len() + post.len();
+            }
+            for p in &progs {
                 p.record(ctx, &mut pass, n as u32);
                 dispatches += p.len();
             }
         }
-        if matches!(head, Head::LastArgmax | Head::All) {
+        if copy_token {
             enc.copy_buffer_to_buffer(&self.ids, 0, &self.token_readback, 0, 4);
         }
         ctx.queue.submit([enc.finish()]);
         let (d, s) = self.counters.get();
         self.counters.set((d + dispatches as u64, s + 1));
+        Ok(())
+    }
+
+    /// One step with the routing of every layer brought to the host: submission l holds
+    /// layer l-1's MLP and layer l's attention and router, then the router's expert ids
+    /// (k per token, a few bytes) are read back, the cache makes them resident (uploads,
+    /// then one table publication), and the next submission reads them.
+    fn submit_segmented(&self, ctx: &GpuContext, n: usize, head: &[&Program], copy_token: bool) -> Result<()> {
+        let k = self.cfg.top_k;
+        let mut res = self.residency.as_ref().map(|r| r.borrow_mut());
+        let mut dispatches = 0;
+        let mut submissions = 0;
+        // Experts the previous submission's successor reads, per layer: (layer, wanted).
+        let mut reads: Option<(usize, Vec<u32>)> = None;
+        let layers = self.pre.len();
+        for l in 0..=layers {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                if l > 0 {
+                    self.post[l - 1].record(ctx, &mut pass, n as u32);
+                    dispatches += self.post[l - 1].len();
+                }
+                if l < layers {
+                    self.pre[l].record(ctx, &mut pass, n as u32);
+                    dispatches += self.pre[l].len();
+                } else {
+                    for p in head {
+                        p.record(ctx, &mut pass, n as u32);
+                        dispatches += p.len();
+                    }
+                }
+            }
+            let routed = l < layers && self.cfg.sparse_layers[l];
+            if routed {
+                enc.copy_buffer_to_buffer(&self.topk_ids, 0, &self.ids_readback, 0, (n * k * 4) as u64);
+            }
+            if l == layers && copy_token {
+                enc.copy_buffer_to_buffer(&self.ids, 0, &self.token_readback, 0, 4);
+            }
+            let token = match res.as_mut() {
+                Some(r) => r.fence.submit(ctx, enc.finish()),
+                None => {
+                    ctx.queue.submit([enc.finish()]);
+                    0
+                }
+            };
+            submissions += 1;
+            if let (Some(r), Some((rl, wanted))) = (res.as_mut(), reads.take()) {
+                r.mark_read(rl, &wanted, token)?;
+            }
+            if !routed {
+                continue;
+            }
+            let bytes = map_read(ctx, &self.ids_readback, (n * k * 4) as u64)?;
+            let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+            let mut wanted: Vec<u32> = Vec::new();
+            for &e in &ids {
+                if !wanted.contains(&e) {
+                    wanted.push(e);
+                }
+            }
+            if let Some(p) = &self.profile {
+                let mut p = p.borrow_mut();
+                for g in ids.chunks(k) {
+                    p.record_group(l, g);
+                }
+            }
+            if let Some(r) = res.as_mut() {
+                if let Mlp::Moe { experts: ExpertStore::Int4(pool), slot_of, .. } = &self.weights.layers[l].mlp {
+                    if r.caches.get(l).is_some_and(|c| c.is_some()) {
+                        r.serve(ctx, l, &wanted, pool, slot_of)?;
+                        reads = Some((l, wanted));
+                    }
+                }
+            }
+        }
+        let (d, s) = self.counters.get();
+        self.counters.set((d + dispatches as u64, s + submissions));
         Ok(())
     }
 

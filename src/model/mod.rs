@@ -2,6 +2,7 @@
 
 pub mod forward;
 pub mod moe;
+pub mod residency;
 pub mod weights;
 
 pub use forward::{Forward, ForwardOptions, Head};

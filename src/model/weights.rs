@@ -40,6 +40,8 @@ pub struct LayerWeights {
 }
 
 pub struct ModelWeights {
+    /// Routed experts held in host memory for partial residency (None: all on the GPU).
+    pub host: Option<crate::model::residency::HostSource>,
     pub embed: F16Matrix,
     pub layers: Vec<LayerWeights>,
     pub final_norm: GpuBuffer,
@@ -60,7 +62,9 @@ fn progress(total: u64) -> ProgressBar {
 }
 
 impl ModelWeights {
-    pub fn load(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint, int4: bool) -> Result<Self> {
+    /// `slots`: expert slots per layer on the GPU when fewer than all experts are resident
+    /// (capacity + spares); the packed experts then stay in host memory as the source.
+    pub fn load(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &std::sync::Arc<Checkpoint>, int4: bool, slots: Option<usize>) -> Result<Self> {
         // Fail on a missing or misshapen tensor before any upload.
         check_tensors(cfg, ckpt)?;
         if !int4 && is_converted(ckpt) {
@@ -80,6 +84,7 @@ impl ModelWeights {
         pb.inc(1);
 
         let mut layers = Vec::with_capacity(cfg.num_layers);
+        let mut host_layers = Vec::new();
         for l in 0..cfg.num_layers {
             pb.set_message(format!("layer {l}"));
             let p = format!("model.layers.{l}");
@@ -111,7 +116,9 @@ impl ModelWeights {
             let o_proj = F16Matrix::upload(ctx, "o_proj", h, q_dim, &o)?;
             let ffn_norm = upload_f16_vec(ctx, "ffn_norm", &ckpt.read_f16(&format!("{p}.post_attention_layernorm.weight"), &[h])?);
             let mlp = if cfg.sparse_layers[l] {
-                load_moe(ctx, cfg, ckpt, l, int4)?
+                let (mlp, host) = load_moe(ctx, cfg, ckpt, l, int4, slots)?;
+                host_layers.push(host);
+                mlp
             } else {
                 let i = cfg.dense_intermediate;
                 let mlp = ExpertPool::new(ctx, "dense_mlp", 1, h, i)?;
@@ -119,6 +126,7 @@ impl ModelWeights {
                 let up = ckpt.read_f16(&format!("{p}.mlp.up_proj.weight"), &[i, h])?;
                 let down = ckpt.read_f16(&format!("{p}.mlp.down_proj.weight"), &[h, i])?;
                 mlp.write_slot(ctx, 0, &gate, &up, &down);
+                host_layers.push(None);
                 Mlp::Dense { mlp }
             };
             layers.push(LayerWeights {
@@ -146,7 +154,14 @@ impl ModelWeights {
         ctx.sync()?;
         pb.inc(1);
         pb.finish_and_clear();
+        let host = slots.map(|_| crate::model::residency::HostSource {
+            ckpt: ckpt.clone(),
+            layers: host_layers,
+            num_experts: cfg.num_experts,
+            slot_bytes: Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes,
+        });
         Ok(ModelWeights {
+            host,
             embed,
             layers,
             final_norm,
@@ -159,7 +174,16 @@ impl ModelWeights {
     }
 }
 
-fn load_moe(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint, l: usize, int4: bool) -> Result<Mlp> {
+fn load_moe(
+    ctx: &GpuContext,
+    cfg: &ModelConfig,
+    ckpt: &Checkpoint,
+    l: usize,
+    int4: bool,
+    slots: Option<usize>,
+) -> Result<(Mlp, Option<crate::model::residency::HostLayer>)> {
+    use crate::model::residency::HostLayer;
+    let mut host = None;
     let (h, e, i) = (cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate);
     let p = format!("model.layers.{l}.mlp");
     let mut router = ckpt.read_f16(&format!("{p}.gate.weight"), &[e, h])?;
@@ -174,12 +198,25 @@ fn load_moe(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint, l: usize, in
     let router = F16Matrix::upload(ctx, "router", router_rows, h, &router)?;
     let experts = if int4 {
         let layout = Q4SlotLayout::new(h, i);
-        let pool = Q4Pool::new(ctx, "experts_int4", e, layout)?;
         let packed = packed_layer(ckpt, cfg, l)?;
-        for (ex, slot) in packed.chunks_exact(layout.bytes).enumerate() {
-            pool.write_slot(ctx, ex, slot);
+        match slots {
+            None => {
+                let pool = Q4Pool::new(ctx, "experts_int4", e, layout)?;
+                for (ex, slot) in packed.chunks_exact(layout.bytes).enumerate() {
+                    pool.write_slot(ctx, ex, slot);
+                }
+                ExpertStore::Int4(pool)
+            }
+            Some(n) => {
+                // Partial residency: slots start empty and fill on demand from the host
+                // source, which keeps every packed expert.
+                host = Some(match packed {
+                    std::borrow::Cow::Borrowed(_) => HostLayer::Mapped(crate::convert::experts_tensor(l)),
+                    std::borrow::Cow::Owned(v) => HostLayer::Owned(v.into_boxed_slice()),
+                });
+                ExpertStore::Int4(Q4Pool::new(ctx, "experts_int4", n, layout)?)
+            }
         }
-        ExpertStore::Int4(pool)
     } else {
         let pool = ExpertPool::new(ctx, "experts", e, h, i)?;
         for ex in 0..e {
@@ -190,8 +227,12 @@ fn load_moe(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint, l: usize, in
         }
         ExpertStore::F16(pool)
     };
-    let identity: Vec<u32> = (0..e as u32).collect();
-    let slot_of = ctx.storage_with("slot_of", bytemuck::cast_slice(&identity));
+    // expert -> slot: the identity at full residency, empty (NO_SLOT) until filled otherwise.
+    let table: Vec<u32> = match slots {
+        None => (0..e as u32).collect(),
+        Some(_) => vec![crate::residency::NO_SLOT; e],
+    };
+    let slot_of = ctx.storage_with("slot_of", bytemuck::cast_slice(&table));
     let shared = match shared_i {
         Some(si) => {
             let pool = ExpertPool::new(ctx, "shared_expert", 1, h, si)?;
@@ -203,12 +244,15 @@ fn load_moe(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &Checkpoint, l: usize, in
         }
         None => None,
     };
-    Ok(Mlp::Moe {
-        router,
-        experts,
-        slot_of,
-        shared,
-    })
+    Ok((
+        Mlp::Moe {
+            router,
+            experts,
+            slot_of,
+            shared,
+        },
+        host,
+    ))
 }
 
 /// Every tensor the model needs, with its shape (routed experts excluded: their layout
