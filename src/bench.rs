@@ -55,6 +55,13 @@ pub struct BenchOptions {
     pub expert_precisions: Vec<ExpertPrecision>,
     pub prefill_chunk: usize,
     pub adapter: AdapterRequest,
+    /// Expert slots per layer to sweep (None = all experts resident).
+    pub resident_experts: Vec<Option<usize>>,
+    /// Cache policies to sweep (used below full residency).
+    pub cache_policies: Vec<crate::residency::PolicyKind>,
+    pub decay: f64,
+    pub profile: Option<PathBuf>,
+    pub staging_buffers: usize,
 }
 
 /// One point of the sweep.
@@ -62,14 +69,22 @@ pub struct BenchOptions {
 pub struct BenchConfig {
     pub expert_precision: ExpertPrecision,
     pub executor: Executor,
+    pub resident_experts: Option<usize>,
+    pub cache_policy: crate::residency::PolicyKind,
 }
 
 /// Every combination of the sweep lists, in the order given (precision outermost).
 pub fn configurations(o: &BenchOptions) -> Vec<BenchConfig> {
     let mut v = Vec::new();
+    let residents: Vec<Option<usize>> = if o.resident_experts.is_empty() { vec![None] } else { o.resident_experts.clone() };
+    let policies = if o.cache_policies.is_empty() { vec![crate::residency::PolicyKind::Lru] } else { o.cache_policies.clone() };
     for &expert_precision in &o.expert_precisions {
         for &executor in &o.executors {
-            v.push(BenchConfig { expert_precision, executor });
+            for &resident_experts in &residents {
+                for &cache_policy in &policies {
+                    v.push(BenchConfig { expert_precision, executor, resident_experts, cache_policy });
+                }
+            }
         }
     }
     v
@@ -137,6 +152,7 @@ pub struct BenchRecord {
     pub expert_misses: Option<u64>,
     pub expert_evictions: Option<u64>,
     pub upload_seconds_per_miss: Option<f64>,
+    pub expert_misses_per_token: f64,
 }
 
 /// Peak resident set size of this process (Linux: VmHWM of /proc/self/status).
@@ -311,7 +327,15 @@ pub fn run_bench(o: &BenchOptions, on_record: &mut dyn FnMut(&BenchRecord)) -> R
     for c in configurations(o) {
         let rss_reset = reset_peak_rss();
         let engine = Engine::load(&o.model, &EngineOptions {
-            residency: Default::default(),
+            residency: crate::engine::ResidencyOptions {
+                resident_experts: c.resident_experts,
+                vram_budget: None,
+                policy: c.cache_policy,
+                decay: o.decay,
+                profile: o.profile.clone(),
+                staging_buffers: o.staging_buffers,
+                record_profile: false,
+            },
             adapter: o.adapter.clone(),
             expert_precision: c.expert_precision,
             executor: c.executor,
@@ -331,7 +355,7 @@ pub fn run_bench(o: &BenchOptions, on_record: &mut dyn FnMut(&BenchRecord)) -> R
         if let Ok(style) = indicatif::ProgressStyle::with_template("bench {prefix} {bar:30} {pos}/{len} responses {elapsed} {msg}") {
             pb.set_style(style);
         }
-        pb.set_prefix(format!("{}/{}", name_of(&c.expert_precision), name_of(&c.executor)));
+        pb.set_prefix(format!("{}/{}/{}", name_of(&c.expert_precision), name_of(&c.executor), c.resident_experts.map_or("all".to_string(), |n| n.to_string())));
         let mut responses = Vec::new();
         for k in 0..total {
             let p = &tp.ids[k % prompts.len()];
@@ -361,6 +385,12 @@ pub fn run_bench(o: &BenchOptions, on_record: &mut dyn FnMut(&BenchRecord)) -> R
             } else {
                 pb.set_message("warm-up");
             }
+            if k + 1 == o.warmup {
+                // Residency counters cover the measured responses only.
+                if let Some(r) = engine.fwd.residency.as_ref() {
+                    r.borrow_mut().reset_stats();
+                }
+            }
             pb.inc(1);
         }
         pb.finish_and_clear();
@@ -383,7 +413,11 @@ pub fn run_bench(o: &BenchOptions, on_record: &mut dyn FnMut(&BenchRecord)) -> R
 
 /// "int4/grouped": a configuration's label in tables and logs.
 pub fn config_label(r: &BenchRecord) -> String {
-    format!("{}/{}", name_of(&r.expert_precision), name_of(&r.executor))
+    let res = match (r.resident_experts_per_layer, &r.cache_policy) {
+        (Some(n), Some(p)) if n < r.num_experts => format!("/{n}of{} {p}", r.num_experts),
+        _ => String::new(),
+    };
+    format!("{}/{}{res}", name_of(&r.expert_precision), name_of(&r.executor))
 }
 
 fn name_of<T: serde::Serialize>(v: &T) -> String {
@@ -422,6 +456,8 @@ fn record(o: &BenchOptions, c: &BenchConfig, engine: &Engine, rs: &[Response], x
     let dispatches: u64 = rs.iter().map(|r| r.dispatches).sum();
     let submissions: u64 = rs.iter().map(|r| r.submissions).sum();
     let cfg = &engine.cfg;
+    let res = engine.fwd.residency.as_ref().map(|r| r.borrow().stats()).unwrap_or_default();
+    let partial = engine.resident_experts < cfg.num_experts;
     BenchRecord {
         wgmoe_version: env!("CARGO_PKG_VERSION").to_string(),
         git_revision: x.git.to_string(),
@@ -436,8 +472,8 @@ fn record(o: &BenchOptions, c: &BenchConfig, engine: &Engine, rs: &[Response], x
         driver: engine.ctx.driver(),
         expert_precision: c.expert_precision,
         executor: c.executor,
-        resident_experts_per_layer: None,
-        cache_policy: None,
+        resident_experts_per_layer: Some(engine.resident_experts),
+        cache_policy: partial.then(|| c.cache_policy.as_str().to_string()),
         num_experts: cfg.num_experts,
         top_k: cfg.top_k,
         num_layers: cfg.num_layers,
@@ -471,11 +507,12 @@ fn record(o: &BenchOptions, c: &BenchConfig, engine: &Engine, rs: &[Response], x
         dispatches_per_token: dispatches as f64 / generated.max(1) as f64,
         submissions_per_token: submissions as f64 / generated.max(1) as f64,
         dispatches_per_decode_step: engine.fwd.dispatches_per_decode_step(),
-        h2d_bytes: None,
-        expert_hits: None,
-        expert_misses: None,
-        expert_evictions: None,
-        upload_seconds_per_miss: None,
+        h2d_bytes: Some(res.h2d_bytes),
+        expert_hits: Some(res.expert_hits),
+        expert_misses: Some(res.expert_misses),
+        expert_evictions: Some(res.expert_evictions),
+        upload_seconds_per_miss: (res.expert_misses > 0).then(|| res.upload_seconds / res.expert_misses as f64),
+        expert_misses_per_token: res.expert_misses as f64 / generated.max(1) as f64,
     }
 }
 

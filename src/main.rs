@@ -673,6 +673,19 @@ struct BenchArgs {
     /// Write the records (a JSON array, one object per configuration) to FILE.
     #[arg(long)]
     json_out: Option<PathBuf>,
+    /// Expert slots per layer to sweep, e.g. 30,40,50,60,64 (default: all resident).
+    #[arg(long, value_delimiter = ',')]
+    resident_experts: Vec<usize>,
+    /// Cache policies to sweep below full residency: lru,lfu-decay,profile.
+    #[arg(long, value_delimiter = ',', default_value = "lru")]
+    cache_policy: Vec<String>,
+    #[arg(long, default_value_t = wgmoe::residency::LfuDecay::DEFAULT_DECAY)]
+    decay: f64,
+    /// Expert-frequency profile for the profile policy.
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    #[arg(long, default_value_t = 4)]
+    staging_buffers: usize,
     #[command(flatten)]
     gpu: GpuArgs,
 }
@@ -762,6 +775,15 @@ fn bench(a: BenchArgs) -> Result<()> {
         expert_precisions: a.expert_precision.clone(),
         prefill_chunk: a.prefill_chunk,
         adapter: a.gpu.request(),
+        resident_experts: a.resident_experts.iter().map(|&n| Some(n)).collect(),
+        cache_policies: a
+            .cache_policy
+            .iter()
+            .map(|p| p.parse().map_err(|e: wgmoe::residency::ConfigError| Error::option("--cache-policy", e.0)))
+            .collect::<Result<Vec<_>>>()?,
+        decay: a.decay,
+        profile: a.profile.clone(),
+        staging_buffers: a.staging_buffers,
     };
     let write = |records: &[wgmoe::bench::BenchRecord]| -> Result<()> {
         if let Some(path) = &a.json_out {

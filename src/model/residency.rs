@@ -208,6 +208,15 @@ impl Residency {
         s
     }
 
+    /// Zero every counter (after warm-up).
+    pub fn reset_stats(&mut self) {
+        for c in self.caches.iter_mut().flatten() {
+            c.reset_stats();
+        }
+        self.h2d_bytes = 0;
+        self.upload_seconds = 0.0;
+    }
+
     /// A staging buffer whose previous copy has completed, mapped for writing.
     fn acquire_staging(&mut self, ctx: &GpuContext) -> Result<usize> {
         let idx = loop {
