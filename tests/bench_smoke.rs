@@ -96,6 +96,37 @@ fn bench_writes_consistent_records() {
     }
 }
 
+/// A residency sweep: every configuration reports its cache counters, and the uploaded
+/// bytes are the misses times one packed expert.
+#[test]
+fn bench_residency_sweep_reports_cache_counters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let json_out = tmp.path().join("bench.json");
+    wgmoe(&[
+        "bench", "models/olmoe-tiny", "--prompts", "2", "--blocks", "1", "-n", "6", "--warmup", "1",
+        "--resident-experts", "3,7", "--cache-policy", "lru,lfu-decay", "--json-out", json_out.to_str().unwrap(),
+    ]);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
+    let recs = v.as_array().unwrap();
+    assert_eq!(recs.len(), 4, "2 capacities x 2 policies");
+    // olmoe-tiny: hidden 64, expert intermediate 96 -> one packed expert is 9728 bytes.
+    let slot = wgmoe::quant::Q4SlotLayout::new(64, 96).bytes as u64;
+    for r in recs {
+        let n = r["resident_experts_per_layer"].as_u64().unwrap();
+        let misses = r["expert_misses"].as_u64().unwrap();
+        assert_eq!(r["h2d_bytes"].as_u64().unwrap(), misses * slot, "{r:#}");
+        if n == 3 {
+            assert!(misses > 0 && r["expert_evictions"].as_u64().unwrap() > 0, "{r:#}");
+            assert!(r["cache_policy"].is_string());
+            assert!(num(r, "upload_seconds_per_miss") > 0.0);
+        } else {
+            assert_eq!(n, 7);
+            assert_eq!(misses, 0);
+            assert!(r["cache_policy"].is_null());
+        }
+    }
+}
+
 const TINY: &[&str] = &[
     "--hidden", "64", "--layers", "2", "--heads", "4", "--experts", "5", "--top-k", "2", "--expert-intermediate", "96", "--vocab", "512",
 ];
