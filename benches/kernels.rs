@@ -1,13 +1,18 @@
 //! Kernel benchmarks on the first adapter (lavapipe here): W4A16 vs f16 matvec on the
 //! expert shapes of OLMoE-1B-7B and Qwen1.5-MoE-A2.7B, beside this machine's memory read
-//! bandwidth, and one MoE layer's routed experts with the grouped vs per-expert executor.
-//! Throughput counters are bytes of weights read. Run: `cargo bench --bench kernels`.
-//! Each iteration is one submission of REPS dispatches and a wait, so per-dispatch figures
-//! carry 1/REPS of the submit cost.
+//! bandwidth, one MoE layer's routed experts with the grouped vs per-expert executor,
+//! decode attention (16 heads of 128, context 512 and 2048), the router (f16 router matmul
+//! of hidden 2048, then softmax/top-k: OLMoE 64 top-8, Qwen 60 top-4), and one whole decode
+//! step of a small synthetic model through the engine. Throughput counters are bytes read
+//! (weights, KV cache) or, for the decode step, tokens. Run: `cargo bench --bench kernels`
+//! (one group: `cargo bench --bench kernels -- attention router decode`). Divan's bench
+//! names are static: the adapter every bench runs on is printed first (`adapter: ...`).
+//! Each kernel iteration is one submission of REPS dispatches and a wait, so per-dispatch
+//! figures carry 1/REPS of the submit cost.
 
 use std::sync::OnceLock;
 
-use divan::counter::BytesCount;
+use divan::counter::{BytesCount, ItemsCount};
 use half::f16;
 use wgmoe::gpu::kernels::*;
 use wgmoe::gpu::program::{groups64, Dim, Program};
@@ -17,7 +22,12 @@ use wgmoe::model::forward::Executor;
 use wgmoe::model::moe::MoeDispatch;
 use wgmoe::quant::Q4SlotLayout;
 
-fn reps() -> usize { std::env::var("WGMOE_BENCH_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(16) }
+fn reps() -> usize {
+    std::env::var("WGMOE_BENCH_REPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(16)
+}
 
 fn main() {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
@@ -36,7 +46,13 @@ fn main() {
 fn ctx() -> &'static GpuContext {
     static CTX: OnceLock<GpuContext> = OnceLock::new();
     let portable = std::env::var_os("WGMOE_PORTABLE_KERNELS").is_some();
-    CTX.get_or_init(|| GpuContext::new(&AdapterRequest { portable_kernels: portable, ..Default::default() }).expect("no GPU adapter"))
+    CTX.get_or_init(|| {
+        GpuContext::new(&AdapterRequest {
+            portable_kernels: portable,
+            ..Default::default()
+        })
+        .expect("no GPU adapter")
+    })
 }
 
 /// Deterministic pseudo-random bytes / values (xorshift).
@@ -57,8 +73,23 @@ fn storage(label: &str, data: &[u8]) -> GpuBuffer {
 }
 
 fn step_buf(n_tokens: u32) -> GpuBuffer {
-    let s = Step { pos0: 0, n_tokens, _pad: [0; 2] };
+    step_at(0, n_tokens)
+}
+
+fn step_at(pos0: u32, n_tokens: u32) -> GpuBuffer {
+    let s = Step {
+        pos0,
+        n_tokens,
+        _pad: [0; 2],
+    };
     ctx().uniform_with("step", bytemuck::bytes_of(&s))
+}
+
+fn uniform_noise(n: usize, seed: u64, amp: f32) -> Vec<f32> {
+    noise(n, seed)
+        .iter()
+        .map(|&r| ((r as f32 / u32::MAX as f32) - 0.5) * 2.0 * amp)
+        .collect()
 }
 
 fn run(prog: &Program) {
@@ -82,8 +113,16 @@ fn matvec_w4a16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
     let layout = Q4SlotLayout::new(out, inp);
     let pool = Q4Pool::new(ctx(), "bench", 1, layout).expect("pool");
     let mut slot = vec![0u8; layout.bytes];
-    let w: Vec<f32> = noise(3 * inp * out, 1).iter().map(|&r| (r as f32 / u32::MAX as f32) - 0.5).collect();
-    layout.pack_expert(&w[..inp * out], &w[inp * out..2 * inp * out], &w[2 * inp * out..], &mut slot);
+    let w: Vec<f32> = noise(3 * inp * out, 1)
+        .iter()
+        .map(|&r| (r as f32 / u32::MAX as f32) - 0.5)
+        .collect();
+    layout.pack_expert(
+        &w[..inp * out],
+        &w[inp * out..2 * inp * out],
+        &w[2 * inp * out..],
+        &mut slot,
+    );
     pool.write_slot(ctx(), 0, &slot);
     let h = storage("h", bytemuck::cast_slice(&vec![0.5f32; inp]));
     let zero = storage("ids", bytemuck::cast_slice(&[0u32; 4]));
@@ -91,20 +130,39 @@ fn matvec_w4a16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
     let y = storage("y", &vec![0u8; out * 4]);
     let step = step_buf(1);
     let kernel = ctx().kernels.q4_down();
-    let mut binds: Vec<&wgpu::Buffer> = vec![&h, &zero, &zero, &pool.chunks[0], &pool.chunks[0], &ones, &y];
+    let mut binds: Vec<&wgpu::Buffer> = vec![
+        &h,
+        &zero,
+        &zero,
+        &pool.chunks[0],
+        &pool.chunks[0],
+        &ones,
+        &y,
+    ];
     binds.push(&h);
     let mut prog = Program::default();
     for _ in 0..reps() {
-        prog.push(ctx(), kernel, &FfnQ4Params {
-            hidden: out as u32,
-            inter: inp as u32,
-            top_k: 1,
-            slot_vec4: pool.slot_vec4(),
-            chunk_slots: 1,
-            a_q: (layout.down_q / 16) as u32,
-            a_s: (layout.down_s / 4) as u32,
-            ..Default::default()
-        }, &step, &binds, [Dim::Const(out.div_ceil(kernel.rows_per_workgroup()) as u32), Dim::Const(1), Dim::Const(1)]);
+        prog.push(
+            ctx(),
+            kernel,
+            &FfnQ4Params {
+                hidden: out as u32,
+                inter: inp as u32,
+                top_k: 1,
+                slot_vec4: pool.slot_vec4(),
+                chunk_slots: 1,
+                a_q: (layout.down_q / 16) as u32,
+                a_s: (layout.down_s / 4) as u32,
+                ..Default::default()
+            },
+            &step,
+            &binds,
+            [
+                Dim::Const(out.div_ceil(kernel.rows_per_workgroup()) as u32),
+                Dim::Const(1),
+                Dim::Const(1),
+            ],
+        );
     }
     run(&prog);
     let bytes = (layout.down.q_bytes() + layout.down.scale_bytes()) * reps();
@@ -113,7 +171,10 @@ fn matvec_w4a16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
 
 #[divan::bench(args = SHAPES, sample_count = 20)]
 fn matvec_f16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
-    let w: Vec<f16> = noise(inp * out, 2).iter().map(|&r| f16::from_f32((r as f32 / u32::MAX as f32) - 0.5)).collect();
+    let w: Vec<f16> = noise(inp * out, 2)
+        .iter()
+        .map(|&r| f16::from_f32((r as f32 / u32::MAX as f32) - 0.5))
+        .collect();
     let m = F16Matrix::upload(ctx(), "w", out, inp, &w).expect("upload");
     let x = storage("x", bytemuck::cast_slice(&vec![0.5f32; inp]));
     let dummy = storage("dummy", &[0u8; 16]);
@@ -122,20 +183,29 @@ fn matvec_f16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
     let mut prog = Program::default();
     for _ in 0..reps() {
         for c in &m.chunks {
-            prog.push(ctx(), Kernel::Matmul, &MatmulParams {
-                k: inp as u32,
-                n_rows: c.rows as u32,
-                row_base: c.row_start as u32,
-                vec4_per_row: m.vec4_per_row(),
-                x_stride: inp as u32,
-                out_stride: out as u32,
-                flags: 0,
-                _pad: 0,
-            }, &step, &[&x, &c.buffer, &dummy, &y], [Dim::Const(groups64(c.rows)), Dim::Const(1), Dim::Const(1)]);
+            prog.push(
+                ctx(),
+                Kernel::Matmul,
+                &MatmulParams {
+                    k: inp as u32,
+                    n_rows: c.rows as u32,
+                    row_base: c.row_start as u32,
+                    vec4_per_row: m.vec4_per_row(),
+                    x_stride: inp as u32,
+                    out_stride: out as u32,
+                    flags: 0,
+                    _pad: 0,
+                },
+                &step,
+                &[&x, &c.buffer, &dummy, &y],
+                [Dim::Const(groups64(c.rows)), Dim::Const(1), Dim::Const(1)],
+            );
         }
     }
     run(&prog);
-    bencher.counter(BytesCount::new(inp * out * 2 * reps())).bench(|| run(&prog));
+    bencher
+        .counter(BytesCount::new(inp * out * 2 * reps()))
+        .bench(|| run(&prog));
 }
 
 /// This machine's memory read bandwidth: sum of a 256 MiB buffer on one core and on all.
@@ -146,8 +216,13 @@ fn memory_read(bencher: divan::Bencher, threads: usize) {
     bencher.counter(BytesCount::new(words * 8)).bench(|| {
         let per = words.div_ceil(threads);
         std::thread::scope(|s| {
-            let hs: Vec<_> = buf.chunks(per).map(|c| s.spawn(move || c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))).collect();
-            hs.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, u64::wrapping_add)
+            let hs: Vec<_> = buf
+                .chunks(per)
+                .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &b| a.wrapping_add(b))))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
         })
     });
 }
@@ -166,7 +241,10 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, executor: Executor) {
     let store = ExpertStore::Int4(pool);
     let ids: Vec<u32> = (0..k as u32).map(|j| j * 7 % e as u32).collect();
     let slot_of: Vec<u32> = (0..e as u32).collect();
-    let (xn, x) = (storage("xn", bytemuck::cast_slice(&vec![0.1f32; h])), storage("x", &vec![0u8; h * 4]));
+    let (xn, x) = (
+        storage("xn", bytemuck::cast_slice(&vec![0.1f32; h])),
+        storage("x", &vec![0u8; h * 4]),
+    );
     let topk_ids = storage("ids", bytemuck::cast_slice(&ids));
     let topk_w = storage("w", bytemuck::cast_slice(&vec![0.125f32; k]));
     let slot_buf = storage("slot_of", bytemuck::cast_slice(&slot_of));
@@ -174,13 +252,216 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, executor: Executor) {
     let y = storage("y", &vec![0u8; k * h * 4]);
     let dummy = storage("dummy", &[0u8; 16]);
     let step = step_buf(1);
-    let moe = MoeDispatch { ctx: ctx(), step: &step, hidden: h, top_k: k, dummy: &dummy, xn: &xn, topk_ids: &topk_ids, topk_w: &topk_w, hbuf: &hbuf, y: &y, x: &x };
+    let moe = MoeDispatch {
+        ctx: ctx(),
+        step: &step,
+        hidden: h,
+        top_k: k,
+        dummy: &dummy,
+        xn: &xn,
+        topk_ids: &topk_ids,
+        topk_w: &topk_w,
+        hbuf: &hbuf,
+        y: &y,
+        x: &x,
+    };
     let mut prog = Program::default();
     let flags = moe.routed(&mut prog, executor, &store, &slot_buf);
     if flags != 0 {
-        prog.push(ctx(), Kernel::MoeCombine, &MoeCombineParams { hidden: h as u32, top_k: k as u32, flags, ..Default::default() }, &step, &[&y, &topk_w, &dummy, &dummy, &x], [Dim::Const(groups64(h)), Dim::Const(1), Dim::Const(1)]);
+        prog.push(
+            ctx(),
+            Kernel::MoeCombine,
+            &MoeCombineParams {
+                hidden: h as u32,
+                top_k: k as u32,
+                flags,
+                ..Default::default()
+            },
+            &step,
+            &[&y, &topk_w, &dummy, &dummy, &x],
+            [Dim::Const(groups64(h)), Dim::Const(1), Dim::Const(1)],
+        );
     }
     eprintln!("moe layer {executor:?}: {} dispatches", prog.len());
     run(&prog);
-    bencher.counter(BytesCount::new(k * layout.bytes)).bench(|| run(&prog));
+    bencher
+        .counter(BytesCount::new(k * layout.bytes))
+        .bench(|| run(&prog));
+}
+
+/// Decode attention of one token over a KV cache of `context` positions: 16 heads of 128
+/// (OLMoE-1B-7B / Qwen1.5-MoE-A2.7B), no GQA, params as src/model/forward.rs builds them.
+/// Counter: bytes of K and V read.
+#[divan::bench(args = [512, 2048], sample_count = 10)]
+fn attention_16x128_decode(bencher: divan::Bencher, context: usize) {
+    let (nh, nkv, hd) = (16usize, 16usize, 128usize);
+    let kv = context * nkv * hd;
+    let q = storage("q", bytemuck::cast_slice(&uniform_noise(nh * hd, 4, 1.0)));
+    let ck = storage("cache_k", bytemuck::cast_slice(&uniform_noise(kv, 5, 1.0)));
+    let cv = storage("cache_v", bytemuck::cast_slice(&uniform_noise(kv, 6, 1.0)));
+    let scratch = storage("scratch", &vec![0u8; nh * context * 4]);
+    let attn = storage("attn", &vec![0u8; nh * hd * 4]);
+    // The token at the last position sees the whole cache.
+    let step = step_at(context as u32 - 1, 1);
+    let mut prog = Program::default();
+    for _ in 0..reps() {
+        prog.push(
+            ctx(),
+            Kernel::Attention,
+            &AttentionParams {
+                n_heads: nh as u32,
+                n_kv: nkv as u32,
+                head_dim: hd as u32,
+                scratch_stride: context as u32,
+                scale: (hd as f32).powf(-0.5),
+                _pad: [0; 3],
+            },
+            &step,
+            &[&q, &ck, &cv, &scratch, &attn],
+            [Dim::Const(nh as u32), Dim::Const(1), Dim::Const(1)],
+        );
+    }
+    run(&prog);
+    bencher
+        .counter(BytesCount::new(2 * kv * 4 * reps()))
+        .bench(|| run(&prog));
+}
+
+/// The router of one decoded token: the f16 router matmul (hidden 2048 -> experts, plus
+/// Qwen's shared-expert gate row) and softmax/top-k, as src/model/forward.rs records them.
+/// Args: (experts, top-k, logit rows): OLMoE 64 top-8; Qwen1.5-MoE 60 top-4 (61 rows).
+/// Counter: bytes of router weights read.
+#[divan::bench(args = [(64, 8, 64), (60, 4, 61)], sample_count = 20)]
+fn router_f16_topk_h2048(bencher: divan::Bencher, (experts, top_k, rows): (usize, usize, usize)) {
+    let h = 2048usize;
+    let w: Vec<f16> = uniform_noise(rows * h, 7, 0.05)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let m = F16Matrix::upload(ctx(), "router", rows, h, &w).expect("upload");
+    let xn = storage("xn", bytemuck::cast_slice(&uniform_noise(h, 8, 1.0)));
+    let dummy = storage("dummy", &[0u8; 16]);
+    let logits = storage("router_logits", &vec![0u8; rows * 4]);
+    let ids = storage("topk_ids", &vec![0u8; top_k * 4]);
+    let wts = storage("topk_w", &vec![0u8; top_k * 4]);
+    let step = step_buf(1);
+    let mut prog = Program::default();
+    for _ in 0..reps() {
+        for c in &m.chunks {
+            prog.push(
+                ctx(),
+                Kernel::Matmul,
+                &MatmulParams {
+                    k: h as u32,
+                    n_rows: c.rows as u32,
+                    row_base: c.row_start as u32,
+                    vec4_per_row: m.vec4_per_row(),
+                    x_stride: h as u32,
+                    out_stride: rows as u32,
+                    flags: 0,
+                    _pad: 0,
+                },
+                &step,
+                &[&xn, &c.buffer, &dummy, &logits],
+                [Dim::Const(groups64(c.rows)), Dim::Const(1), Dim::Const(1)],
+            );
+        }
+        prog.push(
+            ctx(),
+            Kernel::RouterTopk,
+            &RouterTopkParams {
+                n_experts: experts as u32,
+                top_k: top_k as u32,
+                logits_stride: rows as u32,
+                norm_topk: 0,
+            },
+            &step,
+            &[&logits, &ids, &wts],
+            [Dim::Const(1), Dim::Const(1), Dim::Const(1)],
+        );
+    }
+    run(&prog);
+    bencher
+        .counter(BytesCount::new(rows * h * 2 * reps()))
+        .bench(|| run(&prog));
+}
+
+/// A small synthetic OLMoE-shaped model (hidden 512, 4 layers, 8 heads, 16 experts top-4,
+/// expert intermediate 256, vocab 4096; converted INT4), written once per process.
+fn synth_model() -> &'static std::path::Path {
+    use wgmoe::synth::{
+        write_synthetic, ShapeOverrides, SynthArch, SynthFormat, SynthOptions, SynthShape,
+        DEFAULT_MAX_SHARD_BYTES,
+    };
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shape = SynthShape::resolve(
+            SynthArch::Olmoe1b7b,
+            &ShapeOverrides {
+                hidden: Some(512),
+                layers: Some(4),
+                heads: Some(8),
+                experts: Some(16),
+                top_k: Some(4),
+                expert_intermediate: Some(256),
+                vocab: Some(4096),
+                ..Default::default()
+            },
+        )
+        .expect("shape");
+        write_synthetic(
+            &SynthOptions {
+                arch: SynthArch::Olmoe1b7b,
+                shape,
+                seed: 0,
+                format: SynthFormat::Converted,
+                max_shard_bytes: DEFAULT_MAX_SHARD_BYTES,
+            },
+            dir.path(),
+            &mut |_, _| {},
+        )
+        .expect("synth");
+        dir
+    })
+    .path()
+}
+
+/// One decode step of the synthetic model through the engine (every expert resident, INT4):
+/// `Forward::submit(pos, 1, None, Head::LastArgmax)` then `read_token`, at a fixed position
+/// after a 16-token prefill. Counter: tokens (items/s = decode tok/s).
+#[divan::bench(args = [Executor::Grouped, Executor::PerExpert], sample_count = 20)]
+fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, executor: Executor) {
+    use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
+    use wgmoe::model::forward::Head;
+    let prompt: Vec<u32> = (0..16u32).map(|i| 10 + i * 37 % 4000).collect();
+    let engine = Engine::load(
+        synth_model(),
+        &EngineOptions {
+            residency: ResidencyOptions::default(),
+            adapter: AdapterRequest {
+                portable_kernels: std::env::var_os("WGMOE_PORTABLE_KERNELS").is_some(),
+                ..Default::default()
+            },
+            expert_precision: ExpertPrecision::Int4,
+            executor,
+            max_context: 64,
+            prefill_chunk: 16,
+            all_logits: false,
+        },
+    )
+    .expect("load the synthetic model");
+    let (c, fwd) = (&engine.ctx, &engine.fwd);
+    // (Printing here would interleave with divan's table; the adapter is printed first.)
+    assert_eq!(c.adapter_name(), ctx().adapter_name(), "same adapter as the kernel benches");
+    fwd.submit(c, 0, prompt.len(), Some(&prompt), Head::LastArgmax)
+        .expect("prefill");
+    fwd.read_token(c).expect("read");
+    let pos = prompt.len();
+    // The engine is not Sync (RefCell counters): bench on this thread.
+    bencher.counter(ItemsCount::new(1usize)).bench_local(|| {
+        fwd.submit(c, pos, 1, None, Head::LastArgmax)
+            .expect("decode step");
+        fwd.read_token(c).expect("read token")
+    });
 }

@@ -37,8 +37,12 @@ struct PromptFile {
 
 /// The shipped prompt set: (name, prompts).
 pub fn prompt_set() -> Result<(String, Vec<BenchPrompt>)> {
-    let f: PromptFile = serde_json::from_str(PROMPTS_JSON)
-        .map_err(|e| Error::bad_file("bench/prompts.json", format!("invalid (built into the binary): {e}")))?;
+    let f: PromptFile = serde_json::from_str(PROMPTS_JSON).map_err(|e| {
+        Error::bad_file(
+            "bench/prompts.json",
+            format!("invalid (built into the binary): {e}"),
+        )
+    })?;
     Ok((f.name, f.prompts))
 }
 
@@ -76,13 +80,26 @@ pub struct BenchConfig {
 /// Every combination of the sweep lists, in the order given (precision outermost).
 pub fn configurations(o: &BenchOptions) -> Vec<BenchConfig> {
     let mut v = Vec::new();
-    let residents: Vec<Option<usize>> = if o.resident_experts.is_empty() { vec![None] } else { o.resident_experts.clone() };
-    let policies = if o.cache_policies.is_empty() { vec![crate::residency::PolicyKind::Lru] } else { o.cache_policies.clone() };
+    let residents: Vec<Option<usize>> = if o.resident_experts.is_empty() {
+        vec![None]
+    } else {
+        o.resident_experts.clone()
+    };
+    let policies = if o.cache_policies.is_empty() {
+        vec![crate::residency::PolicyKind::Lru]
+    } else {
+        o.cache_policies.clone()
+    };
     for &expert_precision in &o.expert_precisions {
         for &executor in &o.executors {
             for &resident_experts in &residents {
                 for &cache_policy in &policies {
-                    v.push(BenchConfig { expert_precision, executor, resident_experts, cache_policy });
+                    v.push(BenchConfig {
+                        expert_precision,
+                        executor,
+                        resident_experts,
+                        cache_policy,
+                    });
                 }
             }
         }
@@ -187,11 +204,14 @@ pub fn git_revision() -> String {
             .stderr(std::process::Stdio::null())
             .output()
             .ok()?;
-        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     match git(&["rev-parse", "HEAD"]) {
         Some(rev) if rev.len() >= 7 => {
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
             if dirty {
                 format!("{rev}-dirty")
             } else {
@@ -204,7 +224,10 @@ pub fn git_revision() -> String {
 
 /// `t` as RFC 3339 UTC, to the second (e.g. 2025-01-31T12:00:00Z).
 pub fn rfc3339_utc(t: std::time::SystemTime) -> String {
-    let secs = t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Howard Hinnant's civil_from_days.
     let z = days + 719_468;
@@ -216,7 +239,12 @@ pub fn rfc3339_utc(t: std::time::SystemTime) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// Whether a model directory's config.json marks it synthetic (`wgmoe synth`).
@@ -224,7 +252,10 @@ pub fn is_synthetic(dir: &Path) -> bool {
     std::fs::read_to_string(dir.join("config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v.get("wgmoe_synthetic").and_then(serde_json::Value::as_bool))
+        .and_then(|v| {
+            v.get("wgmoe_synthetic")
+                .and_then(serde_json::Value::as_bool)
+        })
         .unwrap_or(false)
 }
 
@@ -234,7 +265,12 @@ struct Prompts {
     notes: Vec<String>,
 }
 
-fn tokenize_prompts(dir: &Path, prompts: &[BenchPrompt], vocab: usize, limit: usize) -> Result<Prompts> {
+fn tokenize_prompts(
+    dir: &Path,
+    prompts: &[BenchPrompt],
+    vocab: usize,
+    limit: usize,
+) -> Result<Prompts> {
     let (_, _, tok) = Engine::open_host(dir)?;
     let mut notes = Vec::new();
     let mut ids = Vec::new();
@@ -248,10 +284,16 @@ fn tokenize_prompts(dir: &Path, prompts: &[BenchPrompt], vocab: usize, limit: us
             None => p.text.bytes().map(|b| b as u32 % vocab as u32).collect(),
         };
         if v.is_empty() {
-            return Err(Error::Tokenizer(format!("bench prompt `{}` encodes to no tokens", p.id)));
+            return Err(Error::Tokenizer(format!(
+                "bench prompt `{}` encodes to no tokens",
+                p.id
+            )));
         }
         if let Some(&bad) = v.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::Tokenizer(format!("bench prompt `{}`: token id {bad} is outside the vocabulary ({vocab})", p.id)));
+            return Err(Error::Tokenizer(format!(
+                "bench prompt `{}`: token id {bad} is outside the vocabulary ({vocab})",
+                p.id
+            )));
         }
         if v.len() > limit {
             cut.push(format!("{} ({} -> {})", p.id, v.len(), limit));
@@ -260,26 +302,41 @@ fn tokenize_prompts(dir: &Path, prompts: &[BenchPrompt], vocab: usize, limit: us
         ids.push(v);
     }
     if !cut.is_empty() {
-        notes.push(format!("prompts cut to max_position_embeddings - n = {limit} tokens: {}", cut.join(", ")));
+        notes.push(format!(
+            "prompts cut to max_position_embeddings - n = {limit} tokens: {}",
+            cut.join(", ")
+        ));
     }
     Ok(Prompts { ids, notes })
 }
 
 fn check_options(o: &BenchOptions, available: usize) -> Result<()> {
     if o.prompts == 0 || o.prompts > available {
-        return Err(Error::option("--prompts", format!("{} is not in 1..={available} (the prompt set has {available})", o.prompts)));
+        return Err(Error::option(
+            "--prompts",
+            format!(
+                "{} is not in 1..={available} (the prompt set has {available})",
+                o.prompts
+            ),
+        ));
     }
     if o.blocks == 0 {
         return Err(Error::option("--blocks", "must be at least 1"));
     }
     if o.new_tokens < 2 {
-        return Err(Error::option("--max-new-tokens", "must be at least 2 (the decode rate counts the tokens after the first)"));
+        return Err(Error::option(
+            "--max-new-tokens",
+            "must be at least 2 (the decode rate counts the tokens after the first)",
+        ));
     }
     if o.executors.is_empty() {
         return Err(Error::option("--executor", "give at least one executor"));
     }
     if o.expert_precisions.is_empty() {
-        return Err(Error::option("--expert-precision", "give at least one precision"));
+        return Err(Error::option(
+            "--expert-precision",
+            "give at least one precision",
+        ));
     }
     if o.prefill_chunk == 0 {
         return Err(Error::option("--prefill-chunk", "must be at least 1"));
@@ -302,7 +359,10 @@ struct Response {
 
 /// Run the whole sweep. `on_record` sees each configuration's record as soon as it is done
 /// (to print progress); errors end the sweep.
-pub fn run_bench(o: &BenchOptions, on_record: &mut dyn FnMut(&BenchRecord)) -> Result<Vec<BenchRecord>> {
+pub fn run_bench(
+    o: &BenchOptions,
+    on_record: &mut dyn FnMut(&BenchRecord),
+) -> Result<Vec<BenchRecord>> {
     let (set_name, all) = prompt_set()?;
     check_options(o, all.len())?;
     let prompts = &all[..o.prompts];
@@ -310,7 +370,10 @@ pub fn run_bench(o: &BenchOptions, on_record: &mut dyn FnMut(&BenchRecord)) -> R
     if o.new_tokens >= cfg.max_position_embeddings {
         return Err(Error::option(
             "--max-new-tokens",
-            format!("{} new tokens leave no room for a prompt: max_position_embeddings = {}", o.new_tokens, cfg.max_position_embeddings),
+            format!(
+                "{} new tokens leave no room for a prompt: max_position_embeddings = {}",
+                o.new_tokens, cfg.max_position_embeddings
+            ),
         ));
     }
     let limit = cfg.max_position_embeddings - o.new_tokens;
@@ -320,29 +383,52 @@ pub fn run_bench(o: &BenchOptions, on_record: &mut dyn FnMut(&BenchRecord)) -> R
     let synthetic = is_synthetic(&o.model);
     let mut notes = tp.notes.clone();
     if synthetic {
-        notes.insert(0, format!("synthetic model (wgmoe synth): {}", crate::synth::NOTE_UNIFORM_ROUTING));
+        notes.insert(
+            0,
+            format!(
+                "synthetic model (wgmoe synth): {}",
+                crate::synth::NOTE_UNIFORM_ROUTING
+            ),
+        );
     }
     let git = git_revision();
     let mut records = Vec::new();
+    // A cache policy only matters below full residency: one configuration per capacity there.
+    let mut configs: Vec<BenchConfig> = Vec::new();
     for c in configurations(o) {
+        let full = c.resident_experts.is_none_or(|n| n >= cfg.num_experts);
+        let dup = full
+            && configs.iter().any(|d| {
+                d.expert_precision == c.expert_precision
+                    && d.executor == c.executor
+                    && d.resident_experts.is_none_or(|n| n >= cfg.num_experts)
+            });
+        if !dup {
+            configs.push(c);
+        }
+    }
+    for c in configs {
         let rss_reset = reset_peak_rss();
-        let engine = Engine::load(&o.model, &EngineOptions {
-            residency: crate::engine::ResidencyOptions {
-                resident_experts: c.resident_experts,
-                vram_budget: None,
-                policy: c.cache_policy,
-                decay: o.decay,
-                profile: o.profile.clone(),
-                staging_buffers: o.staging_buffers,
-                record_profile: false,
+        let engine = Engine::load(
+            &o.model,
+            &EngineOptions {
+                residency: crate::engine::ResidencyOptions {
+                    resident_experts: c.resident_experts,
+                    vram_budget: None,
+                    policy: c.cache_policy,
+                    decay: o.decay,
+                    profile: o.profile.clone(),
+                    staging_buffers: o.staging_buffers,
+                    record_profile: false,
+                },
+                adapter: o.adapter.clone(),
+                expert_precision: c.expert_precision,
+                executor: c.executor,
+                max_context,
+                prefill_chunk: o.prefill_chunk,
+                all_logits: false,
             },
-            adapter: o.adapter.clone(),
-            expert_precision: c.expert_precision,
-            executor: c.executor,
-            max_context,
-            prefill_chunk: o.prefill_chunk,
-            all_logits: false,
-        })?;
+        )?;
         let gen_opts = GenerateOptions {
             max_new_tokens: o.new_tokens,
             sampling: SamplingOptions::greedy(),
@@ -351,11 +437,22 @@ pub fn run_bench(o: &BenchOptions, on_record: &mut dyn FnMut(&BenchRecord)) -> R
             record_logits: false,
         };
         let total = o.warmup + o.blocks * prompts.len();
-        let pb = indicatif::ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr());
-        if let Ok(style) = indicatif::ProgressStyle::with_template("bench {prefix} {bar:30} {pos}/{len} responses {elapsed} {msg}") {
+        let pb = indicatif::ProgressBar::with_draw_target(
+            Some(total as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "bench {prefix} {bar:30} {pos}/{len} responses {elapsed} {msg}",
+        ) {
             pb.set_style(style);
         }
-        pb.set_prefix(format!("{}/{}/{}", name_of(&c.expert_precision), name_of(&c.executor), c.resident_experts.map_or("all".to_string(), |n| n.to_string())));
+        pb.set_prefix(format!(
+            "{}/{}/{}",
+            name_of(&c.expert_precision),
+            name_of(&c.executor),
+            c.resident_experts
+                .map_or("all".to_string(), |n| n.to_string())
+        ));
         let mut responses = Vec::new();
         for k in 0..total {
             let p = &tp.ids[k % prompts.len()];
@@ -394,16 +491,26 @@ pub fn run_bench(o: &BenchOptions, on_record: &mut dyn FnMut(&BenchRecord)) -> R
             pb.inc(1);
         }
         pb.finish_and_clear();
-        let rec = record(o, &c, &engine, &responses, RecordContext {
-            set_name: &set_name,
-            prompts,
-            prompt_tokens: tp.ids.iter().map(Vec::len).collect(),
-            max_context,
-            synthetic,
-            notes: &notes,
-            git: &git,
-            rss_scope: if rss_reset { "configuration" } else { "process" },
-        });
+        let rec = record(
+            o,
+            &c,
+            &engine,
+            &responses,
+            RecordContext {
+                set_name: &set_name,
+                prompts,
+                prompt_tokens: tp.ids.iter().map(Vec::len).collect(),
+                max_context,
+                synthetic,
+                notes: &notes,
+                git: &git,
+                rss_scope: if rss_reset {
+                    "configuration"
+                } else {
+                    "process"
+                },
+            },
+        );
         on_record(&rec);
         records.push(rec);
         drop(engine);
@@ -417,11 +524,18 @@ pub fn config_label(r: &BenchRecord) -> String {
         (Some(n), Some(p)) if n < r.num_experts => format!("/{n}of{} {p}", r.num_experts),
         _ => String::new(),
     };
-    format!("{}/{}{res}", name_of(&r.expert_precision), name_of(&r.executor))
+    format!(
+        "{}/{}{res}",
+        name_of(&r.expert_precision),
+        name_of(&r.executor)
+    )
 }
 
 fn name_of<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
 }
 
 struct RecordContext<'a> {
@@ -435,7 +549,13 @@ struct RecordContext<'a> {
     rss_scope: &'static str,
 }
 
-fn record(o: &BenchOptions, c: &BenchConfig, engine: &Engine, rs: &[Response], x: RecordContext) -> BenchRecord {
+fn record(
+    o: &BenchOptions,
+    c: &BenchConfig,
+    engine: &Engine,
+    rs: &[Response],
+    x: RecordContext,
+) -> BenchRecord {
     let n = rs.len().max(1) as f64;
     let decode_tokens: u64 = rs.iter().map(|r| r.tokens.saturating_sub(1) as u64).sum();
     let decode_s: f64 = rs.iter().map(|r| r.decode_s).sum();
@@ -451,12 +571,19 @@ fn record(o: &BenchOptions, c: &BenchConfig, engine: &Engine, rs: &[Response], x
         })
         .collect();
     let mean = blocks.iter().sum::<f64>() / blocks.len().max(1) as f64;
-    let (lo, hi) = blocks.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    let (lo, hi) = blocks.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &r| {
+        (lo.min(r), hi.max(r))
+    });
     let spread = if mean > 0.0 { (hi - lo) / mean } else { 0.0 };
     let dispatches: u64 = rs.iter().map(|r| r.dispatches).sum();
     let submissions: u64 = rs.iter().map(|r| r.submissions).sum();
     let cfg = &engine.cfg;
-    let res = engine.fwd.residency.as_ref().map(|r| r.borrow().stats()).unwrap_or_default();
+    let res = engine
+        .fwd
+        .residency
+        .as_ref()
+        .map(|r| r.borrow().stats())
+        .unwrap_or_default();
     let partial = engine.resident_experts < cfg.num_experts;
     BenchRecord {
         wgmoe_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -511,7 +638,8 @@ fn record(o: &BenchOptions, c: &BenchConfig, engine: &Engine, rs: &[Response], x
         expert_hits: Some(res.expert_hits),
         expert_misses: Some(res.expert_misses),
         expert_evictions: Some(res.expert_evictions),
-        upload_seconds_per_miss: (res.expert_misses > 0).then(|| res.upload_seconds / res.expert_misses as f64),
+        upload_seconds_per_miss: (res.expert_misses > 0)
+            .then(|| res.upload_seconds / res.expert_misses as f64),
         expert_misses_per_token: res.expert_misses as f64 / generated.max(1) as f64,
     }
 }
@@ -526,13 +654,25 @@ pub fn table(records: &[BenchRecord]) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<20} {:>9} {:>7} {:>8} {:>8} {:>9} {:>10} {:>10} {:>8} {:>8}",
-        "precision/executor", "decode/s", "spread", "TTFT s", "resp s", "prefill/s", "peak GPU", "peak RSS", "disp/tok", "subm/tok"
+        "{:<30} {:>9} {:>7} {:>8} {:>8} {:>9} {:>10} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9}",
+        "configuration",
+        "decode/s",
+        "spread",
+        "TTFT s",
+        "resp s",
+        "prefill/s",
+        "peak GPU",
+        "peak RSS",
+        "disp/tok",
+        "subm/tok",
+        "miss/tok",
+        "H2D",
+        "ms/miss"
     );
     for r in records {
         let _ = writeln!(
             o,
-            "{:<20} {:>9.2} {:>6.1}% {:>8.3} {:>8.3} {:>9.1} {:>10} {:>10} {:>8.1} {:>8.2}",
+            "{:<30} {:>9.2} {:>6.1}% {:>8.3} {:>8.3} {:>9.1} {:>10} {:>10} {:>8.1} {:>8.2} {:>9.2} {:>10} {:>9}",
             config_label(r),
             r.decode_tokens_per_s,
             100.0 * r.block_rate_spread,
@@ -542,7 +682,10 @@ pub fn table(records: &[BenchRecord]) -> String {
             crate::inspect::human(r.peak_gpu_bytes),
             bytes_or_dash(r.peak_rss_bytes),
             r.dispatches_per_token,
-            r.submissions_per_token
+            r.submissions_per_token,
+            r.expert_misses_per_token,
+            bytes_or_dash(r.h2d_bytes),
+            r.upload_seconds_per_miss.map_or("-".to_string(), |s| format!("{:.3}", s * 1e3))
         );
     }
     if let Some(r) = records.first() {
@@ -570,6 +713,330 @@ pub fn table(records: &[BenchRecord]) -> String {
     o
 }
 
+/// One line of the plot: a (precision, executor, policy) combination.
+#[derive(Clone, Debug)]
+pub struct PlotSeries {
+    pub label: String,
+    /// (resident experts per layer, decode tok/s, H2D bytes), sorted by residency.
+    pub points: Vec<(f64, f64, Option<u64>)>,
+}
+
+/// The records grouped into plot series, one per (precision, executor, cache policy).
+/// A full-residency record has no policy: its point joins every policy series of the same
+/// precision and executor (the end of each curve), or stands alone when there is none.
+pub fn plot_series(records: &[BenchRecord]) -> Vec<PlotSeries> {
+    let pe = |r: &BenchRecord| {
+        format!(
+            "{}/{}",
+            name_of(&r.expert_precision),
+            name_of(&r.executor)
+        )
+    };
+    let point = |r: &BenchRecord| {
+        (
+            r.resident_experts_per_layer.unwrap_or(r.num_experts) as f64,
+            r.decode_tokens_per_s,
+            r.h2d_bytes,
+        )
+    };
+    let mut series: Vec<PlotSeries> = Vec::new();
+    let mut push = |label: String, pt: (f64, f64, Option<u64>)| match series
+        .iter_mut()
+        .find(|s| s.label == label)
+    {
+        Some(s) => s.points.push(pt),
+        None => series.push(PlotSeries {
+            label,
+            points: vec![pt],
+        }),
+    };
+    // Series in the order their first record appears.
+    for r in records {
+        let base = pe(r);
+        match &r.cache_policy {
+            Some(p) => push(format!("{base} {p}"), point(r)),
+            None => {
+                let policies: Vec<&String> = records
+                    .iter()
+                    .filter(|q| pe(q) == base)
+                    .filter_map(|q| q.cache_policy.as_ref())
+                    .collect();
+                if policies.is_empty() {
+                    push(base, point(r));
+                } else {
+                    let mut seen: Vec<&String> = Vec::new();
+                    for p in policies {
+                        if !seen.contains(&p) {
+                            seen.push(p);
+                            push(format!("{base} {p}"), point(r));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for s in &mut series {
+        s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    series
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// About `n` round tick values covering [lo, hi] (steps of 1, 2 or 5 times a power of ten).
+fn nice_ticks(lo: f64, hi: f64, n: usize, integer: bool) -> Vec<f64> {
+    let span = (hi - lo).max(f64::MIN_POSITIVE);
+    let raw = span / n.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let mut step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|&s| s >= raw)
+        .unwrap_or(10.0 * mag);
+    if integer {
+        step = step.max(1.0).round();
+    }
+    let first = (lo / step).ceil() * step;
+    let mut v = Vec::new();
+    let mut t = first;
+    while t <= hi + step * 1e-9 && v.len() < 50 {
+        v.push(if t.abs() < step * 1e-9 { 0.0 } else { t });
+        t += step;
+    }
+    v
+}
+
+fn tick_label(v: f64) -> String {
+    if v == v.round() && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// Bytes unit for an axis whose values reach `max`: (divisor, name).
+fn byte_unit(max: f64) -> (f64, &'static str) {
+    const UNITS: [(f64, &str); 4] = [
+        (1024.0 * 1024.0 * 1024.0, "GiB"),
+        (1024.0 * 1024.0, "MiB"),
+        (1024.0, "KiB"),
+        (1.0, "bytes"),
+    ];
+    UNITS
+        .iter()
+        .copied()
+        .find(|(d, _)| max >= *d)
+        .unwrap_or((1.0, "bytes"))
+}
+
+const PLOT_COLORS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
+
+/// `wgmoe bench --plot`: a self-contained SVG of decode rate (top panel) and H2D bytes
+/// (bottom panel) against resident experts per layer, one polyline with markers per
+/// (precision, executor, cache policy) series, axes with ticks and labels, a legend and a
+/// title naming the model, adapter and date. One configuration is one marker.
+pub fn plot_svg(records: &[BenchRecord]) -> String {
+    use std::fmt::Write;
+    let series = plot_series(records);
+    let (w, h) = (880.0, 660.0);
+    let (left, right) = (90.0, 640.0); // plot area x range; the legend is to the right
+    let panels = [(85.0, 330.0), (400.0, 600.0)]; // (top, bottom) of each panel
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(o, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let (title, subtitle) = match records.first() {
+        Some(r) => (
+            format!(
+                "wgmoe bench: {} ({}{})",
+                r.model_dir,
+                r.model_type,
+                if r.synthetic { ", synthetic" } else { "" }
+            ),
+            format!(
+                "adapter {} ({}, {})\n{} prompts x {} blocks, {} new tokens; {}; wgmoe {} {}",
+                r.adapter,
+                r.backend,
+                r.driver,
+                r.prompts,
+                r.blocks,
+                r.new_tokens,
+                r.date_utc,
+                r.wgmoe_version,
+                r.git_revision
+            ),
+        ),
+        None => ("wgmoe bench: no configurations".to_string(), String::new()),
+    };
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{}</text>"#,
+        w / 2.0,
+        xml_escape(&title)
+    );
+    for (i, line) in subtitle.lines().enumerate() {
+        let _ = writeln!(
+            o,
+            r##"<text x="{}" y="{}" text-anchor="middle" font-size="11" fill="#444">{}</text>"##,
+            w / 2.0,
+            42 + 15 * i,
+            xml_escape(line)
+        );
+    }
+    // Shared x axis: resident experts per layer.
+    let xs: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .collect();
+    let (mut x0, mut x1) = xs
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+    if !x0.is_finite() {
+        (x0, x1) = (0.0, 1.0);
+    }
+    if x1 - x0 < 1.0 {
+        (x0, x1) = (x0 - 1.0, x1 + 1.0);
+    }
+    let pad = (x1 - x0) * 0.05;
+    let (x0, x1) = ((x0 - pad).max(0.0), x1 + pad);
+    let sx = |x: f64| left + (x - x0) / (x1 - x0) * (right - left);
+    let xticks = nice_ticks(x0, x1, 8, true);
+    let h2d_max = series
+        .iter()
+        .flat_map(|s| s.points.iter().filter_map(|p| p.2))
+        .max()
+        .unwrap_or(0) as f64;
+    let (unit_div, unit) = byte_unit(h2d_max);
+    for (pi, &(top, bottom)) in panels.iter().enumerate() {
+        let value = |p: &(f64, f64, Option<u64>)| -> Option<f64> {
+            if pi == 0 {
+                Some(p.1)
+            } else {
+                p.2.map(|b| b as f64 / unit_div)
+            }
+        };
+        let ymax = series
+            .iter()
+            .flat_map(|s| s.points.iter().filter_map(value))
+            .fold(0.0f64, f64::max);
+        let ymax = if ymax > 0.0 { ymax * 1.1 } else { 1.0 };
+        let sy = |y: f64| bottom - y / ymax * (bottom - top);
+        let ylabel = if pi == 0 {
+            "decode tok/s".to_string()
+        } else {
+            format!("H2D {unit}")
+        };
+        let _ = writeln!(o, r#"<g class="panel" data-panel="{}">"#, if pi == 0 { "decode" } else { "h2d" });
+        for t in nice_ticks(0.0, ymax, 5, false) {
+            let y = sy(t);
+            let _ = writeln!(
+                o,
+                r##"<line x1="{left}" y1="{y:.1}" x2="{right}" y2="{y:.1}" stroke="#e4e4e4"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+                left - 6.0,
+                y + 4.0,
+                tick_label(t)
+            );
+        }
+        for &t in &xticks {
+            let x = sx(t);
+            let _ = writeln!(
+                o,
+                r##"<line x1="{x:.1}" y1="{bottom}" x2="{x:.1}" y2="{:.1}" stroke="#333"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                bottom + 5.0,
+                bottom + 18.0,
+                tick_label(t)
+            );
+        }
+        let _ = writeln!(
+            o,
+            r##"<rect x="{left}" y="{top}" width="{}" height="{}" fill="none" stroke="#333"/>"##,
+            right - left,
+            bottom - top
+        );
+        let _ = writeln!(
+            o,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" transform="rotate(-90 {:.1} {:.1})">{}</text>"#,
+            left - 55.0,
+            (top + bottom) / 2.0,
+            left - 55.0,
+            (top + bottom) / 2.0,
+            xml_escape(&ylabel)
+        );
+        let _ = writeln!(
+            o,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">resident experts per layer</text>"#,
+            (left + right) / 2.0,
+            bottom + 36.0
+        );
+        for (si, s) in series.iter().enumerate() {
+            let color = PLOT_COLORS[si % PLOT_COLORS.len()];
+            let pts: Vec<(f64, f64)> = s
+                .points
+                .iter()
+                .filter_map(|p| value(p).map(|v| (sx(p.0), sy(v))))
+                .collect();
+            let label = xml_escape(&s.label);
+            if pts.len() >= 2 {
+                let list: Vec<String> =
+                    pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+                let _ = writeln!(
+                    o,
+                    r#"<polyline data-series="{label}" fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+                    list.join(" ")
+                );
+            }
+            for (x, y) in pts {
+                let _ = writeln!(
+                    o,
+                    r#"<circle data-series="{label}" cx="{x:.1}" cy="{y:.1}" r="4" fill="{color}"/>"#
+                );
+            }
+        }
+        let _ = writeln!(o, "</g>");
+    }
+    // Legend.
+    let lx = right + 20.0;
+    let _ = writeln!(
+        o,
+        r#"<text x="{lx}" y="{}" font-weight="bold">precision/executor policy</text>"#,
+        panels[0].0 + 10.0
+    );
+    for (si, s) in series.iter().enumerate() {
+        let y = panels[0].0 + 30.0 + 20.0 * si as f64;
+        let color = PLOT_COLORS[si % PLOT_COLORS.len()];
+        let _ = writeln!(
+            o,
+            r#"<g class="legend"><line x1="{lx}" y1="{y}" x2="{}" y2="{y}" stroke="{color}" stroke-width="2"/><circle cx="{}" cy="{y}" r="4" fill="{color}"/><text x="{}" y="{}">{}</text></g>"#,
+            lx + 24.0,
+            lx + 12.0,
+            lx + 30.0,
+            y + 4.0,
+            xml_escape(&s.label)
+        );
+    }
+    if records.iter().any(|r| r.synthetic) {
+        let _ = writeln!(
+            o,
+            r##"<text x="{lx}" y="{}" font-size="10" fill="#666">synthetic: uniform routing</text>"##,
+            panels[0].0 + 40.0 + 20.0 * series.len() as f64
+        );
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,7 +1058,13 @@ mod tests {
     fn rfc3339_known_dates() {
         use std::time::{Duration, UNIX_EPOCH};
         assert_eq!(rfc3339_utc(UNIX_EPOCH), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339_utc(UNIX_EPOCH + Duration::from_secs(951_782_400)), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339_utc(UNIX_EPOCH + Duration::from_secs(1_735_689_599)), "2024-12-31T23:59:59Z");
+        assert_eq!(
+            rfc3339_utc(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00Z"
+        );
+        assert_eq!(
+            rfc3339_utc(UNIX_EPOCH + Duration::from_secs(1_735_689_599)),
+            "2024-12-31T23:59:59Z"
+        );
     }
 }

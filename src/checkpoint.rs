@@ -262,7 +262,11 @@ impl Checkpoint {
             return Err(self.bad(e, name, format!("expected dtype U8, found {:?}", e.dtype)));
         }
         if e.shape != expected_shape {
-            return Err(self.bad(e, name, format!("expected shape {expected_shape:?}, found {:?}", e.shape)));
+            return Err(self.bad(
+                e,
+                name,
+                format!("expected shape {expected_shape:?}, found {:?}", e.shape),
+            ));
         }
         Ok(self.bytes(e))
     }
@@ -403,7 +407,8 @@ impl Checkpoint {
         hidden: usize,
         inter: usize,
     ) -> Result<()> {
-        let (name, shape, _, _) = self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
+        let (name, shape, _, _) =
+            self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
         self.checked(&name, &shape).map(|_| ())
     }
 

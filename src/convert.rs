@@ -60,7 +60,13 @@ impl FastHasher {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
 
     pub fn new(total_len: u64) -> Self {
-        FastHasher { h: 0xcbf2_9ce4_8422_2325 ^ total_len, carry: [0; 8], n_carry: 0, total: total_len, seen: 0 }
+        FastHasher {
+            h: 0xcbf2_9ce4_8422_2325 ^ total_len,
+            carry: [0; 8],
+            n_carry: 0,
+            total: total_len,
+            seen: 0,
+        }
     }
 
     fn word(&mut self, c: &[u8]) {
@@ -140,13 +146,23 @@ pub fn validate_converted(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<()> {
             } else {
                 ""
             };
-            return Err(Error::bad_file(&file, format!("metadata `{key}` is `{got}`, expected `{want}`{hint}; re-run `wgmoe quantize`")));
+            return Err(Error::bad_file(
+                &file,
+                format!(
+                    "metadata `{key}` is `{got}`, expected `{want}`{hint}; re-run `wgmoe quantize`"
+                ),
+            ));
         }
     }
     let sums: Vec<String> = md
         .get("wgmoe.expert_checksums")
         .and_then(|s| serde_json::from_str(s).ok())
-        .ok_or_else(|| Error::bad_file(&file, "metadata `wgmoe.expert_checksums` is missing or malformed"))?;
+        .ok_or_else(|| {
+            Error::bad_file(
+                &file,
+                "metadata `wgmoe.expert_checksums` is missing or malformed",
+            )
+        })?;
     for l in 0..cfg.num_layers {
         if !cfg.sparse_layers[l] {
             continue;
@@ -159,7 +175,9 @@ pub fn validate_converted(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<()> {
             return Err(Error::BadTensor {
                 path: file.clone(),
                 name,
-                msg: format!("checksum {got} does not match the recorded {want}: the file is corrupt"),
+                msg: format!(
+                    "checksum {got} does not match the recorded {want}: the file is corrupt"
+                ),
             });
         }
     }
@@ -171,7 +189,10 @@ pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Res
     let (e, h, i) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate);
     let layout = Q4SlotLayout::new(h, i);
     let mut out = vec![0u8; e * layout.bytes];
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(e.max(1));
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(e.max(1));
     let per = e.div_ceil(threads);
     let results: Vec<Result<()>> = std::thread::scope(|s| {
         let handles: Vec<_> = out
@@ -192,7 +213,10 @@ pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Res
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Other("a quantiser thread panicked".into()))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Other("a quantiser thread panicked".into())))
+            })
             .collect()
     });
     for r in results {
@@ -202,10 +226,17 @@ pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Res
 }
 
 /// The packed experts of one layer: borrowed from a converted file, or quantised now.
-pub fn packed_layer<'a>(ckpt: &'a Checkpoint, cfg: &ModelConfig, layer: usize) -> Result<Cow<'a, [u8]>> {
+pub fn packed_layer<'a>(
+    ckpt: &'a Checkpoint,
+    cfg: &ModelConfig,
+    layer: usize,
+) -> Result<Cow<'a, [u8]>> {
     if is_converted(ckpt) {
         let layout = Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate);
-        Ok(Cow::Borrowed(ckpt.raw_u8(&experts_tensor(layer), &[cfg.num_experts, layout.bytes])?))
+        Ok(Cow::Borrowed(ckpt.raw_u8(
+            &experts_tensor(layer),
+            &[cfg.num_experts, layout.bytes],
+        )?))
     } else {
         Ok(Cow::Owned(quantize_layer(ckpt, cfg, layer)?))
     }
@@ -243,7 +274,12 @@ impl PlannedTensor {
             _ => 1,
         };
         let bytes = shape.iter().product::<usize>() * size;
-        PlannedTensor { name: name.into(), dtype, shape, bytes }
+        PlannedTensor {
+            name: name.into(),
+            dtype,
+            shape,
+            bytes,
+        }
     }
 }
 
@@ -267,7 +303,10 @@ pub struct SafetensorsStream {
 fn safetensors_header(meta: &BTreeMap<String, String>, plan: &[PlannedTensor]) -> Vec<u8> {
     let mut obj = serde_json::Map::new();
     if !meta.is_empty() {
-        obj.insert("__metadata__".into(), serde_json::to_value(meta).unwrap_or_default());
+        obj.insert(
+            "__metadata__".into(),
+            serde_json::to_value(meta).unwrap_or_default(),
+        );
     }
     let mut off = 0usize;
     for p in plan {
@@ -282,10 +321,17 @@ fn safetensors_header(meta: &BTreeMap<String, String>, plan: &[PlannedTensor]) -
 }
 
 impl SafetensorsStream {
-    pub fn create(out_file: &Path, plan: Vec<PlannedTensor>, meta: BTreeMap<String, String>) -> Result<Self> {
+    pub fn create(
+        out_file: &Path,
+        plan: Vec<PlannedTensor>,
+        meta: BTreeMap<String, String>,
+    ) -> Result<Self> {
         let mut names = std::collections::HashSet::new();
         if let Some(p) = plan.iter().find(|p| !names.insert(p.name.as_str())) {
-            return Err(Error::Other(format!("internal: tensor `{}` planned twice", p.name)));
+            return Err(Error::Other(format!(
+                "internal: tensor `{}` planned twice",
+                p.name
+            )));
         }
         let mut tmp = out_file.as_os_str().to_owned();
         tmp.push(".partial");
@@ -296,7 +342,8 @@ impl SafetensorsStream {
             File::create(&tmp_file).map_err(|e| Error::io(&tmp_file, e))?,
         );
         let io = |e| Error::io(&tmp_file, e);
-        file.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+        file.write_all(&(header.len() as u64).to_le_bytes())
+            .map_err(io)?;
         file.write_all(&header).map_err(io)?;
         let mut s = SafetensorsStream {
             out_file: out_file.to_path_buf(),
@@ -344,10 +391,15 @@ impl SafetensorsStream {
             return Ok(());
         }
         let Some(p) = self.plan.get(self.cur) else {
-            return Err(Error::Other(format!("internal: `{name}` written after the last planned tensor")));
+            return Err(Error::Other(format!(
+                "internal: `{name}` written after the last planned tensor"
+            )));
         };
         if p.name != name {
-            return Err(Error::Other(format!("internal: `{name}` written where `{}` is due", p.name)));
+            return Err(Error::Other(format!(
+                "internal: `{name}` written where `{}` is due",
+                p.name
+            )));
         }
         if self.cur_written + data.len() > p.bytes {
             return Err(Error::Other(format!(
@@ -356,7 +408,9 @@ impl SafetensorsStream {
                 p.bytes
             )));
         }
-        self.file.write_all(data).map_err(|e| Error::io(&self.tmp_file, e))?;
+        self.file
+            .write_all(data)
+            .map_err(|e| Error::io(&self.tmp_file, e))?;
         self.cur_written += data.len();
         self.written += data.len() as u64;
         if self.cur_written == p.bytes {
@@ -375,15 +429,23 @@ impl SafetensorsStream {
     /// file's size.
     pub fn finish(self) -> Result<u64> {
         if let Some(p) = self.plan.get(self.cur) {
-            return Err(Error::Other(format!("internal: `{}` is incomplete ({} of {} bytes)", p.name, self.cur_written, p.bytes)));
+            return Err(Error::Other(format!(
+                "internal: `{}` is incomplete ({} of {} bytes)",
+                p.name, self.cur_written, p.bytes
+            )));
         }
         let header = safetensors_header(&self.meta, &self.plan);
         if header.len() != self.header_len {
-            return Err(Error::Other("internal: safetensors header changed length".into()));
+            return Err(Error::Other(
+                "internal: safetensors header changed length".into(),
+            ));
         }
         let tmp_file = self.tmp_file;
         let io = |e| Error::io(&tmp_file, e);
-        let mut file = self.file.into_inner().map_err(|e| Error::io(&tmp_file, e.into_error()))?;
+        let mut file = self
+            .file
+            .into_inner()
+            .map_err(|e| Error::io(&tmp_file, e.into_error()))?;
         file.seek(SeekFrom::Start(8)).map_err(io)?;
         file.write_all(&header).map_err(io)?;
         file.sync_all().map_err(io)?;
@@ -412,10 +474,18 @@ pub struct ConvertedModelWriter {
 impl ConvertedModelWriter {
     /// `dense`: every non-routed tensor (name, shape), in write order. `extra_meta`: more
     /// metadata (e.g. `wgmoe.source_files`), added to the format's own.
-    pub fn create(out_dir: &Path, cfg: &ModelConfig, dense: Vec<(String, Vec<usize>)>, extra_meta: BTreeMap<String, String>) -> Result<Self> {
+    pub fn create(
+        out_dir: &Path,
+        cfg: &ModelConfig,
+        dense: Vec<(String, Vec<usize>)>,
+        extra_meta: BTreeMap<String, String>,
+    ) -> Result<Self> {
         std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
         let layout = Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate);
-        let mut plan: Vec<PlannedTensor> = dense.into_iter().map(|(n, s)| PlannedTensor::new(n, "F16", s)).collect();
+        let mut plan: Vec<PlannedTensor> = dense
+            .into_iter()
+            .map(|(n, s)| PlannedTensor::new(n, "F16", s))
+            .collect();
         for l in (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]) {
             plan.push(PlannedTensor {
                 name: experts_tensor(l),
@@ -424,13 +494,27 @@ impl ConvertedModelWriter {
                 bytes: cfg.num_experts * layout.bytes,
             });
         }
-        let mut meta: BTreeMap<String, String> = meta_json(cfg, &layout).into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let mut meta: BTreeMap<String, String> = meta_json(cfg, &layout)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
         meta.extend(extra_meta);
         // Fixed-width placeholders, so the header keeps its length when the real sums go in.
         let sums: Vec<String> = (0..cfg.num_layers).map(|_| "0".repeat(16)).collect();
-        meta.insert("wgmoe.expert_checksums".into(), serde_json::to_string(&sums).unwrap_or_default());
+        meta.insert(
+            "wgmoe.expert_checksums".into(),
+            serde_json::to_string(&sums).unwrap_or_default(),
+        );
         let st = SafetensorsStream::create(&out_dir.join("model.safetensors"), plan, meta)?;
-        Ok(ConvertedModelWriter { st, layout, sums, hashing: None, dense: 0, experts: 0, num_experts: cfg.num_experts })
+        Ok(ConvertedModelWriter {
+            st,
+            layout,
+            sums,
+            hashing: None,
+            dense: 0,
+            experts: 0,
+            num_experts: cfg.num_experts,
+        })
     }
 
     pub fn layout(&self) -> Q4SlotLayout {
@@ -464,7 +548,11 @@ impl ConvertedModelWriter {
             h.update(data);
         }
         self.experts += data.len() as u64;
-        if self.hashing.as_ref().is_some_and(|(_, h)| h.seen() == total) {
+        if self
+            .hashing
+            .as_ref()
+            .is_some_and(|(_, h)| h.seen() == total)
+        {
             self.close_layer()?;
         }
         Ok(())
@@ -472,7 +560,9 @@ impl ConvertedModelWriter {
 
     fn close_layer(&mut self) -> Result<()> {
         if let Some((l, h)) = self.hashing.take() {
-            let sum = h.try_finish().ok_or_else(|| Error::Other(format!("internal: experts of layer {l} incomplete")))?;
+            let sum = h.try_finish().ok_or_else(|| {
+                Error::Other(format!("internal: experts of layer {l} incomplete"))
+            })?;
             self.sums[l] = format!("{sum:016x}");
         }
         Ok(())
@@ -480,7 +570,10 @@ impl ConvertedModelWriter {
 
     pub fn finish(mut self) -> Result<ConvertSummary> {
         self.close_layer()?;
-        self.st.set_metadata("wgmoe.expert_checksums", serde_json::to_string(&self.sums).unwrap_or_default());
+        self.st.set_metadata(
+            "wgmoe.expert_checksums",
+            serde_json::to_string(&self.sums).unwrap_or_default(),
+        );
         let out_file = self.st.out_file.clone();
         let bytes = self.st.finish()?;
         Ok(ConvertSummary {
@@ -493,11 +586,18 @@ impl ConvertedModelWriter {
 }
 
 /// `wgmoe quantize`: write a converted model to `out_dir`, streaming tensor by tensor.
-pub fn write_converted(src: &Path, out_dir: &Path, on_progress: &mut dyn FnMut(usize, usize)) -> Result<ConvertSummary> {
+pub fn write_converted(
+    src: &Path,
+    out_dir: &Path,
+    on_progress: &mut dyn FnMut(usize, usize),
+) -> Result<ConvertSummary> {
     let cfg = ModelConfig::from_dir(src)?;
     let ckpt = Checkpoint::open(src)?;
     if is_converted(&ckpt) {
-        return Err(Error::bad_file(ckpt.dir().join("model.safetensors"), "is already a converted INT4 model"));
+        return Err(Error::bad_file(
+            ckpt.dir().join("model.safetensors"),
+            "is already a converted INT4 model",
+        ));
     }
     // The same tensor and shape checks as loading, before anything is written.
     crate::model::weights::check_tensors(&cfg, &ckpt)?;
@@ -517,7 +617,10 @@ pub fn write_converted(src: &Path, out_dir: &Path, on_progress: &mut dyn FnMut(u
         }));
     }
     let mut extra = BTreeMap::new();
-    extra.insert("wgmoe.source_files".to_string(), serde_json::Value::Array(sources).to_string());
+    extra.insert(
+        "wgmoe.source_files".to_string(),
+        serde_json::Value::Array(sources).to_string(),
+    );
     let mut w = ConvertedModelWriter::create(out_dir, &cfg, dense, extra)?;
     let plan: Vec<PlannedTensor> = w.stream().plan().to_vec();
     let total = plan.len();
@@ -527,7 +630,12 @@ pub fn write_converted(src: &Path, out_dir: &Path, on_progress: &mut dyn FnMut(u
             let v = ckpt.read_f16(&p.name, &p.shape)?;
             w.write_dense(&p.name, &v)?;
         } else {
-            let l: usize = p.name.split('.').nth(2).and_then(|s| s.parse().ok()).unwrap_or(0);
+            let l: usize = p
+                .name
+                .split('.')
+                .nth(2)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
             let packed = quantize_layer(&ckpt, &cfg, l)?;
             w.write_experts(l, &packed)?;
         }
@@ -540,7 +648,9 @@ pub fn write_converted(src: &Path, out_dir: &Path, on_progress: &mut dyn FnMut(u
             std::fs::copy(&s, out_dir.join(name)).map_err(|e| Error::io(&s, e))?;
         }
     }
-    let bytes = std::fs::metadata(&summary.out_file).map_err(|e| Error::io(&summary.out_file, e))?.len();
+    let bytes = std::fs::metadata(&summary.out_file)
+        .map_err(|e| Error::io(&summary.out_file, e))?
+        .len();
     Ok(ConvertSummary { bytes, ..summary })
 }
 
@@ -550,7 +660,9 @@ mod tests {
 
     #[test]
     fn incremental_hash_matches_one_shot() {
-        let data: Vec<u8> = (0..1001u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let data: Vec<u8> = (0..1001u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
         for len in [0usize, 1, 7, 8, 9, 64, 1000, 1001] {
             let d = &data[..len];
             let want = fast_hash(d);

@@ -15,13 +15,17 @@ fn need(what: &str, got: usize, want: usize) -> Result<()> {
     if got == want {
         Ok(())
     } else {
-        Err(Error::Other(format!("cpu_ref: {what} has {got} values, expected {want}")))
+        Err(Error::Other(format!(
+            "cpu_ref: {what} has {got} values, expected {want}"
+        )))
     }
 }
 
 fn rows_of(what: &str, len: usize, width: usize) -> Result<usize> {
     if width == 0 || len % width != 0 {
-        return Err(Error::Other(format!("cpu_ref: {what} of {len} values is not whole rows of {width}")));
+        return Err(Error::Other(format!(
+            "cpu_ref: {what} of {len} values is not whole rows of {width}"
+        )));
     }
     Ok(len / width)
 }
@@ -47,9 +51,15 @@ pub fn embed(table: &[f16], hidden: usize, ids: &[u32]) -> Result<Vec<f32>> {
     for &id in ids {
         let id = id as usize;
         if id >= vocab {
-            return Err(Error::Other(format!("cpu_ref: token id {id} outside a vocabulary of {vocab}")));
+            return Err(Error::Other(format!(
+                "cpu_ref: token id {id} outside a vocabulary of {vocab}"
+            )));
         }
-        out.extend(table[id * hidden..(id + 1) * hidden].iter().map(|w| w.to_f32()));
+        out.extend(
+            table[id * hidden..(id + 1) * hidden]
+                .iter()
+                .map(|w| w.to_f32()),
+        );
     }
     Ok(out)
 }
@@ -214,7 +224,13 @@ pub fn rope_kv(
 /// `attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling`,
 /// `attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32)`,
 /// `attn_output = torch.matmul(attn_weights, value_states)`, with `scaling = head_dim**-0.5`.
-pub fn attention(q: &[f32], heads: Heads, cache_k: &[f32], cache_v: &[f32], pos0: usize) -> Result<Vec<f32>> {
+pub fn attention(
+    q: &[f32],
+    heads: Heads,
+    cache_k: &[f32],
+    cache_v: &[f32],
+    pos0: usize,
+) -> Result<Vec<f32>> {
     let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
     let t = rows_of("attention q", q.len(), q_dim)?;
     let positions = rows_of("k cache", cache_k.len(), kv_dim)?;
@@ -272,7 +288,9 @@ pub fn router_topk(
 ) -> Result<(Vec<u32>, Vec<f32>)> {
     let t = rows_of("router logits", logits.len(), stride)?;
     if n_experts > stride || top_k > n_experts {
-        return Err(Error::Other(format!("cpu_ref: top {top_k} of {n_experts} experts, row stride {stride}")));
+        return Err(Error::Other(format!(
+            "cpu_ref: top {top_k} of {n_experts} experts, row stride {stride}"
+        )));
     }
     let (mut ids, mut weights) = (Vec::new(), Vec::new());
     for ti in 0..t {
@@ -291,7 +309,13 @@ pub fn router_topk(
 /// First half of a SwiGLU expert: `silu(x · gate^T) * (x · up^T)`, x [T, hidden],
 /// gate and up [inter, hidden]; returns [T, inter]. Mirrors
 /// `self.act_fn(self.gate_proj(x)) * self.up_proj(x)`.
-pub fn swiglu_gate_up(x: &[f32], hidden: usize, gate: &[f16], up: &[f16], inter: usize) -> Result<Vec<f32>> {
+pub fn swiglu_gate_up(
+    x: &[f32],
+    hidden: usize,
+    gate: &[f16],
+    up: &[f16],
+    inter: usize,
+) -> Result<Vec<f32>> {
     let g = matmul(x, hidden, gate, inter, None, None)?;
     let u = matmul(x, hidden, up, inter, None, None)?;
     Ok(g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect())
@@ -434,8 +458,14 @@ pub fn w4a16_gate_up(x: &[f32], layout: &Q4SlotLayout, slot: &[u8]) -> Result<Ve
     let slot = q4_slot(layout, slot)?;
     let (h, i, g) = (layout.hidden, layout.inter, layout.gate);
     let t = rows_of("w4a16 gate_up input", x.len(), h)?;
-    let (gq, uq) = (&slot[layout.gate_q..layout.up_q], &slot[layout.up_q..layout.down_q]);
-    let (gs, us) = (&slot[layout.gate_s..layout.up_s], &slot[layout.up_s..layout.down_s]);
+    let (gq, uq) = (
+        &slot[layout.gate_q..layout.up_q],
+        &slot[layout.up_q..layout.down_q],
+    );
+    let (gs, us) = (
+        &slot[layout.gate_s..layout.up_s],
+        &slot[layout.up_s..layout.down_s],
+    );
     q4_sections("w4a16 gate", g, gq, gs)?;
     q4_sections("w4a16 up", g, uq, us)?;
     let mut out = Vec::with_capacity(t * i);
@@ -456,7 +486,12 @@ pub fn w4a16_gate_up(x: &[f32], layout: &Q4SlotLayout, slot: &[u8]) -> Result<Ve
 pub fn w4a16_down(h: &[f32], layout: &Q4SlotLayout, slot: &[u8]) -> Result<Vec<f32>> {
     let slot = q4_slot(layout, slot)?;
     let d = layout.down;
-    w4a16_matmul(h, d, &slot[layout.down_q..layout.gate_s], &slot[layout.down_s..])
+    w4a16_matmul(
+        h,
+        d,
+        &slot[layout.down_q..layout.gate_s],
+        &slot[layout.down_s..],
+    )
 }
 
 /// The fused weighted combine of shaders/ffn_down_q4.wgsl (flags bit 0 set):
@@ -483,9 +518,14 @@ pub fn w4a16_down_combine(
     let d = layout.down;
     let mut out = Vec::with_capacity(t * hid);
     for ti in 0..t {
-        let mut acc: Vec<f64> = x[ti * hid..(ti + 1) * hid].iter().map(|&v| v as f64).collect();
+        let mut acc: Vec<f64> = x[ti * hid..(ti + 1) * hid]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
         for j in 0..top_k {
-            let Some(slot) = slots[ti * top_k + j] else { continue };
+            let Some(slot) = slots[ti * top_k + j] else {
+                continue;
+            };
             let slot = q4_slot(layout, slot)?;
             let (q, s) = (&slot[layout.down_q..layout.gate_s], &slot[layout.down_s..]);
             q4_sections("w4a16 down", d, q, s)?;
@@ -511,11 +551,22 @@ mod tests {
     #[test]
     fn small_hand_checked_cases() {
         // [1, 2] · [[1, 0], [1, 1]]^T + [0.5, 0] = [1.5, 3]
-        let y = matmul(&[1.0, 2.0], 2, &f16s(&[1.0, 0.0, 1.0, 1.0]), 2, Some(&[0.5, 0.0]), None).unwrap();
+        let y = matmul(
+            &[1.0, 2.0],
+            2,
+            &f16s(&[1.0, 0.0, 1.0, 1.0]),
+            2,
+            Some(&[0.5, 0.0]),
+            None,
+        )
+        .unwrap();
         assert_eq!(y, vec![1.5, 3.0]);
         // rms of [3, 4] is sqrt(12.5)
         let n = rmsnorm(&[3.0, 4.0], &f16s(&[1.0, 2.0]), 0.0).unwrap();
-        assert!((n[0] - 3.0 / 12.5f32.sqrt()).abs() < 1e-6 && (n[1] - 8.0 / 12.5f32.sqrt()).abs() < 1e-6);
+        assert!(
+            (n[0] - 3.0 / 12.5f32.sqrt()).abs() < 1e-6
+                && (n[1] - 8.0 / 12.5f32.sqrt()).abs() < 1e-6
+        );
         let (ids, w) = router_topk(&[1.0, 3.0, 3.0, 0.0], 4, 4, 2, true).unwrap();
         assert_eq!(ids, vec![1, 2]);
         assert_eq!(w, vec![0.5, 0.5]);

@@ -9,9 +9,9 @@ use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gpu::{AdapterRequest, GpuContext};
 use crate::model::{Forward, ForwardOptions, ModelWeights};
-use crate::tokenizer::Tokenizer;
-use crate::residency::{build_policy, PolicyKind, Profile};
 use crate::quant::Q4SlotLayout;
+use crate::residency::{build_policy, PolicyKind, Profile};
+use crate::tokenizer::Tokenizer;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -84,7 +84,9 @@ pub fn eos_ids(cfg: &ModelConfig, gen: Option<&GenerationConfig>) -> Vec<u32> {
 
 impl Engine {
     /// Everything but the GPU: cheap checks that must fail before any GPU work.
-    pub fn open_host(dir: &Path) -> Result<(ModelConfig, Option<GenerationConfig>, Option<Tokenizer>)> {
+    pub fn open_host(
+        dir: &Path,
+    ) -> Result<(ModelConfig, Option<GenerationConfig>, Option<Tokenizer>)> {
         if !dir.is_dir() {
             return Err(Error::bad_file(dir, "model directory not found"));
         }
@@ -130,18 +132,26 @@ impl Engine {
         let mut weights = ModelWeights::load(&ctx, &cfg, &ckpt, int4, slots)?;
         let host = weights.host.take();
         let suppress = eos_ids(&cfg, generation.as_ref());
-        let mut fwd = Forward::new(&ctx, &cfg, weights, ForwardOptions {
-            executor: opts.executor,
-            max_context: opts.max_context,
-            prefill_chunk,
-            all_logits: opts.all_logits,
-            suppress,
-        })?;
+        let mut fwd = Forward::new(
+            &ctx,
+            &cfg,
+            weights,
+            ForwardOptions {
+                executor: opts.executor,
+                max_context: opts.max_context,
+                prefill_chunk,
+                all_logits: opts.all_logits,
+                suppress,
+            },
+        )?;
         if let Some(host) = host {
             let profile = match &r.profile {
                 Some(p) => {
                     let pr = Profile::load(p)?;
-                    pr.check_matches(cfg.num_layers, cfg.num_experts).map_err(|e| Error::option("--profile", format!("{}: {}", p.display(), e.0)))?;
+                    pr.check_matches(cfg.num_layers, cfg.num_experts)
+                        .map_err(|e| {
+                            Error::option("--profile", format!("{}: {}", p.display(), e.0))
+                        })?;
                     Some(pr)
                 }
                 None => None,
@@ -149,14 +159,30 @@ impl Engine {
             if r.policy == PolicyKind::Profile && profile.is_none() {
                 return Err(Error::option("--cache-policy", "profile needs --profile FILE (written by `wgmoe run ... --write-profile FILE`)"));
             }
-            let policy = build_policy(r.policy, r.decay, profile.as_ref(), capacity).map_err(|e| Error::option("--cache-policy", e.0))?;
-            let res = crate::model::residency::Residency::new(&ctx, host, &cfg.sparse_layers, cfg.top_k, capacity, r.staging_buffers, policy)?;
+            let policy = build_policy(r.policy, r.decay, profile.as_ref(), capacity)
+                .map_err(|e| Error::option("--cache-policy", e.0))?;
+            let res = crate::model::residency::Residency::new(
+                &ctx,
+                host,
+                &cfg.sparse_layers,
+                cfg.top_k,
+                capacity,
+                r.staging_buffers,
+                policy,
+            )?;
             fwd.residency = Some(std::cell::RefCell::new(res));
         }
         if r.record_profile {
             fwd.record_routing = true;
-            let name = dir.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-            fwd.profile = Some(std::cell::RefCell::new(Profile::new(name, cfg.num_layers, cfg.num_experts)));
+            let name = dir
+                .file_name()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_default();
+            fwd.profile = Some(std::cell::RefCell::new(Profile::new(
+                name,
+                cfg.num_layers,
+                cfg.num_experts,
+            )));
         }
         ctx.sync()?;
         Ok(Engine {
@@ -184,7 +210,10 @@ fn admit(cfg: &ModelConfig, opts: &EngineOptions, int4: bool) -> Result<usize> {
     let (e, k) = (cfg.num_experts, cfg.top_k);
     if let Some(n) = r.resident_experts {
         if n < k || n > e {
-            return Err(Error::option("--resident-experts", format!("{n} is outside the valid range {k}..={e} (top_k..=num_experts)")));
+            return Err(Error::option(
+                "--resident-experts",
+                format!("{n} is outside the valid range {k}..={e} (top_k..=num_experts)"),
+            ));
         }
     }
     let sparse = cfg.sparse_layers.iter().filter(|&&s| s).count() as u64;
@@ -199,7 +228,9 @@ fn admit(cfg: &ModelConfig, opts: &EngineOptions, int4: bool) -> Result<usize> {
         (None, None) => e,
         (None, Some(_)) => e,
     };
-    let fixed = admission_bytes(cfg, opts, int4, k) - sparse * (2 * k) as u64 * slot - r.staging_buffers as u64 * slot;
+    let fixed = admission_bytes(cfg, opts, int4, k)
+        - sparse * (2 * k) as u64 * slot
+        - r.staging_buffers as u64 * slot;
     let need = |n: usize| admission_bytes(cfg, opts, int4, n);
     let _ = n;
     let n = match (r.resident_experts, budget) {
@@ -228,7 +259,10 @@ fn admit(cfg: &ModelConfig, opts: &EngineOptions, int4: bool) -> Result<usize> {
         _ => n,
     };
     if n < e && !int4 {
-        return Err(Error::option("--resident-experts", "partial residency needs --expert-precision int4"));
+        return Err(Error::option(
+            "--resident-experts",
+            "partial residency needs --expert-precision int4",
+        ));
     }
     Ok(n)
 }
@@ -247,8 +281,15 @@ pub fn admission_bytes(cfg: &ModelConfig, opts: &EngineOptions, int4: bool, n: u
     let partial = n < e;
     let chunk = if partial { 1 } else { opts.prefill_chunk };
     let spares = if partial { k } else { 0 };
-    let staging = if partial { opts.residency.staging_buffers as u64 * slot } else { 0 };
-    dense_gpu_bytes(cfg) + crate::model::forward::workspace_bytes(cfg, opts.max_context, chunk, opts.all_logits) + sparse * (n + spares) as u64 * slot + staging
+    let staging = if partial {
+        opts.residency.staging_buffers as u64 * slot
+    } else {
+        0
+    };
+    dense_gpu_bytes(cfg)
+        + crate::model::forward::workspace_bytes(cfg, opts.max_context, chunk, opts.all_logits)
+        + sparse * (n + spares) as u64 * slot
+        + staging
 }
 
 /// Bytes of every non-routed weight as the GPU holds it (f16, rows padded to 8 halves),

@@ -62,7 +62,11 @@ impl Error {
             msg: msg.into(),
         }
     }
-    pub fn field(path: impl Into<PathBuf>, field: impl Into<String>, msg: impl Into<String>) -> Self {
+    pub fn field(
+        path: impl Into<PathBuf>,
+        field: impl Into<String>,
+        msg: impl Into<String>,
+    ) -> Self {
         Error::ConfigField {
             path: path.into(),
             field: field.into(),

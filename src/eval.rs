@@ -4,7 +4,12 @@
 /// log-softmax in f64.
 pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let lse = logits.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
+    let lse = logits
+        .iter()
+        .map(|&x| (x as f64 - m).exp())
+        .sum::<f64>()
+        .ln()
+        + m;
     logits.iter().map(|&x| x as f64 - lse).collect()
 }
 
@@ -12,7 +17,11 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
 pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
     let lp = log_softmax(p_logits);
     let lq = log_softmax(q_logits);
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>().max(0.0)
+    lp.iter()
+        .zip(&lq)
+        .map(|(a, b)| a.exp() * (a - b))
+        .sum::<f64>()
+        .max(0.0)
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]

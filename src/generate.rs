@@ -67,7 +67,11 @@ pub fn generate(
     let greedy = opts.sampling.is_greedy();
     // Greedy decoding keeps the sampled id on the GPU; sampling needs the logits row.
     let head = if greedy { Head::LastArgmax } else { Head::Last };
-    let suppress: &[u32] = if opts.ignore_eos { &fwd.opts.suppress } else { &[] };
+    let suppress: &[u32] = if opts.ignore_eos {
+        &fwd.opts.suppress
+    } else {
+        &[]
+    };
     let mut rng = Rng::new(opts.sampling.seed);
     let mut out = Generation::default();
     if opts.max_new_tokens == 0 {
@@ -80,7 +84,13 @@ pub fn generate(
     while pos < prompt.len() {
         let n = chunk.min(prompt.len() - pos);
         let last = pos + n == prompt.len();
-        fwd.submit(ctx, pos, n, Some(&prompt[pos..pos + n]), if last { head } else { Head::None })?;
+        fwd.submit(
+            ctx,
+            pos,
+            n,
+            Some(&prompt[pos..pos + n]),
+            if last { head } else { Head::None },
+        )?;
         pos += n;
     }
     let mut next = |fwd: &Forward, out: &mut Generation| -> Result<u32> {

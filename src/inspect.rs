@@ -111,8 +111,10 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
         int4_bytes_per_expert: layout.bytes as u64,
         f16_bytes_per_expert: f16_per_expert,
         gpu_weight_bytes_int4: dense_f16 + (routed_count * layout.bytes) as u64,
-        gpu_weight_bytes_f16: (!converted).then_some(dense_f16 + routed_count as u64 * f16_per_expert),
-        kv_cache_bytes_per_position: (cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4) as u64,
+        gpu_weight_bytes_f16: (!converted)
+            .then_some(dense_f16 + routed_count as u64 * f16_per_expert),
+        kv_cache_bytes_per_position: (cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4)
+            as u64,
     })
 }
 
@@ -132,14 +134,23 @@ pub fn human(bytes: u64) -> String {
 pub fn table(i: &Inspection) -> String {
     use std::fmt::Write;
     let mut o = String::new();
-    let _ = writeln!(o, 
+    let _ = writeln!(
+        o,
         "{:<16} {:>8} {:>14} {:>12} {:>12} {:>12}",
         "class", "tensors", "elements", "stored", "as f16", "as int4"
     );
     for (c, s) in &i.classes {
-        let name = serde_json::to_value(c).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
-        let int4 = if s.int4_bytes > 0 { human(s.int4_bytes) } else { "-".into() };
-        let _ = writeln!(o, 
+        let name = serde_json::to_value(c)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        let int4 = if s.int4_bytes > 0 {
+            human(s.int4_bytes)
+        } else {
+            "-".into()
+        };
+        let _ = writeln!(
+            o,
             "{:<16} {:>8} {:>14} {:>12} {:>12} {:>12}",
             name,
             s.tensors,
@@ -149,16 +160,25 @@ pub fn table(i: &Inspection) -> String {
             int4
         );
     }
-    let _ = writeln!(o, 
+    let _ = writeln!(
+        o,
         "routed experts: {} ({} each as int4, {} as f16)",
         i.routed_expert_count,
         human(i.int4_bytes_per_expert),
         human(i.f16_bytes_per_expert)
     );
-    let _ = writeln!(o, "GPU-resident weights, all experts int4: {}", human(i.gpu_weight_bytes_int4));
+    let _ = writeln!(
+        o,
+        "GPU-resident weights, all experts int4: {}",
+        human(i.gpu_weight_bytes_int4)
+    );
     if let Some(b) = i.gpu_weight_bytes_f16 {
         let _ = writeln!(o, "GPU-resident weights, all experts f16:  {}", human(b));
     }
-    let _ = writeln!(o, "KV cache: {} per position (f32 keys and values)", human(i.kv_cache_bytes_per_position));
+    let _ = writeln!(
+        o,
+        "KV cache: {} per position (f32 keys and values)",
+        human(i.kv_cache_bytes_per_position)
+    );
     o
 }

@@ -9,14 +9,18 @@ use serde_json::json;
 
 use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
 use wgmoe::error::{Error, Result};
-use wgmoe::model::forward::Executor;
 use wgmoe::generate::{generate, GenerateOptions};
 use wgmoe::gpu::{context::list_adapters, AdapterRequest, BackendChoice};
+use wgmoe::model::forward::Executor;
 use wgmoe::sampling::SamplingOptions;
 use wgmoe::tokenizer::TextStream;
 
 #[derive(Parser)]
-#[command(name = "wgmoe", version, about = "Mixture-of-Experts inference on wgpu compute shaders")]
+#[command(
+    name = "wgmoe",
+    version,
+    about = "Mixture-of-Experts inference on wgpu compute shaders"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -108,8 +112,10 @@ struct ResidencyArgs {
 
 impl ResidencyArgs {
     fn options(&self) -> Result<wgmoe::engine::ResidencyOptions> {
-        let policy: wgmoe::residency::PolicyKind =
-            self.cache_policy.parse().map_err(|e: wgmoe::residency::ConfigError| Error::option("--cache-policy", e.0))?;
+        let policy: wgmoe::residency::PolicyKind = self
+            .cache_policy
+            .parse()
+            .map_err(|e: wgmoe::residency::ConfigError| Error::option("--cache-policy", e.0))?;
         Ok(wgmoe::engine::ResidencyOptions {
             resident_experts: self.resident_experts,
             vram_budget: self.vram_budget,
@@ -125,9 +131,13 @@ impl ResidencyArgs {
 /// "6GiB", "512MiB", "1.5GB", "1000000" (bytes).
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let v: f64 = num.parse().map_err(|_| format!("`{s}` is not a size like 6GiB or 512MiB"))?;
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size like 6GiB or 512MiB"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -138,7 +148,11 @@ fn parse_size(s: &str) -> std::result::Result<u64, String> {
         "gib" => 1024.0 * 1024.0 * 1024.0,
         "t" | "tb" => 1e12,
         "tib" => 1024f64.powi(4),
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use B, KiB, MiB, GiB, KB, MB, GB)")),
+        _ => {
+            return Err(format!(
+                "`{s}`: unknown unit `{unit}` (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
     };
     Ok((v * mult) as u64)
 }
@@ -247,7 +261,11 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line, like every other error; the usage hint is on --help.
             let msg = e.to_string();
-            let first = msg.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            let first = msg
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
             eprintln!("error: {first} (see --help)");
             return ExitCode::from(2);
         }
@@ -281,7 +299,10 @@ fn peak_rss_bytes() -> Option<u64> {
 fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
     let list = list_adapters(&gpu.request());
     if as_json {
-        out!("{}", serde_json::to_string_pretty(&list).map_err(|e| Error::Other(e.to_string()))?);
+        out!(
+            "{}",
+            serde_json::to_string_pretty(&list).map_err(|e| Error::Other(e.to_string()))?
+        );
         return Ok(());
     }
     if list.is_empty() {
@@ -293,7 +314,9 @@ fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
         out!("    driver: {} {}", a.driver, a.driver_info);
         out!(
             "    features: shader_f16={} subgroup={} timestamp_query={}",
-            a.shader_f16, a.subgroup, a.timestamp_query
+            a.shader_f16,
+            a.subgroup,
+            a.timestamp_query
         );
         out!(
             "    limits: max_buffer_size={} max_storage_buffer_binding_size={} storage_buffers_per_stage={} workgroup_storage={} invocations_per_workgroup={} storage_offset_alignment={}",
@@ -308,21 +331,39 @@ fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-fn sampling_options(a: &RunArgs, gen: Option<&wgmoe::config::GenerationConfig>) -> Result<SamplingOptions> {
+fn sampling_options(
+    a: &RunArgs,
+    gen: Option<&wgmoe::config::GenerationConfig>,
+) -> Result<SamplingOptions> {
     let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
     if a.greedy && sampled {
-        return Err(Error::option("--greedy", "conflicts with --temperature/--top-k/--top-p"));
+        return Err(Error::option(
+            "--greedy",
+            "conflicts with --temperature/--top-k/--top-p",
+        ));
     }
     if !sampled {
-        return Ok(SamplingOptions { seed: a.seed, ..SamplingOptions::greedy() });
+        return Ok(SamplingOptions {
+            seed: a.seed,
+            ..SamplingOptions::greedy()
+        });
     }
-    let temperature = a.temperature.or(gen.and_then(|g| g.temperature)).unwrap_or(1.0);
+    let temperature = a
+        .temperature
+        .or(gen.and_then(|g| g.temperature))
+        .unwrap_or(1.0);
     if !(temperature >= 0.0 && temperature.is_finite()) {
-        return Err(Error::option("--temperature", format!("{temperature} is not a finite value >= 0")));
+        return Err(Error::option(
+            "--temperature",
+            format!("{temperature} is not a finite value >= 0"),
+        ));
     }
     let top_p = a.top_p.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(Error::option("--top-p", format!("{top_p} is not in (0, 1]")));
+        return Err(Error::option(
+            "--top-p",
+            format!("{top_p} is not in (0, 1]"),
+        ));
     }
     Ok(SamplingOptions {
         temperature,
@@ -339,7 +380,10 @@ fn run(a: RunArgs) -> Result<()> {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
             let tok = tok.as_ref().ok_or_else(|| {
-                Error::bad_file(a.model.join("tokenizer.json"), "missing: needed to encode --prompt (or pass --prompt-ids)")
+                Error::bad_file(
+                    a.model.join("tokenizer.json"),
+                    "missing: needed to encode --prompt (or pass --prompt-ids)",
+                )
             })?;
             let text = if a.chat {
                 tok.apply_chat_template(&[("user".to_string(), text.clone())], true)?
@@ -348,7 +392,12 @@ fn run(a: RunArgs) -> Result<()> {
             };
             tok.encode(&text, true)?
         }
-        (None, None) => return Err(Error::option("--prompt", "give a prompt with -p TEXT or --prompt-ids 1,2,3")),
+        (None, None) => {
+            return Err(Error::option(
+                "--prompt",
+                "give a prompt with -p TEXT or --prompt-ids 1,2,3",
+            ))
+        }
     };
     if prompt_ids.is_empty() {
         return Err(Error::option("--prompt", "the prompt encodes to no tokens"));
@@ -356,12 +405,19 @@ fn run(a: RunArgs) -> Result<()> {
     if let Some(&bad) = prompt_ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
         return Err(Error::option(
             "--prompt-ids",
-            format!("token id {bad} is outside the vocabulary (vocab_size {})", cfg.vocab_size),
+            format!(
+                "token id {bad} is outside the vocabulary (vocab_size {})",
+                cfg.vocab_size
+            ),
         ));
     }
     if prompt_ids.len() > cfg.max_position_embeddings {
         return Err(Error::option(
-            if a.prompt_ids.is_some() { "--prompt-ids" } else { "--prompt" },
+            if a.prompt_ids.is_some() {
+                "--prompt-ids"
+            } else {
+                "--prompt"
+            },
             format!(
                 "{} prompt tokens exceed max_position_embeddings = {} of {}",
                 prompt_ids.len(),
@@ -381,15 +437,18 @@ fn run(a: RunArgs) -> Result<()> {
             cfg.max_position_embeddings
         );
     }
-    let engine = Engine::load(&a.model, &EngineOptions {
-        residency: a.residency.options()?,
-        adapter: a.gpu.request(),
-        expert_precision: a.expert_precision,
-        executor: a.executor,
-        max_context,
-        prefill_chunk: a.prefill_chunk,
-        all_logits: false,
-    })?;
+    let engine = Engine::load(
+        &a.model,
+        &EngineOptions {
+            residency: a.residency.options()?,
+            adapter: a.gpu.request(),
+            expert_precision: a.expert_precision,
+            executor: a.executor,
+            max_context,
+            prefill_chunk: a.prefill_chunk,
+            all_logits: false,
+        },
+    )?;
     eprintln!(
         "loaded {} in {:.2}s on {} ({}, {})",
         a.model.display(),
@@ -417,7 +476,9 @@ fn run(a: RunArgs) -> Result<()> {
         match tokr {
             Some(t) => {
                 let s = stream.push(t, id)?;
-                out.write_all(s.as_bytes()).and_then(|_| out.flush()).map_err(stdout_error)?;
+                out.write_all(s.as_bytes())
+                    .and_then(|_| out.flush())
+                    .map_err(stdout_error)?;
             }
             None => writeln!(out, "{id}").map_err(stdout_error)?,
         }
@@ -496,8 +557,11 @@ fn run(a: RunArgs) -> Result<()> {
 }
 
 fn quantize(model: &std::path::Path, out: &std::path::Path) -> Result<()> {
-    let pb = indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    if let Ok(style) = indicatif::ProgressStyle::with_template("quantizing {bar:30} {pos}/{len} tensors {elapsed}") {
+    let pb =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("quantizing {bar:30} {pos}/{len} tensors {elapsed}")
+    {
         pb.set_style(style);
     }
     let t0 = std::time::Instant::now();
@@ -522,7 +586,10 @@ fn inspect(model: &std::path::Path, as_json: bool) -> Result<()> {
     let ckpt = wgmoe::checkpoint::Checkpoint::open(model)?;
     let i = wgmoe::inspect::inspect(&cfg, &ckpt)?;
     if as_json {
-        out!("{}", serde_json::to_string_pretty(&i).map_err(|e| Error::Other(e.to_string()))?);
+        out!(
+            "{}",
+            serde_json::to_string_pretty(&i).map_err(|e| Error::Other(e.to_string()))?
+        );
     } else {
         out!(
             "{}: {:?}, {} layers, hidden {}, {} experts top-{}, expert intermediate {}, vocab {}",
@@ -550,13 +617,29 @@ fn eval(a: EvalArgs) -> Result<()> {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => tok
             .as_ref()
-            .ok_or_else(|| Error::bad_file(a.model.join("tokenizer.json"), "missing: needed to encode --prompt"))?
+            .ok_or_else(|| {
+                Error::bad_file(
+                    a.model.join("tokenizer.json"),
+                    "missing: needed to encode --prompt",
+                )
+            })?
             .encode(text, true)?,
-        (None, None) => return Err(Error::option("--prompt", "give a prompt with -p TEXT or --prompt-ids 1,2,3")),
+        (None, None) => {
+            return Err(Error::option(
+                "--prompt",
+                "give a prompt with -p TEXT or --prompt-ids 1,2,3",
+            ))
+        }
     };
     let max_context = prompt_ids.len() + a.max_new_tokens;
     if max_context > cfg.max_position_embeddings {
-        return Err(Error::option("--max-new-tokens", format!("{max_context} positions exceed max_position_embeddings = {}", cfg.max_position_embeddings)));
+        return Err(Error::option(
+            "--max-new-tokens",
+            format!(
+                "{max_context} positions exceed max_position_embeddings = {}",
+                cfg.max_position_embeddings
+            ),
+        ));
     }
     let opts = |precision| EngineOptions {
         residency: Default::default(),
@@ -569,13 +652,19 @@ fn eval(a: EvalArgs) -> Result<()> {
     };
     // Reference: greedy decode with FP16 experts, keeping each step's logits.
     let f16 = Engine::load(&a.model, &opts(ExpertPrecision::F16))?;
-    let g = generate(&f16.ctx, &f16.fwd, &prompt_ids, &GenerateOptions {
-        max_new_tokens: a.max_new_tokens,
-        sampling: SamplingOptions::greedy(),
-        eos_ids: vec![],
-        ignore_eos: true,
-        record_logits: true,
-    }, &mut |_| Ok(()))?;
+    let g = generate(
+        &f16.ctx,
+        &f16.fwd,
+        &prompt_ids,
+        &GenerateOptions {
+            max_new_tokens: a.max_new_tokens,
+            sampling: SamplingOptions::greedy(),
+            eos_ids: vec![],
+            ignore_eos: true,
+            record_logits: true,
+        },
+        &mut |_| Ok(()),
+    )?;
     let adapter = f16.ctx.adapter_name().to_string();
     drop(f16);
     // Candidate: INT4 experts on the same sequence, teacher-forced.
@@ -586,7 +675,10 @@ fn eval(a: EvalArgs) -> Result<()> {
     let cand = &rows[prompt_ids.len() - 1..];
     let f = wgmoe::eval::fidelity(&g.step_logits, cand);
     if a.json {
-        out!("{}", json!({"model": a.model.display().to_string(), "adapter": adapter, "prompt_ids": prompt_ids, "reference_ids": g.generated_ids, "int4_vs_f16": f}));
+        out!(
+            "{}",
+            json!({"model": a.model.display().to_string(), "adapter": adapter, "prompt_ids": prompt_ids, "reference_ids": g.generated_ids, "int4_vs_f16": f})
+        );
     } else {
         out!(
             "{}: INT4 vs FP16 experts over {} positions (greedy FP16 decode, teacher-forced): mean KL {:.3e} nats, max KL {:.3e}, top-1 agreement {:.1}% [{}]",
@@ -673,6 +765,9 @@ struct BenchArgs {
     /// Write the records (a JSON array, one object per configuration) to FILE.
     #[arg(long)]
     json_out: Option<PathBuf>,
+    /// Draw decode rate and H2D bytes against resident experts per layer to FILE (SVG).
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
     /// Expert slots per layer to sweep, e.g. 30,40,50,60,64 (default: all resident).
     #[arg(long, value_delimiter = ',')]
     resident_experts: Vec<usize>,
@@ -693,24 +788,36 @@ struct BenchArgs {
 fn synth(a: SynthArgs) -> Result<()> {
     use wgmoe::inspect::human;
     use wgmoe::synth::{ShapeOverrides, SynthOptions, SynthShape};
-    let shape = SynthShape::resolve(a.arch, &ShapeOverrides {
-        hidden: a.hidden,
-        layers: a.layers,
-        heads: a.heads,
-        kv_heads: a.kv_heads,
-        experts: a.experts,
-        top_k: a.top_k,
-        expert_intermediate: a.expert_intermediate,
-        shared_expert_intermediate: a.shared_expert_intermediate,
-        vocab: a.vocab,
-        max_position_embeddings: a.max_position_embeddings,
-    })?;
+    let shape = SynthShape::resolve(
+        a.arch,
+        &ShapeOverrides {
+            hidden: a.hidden,
+            layers: a.layers,
+            heads: a.heads,
+            kv_heads: a.kv_heads,
+            experts: a.experts,
+            top_k: a.top_k,
+            expert_intermediate: a.expert_intermediate,
+            shared_expert_intermediate: a.shared_expert_intermediate,
+            vocab: a.vocab,
+            max_position_embeddings: a.max_position_embeddings,
+        },
+    )?;
     if a.max_shard_bytes == 0 {
         return Err(Error::option("--max-shard-bytes", "must be greater than 0"));
     }
-    let opts = SynthOptions { arch: a.arch, shape, seed: a.seed, format: a.format, max_shard_bytes: a.max_shard_bytes };
-    let pb = indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    if let Ok(style) = indicatif::ProgressStyle::with_template("synth {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} {elapsed}") {
+    let opts = SynthOptions {
+        arch: a.arch,
+        shape,
+        seed: a.seed,
+        format: a.format,
+        max_shard_bytes: a.max_shard_bytes,
+    };
+    let pb =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "synth {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} {elapsed}",
+    ) {
         pb.set_style(style);
     }
     let t0 = std::time::Instant::now();
@@ -740,7 +847,13 @@ fn synth(a: SynthArgs) -> Result<()> {
         sh.max_position_embeddings,
         s.seed
     );
-    let params = |n: u64| if n >= 1_000_000_000 { format!("{:.3} B", n as f64 / 1e9) } else { format!("{:.3} M", n as f64 / 1e6) };
+    let params = |n: u64| {
+        if n >= 1_000_000_000 {
+            format!("{:.3} B", n as f64 / 1e9)
+        } else {
+            format!("{:.3} M", n as f64 / 1e6)
+        }
+    };
     eprintln!(
         "parameters: {} total, {} routed experts, {} active per token",
         params(s.params_total),
@@ -759,7 +872,10 @@ fn synth(a: SynthArgs) -> Result<()> {
     );
     eprintln!("note: {}", wgmoe::synth::NOTE_UNIFORM_ROUTING);
     if a.json {
-        out!("{}", serde_json::to_string_pretty(&s).map_err(|e| Error::Other(e.to_string()))?);
+        out!(
+            "{}",
+            serde_json::to_string_pretty(&s).map_err(|e| Error::Other(e.to_string()))?
+        );
     }
     Ok(())
 }
@@ -779,7 +895,11 @@ fn bench(a: BenchArgs) -> Result<()> {
         cache_policies: a
             .cache_policy
             .iter()
-            .map(|p| p.parse().map_err(|e: wgmoe::residency::ConfigError| Error::option("--cache-policy", e.0)))
+            .map(|p| {
+                p.parse().map_err(|e: wgmoe::residency::ConfigError| {
+                    Error::option("--cache-policy", e.0)
+                })
+            })
             .collect::<Result<Vec<_>>>()?,
         decay: a.decay,
         profile: a.profile.clone(),
@@ -787,8 +907,13 @@ fn bench(a: BenchArgs) -> Result<()> {
     };
     let write = |records: &[wgmoe::bench::BenchRecord]| -> Result<()> {
         if let Some(path) = &a.json_out {
-            let text = serde_json::to_string_pretty(records).map_err(|e| Error::Other(e.to_string()))?;
+            let text =
+                serde_json::to_string_pretty(records).map_err(|e| Error::Other(e.to_string()))?;
             std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))?;
+        }
+        if let Some(path) = &a.plot {
+            std::fs::write(path, wgmoe::bench::plot_svg(records))
+                .map_err(|e| Error::io(path, e))?;
         }
         Ok(())
     };
@@ -797,7 +922,10 @@ fn bench(a: BenchArgs) -> Result<()> {
     let records = wgmoe::bench::run_bench(&opts, &mut |r| {
         eprintln!(
             "{}: decode {:.2} tok/s, TTFT {:.3}s, prefill {:.1} tok/s",
-            wgmoe::bench::config_label(r), r.decode_tokens_per_s, r.ttft_s_mean, r.prefill_tokens_per_s
+            wgmoe::bench::config_label(r),
+            r.decode_tokens_per_s,
+            r.ttft_s_mean,
+            r.prefill_tokens_per_s
         );
         done.push(r.clone());
         // Keep what is measured if a later configuration fails.
@@ -811,6 +939,9 @@ fn bench(a: BenchArgs) -> Result<()> {
     write(&records)?;
     out!("{}", wgmoe::bench::table(&records).trim_end());
     if let Some(p) = &a.json_out {
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &a.plot {
         eprintln!("wrote {}", p.display());
     }
     Ok(())

@@ -20,6 +20,7 @@
 //!   8j + i in its low nibble and column 8j + 4 + i in its high nibble, so one mask and one
 //!   `unpack4xU8` give four consecutive columns. Padding nibbles are 8 (q = 0).
 //! - scales: f16, row-major `[out][ceil(in/256)]`.
+//!
 //! Bits per weight: 4 + 16/256 = 4.0625, plus the padding to 32 columns and 16 bytes.
 //!
 //! An INT4 expert slot is gate [I, H], up [I, H], down [H, I]: the three nibble sections,
@@ -150,8 +151,14 @@ pub struct Q4SlotLayout {
 
 impl Q4SlotLayout {
     pub fn new(hidden: usize, inter: usize) -> Self {
-        let gate = Q4Matrix { out: inter, inp: hidden };
-        let down = Q4Matrix { out: hidden, inp: inter };
+        let gate = Q4Matrix {
+            out: inter,
+            inp: hidden,
+        };
+        let down = Q4Matrix {
+            out: hidden,
+            inp: inter,
+        };
         let gate_q = 0;
         let up_q = gate.q_bytes();
         let down_q = up_q + gate.q_bytes();
@@ -159,7 +166,19 @@ impl Q4SlotLayout {
         let up_s = gate_s + gate.scale_bytes();
         let down_s = up_s + gate.scale_bytes();
         let bytes = down_s + down.scale_bytes();
-        Q4SlotLayout { hidden, inter, gate, down, gate_q, up_q, down_q, gate_s, up_s, down_s, bytes }
+        Q4SlotLayout {
+            hidden,
+            inter,
+            gate,
+            down,
+            gate_q,
+            up_q,
+            down_q,
+            gate_s,
+            up_s,
+            down_s,
+            bytes,
+        }
     }
 
     /// A one-line description stored in converted files and checked on load.
@@ -208,7 +227,9 @@ mod tests {
     fn pack_roundtrips_through_nibble_and_scale() {
         for &(out, inp) in &[(3usize, 7usize), (5, 300), (64, 96), (2, 1408), (1, 256)] {
             let m = Q4Matrix { out, inp };
-            let w: Vec<f32> = (0..out * inp).map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0).collect();
+            let w: Vec<f32> = (0..out * inp)
+                .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+                .collect();
             let mut q = vec![0u8; m.q_bytes()];
             let mut s = vec![0u8; m.scale_bytes()];
             m.pack(&w, &mut q, &mut s);
@@ -226,7 +247,10 @@ mod tests {
 
     #[test]
     fn olmoe_shapes_cost_4_0625_bits() {
-        let b = bits_per_weight(Q4Matrix { out: 1024, inp: 2048 });
+        let b = bits_per_weight(Q4Matrix {
+            out: 1024,
+            inp: 2048,
+        });
         assert!((b - 4.0625).abs() < 1e-9, "{b}");
     }
 }

@@ -125,20 +125,44 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy_and_sampling_is_seeded() {
         let logits = [0.1, 2.0, 1.9, -1.0];
-        let o = SamplingOptions { temperature: 1.0, top_k: 1, top_p: 1.0, seed: 1 };
+        let o = SamplingOptions {
+            temperature: 1.0,
+            top_k: 1,
+            top_p: 1.0,
+            seed: 1,
+        };
         assert_eq!(sample(&logits, &o, &[], &mut Rng::new(1)), 1);
-        let o = SamplingOptions { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 7 };
-        let a: Vec<u32> = { let mut r = Rng::new(7); (0..32).map(|_| sample(&logits, &o, &[], &mut r)).collect() };
-        let b: Vec<u32> = { let mut r = Rng::new(7); (0..32).map(|_| sample(&logits, &o, &[], &mut r)).collect() };
+        let o = SamplingOptions {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 7,
+        };
+        let a: Vec<u32> = {
+            let mut r = Rng::new(7);
+            (0..32).map(|_| sample(&logits, &o, &[], &mut r)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut r = Rng::new(7);
+            (0..32).map(|_| sample(&logits, &o, &[], &mut r)).collect()
+        };
         assert_eq!(a, b);
-        assert!(a.iter().any(|&t| t != 1), "temperature 1 should not always pick the argmax");
+        assert!(
+            a.iter().any(|&t| t != 1),
+            "temperature 1 should not always pick the argmax"
+        );
     }
 
     #[test]
     fn top_p_keeps_only_the_nucleus() {
         // p(1) ~ 0.84: with top_p 0.5 only token 1 survives.
         let logits = [0.0, 3.0, 1.0, -2.0];
-        let o = SamplingOptions { temperature: 1.0, top_k: 0, top_p: 0.5, seed: 3 };
+        let o = SamplingOptions {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            seed: 3,
+        };
         let mut r = Rng::new(3);
         assert!((0..64).all(|_| sample(&logits, &o, &[], &mut r) == 1));
     }

@@ -157,13 +157,28 @@ impl SynthShape {
         s.layers = pos("--layers", o.layers, s.layers)?;
         s.heads = pos("--heads", o.heads, s.heads)?;
         // Heads given without kv heads: keep the preset's ratio (1:1 in both presets).
-        s.kv_heads = pos("--kv-heads", o.kv_heads, if o.heads.is_some() { s.heads } else { s.kv_heads })?;
+        s.kv_heads = pos(
+            "--kv-heads",
+            o.kv_heads,
+            if o.heads.is_some() {
+                s.heads
+            } else {
+                s.kv_heads
+            },
+        )?;
         s.experts = pos("--experts", o.experts, s.experts)?;
         s.top_k = pos("--top-k", o.top_k, s.top_k)?;
-        s.expert_intermediate = pos("--expert-intermediate", o.expert_intermediate, s.expert_intermediate)?;
+        s.expert_intermediate = pos(
+            "--expert-intermediate",
+            o.expert_intermediate,
+            s.expert_intermediate,
+        )?;
         if arch == SynthArch::Olmoe1b7b {
             if o.shared_expert_intermediate.is_some() {
-                return Err(Error::option("--shared-expert-intermediate", "OLMoE has no shared expert"));
+                return Err(Error::option(
+                    "--shared-expert-intermediate",
+                    "OLMoE has no shared expert",
+                ));
             }
             s.dense_intermediate = s.expert_intermediate;
         } else {
@@ -174,24 +189,52 @@ impl SynthShape {
             )?);
         }
         s.vocab = pos("--vocab", o.vocab, s.vocab)?;
-        s.max_position_embeddings = pos("--max-position-embeddings", o.max_position_embeddings, s.max_position_embeddings)?;
+        s.max_position_embeddings = pos(
+            "--max-position-embeddings",
+            o.max_position_embeddings,
+            s.max_position_embeddings,
+        )?;
         if s.hidden % s.heads != 0 {
-            return Err(Error::option("--heads", format!("{} does not divide --hidden {}", s.heads, s.hidden)));
+            return Err(Error::option(
+                "--heads",
+                format!("{} does not divide --hidden {}", s.heads, s.hidden),
+            ));
         }
         if (s.hidden / s.heads) % 2 != 0 {
-            return Err(Error::option("--heads", format!("head dim {} (hidden / heads) is odd; RoPE needs it even", s.hidden / s.heads)));
+            return Err(Error::option(
+                "--heads",
+                format!(
+                    "head dim {} (hidden / heads) is odd; RoPE needs it even",
+                    s.hidden / s.heads
+                ),
+            ));
         }
         if s.heads % s.kv_heads != 0 {
-            return Err(Error::option("--kv-heads", format!("{} does not divide --heads {}", s.kv_heads, s.heads)));
+            return Err(Error::option(
+                "--kv-heads",
+                format!("{} does not divide --heads {}", s.kv_heads, s.heads),
+            ));
         }
         if s.top_k > s.experts {
-            return Err(Error::option("--top-k", format!("{} is larger than --experts {}", s.top_k, s.experts)));
+            return Err(Error::option(
+                "--top-k",
+                format!("{} is larger than --experts {}", s.top_k, s.experts),
+            ));
         }
         if s.vocab < 16 {
-            return Err(Error::option("--vocab", format!("{} is too small (at least 16: special tokens and a few words)", s.vocab)));
+            return Err(Error::option(
+                "--vocab",
+                format!(
+                    "{} is too small (at least 16: special tokens and a few words)",
+                    s.vocab
+                ),
+            ));
         }
         if s.vocab > u32::MAX as usize / 2 {
-            return Err(Error::option("--vocab", format!("{} is too large", s.vocab)));
+            return Err(Error::option(
+                "--vocab",
+                format!("{} is too large", s.vocab),
+            ));
         }
         Ok(s)
     }
@@ -243,7 +286,11 @@ fn specials(arch: SynthArch, vocab: usize) -> Specials {
         ],
     };
     let v = vocab as u32;
-    let mut used: Vec<u32> = wanted.iter().map(|&(_, id)| id).filter(|&id| id < v).collect();
+    let mut used: Vec<u32> = wanted
+        .iter()
+        .map(|&(_, id)| id)
+        .filter(|&id| id < v)
+        .collect();
     let mut next_free = v;
     let mut tokens = Vec::new();
     for (t, id) in wanted {
@@ -261,13 +308,24 @@ fn specials(arch: SynthArch, vocab: usize) -> Specials {
         };
         tokens.push((t.to_string(), id));
     }
-    let id_of = |name: &str| tokens.iter().find(|(t, _)| t == name).map(|&(_, id)| id).unwrap_or(0);
+    let id_of = |name: &str| {
+        tokens
+            .iter()
+            .find(|(t, _)| t == name)
+            .map(|&(_, id)| id)
+            .unwrap_or(0)
+    };
     let eos = id_of("<|endoftext|>");
     let (bos, pad) = match arch {
         SynthArch::Olmoe1b7b => (None, id_of("<|padding|>")),
         SynthArch::Qwen15MoeA27b => (Some(eos), eos),
     };
-    Specials { tokens, eos, bos, pad }
+    Specials {
+        tokens,
+        eos,
+        bos,
+        pad,
+    }
 }
 
 /// The words of `text` as a `Whitespace` pre-tokenizer splits it (`\w+|[^\w\s]+`).
@@ -330,12 +388,19 @@ fn vocabulary(arch: SynthArch, vocab: usize) -> (Vec<String>, Specials) {
             });
         }
     }
-    (by_id.into_iter().map(Option::unwrap_or_default).collect(), sp)
+    (
+        by_id.into_iter().map(Option::unwrap_or_default).collect(),
+        sp,
+    )
 }
 
 /// tokenizer.json: a WordLevel model with a Whitespace pre-tokenizer.
 fn tokenizer_json(tokens: &[String], sp: &Specials) -> Value {
-    let vocab: serde_json::Map<String, Value> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+    let vocab: serde_json::Map<String, Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
     let mut added: Vec<(u32, &str)> = sp.tokens.iter().map(|(t, id)| (*id, t.as_str())).collect();
     added.sort();
     let added: Vec<Value> = added
@@ -358,7 +423,12 @@ fn tokenizer_json(tokens: &[String], sp: &Specials) -> Value {
 const OLMOE_CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\n' + message['content'] + eos_token + '\n' }}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %}";
 const CHATML_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-fn tokenizer_config_json(arch: SynthArch, shape: &SynthShape, tokens: &[String], sp: &Specials) -> Value {
+fn tokenizer_config_json(
+    arch: SynthArch,
+    shape: &SynthShape,
+    tokens: &[String],
+    sp: &Specials,
+) -> Value {
     let tok = |id: u32| tokens[id as usize].clone();
     let decoder: serde_json::Map<String, Value> = sp
         .tokens
@@ -456,7 +526,12 @@ pub fn config_json(arch: SynthArch, s: &SynthShape, seed: u64) -> Value {
         m.insert("wgmoe_synthetic".into(), json!(true));
         m.insert("wgmoe_synthetic_arch".into(), json!(arch.name()));
         m.insert("wgmoe_synthetic_seed".into(), json!(seed));
-        m.insert("wgmoe_synthetic_note".into(), json!(format!("random weights written by `wgmoe synth`: {NOTE_UNIFORM_ROUTING}")));
+        m.insert(
+            "wgmoe_synthetic_note".into(),
+            json!(format!(
+                "random weights written by `wgmoe synth`: {NOTE_UNIFORM_ROUTING}"
+            )),
+        );
     }
     v
 }
@@ -526,12 +601,21 @@ enum Float {
 const PIECE: usize = 1 << 18;
 
 fn threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, 16)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 16)
 }
 
 /// Generate `n` values of tensor `name` piece by piece (several pieces in parallel) and
 /// hand each group of pieces' little-endian bytes to `sink` in order.
-fn generate_float(seed: u64, name: &str, n: usize, fmt: Float, sink: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+fn generate_float(
+    seed: u64,
+    name: &str,
+    n: usize,
+    fmt: Float,
+    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
     let init = init_for(name);
     let pieces = n.div_ceil(PIECE);
     let t = threads();
@@ -583,7 +667,11 @@ fn fill_q4_matrix(m: Q4Matrix, st: &mut u64, q: &mut [u8], s: &mut [u8], scale: 
             for k in m.inp..nv * 32 {
                 let (c, j, r) = (k / 32, (k % 32) / 8, k % 8);
                 let at = (n * nv + c) * 16 + j * 4 + (r % 4);
-                q[at] = if r < 4 { (q[at] & 0xF0) | 8 } else { (q[at] & 0x0F) | 0x80 };
+                q[at] = if r < 4 {
+                    (q[at] & 0xF0) | 8
+                } else {
+                    (q[at] & 0x0F) | 0x80
+                };
             }
         }
     }
@@ -597,8 +685,18 @@ fn fill_q4_matrix(m: Q4Matrix, st: &mut u64, q: &mut [u8], s: &mut [u8], scale: 
 }
 
 /// One random packed INT4 expert slot (gate, up, down), from its own stream.
-pub fn random_q4_slot(layout: &Q4SlotLayout, seed: u64, layer: usize, expert: usize, slot: &mut [u8]) {
-    let mut st = stream_seed(seed, &format!("model.layers.{layer}.mlp.experts.int4"), expert as u64);
+pub fn random_q4_slot(
+    layout: &Q4SlotLayout,
+    seed: u64,
+    layer: usize,
+    expert: usize,
+    slot: &mut [u8],
+) {
+    let mut st = stream_seed(
+        seed,
+        &format!("model.layers.{layer}.mlp.experts.int4"),
+        expert as u64,
+    );
     let scale = int4_scale_for_std(WEIGHT_STD);
     let (g, d) = (layout.gate, layout.down);
     let (q, rest) = slot.split_at_mut(layout.gate_s);
@@ -649,13 +747,17 @@ fn write_json(path: &Path, v: &Value) -> Result<()> {
 /// Weight files a previous run may have left (removed first so the directory holds one
 /// model: `Checkpoint::open` prefers model.safetensors over an index).
 fn remove_old_weights(dir: &Path) -> Result<()> {
-    let Ok(rd) = std::fs::read_dir(dir) else { return Ok(()) };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
         let ours = name == "model.safetensors"
             || name == "model.safetensors.index.json"
             || name == "model.safetensors.partial"
-            || (name.starts_with("model-") && (name.ends_with(".safetensors") || name.ends_with(".safetensors.partial")) && name.contains("-of-"));
+            || (name.starts_with("model-")
+                && (name.ends_with(".safetensors") || name.ends_with(".safetensors.partial"))
+                && name.contains("-of-"));
         if ours {
             std::fs::remove_file(e.path()).map_err(|err| Error::io(e.path(), err))?;
         }
@@ -665,7 +767,11 @@ fn remove_old_weights(dir: &Path) -> Result<()> {
 
 /// Write a synthetic model to `out_dir`. `on_progress(bytes_done, bytes_total)` follows the
 /// weight bytes.
-pub fn write_synthetic(opts: &SynthOptions, out_dir: &Path, on_progress: &mut dyn FnMut(u64, u64)) -> Result<SynthSummary> {
+pub fn write_synthetic(
+    opts: &SynthOptions,
+    out_dir: &Path,
+    on_progress: &mut dyn FnMut(u64, u64),
+) -> Result<SynthSummary> {
     let (arch, shape) = (opts.arch, &opts.shape);
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     remove_old_weights(out_dir)?;
@@ -674,14 +780,26 @@ pub fn write_synthetic(opts: &SynthOptions, out_dir: &Path, on_progress: &mut dy
     write_json(&cfg_path, &cfg_value)?;
     // The loader's own parse: what it refuses is refused here, naming the field.
     let cfg = ModelConfig::from_dir(out_dir)?;
-    write_json(&out_dir.join("generation_config.json"), &generation_config_json(arch, shape))?;
+    write_json(
+        &out_dir.join("generation_config.json"),
+        &generation_config_json(arch, shape),
+    )?;
     let (tokens, sp) = vocabulary(arch, shape.vocab);
-    write_json(&out_dir.join("tokenizer.json"), &tokenizer_json(&tokens, &sp))?;
-    write_json(&out_dir.join("tokenizer_config.json"), &tokenizer_config_json(arch, shape, &tokens, &sp))?;
+    write_json(
+        &out_dir.join("tokenizer.json"),
+        &tokenizer_json(&tokens, &sp),
+    )?;
+    write_json(
+        &out_dir.join("tokenizer_config.json"),
+        &tokenizer_config_json(arch, shape, &tokens, &sp),
+    )?;
 
     let dense = crate::model::weights::expected_tensors(&cfg);
     let n_sparse = cfg.num_sparse_layers() as u64;
-    let dense_params: u64 = dense.iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum();
+    let dense_params: u64 = dense
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() as u64)
+        .sum();
     let per_expert = 3 * (cfg.hidden_size * cfg.moe_intermediate) as u64;
     let params_routed = n_sparse * cfg.num_experts as u64 * per_expert;
 
@@ -716,7 +834,8 @@ fn write_converted_weights(
     extra.insert("wgmoe.source_files".to_string(), "[]".to_string());
     extra.insert(
         "wgmoe.synthetic".to_string(),
-        json!({"arch": opts.arch.name(), "seed": opts.seed, "note": NOTE_UNIFORM_ROUTING}).to_string(),
+        json!({"arch": opts.arch.name(), "seed": opts.seed, "note": NOTE_UNIFORM_ROUTING})
+            .to_string(),
     );
     let mut w = ConvertedModelWriter::create(out_dir, cfg, dense.clone(), extra)?;
     let total = w.stream().data_bytes();
@@ -761,7 +880,13 @@ fn write_converted_weights(
     let s = w.finish()?;
     let file = PathBuf::from(&s.out_file);
     Ok((
-        vec![SynthFile { file: file.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default(), bytes: s.bytes }],
+        vec![SynthFile {
+            file: file
+                .file_name()
+                .map(|f| f.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            bytes: s.bytes,
+        }],
         s.dense_f16_bytes,
         s.expert_int4_bytes,
     ))
@@ -786,9 +911,18 @@ fn write_hf_weights(
         if let Some(l) = router_layer {
             for e in 0..cfg.num_experts {
                 let p = format!("model.layers.{l}.mlp.experts.{e}");
-                all.push((PlannedTensor::new(format!("{p}.gate_proj.weight"), "BF16", vec![i, h]), true));
-                all.push((PlannedTensor::new(format!("{p}.up_proj.weight"), "BF16", vec![i, h]), true));
-                all.push((PlannedTensor::new(format!("{p}.down_proj.weight"), "BF16", vec![h, i]), true));
+                all.push((
+                    PlannedTensor::new(format!("{p}.gate_proj.weight"), "BF16", vec![i, h]),
+                    true,
+                ));
+                all.push((
+                    PlannedTensor::new(format!("{p}.up_proj.weight"), "BF16", vec![i, h]),
+                    true,
+                ));
+                all.push((
+                    PlannedTensor::new(format!("{p}.down_proj.weight"), "BF16", vec![h, i]),
+                    true,
+                ));
             }
         }
     }
@@ -858,20 +992,45 @@ mod tests {
             let s = preset(arch);
             let text = config_json(arch, &s, 0).to_string();
             let cfg = ModelConfig::from_json(&text, Path::new("config.json")).unwrap();
-            assert_eq!((cfg.hidden_size, cfg.num_layers, cfg.num_experts), (s.hidden, s.layers, s.experts));
+            assert_eq!(
+                (cfg.hidden_size, cfg.num_layers, cfg.num_experts),
+                (s.hidden, s.layers, s.experts)
+            );
             assert_eq!(cfg.head_dim, 128);
             assert!(cfg.sparse_layers.iter().all(|&x| x));
             match arch {
                 SynthArch::Olmoe1b7b => {
-                    assert_eq!((cfg.top_k, cfg.moe_intermediate, cfg.vocab_size, cfg.max_position_embeddings), (8, 1024, 50304, 4096));
-                    assert_eq!((cfg.rope_theta, cfg.rms_norm_eps, cfg.qk_norm, cfg.qkv_bias), (10000.0, 1e-5, true, false));
+                    assert_eq!(
+                        (
+                            cfg.top_k,
+                            cfg.moe_intermediate,
+                            cfg.vocab_size,
+                            cfg.max_position_embeddings
+                        ),
+                        (8, 1024, 50304, 4096)
+                    );
+                    assert_eq!(
+                        (cfg.rope_theta, cfg.rms_norm_eps, cfg.qk_norm, cfg.qkv_bias),
+                        (10000.0, 1e-5, true, false)
+                    );
                     assert_eq!(cfg.eos_token_ids, vec![50279]);
                 }
                 SynthArch::Qwen15MoeA27b => {
-                    assert_eq!((cfg.top_k, cfg.moe_intermediate, cfg.vocab_size, cfg.max_position_embeddings), (4, 1408, 151936, 8192));
+                    assert_eq!(
+                        (
+                            cfg.top_k,
+                            cfg.moe_intermediate,
+                            cfg.vocab_size,
+                            cfg.max_position_embeddings
+                        ),
+                        (4, 1408, 151936, 8192)
+                    );
                     assert_eq!(cfg.shared_expert_intermediate, Some(5632));
                     assert_eq!(cfg.dense_intermediate, 5632);
-                    assert_eq!((cfg.rope_theta, cfg.rms_norm_eps, cfg.qk_norm, cfg.qkv_bias), (1e6, 1e-6, false, true));
+                    assert_eq!(
+                        (cfg.rope_theta, cfg.rms_norm_eps, cfg.qk_norm, cfg.qkv_bias),
+                        (1e6, 1e-6, false, true)
+                    );
                     assert_eq!(cfg.eos_token_ids, vec![151643]);
                 }
             }
@@ -887,7 +1046,13 @@ mod tests {
         assert_eq!(set.len(), 100, "tokens must be distinct");
         let (tokens, sp) = vocabulary(SynthArch::Qwen15MoeA27b, 16);
         assert_eq!(tokens[sp.eos as usize], "<|endoftext|>");
-        assert_eq!(tokens.iter().collect::<std::collections::HashSet<_>>().len(), 16);
+        assert_eq!(
+            tokens
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len(),
+            16
+        );
     }
 
     #[test]
@@ -924,6 +1089,9 @@ mod tests {
 
     #[test]
     fn split_words_matches_whitespace_pretokenizer() {
-        assert_eq!(split_words("Hi! def f(n):\n  x_1 = 2.5"), ["Hi", "!", "def", "f", "(", "n", "):", "x_1", "=", "2", ".", "5"]);
+        assert_eq!(
+            split_words("Hi! def f(n):\n  x_1 = 2.5"),
+            ["Hi", "!", "def", "f", "(", "n", "):", "x_1", "=", "2", ".", "5"]
+        );
     }
 }

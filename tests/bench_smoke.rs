@@ -16,20 +16,73 @@ fn wgmoe(args: &[&str]) -> (String, String) {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         c.env("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
-    let out = c.args(args).current_dir(repo()).stdin(Stdio::null()).output().expect("spawn wgmoe");
-    let (so, se) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
-    assert!(out.status.success(), "wgmoe {}\nexit {:?}\n--- stdout\n{so}\n--- stderr\n{se}", args.join(" "), out.status.code());
+    let out = c
+        .args(args)
+        .current_dir(repo())
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn wgmoe");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        out.status.success(),
+        "wgmoe {}\nexit {:?}\n--- stdout\n{so}\n--- stderr\n{se}",
+        args.join(" "),
+        out.status.code()
+    );
     (so, se)
 }
 
 fn num(o: &Value, k: &str) -> f64 {
-    o[k].as_f64().unwrap_or_else(|| panic!("field `{k}` is not a number: {o:#}"))
+    o[k].as_f64()
+        .unwrap_or_else(|| panic!("field `{k}` is not a number: {o:#}"))
+}
+
+/// `--plot` output: a self-contained SVG document with, in each of its two panels (decode
+/// rate, H2D bytes), a polyline (two points or more) or circles for every series.
+fn check_plot(path: &Path, series: &[&str], min_points: usize) {
+    let svg = std::fs::read_to_string(path).expect("the plot is written");
+    let t = svg.trim();
+    assert!(t.starts_with("<svg") && t.ends_with("</svg>"), "{svg}");
+    assert!(t.contains("xmlns=\"http://www.w3.org/2000/svg\""));
+    assert_eq!(t.matches("<svg").count(), 1);
+    // XML-ish: every element opened is closed (self-closing or with its end tag).
+    for tag in ["g", "text"] {
+        assert_eq!(
+            t.matches(&format!("<{tag} ")).count() + t.matches(&format!("<{tag}>")).count(),
+            t.matches(&format!("</{tag}>")).count(),
+            "<{tag}> balanced"
+        );
+    }
+    assert!(t.contains("resident experts per layer") && t.contains("decode tok/s"));
+    assert!(t.contains("H2D"), "H2D axis");
+    assert!(t.contains("olmoe-tiny"), "title names the model");
+    let drawn = |s: &str| {
+        let a = format!("data-series=\"{s}\"");
+        (
+            t.matches(&format!("<polyline {a}")).count(),
+            t.matches(&format!("<circle {a}")).count(),
+        )
+    };
+    for s in series {
+        let (lines, circles) = drawn(s);
+        assert!(lines + circles > 0, "series `{s}` not drawn:\n{svg}");
+        assert_eq!(circles, 2 * min_points, "`{s}`: one marker per point per panel");
+        assert_eq!(lines, if min_points >= 2 { 2 } else { 0 }, "`{s}`");
+        assert!(t.contains(&format!(">{s}</text>")), "`{s}` in the legend");
+    }
+    let all = t.matches("<polyline ").count() + t.matches("<circle data-series").count();
+    let ours: usize = series.iter().map(|s| drawn(s).0 + drawn(s).1).sum();
+    assert_eq!(all, ours, "no other series:\n{svg}");
 }
 
 #[test]
 fn bench_writes_consistent_records() {
     let tmp = tempfile::tempdir().unwrap();
     let json_out = tmp.path().join("bench.json");
+    let plot = tmp.path().join("bench.svg");
     let (prompts, blocks, n) = (2u64, 2u64, 4u64);
     let (stdout, _) = wgmoe(&[
         "bench",
@@ -46,53 +99,145 @@ fn bench_writes_consistent_records() {
         "grouped,per-expert",
         "--json-out",
         json_out.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
     ]);
-    assert!(stdout.contains("int4/grouped") && stdout.contains("int4/per-expert"), "table:\n{stdout}");
+    // One configuration per series: a marker each, no line.
+    check_plot(&plot, &["int4/grouped", "int4/per-expert"], 1);
+    assert!(
+        stdout.contains("int4/grouped") && stdout.contains("int4/per-expert"),
+        "table:\n{stdout}"
+    );
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
     let recs = v.as_array().expect("a JSON array");
     assert_eq!(recs.len(), 2, "one record per configuration");
-    let execs: Vec<&str> = recs.iter().map(|r| r["executor"].as_str().unwrap()).collect();
+    let execs: Vec<&str> = recs
+        .iter()
+        .map(|r| r["executor"].as_str().unwrap())
+        .collect();
     assert_eq!(execs, ["grouped", "per-expert"]);
     for r in recs {
         for k in [
-            "wgmoe_version", "git_revision", "date_utc", "model_dir", "model_type", "config_hash", "synthetic", "note",
-            "adapter", "backend", "driver", "expert_precision", "executor", "resident_experts_per_layer", "cache_policy",
-            "prompt_set", "prompts", "prompt_names", "prompt_tokens", "blocks", "new_tokens", "warmup", "responses",
-            "concurrency", "max_context", "generated_tokens", "decode_tokens", "decode_s", "decode_tokens_per_s",
-            "block_decode_tokens_per_s", "block_rate_spread", "ttft_s_mean", "response_s_mean", "prefill_tokens",
-            "prefill_tokens_per_s", "load_s", "peak_gpu_bytes", "peak_rss_bytes", "dispatches_per_token",
-            "submissions_per_token", "dispatches_per_decode_step", "h2d_bytes", "expert_hits", "expert_misses",
-            "expert_evictions", "upload_seconds_per_miss",
+            "wgmoe_version",
+            "git_revision",
+            "date_utc",
+            "model_dir",
+            "model_type",
+            "config_hash",
+            "synthetic",
+            "note",
+            "adapter",
+            "backend",
+            "driver",
+            "expert_precision",
+            "executor",
+            "resident_experts_per_layer",
+            "cache_policy",
+            "prompt_set",
+            "prompts",
+            "prompt_names",
+            "prompt_tokens",
+            "blocks",
+            "new_tokens",
+            "warmup",
+            "responses",
+            "concurrency",
+            "max_context",
+            "generated_tokens",
+            "decode_tokens",
+            "decode_s",
+            "decode_tokens_per_s",
+            "block_decode_tokens_per_s",
+            "block_rate_spread",
+            "ttft_s_mean",
+            "response_s_mean",
+            "prefill_tokens",
+            "prefill_tokens_per_s",
+            "load_s",
+            "peak_gpu_bytes",
+            "peak_rss_bytes",
+            "dispatches_per_token",
+            "submissions_per_token",
+            "dispatches_per_decode_step",
+            "h2d_bytes",
+            "expert_hits",
+            "expert_misses",
+            "expert_evictions",
+            "upload_seconds_per_miss",
         ] {
             assert!(r.get(k).is_some(), "field `{k}` missing: {r:#}");
         }
-        assert_eq!(r["decode_tokens"].as_u64(), Some(blocks * prompts * (n - 1)), "{r:#}");
-        assert_eq!(r["generated_tokens"].as_u64(), Some(blocks * prompts * n), "{r:#}");
+        assert_eq!(
+            r["decode_tokens"].as_u64(),
+            Some(blocks * prompts * (n - 1)),
+            "{r:#}"
+        );
+        assert_eq!(
+            r["generated_tokens"].as_u64(),
+            Some(blocks * prompts * n),
+            "{r:#}"
+        );
         assert_eq!(r["responses"].as_u64(), Some(blocks * prompts));
         assert_eq!(r["synthetic"], Value::Bool(false));
         assert_eq!(r["expert_precision"], "int4");
-        let pt: u64 = r["prompt_tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).sum();
+        let pt: u64 = r["prompt_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .sum();
         assert_eq!(r["prefill_tokens"].as_u64(), Some(pt * blocks));
-        assert_eq!(r["max_context"].as_u64().unwrap(), r["prompt_tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).max().unwrap() + n);
-        for k in ["decode_tokens_per_s", "ttft_s_mean", "response_s_mean", "prefill_tokens_per_s", "dispatches_per_token", "submissions_per_token"] {
+        assert_eq!(
+            r["max_context"].as_u64().unwrap(),
+            r["prompt_tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap())
+                .max()
+                .unwrap()
+                + n
+        );
+        for k in [
+            "decode_tokens_per_s",
+            "ttft_s_mean",
+            "response_s_mean",
+            "prefill_tokens_per_s",
+            "dispatches_per_token",
+            "submissions_per_token",
+        ] {
             let x = num(r, k);
             assert!(x.is_finite() && x > 0.0, "{k} = {x}");
         }
         assert!(num(r, "response_s_mean") >= num(r, "ttft_s_mean"));
         let blocks_v = r["block_decode_tokens_per_s"].as_array().unwrap();
         assert_eq!(blocks_v.len() as u64, blocks);
-        assert!(blocks_v.iter().all(|b| b.as_f64().is_some_and(|x| x.is_finite() && x > 0.0)), "{blocks_v:?}");
+        assert!(
+            blocks_v
+                .iter()
+                .all(|b| b.as_f64().is_some_and(|x| x.is_finite() && x > 0.0)),
+            "{blocks_v:?}"
+        );
         let spread = num(r, "block_rate_spread");
         assert!(spread.is_finite() && spread >= 0.0);
         assert!(r["peak_gpu_bytes"].as_u64().unwrap() > 0);
         // Pooled rate = decode tokens / decode seconds.
         let pooled = num(r, "decode_tokens") / num(r, "decode_s");
         assert!((pooled - num(r, "decode_tokens_per_s")).abs() <= 1e-9 * pooled);
-        for k in ["h2d_bytes", "expert_hits", "expert_misses", "expert_evictions", "upload_seconds_per_miss"] {
+        for k in [
+            "h2d_bytes",
+            "expert_hits",
+            "expert_misses",
+            "expert_evictions",
+            "upload_seconds_per_miss",
+        ] {
             assert!(r[k].is_null() || r[k].is_number(), "{k}: {}", r[k]);
         }
         let date = r["date_utc"].as_str().unwrap();
-        assert!(date.len() == 20 && date.ends_with('Z') && date.as_bytes()[10] == b'T', "{date}");
+        assert!(
+            date.len() == 20 && date.ends_with('Z') && date.as_bytes()[10] == b'T',
+            "{date}"
+        );
     }
 }
 
@@ -102,13 +247,32 @@ fn bench_writes_consistent_records() {
 fn bench_residency_sweep_reports_cache_counters() {
     let tmp = tempfile::tempdir().unwrap();
     let json_out = tmp.path().join("bench.json");
+    let plot = tmp.path().join("sweep.svg");
     wgmoe(&[
-        "bench", "models/olmoe-tiny", "--prompts", "2", "--blocks", "1", "-n", "6", "--warmup", "1",
-        "--resident-experts", "3,7", "--cache-policy", "lru,lfu-decay", "--json-out", json_out.to_str().unwrap(),
+        "bench",
+        "models/olmoe-tiny",
+        "--prompts",
+        "2",
+        "--blocks",
+        "1",
+        "-n",
+        "6",
+        "--warmup",
+        "1",
+        "--resident-experts",
+        "3,7",
+        "--cache-policy",
+        "lru,lfu-decay",
+        "--json-out",
+        json_out.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
     ]);
+    // Each policy's curve runs from 3 resident experts to full residency (7).
+    check_plot(&plot, &["int4/grouped lru", "int4/grouped lfu-decay"], 2);
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
     let recs = v.as_array().unwrap();
-    assert_eq!(recs.len(), 4, "2 capacities x 2 policies");
+    assert_eq!(recs.len(), 3, "N = 3 with 2 policies; N = 7 (all resident) once");
     // olmoe-tiny: hidden 64, expert intermediate 96 -> one packed expert is 9728 bytes.
     let slot = wgmoe::quant::Q4SlotLayout::new(64, 96).bytes as u64;
     for r in recs {
@@ -116,7 +280,10 @@ fn bench_residency_sweep_reports_cache_counters() {
         let misses = r["expert_misses"].as_u64().unwrap();
         assert_eq!(r["h2d_bytes"].as_u64().unwrap(), misses * slot, "{r:#}");
         if n == 3 {
-            assert!(misses > 0 && r["expert_evictions"].as_u64().unwrap() > 0, "{r:#}");
+            assert!(
+                misses > 0 && r["expert_evictions"].as_u64().unwrap() > 0,
+                "{r:#}"
+            );
             assert!(r["cache_policy"].is_string());
             assert!(num(r, "upload_seconds_per_miss") > 0.0);
         } else {
@@ -128,20 +295,49 @@ fn bench_residency_sweep_reports_cache_counters() {
 }
 
 const TINY: &[&str] = &[
-    "--hidden", "64", "--layers", "2", "--heads", "4", "--experts", "5", "--top-k", "2", "--expert-intermediate", "96", "--vocab", "512",
+    "--hidden",
+    "64",
+    "--layers",
+    "2",
+    "--heads",
+    "4",
+    "--experts",
+    "5",
+    "--top-k",
+    "2",
+    "--expert-intermediate",
+    "96",
+    "--vocab",
+    "512",
 ];
 
 fn synth(arch: &str, out: &Path, extra: &[&str]) {
     let mut args = vec!["synth", "--arch", arch, "-o", out.to_str().unwrap()];
     args.extend_from_slice(extra);
     let (_, stderr) = wgmoe(&args);
-    assert!(stderr.contains("uniformly"), "synth must say random weights route uniformly:\n{stderr}");
+    assert!(
+        stderr.contains("uniformly"),
+        "synth must say random weights route uniformly:\n{stderr}"
+    );
 }
 
 fn run_json(dir: &Path, n: usize) -> Value {
-    let (stdout, _) = wgmoe(&["run", dir.to_str().unwrap(), "--prompt-ids", "1,2,3", "-n", &n.to_string(), "--json", "--ignore-eos"]);
+    let (stdout, _) = wgmoe(&[
+        "run",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "-n",
+        &n.to_string(),
+        "--json",
+        "--ignore-eos",
+    ]);
     let v: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    assert_eq!(v["generated_ids"].as_array().map(Vec::len), Some(n), "{v:#}");
+    assert_eq!(
+        v["generated_ids"].as_array().map(Vec::len),
+        Some(n),
+        "{v:#}"
+    );
     v
 }
 
@@ -158,21 +354,40 @@ fn synthetic_models_load_and_run() {
     assert_eq!(cfg_json["model_type"], "olmoe");
     assert_eq!(cfg_json["rope_theta"].as_f64(), Some(10000.0));
     let cfg = wgmoe::config::ModelConfig::from_dir(&conv).unwrap();
-    assert_eq!((cfg.hidden_size, cfg.num_layers, cfg.num_experts, cfg.top_k, cfg.moe_intermediate, cfg.vocab_size), (64, 2, 5, 2, 96, 512));
+    assert_eq!(
+        (
+            cfg.hidden_size,
+            cfg.num_layers,
+            cfg.num_experts,
+            cfg.top_k,
+            cfg.moe_intermediate,
+            cfg.vocab_size
+        ),
+        (64, 2, 5, 2, 96, 512)
+    );
     let ckpt = wgmoe::checkpoint::Checkpoint::open(&conv).unwrap();
     assert!(wgmoe::convert::is_converted(&ckpt));
     wgmoe::convert::validate_converted(&ckpt, &cfg).unwrap();
     drop(ckpt);
     let tok = wgmoe::tokenizer::Tokenizer::from_dir(&conv).unwrap();
     assert_eq!(tok.vocab_size(), 512);
-    let ids = tok.encode("The old clockmaker walked along the river", true).unwrap();
+    let ids = tok
+        .encode("The old clockmaker walked along the river", true)
+        .unwrap();
     assert_eq!(ids.len(), 7);
-    assert!(!ids.contains(&tok.token_to_id("<unk>").unwrap()), "bench words are in the vocabulary: {ids:?}");
+    assert!(
+        !ids.contains(&tok.token_to_id("<unk>").unwrap()),
+        "bench words are in the vocabulary: {ids:?}"
+    );
     run_json(&conv, 4);
 
     let again = tmp.path().join("olmoe-conv-again");
     synth("olmoe-1b-7b", &again, TINY);
-    assert_eq!(std::fs::read(conv.join("model.safetensors")).unwrap(), std::fs::read(again.join("model.safetensors")).unwrap(), "same seed, same bytes");
+    assert_eq!(
+        std::fs::read(conv.join("model.safetensors")).unwrap(),
+        std::fs::read(again.join("model.safetensors")).unwrap(),
+        "same seed, same bytes"
+    );
 
     // bf16 Hugging Face checkpoint, sharded under a small shard size; quantised on load.
     let hf = tmp.path().join("olmoe-hf");
@@ -192,15 +407,48 @@ fn synthetic_models_load_and_run() {
     synth(
         "qwen1.5-moe-a2.7b",
         &qwen,
-        &["--hidden", "64", "--layers", "2", "--heads", "4", "--experts", "6", "--top-k", "2", "--expert-intermediate", "80", "--shared-expert-intermediate", "96", "--vocab", "300"],
+        &[
+            "--hidden",
+            "64",
+            "--layers",
+            "2",
+            "--heads",
+            "4",
+            "--experts",
+            "6",
+            "--top-k",
+            "2",
+            "--expert-intermediate",
+            "80",
+            "--shared-expert-intermediate",
+            "96",
+            "--vocab",
+            "300",
+        ],
     );
     let cfg = wgmoe::config::ModelConfig::from_dir(&qwen).unwrap();
-    assert_eq!((cfg.shared_expert_intermediate, cfg.qkv_bias, cfg.rope_theta), (Some(96), true, 1e6));
+    assert_eq!(
+        (cfg.shared_expert_intermediate, cfg.qkv_bias, cfg.rope_theta),
+        (Some(96), true, 1e6)
+    );
     run_json(&qwen, 3);
 
     // A synthetic model is flagged in the bench record.
     let json_out = tmp.path().join("bench.json");
-    wgmoe(&["bench", conv.to_str().unwrap(), "--prompts", "1", "--blocks", "1", "-n", "2", "--warmup", "0", "--json-out", json_out.to_str().unwrap()]);
+    wgmoe(&[
+        "bench",
+        conv.to_str().unwrap(),
+        "--prompts",
+        "1",
+        "--blocks",
+        "1",
+        "-n",
+        "2",
+        "--warmup",
+        "0",
+        "--json-out",
+        json_out.to_str().unwrap(),
+    ]);
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
     assert_eq!(v[0]["synthetic"], Value::Bool(true));
     assert!(v[0]["note"].as_str().unwrap().contains("uniformly"));

@@ -48,7 +48,8 @@ fn command() -> Command {
         c.env("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
     // A panic must show up as its default one-line note, whatever the caller's setting.
-    c.env_remove("RUST_BACKTRACE").env_remove("RUST_LIB_BACKTRACE");
+    c.env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE");
     c.stdin(Stdio::null());
     c
 }
@@ -58,10 +59,16 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_os_string()).collect();
+    let args: Vec<std::ffi::OsString> = args
+        .into_iter()
+        .map(|a| a.as_ref().to_os_string())
+        .collect();
     let cmd = format!(
         "wgmoe {}",
-        args.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+        args.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     let out = command().args(&args).output().expect("spawn wgmoe");
     Run {
@@ -75,7 +82,9 @@ where
 fn assert_no_panic(r: &Run) {
     for s in [&r.stdout, &r.stderr] {
         assert!(
-            !s.contains("panicked") && !s.contains("RUST_BACKTRACE") && !s.contains("stack backtrace"),
+            !s.contains("panicked")
+                && !s.contains("RUST_BACKTRACE")
+                && !s.contains("stack backtrace"),
             "panic text in output:\n{r}"
         );
     }
@@ -89,8 +98,14 @@ fn assert_error(r: &Run, names: &[&str]) {
     assert_ne!(r.code, Some(0), "expected failure:\n{r}");
     let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     let last = *lines.last().unwrap_or_else(|| panic!("empty stderr:\n{r}"));
-    assert!(last.starts_with("error: "), "last stderr line is not `error: ...`:\n{r}");
-    let error_lines = lines.iter().filter(|l| l.trim_start().to_lowercase().starts_with("error")).count();
+    assert!(
+        last.starts_with("error: "),
+        "last stderr line is not `error: ...`:\n{r}"
+    );
+    let error_lines = lines
+        .iter()
+        .filter(|l| l.trim_start().to_lowercase().starts_with("error"))
+        .count();
     assert_eq!(error_lines, 1, "expected exactly one error line:\n{r}");
     for n in names {
         assert!(last.contains(n), "error line does not name `{n}`:\n{r}");
@@ -104,7 +119,8 @@ fn assert_ok(r: &Run) {
 
 fn json_of(r: &Run) -> Value {
     assert_ok(r);
-    serde_json::from_str(r.stdout.trim()).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{r}"))
+    serde_json::from_str(r.stdout.trim())
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{r}"))
 }
 
 fn ids(v: &Value, key: &str) -> Vec<u64> {
@@ -112,7 +128,10 @@ fn ids(v: &Value, key: &str) -> Vec<u64> {
         .as_array()
         .unwrap_or_else(|| panic!("`{key}` is not an array: {v}"))
         .iter()
-        .map(|x| x.as_u64().unwrap_or_else(|| panic!("`{key}` holds a non-integer: {v}")))
+        .map(|x| {
+            x.as_u64()
+                .unwrap_or_else(|| panic!("`{key}` holds a non-integer: {v}"))
+        })
         .collect()
 }
 
@@ -146,7 +165,10 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u64, u64)> {
                 let bytes = std::fs::read(&p).unwrap();
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 bytes.hash(&mut h);
-                m.insert(p.strip_prefix(dir).unwrap().to_path_buf(), (bytes.len() as u64, h.finish()));
+                m.insert(
+                    p.strip_prefix(dir).unwrap().to_path_buf(),
+                    (bytes.len() as u64, h.finish()),
+                );
             }
         }
     }
@@ -158,7 +180,11 @@ fn run_untouched<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> Run {
     let before = snapshot(dir);
     let r = wgmoe(args);
     let after = snapshot(dir);
-    assert!(before == after, "files under {} changed:\n{r}\nbefore: {before:?}\nafter: {after:?}", dir.display());
+    assert!(
+        before == after,
+        "files under {} changed:\n{r}\nbefore: {before:?}\nafter: {after:?}",
+        dir.display()
+    );
     r
 }
 
@@ -170,7 +196,8 @@ fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Map<String, Value>)) 
 }
 
 fn vocab_size(dir: &Path) -> u64 {
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     v["vocab_size"].as_u64().unwrap()
 }
 
@@ -265,7 +292,10 @@ fn safetensors_shard_missing() {
 #[test]
 fn safetensors_truncated() {
     // Cut in the data section, and inside the 8-byte header length.
-    for (fixture, file) in [(OLMOE, "model.safetensors"), (QWEN, "model-00003-of-00003.safetensors")] {
+    for (fixture, file) in [
+        (OLMOE, "model.safetensors"),
+        (QWEN, "model-00003-of-00003.safetensors"),
+    ] {
         for cut in [None, Some(4u64)] {
             let (_t, dir) = copy_fixture(fixture);
             let p = dir.join(file);
@@ -297,7 +327,9 @@ fn safetensors_corrupt_header() {
 fn safetensors_tensor_missing() {
     let (_t, dir) = copy_fixture(OLMOE);
     let victim = "model.layers.1.self_attn.q_proj.weight";
-    rewrite_safetensors(&dir.join("model.safetensors"), |n, sh| (n != victim).then(|| sh.to_vec()));
+    rewrite_safetensors(&dir.join("model.safetensors"), |n, sh| {
+        (n != victim).then(|| sh.to_vec())
+    });
     let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
     assert_error(&r, &[victim]);
 }
@@ -306,9 +338,23 @@ fn safetensors_tensor_missing() {
 fn safetensors_tensor_missing_expert() {
     let (_t, dir) = copy_fixture(OLMOE);
     let victim = "model.layers.0.mlp.experts.3.up_proj.weight";
-    rewrite_safetensors(&dir.join("model.safetensors"), |n, sh| (n != victim).then(|| sh.to_vec()));
+    rewrite_safetensors(&dir.join("model.safetensors"), |n, sh| {
+        (n != victim).then(|| sh.to_vec())
+    });
     for precision in ["int4", "f16"] {
-        let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--expert-precision", precision]);
+        let r = run_untouched(
+            &dir,
+            &[
+                "run",
+                &s(&dir),
+                "-p",
+                "hi",
+                "-n",
+                "2",
+                "--expert-precision",
+                precision,
+            ],
+        );
         assert_error(&r, &[victim]);
     }
 }
@@ -318,7 +364,11 @@ fn safetensors_tensor_wrong_shape() {
     let (_t, dir) = copy_fixture(OLMOE);
     let victim = "model.layers.0.self_attn.k_proj.weight";
     rewrite_safetensors(&dir.join("model.safetensors"), |n, sh| {
-        Some(if n == victim { sh.iter().rev().copied().collect() } else { sh.to_vec() })
+        Some(if n == victim {
+            sh.iter().rev().copied().collect()
+        } else {
+            sh.to_vec()
+        })
     });
     let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
     assert_error(&r, &[victim]);
@@ -327,7 +377,11 @@ fn safetensors_tensor_wrong_shape() {
 #[test]
 fn tokenizer_garbage() {
     let (_t, dir) = copy_fixture(OLMOE);
-    std::fs::write(dir.join("tokenizer.json"), b"\x00garbage{{{ not a tokenizer").unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        b"\x00garbage{{{ not a tokenizer",
+    )
+    .unwrap();
     let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2"]);
     assert_error(&r, &["tokenizer.json"]);
 }
@@ -339,7 +393,10 @@ fn tokenizer_garbage() {
 #[test]
 fn prompt_ids_outside_vocab() {
     let (_t, dir) = copy_fixture(OLMOE);
-    let r = run_untouched(&dir, &["run", &s(&dir), "--prompt-ids", "999999", "-n", "2"]);
+    let r = run_untouched(
+        &dir,
+        &["run", &s(&dir), "--prompt-ids", "999999", "-n", "2"],
+    );
     assert_error(&r, &["--prompt-ids", "999999"]);
 }
 
@@ -349,7 +406,17 @@ fn prompt_longer_than_max_position_embeddings() {
     edit_config(&dir, |c| {
         c.insert("max_position_embeddings".into(), 8.into());
     });
-    let r = run_untouched(&dir, &["run", &s(&dir), "--prompt-ids", "1,2,3,4,5,6,7,8,9", "-n", "2"]);
+    let r = run_untouched(
+        &dir,
+        &[
+            "run",
+            &s(&dir),
+            "--prompt-ids",
+            "1,2,3,4,5,6,7,8,9",
+            "-n",
+            "2",
+        ],
+    );
     assert_error(&r, &["max_position_embeddings"]);
 }
 
@@ -359,35 +426,74 @@ fn max_new_tokens_clamped_to_max_position_embeddings() {
     edit_config(&dir, |c| {
         c.insert("max_position_embeddings".into(), 8.into());
     });
-    let r = run_untouched(&dir, &["run", &s(&dir), "--prompt-ids", "1,2,3,4,5,6", "-n", "5", "--json", "--ignore-eos"]);
+    let r = run_untouched(
+        &dir,
+        &[
+            "run",
+            &s(&dir),
+            "--prompt-ids",
+            "1,2,3,4,5,6",
+            "-n",
+            "5",
+            "--json",
+            "--ignore-eos",
+        ],
+    );
     let v = json_of(&r);
     assert!(
-        r.stderr.lines().any(|l| l.starts_with("note: ") && l.contains("max_position_embeddings")),
+        r.stderr
+            .lines()
+            .any(|l| l.starts_with("note: ") && l.contains("max_position_embeddings")),
         "no note about the clamp:\n{r}"
     );
     let gen = ids(&v, "generated_ids");
-    assert!(!gen.is_empty() && gen.len() <= 2, "8 positions - 6 prompt tokens allow 2 new tokens:\n{r}");
-    assert_eq!(v["metrics"]["generated_tokens"].as_u64(), Some(gen.len() as u64), "{r}");
+    assert!(
+        !gen.is_empty() && gen.len() <= 2,
+        "8 positions - 6 prompt tokens allow 2 new tokens:\n{r}"
+    );
+    assert_eq!(
+        v["metrics"]["generated_tokens"].as_u64(),
+        Some(gen.len() as u64),
+        "{r}"
+    );
 }
 
 #[test]
 fn adapter_not_found() {
     let (_t, dir) = copy_fixture(OLMOE);
-    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--adapter", "nonexistent-gpu"]);
+    let r = run_untouched(
+        &dir,
+        &[
+            "run",
+            &s(&dir),
+            "-p",
+            "hi",
+            "-n",
+            "2",
+            "--adapter",
+            "nonexistent-gpu",
+        ],
+    );
     assert_error(&r, &["--adapter", "nonexistent-gpu"]);
 }
 
 #[test]
 fn top_p_zero() {
     let (_t, dir) = copy_fixture(OLMOE);
-    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--top-p", "0"]);
+    let r = run_untouched(
+        &dir,
+        &["run", &s(&dir), "-p", "hi", "-n", "2", "--top-p", "0"],
+    );
     assert_error(&r, &["--top-p"]);
 }
 
 #[test]
 fn temperature_negative_with_equals() {
     let (_t, dir) = copy_fixture(OLMOE);
-    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--temperature=-1"]);
+    let r = run_untouched(
+        &dir,
+        &["run", &s(&dir), "-p", "hi", "-n", "2", "--temperature=-1"],
+    );
     assert_error(&r, &["--temperature"]);
 }
 
@@ -395,14 +501,39 @@ fn temperature_negative_with_equals() {
 fn temperature_negative() {
     // `--temperature -1` as two arguments, as users type it.
     let (_t, dir) = copy_fixture(OLMOE);
-    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--temperature", "-1"]);
+    let r = run_untouched(
+        &dir,
+        &[
+            "run",
+            &s(&dir),
+            "-p",
+            "hi",
+            "-n",
+            "2",
+            "--temperature",
+            "-1",
+        ],
+    );
     assert_error(&r, &["--temperature"]);
 }
 
 #[test]
 fn greedy_conflicts_with_temperature() {
     let (_t, dir) = copy_fixture(OLMOE);
-    let r = run_untouched(&dir, &["run", &s(&dir), "-p", "hi", "-n", "2", "--greedy", "--temperature", "0.7"]);
+    let r = run_untouched(
+        &dir,
+        &[
+            "run",
+            &s(&dir),
+            "-p",
+            "hi",
+            "-n",
+            "2",
+            "--greedy",
+            "--temperature",
+            "0.7",
+        ],
+    );
     assert_error(&r, &["--greedy", "--temperature"]);
 }
 
@@ -417,10 +548,25 @@ fn quantize_converted_dir_and_f16_on_converted() {
     let again = t.path().join("again");
     let r = run_untouched(&conv, &["quantize", &s(&conv), "-o", &s(&again)]);
     assert_error(&r, &["model.safetensors"]);
-    assert!(!again.join("model.safetensors").exists(), "a refused quantize wrote output:\n{r}");
+    assert!(
+        !again.join("model.safetensors").exists(),
+        "a refused quantize wrote output:\n{r}"
+    );
 
     // f16 experts need the original weights.
-    let r = run_untouched(&conv, &["run", &s(&conv), "-p", "hi", "-n", "2", "--expert-precision", "f16"]);
+    let r = run_untouched(
+        &conv,
+        &[
+            "run",
+            &s(&conv),
+            "-p",
+            "hi",
+            "-n",
+            "2",
+            "--expert-precision",
+            "f16",
+        ],
+    );
     assert_error(&r, &["--expert-precision"]);
 }
 
@@ -430,7 +576,9 @@ fn quantize_refuses_checkpoint_missing_a_tensor() {
     // a converted model that can never load.
     let (t, dir) = copy_fixture(OLMOE);
     let victim = "model.layers.1.self_attn.q_proj.weight";
-    rewrite_safetensors(&dir.join("model.safetensors"), |n, sh| (n != victim).then(|| sh.to_vec()));
+    rewrite_safetensors(&dir.join("model.safetensors"), |n, sh| {
+        (n != victim).then(|| sh.to_vec())
+    });
     let out = t.path().join("converted");
     let r = run_untouched(&dir, &["quantize", &s(&dir), "-o", &s(&out)]);
     assert_error(&r, &[victim]);
@@ -459,15 +607,38 @@ fn run_json_output_and_metrics() {
     let gen = ids(&v, "generated_ids");
     assert!(!prompt.is_empty(), "{r}");
     assert_eq!(gen.len(), 5, "{r}");
-    assert!(prompt.iter().chain(&gen).all(|&t| t < vocab), "ids outside the vocabulary:\n{r}");
+    assert!(
+        prompt.iter().chain(&gen).all(|&t| t < vocab),
+        "ids outside the vocabulary:\n{r}"
+    );
     assert!(v["text"].is_string(), "{r}");
     let m = &v["metrics"];
-    assert!(m["ttft_s"].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()), "ttft_s:\n{r}");
-    assert!(m["decode_tokens_per_s"].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()), "decode_tokens_per_s:\n{r}");
-    assert_eq!(m["prompt_tokens"].as_u64(), Some(prompt.len() as u64), "{r}");
+    assert!(
+        m["ttft_s"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0 && x.is_finite()),
+        "ttft_s:\n{r}"
+    );
+    assert!(
+        m["decode_tokens_per_s"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0 && x.is_finite()),
+        "decode_tokens_per_s:\n{r}"
+    );
+    assert_eq!(
+        m["prompt_tokens"].as_u64(),
+        Some(prompt.len() as u64),
+        "{r}"
+    );
     assert_eq!(m["generated_tokens"].as_u64(), Some(5), "{r}");
-    assert!(m["adapter"].as_str().is_some_and(|s| !s.is_empty()), "adapter:\n{r}");
-    assert!(m["backend"].as_str().is_some_and(|s| !s.is_empty()), "backend:\n{r}");
+    assert!(
+        m["adapter"].as_str().is_some_and(|s| !s.is_empty()),
+        "adapter:\n{r}"
+    );
+    assert!(
+        m["backend"].as_str().is_some_and(|s| !s.is_empty()),
+        "backend:\n{r}"
+    );
 }
 
 #[test]
@@ -484,22 +655,56 @@ fn prompt_ids_match_text_prompt_and_greedy_is_deterministic() {
     let (_t, dir) = copy_fixture(OLMOE);
     let (r1, a) = run_json(&dir, &["-p", HELLO, "-n", "5"]);
     let (r2, b) = run_json(&dir, &["-p", HELLO, "-n", "5"]);
-    assert_eq!(ids(&a, "generated_ids"), ids(&b, "generated_ids"), "greedy differs between runs:\n{r1}\n{r2}");
-    let prompt: Vec<String> = ids(&a, "prompt_ids").iter().map(|x| x.to_string()).collect();
+    assert_eq!(
+        ids(&a, "generated_ids"),
+        ids(&b, "generated_ids"),
+        "greedy differs between runs:\n{r1}\n{r2}"
+    );
+    let prompt: Vec<String> = ids(&a, "prompt_ids")
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
     let (r3, c) = run_json(&dir, &["--prompt-ids", &prompt.join(","), "-n", "5"]);
     assert_eq!(ids(&c, "prompt_ids"), ids(&a, "prompt_ids"), "{r3}");
-    assert_eq!(ids(&c, "generated_ids"), ids(&a, "generated_ids"), "--prompt-ids differs from -p:\n{r1}\n{r3}");
+    assert_eq!(
+        ids(&c, "generated_ids"),
+        ids(&a, "generated_ids"),
+        "--prompt-ids differs from -p:\n{r1}\n{r3}"
+    );
 }
 
 #[test]
 fn seeded_sampling_is_reproducible() {
     let (_t, dir) = copy_fixture(OLMOE);
-    let args = ["-p", HELLO, "-n", "8", "--temperature", "0.8", "--top-k", "20", "--seed", "7"];
+    let args = [
+        "-p",
+        HELLO,
+        "-n",
+        "8",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "20",
+        "--seed",
+        "7",
+    ];
     let (r1, a) = run_json(&dir, &args);
     let (r2, b) = run_json(&dir, &args);
-    assert_eq!(ids(&a, "generated_ids").len(), ids(&b, "generated_ids").len());
-    assert_eq!(ids(&a, "generated_ids"), ids(&b, "generated_ids"), "same seed, different tokens:\n{r1}\n{r2}");
-    assert!(ids(&a, "generated_ids").iter().all(|&t| t < vocab_size(&dir)), "{r1}");
+    assert_eq!(
+        ids(&a, "generated_ids").len(),
+        ids(&b, "generated_ids").len()
+    );
+    assert_eq!(
+        ids(&a, "generated_ids"),
+        ids(&b, "generated_ids"),
+        "same seed, different tokens:\n{r1}\n{r2}"
+    );
+    assert!(
+        ids(&a, "generated_ids")
+            .iter()
+            .all(|&t| t < vocab_size(&dir)),
+        "{r1}"
+    );
 }
 
 #[test]
@@ -507,7 +712,11 @@ fn executors_agree() {
     let (_t, dir) = copy_fixture(OLMOE);
     let (r1, a) = run_json(&dir, &["-p", HELLO, "-n", "5", "--executor", "per-expert"]);
     let (r2, b) = run_json(&dir, &["-p", HELLO, "-n", "5", "--executor", "grouped"]);
-    assert_eq!(ids(&a, "generated_ids"), ids(&b, "generated_ids"), "executors disagree:\n{r1}\n{r2}");
+    assert_eq!(
+        ids(&a, "generated_ids"),
+        ids(&b, "generated_ids"),
+        "executors disagree:\n{r1}\n{r2}"
+    );
 }
 
 #[test]
@@ -517,7 +726,11 @@ fn f16_experts_run() {
     let gen = ids(&v, "generated_ids");
     assert_eq!(gen.len(), 5, "{r}");
     assert!(gen.iter().all(|&t| t < vocab_size(&dir)), "{r}");
-    assert_eq!(v["metrics"]["expert_precision"].as_str(), Some("f16"), "{r}");
+    assert_eq!(
+        v["metrics"]["expert_precision"].as_str(),
+        Some("f16"),
+        "{r}"
+    );
 }
 
 #[test]
@@ -528,7 +741,11 @@ fn text_mode_streams_decoded_text() {
     assert_ok(&r);
     let text = v["text"].as_str().unwrap();
     assert!(!text.is_empty());
-    assert_eq!(r.stdout.trim_end_matches('\n'), text, "streamed text differs from the JSON text:\n{r}");
+    assert_eq!(
+        r.stdout.trim_end_matches('\n'),
+        text,
+        "streamed text differs from the JSON text:\n{r}"
+    );
 }
 
 #[test]
@@ -536,7 +753,18 @@ fn text_mode_without_tokenizer_prints_ids() {
     // With no tokenizer.json, --prompt-ids still works; text mode prints one id per line.
     let (_t, dir) = copy_fixture(OLMOE);
     std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
-    let r = run_untouched(&dir, &["run", &s(&dir), "--prompt-ids", "1,2", "-n", "3", "--ignore-eos"]);
+    let r = run_untouched(
+        &dir,
+        &[
+            "run",
+            &s(&dir),
+            "--prompt-ids",
+            "1,2",
+            "-n",
+            "3",
+            "--ignore-eos",
+        ],
+    );
     assert_ok(&r);
     let lines: Vec<&str> = r.stdout.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 3, "{r}");
@@ -547,26 +775,58 @@ fn text_mode_without_tokenizer_prints_ids() {
 fn devices_lists_adapters() {
     let r = wgmoe(["devices"]);
     assert_ok(&r);
-    assert!(r.stdout.lines().any(|l| l.starts_with("[0] ")), "no adapter listed:\n{r}");
+    assert!(
+        r.stdout.lines().any(|l| l.starts_with("[0] ")),
+        "no adapter listed:\n{r}"
+    );
     let r = wgmoe(["devices", "--json"]);
     let v = json_of(&r);
     let list = v.as_array().unwrap_or_else(|| panic!("not an array:\n{r}"));
     assert!(!list.is_empty(), "{r}");
-    assert!(list.iter().all(|a| a["name"].is_string() && a["backend"].is_string()), "{r}");
+    assert!(
+        list.iter()
+            .all(|a| a["name"].is_string() && a["backend"].is_string()),
+        "{r}"
+    );
 }
 
 #[test]
 fn inspect_prints_class_table() {
     for (fixture, classes) in [
-        (OLMOE, &["routed_experts", "router", "attention", "norms", "embeddings", "lm_head"][..]),
-        (QWEN, &["routed_experts", "router", "attention", "embeddings", "lm_head"][..]),
+        (
+            OLMOE,
+            &[
+                "routed_experts",
+                "router",
+                "attention",
+                "norms",
+                "embeddings",
+                "lm_head",
+            ][..],
+        ),
+        (
+            QWEN,
+            &[
+                "routed_experts",
+                "router",
+                "attention",
+                "embeddings",
+                "lm_head",
+            ][..],
+        ),
     ] {
         let (_t, dir) = copy_fixture(fixture);
         let r = run_untouched(&dir, &["inspect", &s(&dir)]);
         assert_ok(&r);
-        assert!(r.stdout.lines().any(|l| l.starts_with("class")), "no table header:\n{r}");
+        assert!(
+            r.stdout.lines().any(|l| l.starts_with("class")),
+            "no table header:\n{r}"
+        );
         for c in classes {
-            assert!(r.stdout.lines().any(|l| l.starts_with(c)), "no `{c}` row:\n{r}");
+            assert!(
+                r.stdout.lines().any(|l| l.starts_with(c)),
+                "no `{c}` row:\n{r}"
+            );
         }
         let r = run_untouched(&dir, &["inspect", &s(&dir), "--json"]);
         json_of(&r);
@@ -587,7 +847,11 @@ fn quantize_then_run_matches_quantize_on_load() {
         let args = ["-p", HELLO, "-n", "5", "--ignore-eos"];
         let (r1, on_load) = run_json(&dir, &args);
         let (r2, converted) = run_json(&conv, &args);
-        assert_eq!(ids(&converted, "prompt_ids"), ids(&on_load, "prompt_ids"), "{r2}");
+        assert_eq!(
+            ids(&converted, "prompt_ids"),
+            ids(&on_load, "prompt_ids"),
+            "{r2}"
+        );
         assert_eq!(
             ids(&converted, "generated_ids"),
             ids(&on_load, "generated_ids"),
@@ -610,7 +874,12 @@ fn run_with_closed_stdout(args: &[&str]) -> Run {
     // Close the read end before the child writes anything.
     drop(child.stdout.take());
     let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     let status = child.wait().unwrap();
     Run {
         cmd: format!("wgmoe {} | (stdout closed)", args.join(" ")),
@@ -637,5 +906,9 @@ fn closed_stdout_does_not_panic() {
             failures.push(r.to_string());
         }
     }
-    assert!(failures.is_empty(), "panics with stdout closed:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "panics with stdout closed:\n{}",
+        failures.join("\n")
+    );
 }

@@ -42,8 +42,13 @@ const COMBINE_TOL: f32 = 1e-6;
 /// `cap` limits the storage binding used to split weights, to force several chunks.
 fn gpu(cap: Option<u64>) -> GpuContext {
     common::init_env();
-    GpuContext::new(&AdapterRequest { max_binding: cap, ..Default::default() })
-        .unwrap_or_else(|e| panic!("kernel tests need a GPU adapter (lavapipe in CI), none usable: {e}"))
+    GpuContext::new(&AdapterRequest {
+        max_binding: cap,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| {
+        panic!("kernel tests need a GPU adapter (lavapipe in CI), none usable: {e}")
+    })
 }
 
 /// xorshift64*: seeded, tiny, good enough for test data.
@@ -74,7 +79,9 @@ impl Rng {
     }
     /// Uniform in [lo, hi) as f16 (norm weights).
     fn f16_range(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f16> {
-        (0..n).map(|_| f16::from_f32(lo + (self.f32(1.0) + 1.0) * 0.5 * (hi - lo))).collect()
+        (0..n)
+            .map(|_| f16::from_f32(lo + (self.f32(1.0) + 1.0) * 0.5 * (hi - lo)))
+            .collect()
     }
     fn permutation(&mut self, n: usize) -> Vec<usize> {
         let mut p: Vec<usize> = (0..n).collect();
@@ -86,7 +93,11 @@ impl Rng {
 }
 
 fn step_buf(ctx: &GpuContext, pos0: usize, n_tokens: usize) -> GpuBuffer {
-    let s = Step { pos0: pos0 as u32, n_tokens: n_tokens as u32, _pad: [0; 2] };
+    let s = Step {
+        pos0: pos0 as u32,
+        n_tokens: n_tokens as u32,
+        _pad: [0; 2],
+    };
     ctx.uniform_with("step", bytemuck::bytes_of(&s))
 }
 
@@ -161,12 +172,23 @@ fn strided(rows: &[f32], width: usize, stride: usize, fill: f32) -> Vec<f32> {
 // ---------------------------------------------------------------------------------------------
 // embed
 
-fn embed_case(seed: u64, vocab: usize, hidden: usize, ids: &[u32], cap: Option<u64>, min_chunks: usize) {
+fn embed_case(
+    seed: u64,
+    vocab: usize,
+    hidden: usize,
+    ids: &[u32],
+    cap: Option<u64>,
+    min_chunks: usize,
+) {
     let ctx = gpu(cap);
     let mut rng = Rng::new(seed);
     let table = rng.f16s(vocab * hidden, 2.0);
     let m = F16Matrix::upload(&ctx, "embed", vocab, hidden, &table).unwrap();
-    assert!(m.chunks.len() >= min_chunks, "expected >= {min_chunks} chunks, got {}", m.chunks.len());
+    assert!(
+        m.chunks.len() >= min_chunks,
+        "expected >= {min_chunks} chunks, got {}",
+        m.chunks.len()
+    );
     let t = ids.len();
     let step = step_buf(&ctx, 0, t);
     let ids_b = u32_buf(&ctx, ids);
@@ -189,7 +211,10 @@ fn embed_case(seed: u64, vocab: usize, hidden: usize, ids: &[u32], cap: Option<u
     }
     run(&ctx, &prog, t);
     let want = cpu_ref::embed(&table, hidden, ids).unwrap();
-    let what = format!("embed vocab {vocab} hidden {hidden} T {t} chunks {}", m.chunks.len());
+    let what = format!(
+        "embed vocab {vocab} hidden {hidden} T {t} chunks {}",
+        m.chunks.len()
+    );
     check(&what, &read_f32(&ctx, &x, t * hidden), &want, EMBED_TOL);
 }
 
@@ -210,7 +235,15 @@ fn embed_split_table_matches_cpu() {
 // rmsnorm
 
 #[allow(clippy::too_many_arguments)]
-fn rmsnorm_case(ctx: &GpuContext, seed: u64, t: usize, n: usize, x_stride: usize, out_stride: usize, last_only: bool) {
+fn rmsnorm_case(
+    ctx: &GpuContext,
+    seed: u64,
+    t: usize,
+    n: usize,
+    x_stride: usize,
+    out_stride: usize,
+    last_only: bool,
+) {
     let mut rng = Rng::new(seed);
     let rows = rng.vec(t * n, 3.0);
     let weight = rng.f16_range(n, 0.5, 1.5);
@@ -235,7 +268,15 @@ fn rmsnorm_case(ctx: &GpuContext, seed: u64, t: usize, n: usize, x_stride: usize
         },
         &step,
         &[&x, &w, &out],
-        [if last_only { Dim::Const(1) } else { Dim::Tokens }, Dim::Const(1), Dim::Const(1)],
+        [
+            if last_only {
+                Dim::Const(1)
+            } else {
+                Dim::Tokens
+            },
+            Dim::Const(1),
+            Dim::Const(1),
+        ],
     );
     run(ctx, &prog, t);
     let mut want = cpu_ref::rmsnorm(&rows, &weight, eps).unwrap();
@@ -244,13 +285,29 @@ fn rmsnorm_case(ctx: &GpuContext, seed: u64, t: usize, n: usize, x_stride: usize
     }
     let want = strided(&want, n, out_stride, sentinel);
     let what = format!("rmsnorm T {t} n {n} strides {x_stride}/{out_stride} last_only {last_only}");
-    check(&what, &read_f32(ctx, &out, out_rows * out_stride), &want, RMSNORM_TOL);
+    check(
+        &what,
+        &read_f32(ctx, &out, out_rows * out_stride),
+        &want,
+        RMSNORM_TOL,
+    );
 }
 
 #[test]
 fn rmsnorm_matches_cpu() {
     let ctx = gpu(None);
-    for (i, &(t, n)) in [(1, 1), (5, 7), (1, 13), (6, 64), (9, 100), (2, 257), (3, 1408)].iter().enumerate() {
+    for (i, &(t, n)) in [
+        (1, 1),
+        (5, 7),
+        (1, 13),
+        (6, 64),
+        (9, 100),
+        (2, 257),
+        (3, 1408),
+    ]
+    .iter()
+    .enumerate()
+    {
         rmsnorm_case(&ctx, 10 + i as u64, t, n, n, n, false);
     }
     rmsnorm_case(&ctx, 20, 5, 100, 103, 101, false);
@@ -272,7 +329,14 @@ struct MatmulCase {
 
 impl MatmulCase {
     fn new(t: usize, k: usize, n: usize, flags: u32) -> Self {
-        MatmulCase { t, k, n, x_stride: k, out_stride: n, flags }
+        MatmulCase {
+            t,
+            k,
+            n,
+            x_stride: k,
+            out_stride: n,
+            flags,
+        }
     }
 }
 
@@ -309,7 +373,11 @@ fn push_matmul(
             &[x, &c.buffer, bias, out],
             [
                 Dim::Const(groups64(c.rows)),
-                if last { Dim::Const(1) } else { Dim::TokensDiv(MATMUL_TOKENS_PER_THREAD) },
+                if last {
+                    Dim::Const(1)
+                } else {
+                    Dim::TokensDiv(MATMUL_TOKENS_PER_THREAD)
+                },
                 Dim::Const(1),
             ],
         );
@@ -317,7 +385,14 @@ fn push_matmul(
 }
 
 fn matmul_case(ctx: &GpuContext, seed: u64, c: MatmulCase, min_chunks: usize) -> f32 {
-    let MatmulCase { t, k, n, x_stride, out_stride, flags } = c;
+    let MatmulCase {
+        t,
+        k,
+        n,
+        x_stride,
+        out_stride,
+        flags,
+    } = c;
     let mut rng = Rng::new(seed);
     let xs = rng.vec(t * k, 1.0);
     let w = rng.f16s(n * k, 1.0);
@@ -327,27 +402,64 @@ fn matmul_case(ctx: &GpuContext, seed: u64, c: MatmulCase, min_chunks: usize) ->
     let acc = flags & matmul_flags::ACCUMULATE != 0;
     let out_rows = if last { 1 } else { t };
     // Columns past n of a strided output row must survive untouched.
-    let out0: Vec<f32> =
-        (0..out_rows * out_stride).map(|i| if i % out_stride < n { rng.f32(2.0) } else { 55.0 }).collect();
+    let out0: Vec<f32> = (0..out_rows * out_stride)
+        .map(|i| {
+            if i % out_stride < n {
+                rng.f32(2.0)
+            } else {
+                55.0
+            }
+        })
+        .collect();
 
     let m = F16Matrix::upload(ctx, "w", n, k, &w).unwrap();
-    assert!(m.chunks.len() >= min_chunks, "expected >= {min_chunks} chunks, got {}", m.chunks.len());
+    assert!(
+        m.chunks.len() >= min_chunks,
+        "expected >= {min_chunks} chunks, got {}",
+        m.chunks.len()
+    );
     let step = step_buf(ctx, 0, t);
     // Stride padding holds NaN: any read of it poisons the result.
     let x = f32_buf(ctx, &strided(&xs, k, x_stride, f32::NAN));
-    let b = if has_bias { f32_buf(ctx, &bias) } else { dummy(ctx) };
+    let b = if has_bias {
+        f32_buf(ctx, &bias)
+    } else {
+        dummy(ctx)
+    };
     let out = f32_buf(ctx, &out0);
     let mut prog = Program::default();
-    push_matmul(ctx, &mut prog, &step, &m, &x, &b, &out, x_stride, out_stride, flags);
+    push_matmul(
+        ctx, &mut prog, &step, &m, &x, &b, &out, x_stride, out_stride, flags,
+    );
     run(ctx, &prog, t);
 
     let x_rows = if last { &xs[(t - 1) * k..] } else { &xs[..] };
-    let prev: Vec<f32> = out0.iter().enumerate().filter(|(i, _)| i % out_stride < n).map(|(_, v)| *v).collect();
-    let want = cpu_ref::matmul(x_rows, k, &w, n, has_bias.then_some(&bias[..]), acc.then_some(&prev[..])).unwrap();
+    let prev: Vec<f32> = out0
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % out_stride < n)
+        .map(|(_, v)| *v)
+        .collect();
+    let want = cpu_ref::matmul(
+        x_rows,
+        k,
+        &w,
+        n,
+        has_bias.then_some(&bias[..]),
+        acc.then_some(&prev[..]),
+    )
+    .unwrap();
     let want = strided(&want, n, out_stride, 55.0);
-    let what =
-        format!("matmul T {t} K {k} N {n} strides {x_stride}/{out_stride} flags {flags:#b} chunks {}", m.chunks.len());
-    check(&what, &read_f32(ctx, &out, out_rows * out_stride), &want, MATMUL_TOL)
+    let what = format!(
+        "matmul T {t} K {k} N {n} strides {x_stride}/{out_stride} flags {flags:#b} chunks {}",
+        m.chunks.len()
+    );
+    check(
+        &what,
+        &read_f32(ctx, &out, out_rows * out_stride),
+        &want,
+        MATMUL_TOL,
+    )
 }
 
 #[test]
@@ -364,8 +476,22 @@ fn matmul_matches_cpu() {
         MatmulCase::new(5, 2048, 100, BIAS),
         MatmulCase::new(8, 16, 8, 0),
         MatmulCase::new(4, 64, 64, BIAS),
-        MatmulCase { t: 5, k: 13, n: 61, x_stride: 20, out_stride: 67, flags: BIAS },
-        MatmulCase { t: 3, k: 100, n: 33, x_stride: 100, out_stride: 40, flags: ACCUMULATE },
+        MatmulCase {
+            t: 5,
+            k: 13,
+            n: 61,
+            x_stride: 20,
+            out_stride: 67,
+            flags: BIAS,
+        },
+        MatmulCase {
+            t: 3,
+            k: 100,
+            n: 33,
+            x_stride: 100,
+            out_stride: 40,
+            flags: ACCUMULATE,
+        },
     ];
     for (i, c) in cases.into_iter().enumerate() {
         matmul_case(&ctx, 100 + i as u64, c, 1);
@@ -378,8 +504,25 @@ fn matmul_last_token_only_matches_cpu() {
     let ctx = gpu(None);
     matmul_case(&ctx, 200, MatmulCase::new(6, 100, 70, LAST_TOKEN_ONLY), 1);
     matmul_case(&ctx, 201, MatmulCase::new(1, 7, 5, LAST_TOKEN_ONLY), 1);
-    matmul_case(&ctx, 202, MatmulCase::new(9, 257, 130, LAST_TOKEN_ONLY | BIAS | ACCUMULATE), 1);
-    matmul_case(&ctx, 203, MatmulCase { t: 5, k: 13, n: 50, x_stride: 16, out_stride: 53, flags: LAST_TOKEN_ONLY }, 1);
+    matmul_case(
+        &ctx,
+        202,
+        MatmulCase::new(9, 257, 130, LAST_TOKEN_ONLY | BIAS | ACCUMULATE),
+        1,
+    );
+    matmul_case(
+        &ctx,
+        203,
+        MatmulCase {
+            t: 5,
+            k: 13,
+            n: 50,
+            x_stride: 16,
+            out_stride: 53,
+            flags: LAST_TOKEN_ONLY,
+        },
+        1,
+    );
 }
 
 #[test]
@@ -390,7 +533,12 @@ fn matmul_split_matrix_matches_cpu() {
     let ctx = gpu(Some(4096));
     matmul_case(&ctx, 300, MatmulCase::new(7, 257, 70, BIAS), 10);
     matmul_case(&ctx, 301, MatmulCase::new(5, 1408, 9, ACCUMULATE), 9);
-    matmul_case(&ctx, 302, MatmulCase::new(6, 100, 130, LAST_TOKEN_ONLY | BIAS), 7);
+    matmul_case(
+        &ctx,
+        302,
+        MatmulCase::new(6, 100, 130, LAST_TOKEN_ONLY | BIAS),
+        7,
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -407,7 +555,12 @@ const ROPE_THETA: f64 = 10000.0;
 const CLIP: f32 = 0.75;
 
 fn rope_case(ctx: &GpuContext, seed: u64, c: &AttnCase) {
-    let AttnCase { heads, t, pos0, flags } = *c;
+    let AttnCase {
+        heads,
+        t,
+        pos0,
+        flags,
+    } = *c;
     let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
     let positions = pos0 + t + 2;
     let mut rng = Rng::new(seed);
@@ -446,32 +599,110 @@ fn rope_case(ctx: &GpuContext, seed: u64, c: &AttnCase) {
             rope_rows: positions as u32,
         },
         &step,
-        &[&qkv_b, if norm { &qn } else { &d }, if norm { &kn } else { &d }, &rope, &q_out, &ck, &cv],
+        &[
+            &qkv_b,
+            if norm { &qn } else { &d },
+            if norm { &kn } else { &d },
+            &rope,
+            &q_out,
+            &ck,
+            &cv,
+        ],
         [Dim::Tokens, Dim::Const(1), Dim::Const(1)],
     );
     run(ctx, &prog, t);
 
     let (mut want_k, mut want_v) = (cache_k0.clone(), cache_v0.clone());
-    let qk = norm.then_some(QkNorm { q: &q_norm_w, k: &k_norm_w, eps });
-    let want_q =
-        cpu_ref::rope_kv(&qkv, heads, qk, clip.then_some(CLIP), &table, pos0, &mut want_k, &mut want_v).unwrap();
-    let what = format!("rope_kv heads {}/{} dim {hd} T {t} pos0 {pos0} flags {flags:#b}", heads.n_heads, heads.n_kv);
-    check(&format!("{what} q"), &read_f32(ctx, &q_out, t * q_dim), &want_q, ROPE_TOL);
-    check(&format!("{what} cache_k"), &read_f32(ctx, &ck, positions * kv_dim), &want_k, ROPE_TOL);
-    check(&format!("{what} cache_v"), &read_f32(ctx, &cv, positions * kv_dim), &want_v, ROPE_TOL);
+    let qk = norm.then_some(QkNorm {
+        q: &q_norm_w,
+        k: &k_norm_w,
+        eps,
+    });
+    let want_q = cpu_ref::rope_kv(
+        &qkv,
+        heads,
+        qk,
+        clip.then_some(CLIP),
+        &table,
+        pos0,
+        &mut want_k,
+        &mut want_v,
+    )
+    .unwrap();
+    let what = format!(
+        "rope_kv heads {}/{} dim {hd} T {t} pos0 {pos0} flags {flags:#b}",
+        heads.n_heads, heads.n_kv
+    );
+    check(
+        &format!("{what} q"),
+        &read_f32(ctx, &q_out, t * q_dim),
+        &want_q,
+        ROPE_TOL,
+    );
+    check(
+        &format!("{what} cache_k"),
+        &read_f32(ctx, &ck, positions * kv_dim),
+        &want_k,
+        ROPE_TOL,
+    );
+    check(
+        &format!("{what} cache_v"),
+        &read_f32(ctx, &cv, positions * kv_dim),
+        &want_v,
+        ROPE_TOL,
+    );
 }
 
 fn attn_cases() -> Vec<AttnCase> {
     use rope_flags::*;
-    let h = |n_heads, n_kv, head_dim| Heads { n_heads, n_kv, head_dim };
+    let h = |n_heads, n_kv, head_dim| Heads {
+        n_heads,
+        n_kv,
+        head_dim,
+    };
     vec![
-        AttnCase { heads: h(6, 2, 6), t: 5, pos0: 0, flags: 0 },
-        AttnCase { heads: h(4, 4, 80), t: 3, pos0: 7, flags: QK_NORM },
-        AttnCase { heads: h(6, 2, 128), t: 1, pos0: 70, flags: QK_NORM | CLIP },
-        AttnCase { heads: h(2, 1, 8), t: 9, pos0: 100, flags: CLIP },
-        AttnCase { heads: h(4, 4, 6), t: 1, pos0: 0, flags: QK_NORM },
-        AttnCase { heads: h(8, 2, 64), t: 6, pos0: 3, flags: 0 },
-        AttnCase { heads: h(16, 16, 128), t: 2, pos0: 300, flags: QK_NORM | CLIP },
+        AttnCase {
+            heads: h(6, 2, 6),
+            t: 5,
+            pos0: 0,
+            flags: 0,
+        },
+        AttnCase {
+            heads: h(4, 4, 80),
+            t: 3,
+            pos0: 7,
+            flags: QK_NORM,
+        },
+        AttnCase {
+            heads: h(6, 2, 128),
+            t: 1,
+            pos0: 70,
+            flags: QK_NORM | CLIP,
+        },
+        AttnCase {
+            heads: h(2, 1, 8),
+            t: 9,
+            pos0: 100,
+            flags: CLIP,
+        },
+        AttnCase {
+            heads: h(4, 4, 6),
+            t: 1,
+            pos0: 0,
+            flags: QK_NORM,
+        },
+        AttnCase {
+            heads: h(8, 2, 64),
+            t: 6,
+            pos0: 3,
+            flags: 0,
+        },
+        AttnCase {
+            heads: h(16, 16, 128),
+            t: 2,
+            pos0: 300,
+            flags: QK_NORM | CLIP,
+        },
     ]
 }
 
@@ -522,8 +753,12 @@ fn attention_case(ctx: &GpuContext, seed: u64, c: &AttnCase) {
     run(ctx, &prog, t);
 
     let visible = (pos0 + t) * kv_dim;
-    let want = cpu_ref::attention(&q, heads, &cache_k[..visible], &cache_v[..visible], pos0).unwrap();
-    let what = format!("attention heads {}/{} dim {hd} T {t} pos0 {pos0}", heads.n_heads, heads.n_kv);
+    let want =
+        cpu_ref::attention(&q, heads, &cache_k[..visible], &cache_v[..visible], pos0).unwrap();
+    let what = format!(
+        "attention heads {}/{} dim {hd} T {t} pos0 {pos0}",
+        heads.n_heads, heads.n_kv
+    );
     check(&what, &read_f32(ctx, &out, t * q_dim), &want, ATTENTION_TOL);
 }
 
@@ -540,7 +775,11 @@ fn attention_matches_cpu() {
 #[test]
 fn rope_then_attention_prefill_then_decode_matches_cpu() {
     let ctx = gpu(None);
-    let heads = Heads { n_heads: 6, n_kv: 2, head_dim: 80 };
+    let heads = Heads {
+        n_heads: 6,
+        n_kv: 2,
+        head_dim: 80,
+    };
     let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
     let positions = 8;
     let mut rng = Rng::new(600);
@@ -591,10 +830,25 @@ fn rope_then_attention_prefill_then_decode_matches_cpu() {
             [Dim::Const(heads.n_heads as u32), Dim::Tokens, Dim::Const(1)],
         );
         run(&ctx, &prog, t);
-        let want_q = cpu_ref::rope_kv(&qkv, heads, None, None, &table, pos0, &mut want_k, &mut want_v).unwrap();
+        let want_q = cpu_ref::rope_kv(
+            &qkv,
+            heads,
+            None,
+            None,
+            &table,
+            pos0,
+            &mut want_k,
+            &mut want_v,
+        )
+        .unwrap();
         let n = (pos0 + t) * kv_dim;
         let want = cpu_ref::attention(&want_q, heads, &want_k[..n], &want_v[..n], pos0).unwrap();
-        check(&format!("rope+attention pos0 {pos0} T {t}"), &read_f32(&ctx, &out, t * q_dim), &want, ATTENTION_TOL);
+        check(
+            &format!("rope+attention pos0 {pos0} T {t}"),
+            &read_f32(&ctx, &out, t * q_dim),
+            &want,
+            ATTENTION_TOL,
+        );
     }
 }
 
@@ -711,18 +965,37 @@ fn ffn_case(ctx: &GpuContext, seed: u64, c: &FfnCase, min_chunks: usize) {
         })
         .collect();
     // Expert e lives in slot slot_of[e]: a permutation, not the identity.
-    let slot_of: Vec<usize> = if c.routed { rng.permutation(c.slots)[..c.n_experts].to_vec() } else { vec![0] };
-    let ids: Vec<u32> =
-        (0..t).flat_map(|_| rng.permutation(c.n_experts)[..k].iter().map(|&e| e as u32).collect::<Vec<_>>()).collect();
+    let slot_of: Vec<usize> = if c.routed {
+        rng.permutation(c.slots)[..c.n_experts].to_vec()
+    } else {
+        vec![0]
+    };
+    let ids: Vec<u32> = (0..t)
+        .flat_map(|_| {
+            rng.permutation(c.n_experts)[..k]
+                .iter()
+                .map(|&e| e as u32)
+                .collect::<Vec<_>>()
+        })
+        .collect();
     let xs = rng.vec(t * hid, 1.0);
     let h_in = rng.vec(t * k * inter, 1.0);
 
     let pool = ExpertPool::new(ctx, "pool", c.slots, hid, inter).unwrap();
-    assert!(pool.chunks.len() >= min_chunks, "expected >= {min_chunks} pool chunks, got {}", pool.chunks.len());
+    assert!(
+        pool.chunks.len() >= min_chunks,
+        "expected >= {min_chunks} pool chunks, got {}",
+        pool.chunks.len()
+    );
     // Slot s holds expert e with slot_of[e] = s; the remaining slots hold the rest.
     let mut free: Vec<usize> = (c.n_experts..c.slots).collect();
     let expert_in_slot: Vec<usize> = (0..c.slots)
-        .map(|s| slot_of.iter().position(|&x| x == s).unwrap_or_else(|| free.pop().unwrap()))
+        .map(|s| {
+            slot_of
+                .iter()
+                .position(|&x| x == s)
+                .unwrap_or_else(|| free.pop().unwrap())
+        })
         .collect();
     for (s, &e) in expert_in_slot.iter().enumerate() {
         pool.write_slot(ctx, s, &experts[e].gate, &experts[e].up, &experts[e].down);
@@ -760,35 +1033,44 @@ fn ffn_case(ctx: &GpuContext, seed: u64, c: &FfnCase, min_chunks: usize) {
                 },
                 &step,
                 &[&x, &ids_b, &slot_b, chunk, out],
-                [Dim::Const(groups64(inter)), Dim::Const(count as u32), Dim::Tokens],
+                [
+                    Dim::Const(groups64(inter)),
+                    Dim::Const(count as u32),
+                    Dim::Tokens,
+                ],
             );
         }
     };
-    let push_down = |prog: &mut Program, (j0, count): (usize, usize), h: &wgpu::Buffer, out: &wgpu::Buffer| {
-        for (ci, chunk) in pool.chunks.iter().enumerate() {
-            let first = ci * pool.slots_per_chunk;
-            prog.push(
-                ctx,
-                Kernel::FfnDown,
-                &FfnDownParams {
-                    hidden: hid as u32,
-                    inter: inter as u32,
-                    top_k: k as u32,
-                    in_vec4: pool.in_vec4(),
-                    down_vec4: pool.down_vec4(),
-                    slot_vec4: pool.slot_vec4(),
-                    first_slot: first as u32,
-                    chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
-                    flags,
-                    j_base: j0 as u32,
-                    ..Default::default()
-                },
-                &step,
-                &[h, &ids_b, &slot_b, chunk, out],
-                [Dim::Const(groups64(hid)), Dim::Const(count as u32), Dim::Tokens],
-            );
-        }
-    };
+    let push_down =
+        |prog: &mut Program, (j0, count): (usize, usize), h: &wgpu::Buffer, out: &wgpu::Buffer| {
+            for (ci, chunk) in pool.chunks.iter().enumerate() {
+                let first = ci * pool.slots_per_chunk;
+                prog.push(
+                    ctx,
+                    Kernel::FfnDown,
+                    &FfnDownParams {
+                        hidden: hid as u32,
+                        inter: inter as u32,
+                        top_k: k as u32,
+                        in_vec4: pool.in_vec4(),
+                        down_vec4: pool.down_vec4(),
+                        slot_vec4: pool.slot_vec4(),
+                        first_slot: first as u32,
+                        chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
+                        flags,
+                        j_base: j0 as u32,
+                        ..Default::default()
+                    },
+                    &step,
+                    &[h, &ids_b, &slot_b, chunk, out],
+                    [
+                        Dim::Const(groups64(hid)),
+                        Dim::Const(count as u32),
+                        Dim::Tokens,
+                    ],
+                );
+            }
+        };
     let mut prog = Program::default();
     push_gate_up(&mut prog, (0, k), &h_out);
     push_down(&mut prog, (0, k), &h_b, &y_b);
@@ -802,7 +1084,11 @@ fn ffn_case(ctx: &GpuContext, seed: u64, c: &FfnCase, min_chunks: usize) {
     let y_split = f32_buf(ctx, &vec![f32::NAN; t * k * hid]);
     let mut split = Program::default();
     let h_tmp2 = f32_buf(ctx, &vec![0.0; t * k * inter]);
-    let ranges: Vec<(usize, usize)> = if k > 1 { vec![(0, 1), (1, k - 1)] } else { vec![(0, 1)] };
+    let ranges: Vec<(usize, usize)> = if k > 1 {
+        vec![(0, 1), (1, k - 1)]
+    } else {
+        vec![(0, 1)]
+    };
     for &r in &ranges {
         push_gate_up(&mut split, r, &h_tmp2);
         push_down(&mut split, r, &h_tmp2, &y_split);
@@ -813,23 +1099,50 @@ fn ffn_case(ctx: &GpuContext, seed: u64, c: &FfnCase, min_chunks: usize) {
     for ti in 0..t {
         let xr = &xs[ti * hid..(ti + 1) * hid];
         for j in 0..k {
-            let e = if c.routed { ids[ti * k + j] as usize } else { expert_in_slot[0] };
+            let e = if c.routed {
+                ids[ti * k + j] as usize
+            } else {
+                expert_in_slot[0]
+            };
             let ex = &experts[e];
             want_h.extend(cpu_ref::swiglu_gate_up(xr, hid, &ex.gate, &ex.up, inter).unwrap());
             let hr = &h_in[(ti * k + j) * inter..][..inter];
             want_y.extend(cpu_ref::matmul(hr, inter, &ex.down, hid, None, None).unwrap());
-            want_chain.extend(cpu_ref::swiglu_expert(xr, hid, &ex.gate, &ex.up, &ex.down, inter).unwrap());
+            want_chain.extend(
+                cpu_ref::swiglu_expert(xr, hid, &ex.gate, &ex.up, &ex.down, inter).unwrap(),
+            );
         }
     }
     let mode = if c.routed {
-        format!("routed {} experts in {} slots top {k}", c.n_experts, c.slots)
+        format!(
+            "routed {} experts in {} slots top {k}",
+            c.n_experts, c.slots
+        )
     } else {
         "fixed slot".into()
     };
-    let what = format!("H {hid} I {inter} T {t} {mode} chunks {}", pool.chunks.len());
-    check(&format!("ffn_gate_up {what}"), &read_f32(ctx, &h_out, t * k * inter), &want_h, FFN_TOL);
-    check(&format!("ffn_down {what}"), &read_f32(ctx, &y_b, t * k * hid), &want_y, FFN_TOL);
-    check(&format!("ffn_gate_up+down {what}"), &read_f32(ctx, &y_chain, t * k * hid), &want_chain, FFN_TOL);
+    let what = format!(
+        "H {hid} I {inter} T {t} {mode} chunks {}",
+        pool.chunks.len()
+    );
+    check(
+        &format!("ffn_gate_up {what}"),
+        &read_f32(ctx, &h_out, t * k * inter),
+        &want_h,
+        FFN_TOL,
+    );
+    check(
+        &format!("ffn_down {what}"),
+        &read_f32(ctx, &y_b, t * k * hid),
+        &want_y,
+        FFN_TOL,
+    );
+    check(
+        &format!("ffn_gate_up+down {what}"),
+        &read_f32(ctx, &y_chain, t * k * hid),
+        &want_chain,
+        FFN_TOL,
+    );
     check(
         &format!("ffn_gate_up+down by j_base {ranges:?} {what}"),
         &read_f32(ctx, &y_split, t * k * hid),
@@ -880,9 +1193,27 @@ fn ffn_split_pool_matches_cpu() {
     // H 13, I 20: a slot is 2*20*16 + 13*24 halves = 1904 bytes; a 6 KiB binding holds 3.
     let slot = ExpertPool::slot_bytes(13, 20);
     let ctx = gpu(Some(3 * slot + 16));
-    let c = FfnCase { hidden: 13, inter: 20, n_experts: 7, slots: 8, top_k: 3, t: 6, routed: true, x_stride: 13 };
+    let c = FfnCase {
+        hidden: 13,
+        inter: 20,
+        n_experts: 7,
+        slots: 8,
+        top_k: 3,
+        t: 6,
+        routed: true,
+        x_stride: 13,
+    };
     ffn_case(&ctx, 820, &c, 3);
-    let c = FfnCase { hidden: 13, inter: 20, n_experts: 7, slots: 7, top_k: 7, t: 2, routed: true, x_stride: 13 };
+    let c = FfnCase {
+        hidden: 13,
+        inter: 20,
+        n_experts: 7,
+        slots: 7,
+        top_k: 7,
+        t: 2,
+        routed: true,
+        x_stride: 13,
+    };
     ffn_case(&ctx, 821, &c, 3);
 }
 
@@ -904,11 +1235,20 @@ fn combine_case(
     let mut rng = Rng::new(seed);
     let x0 = rng.vec(t * hid, 2.0);
     let y = rng.vec(t * top_k * hid, 2.0);
-    let w = rng.vec(t * top_k, 1.0).iter().map(|v| v.abs()).collect::<Vec<_>>();
+    let w = rng
+        .vec(t * top_k, 1.0)
+        .iter()
+        .map(|v| v.abs())
+        .collect::<Vec<_>>();
     let shared = rng.vec(t * hid, 2.0);
     let router = rng.vec(t * gate_stride, 4.0);
     let step = step_buf(ctx, 0, t);
-    let (yb, wb, sb, rb) = (f32_buf(ctx, &y), f32_buf(ctx, &w), f32_buf(ctx, &shared), f32_buf(ctx, &router));
+    let (yb, wb, sb, rb) = (
+        f32_buf(ctx, &y),
+        f32_buf(ctx, &w),
+        f32_buf(ctx, &shared),
+        f32_buf(ctx, &router),
+    );
     let x = f32_buf(ctx, &x0);
     let mut prog = Program::default();
     prog.push(
@@ -927,8 +1267,14 @@ fn combine_case(
         [Dim::Const(groups64(hid)), Dim::Tokens, Dim::Const(1)],
     );
     run(ctx, &prog, t);
-    let gates: Vec<f32> = (0..t).map(|ti| router[ti * gate_stride + gate_col]).collect();
-    let routed = (flags & ROUTED != 0).then_some(Routed { y: &y, weights: &w, top_k });
+    let gates: Vec<f32> = (0..t)
+        .map(|ti| router[ti * gate_stride + gate_col])
+        .collect();
+    let routed = (flags & ROUTED != 0).then_some(Routed {
+        y: &y,
+        weights: &w,
+        top_k,
+    });
     let want = cpu_ref::moe_combine(
         &x0,
         hid,
@@ -958,7 +1304,14 @@ fn moe_combine_matches_cpu() {
 // ---------------------------------------------------------------------------------------------
 // argmax
 
-fn argmax_case(ctx: &GpuContext, what: &str, logits: &[f32], n: usize, last_row: bool, suppress: &[u32]) -> u32 {
+fn argmax_case(
+    ctx: &GpuContext,
+    what: &str,
+    logits: &[f32],
+    n: usize,
+    last_row: bool,
+    suppress: &[u32],
+) -> u32 {
     let rows = logits.len() / n;
     let step = step_buf(ctx, 0, rows);
     let lb = f32_buf(ctx, logits);
@@ -966,7 +1319,11 @@ fn argmax_case(ctx: &GpuContext, what: &str, logits: &[f32], n: usize, last_row:
     let mut sup = [0u32; 4];
     sup[..suppress.len()].copy_from_slice(suppress);
     // Entries past n_suppress must be ignored: fill them with the row's true argmax.
-    let row = if last_row { &logits[(rows - 1) * n..] } else { &logits[..n] };
+    let row = if last_row {
+        &logits[(rows - 1) * n..]
+    } else {
+        &logits[..n]
+    };
     let unsuppressed = cpu_ref::argmax(row, &[]);
     for s in sup.iter_mut().skip(suppress.len()) {
         *s = unsuppressed;
@@ -990,7 +1347,10 @@ fn argmax_case(ctx: &GpuContext, what: &str, logits: &[f32], n: usize, last_row:
     let got = read_u32(ctx, &token, 1)[0];
     let want = cpu_ref::argmax(row, suppress);
     eprintln!("argmax {what}: gpu {got} cpu {want}");
-    assert_eq!(got, want, "argmax {what}: n {n} rows {rows} last_row {last_row} suppress {suppress:?}");
+    assert_eq!(
+        got, want,
+        "argmax {what}: n {n} rows {rows} last_row {last_row} suppress {suppress:?}"
+    );
     got
 }
 
@@ -1016,25 +1376,51 @@ fn argmax_ties_and_suppression() {
         logits[i] = 20.0;
     }
     assert_eq!(argmax_case(&ctx, "tie", &logits, n, false, &[]), 17);
-    assert_eq!(argmax_case(&ctx, "tie, first suppressed", &logits, n, false, &[17]), 300);
     assert_eq!(
-        argmax_case(&ctx, "tie, all suppressed", &logits, n, false, &[2999, 17, 300]),
+        argmax_case(&ctx, "tie, first suppressed", &logits, n, false, &[17]),
+        300
+    );
+    assert_eq!(
+        argmax_case(
+            &ctx,
+            "tie, all suppressed",
+            &logits,
+            n,
+            false,
+            &[2999, 17, 300]
+        ),
         cpu_ref::argmax(&logits, &[17, 300, 2999])
     );
-    argmax_case(&ctx, "four suppressed", &logits, n, false, &[300, 17, 0, 2999]);
+    argmax_case(
+        &ctx,
+        "four suppressed",
+        &logits,
+        n,
+        false,
+        &[300, 17, 0, 2999],
+    );
     // Ties across lanes of the reduction: equal maxima at indices 255, 256 and 511.
     let mut flat = vec![1.0f32; 600];
     for i in [511, 256, 255] {
         flat[i] = 2.0;
     }
-    assert_eq!(argmax_case(&ctx, "cross-lane tie", &flat, 600, false, &[]), 255);
-    assert_eq!(argmax_case(&ctx, "all equal", &[3.0; 300], 300, false, &[0]), 1);
+    assert_eq!(
+        argmax_case(&ctx, "cross-lane tie", &flat, 600, false, &[]),
+        255
+    );
+    assert_eq!(
+        argmax_case(&ctx, "all equal", &[3.0; 300], 300, false, &[0]),
+        1
+    );
     // Rows: the last one decides, suppression applies to it.
     let mut rows = rng.vec(3 * 40, 1.0);
     rows[2 * 40 + 7] = 5.0;
     rows[2 * 40 + 9] = 4.0;
     rows[9] = 9.0;
-    assert_eq!(argmax_case(&ctx, "last row, suppressed", &rows, 40, true, &[7]), 9);
+    assert_eq!(
+        argmax_case(&ctx, "last row, suppressed", &rows, 40, true, &[7]),
+        9
+    );
 }
 
 /// Logits that are all -inf (or NaN, from an overflowing model) outside the suppressed ids:

@@ -54,8 +54,14 @@ const VARIANTS: [bool; 2] = [true, false];
 /// makes several chunks.
 fn gpu(cap: Option<u64>, portable: bool) -> GpuContext {
     common::init_env();
-    GpuContext::new(&AdapterRequest { max_binding: cap, portable_kernels: portable, ..Default::default() })
-        .unwrap_or_else(|e| panic!("kernel tests need a GPU adapter (lavapipe in CI), none usable: {e}"))
+    GpuContext::new(&AdapterRequest {
+        max_binding: cap,
+        portable_kernels: portable,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| {
+        panic!("kernel tests need a GPU adapter (lavapipe in CI), none usable: {e}")
+    })
 }
 
 /// xorshift64*: seeded, tiny, good enough for test data.
@@ -91,7 +97,11 @@ impl Rng {
 }
 
 fn step_buf(ctx: &GpuContext, pos0: usize, n_tokens: usize) -> GpuBuffer {
-    let s = Step { pos0: pos0 as u32, n_tokens: n_tokens as u32, _pad: [0; 2] };
+    let s = Step {
+        pos0: pos0 as u32,
+        n_tokens: n_tokens as u32,
+        _pad: [0; 2],
+    };
     ctx.uniform_with("step", bytemuck::bytes_of(&s))
 }
 
@@ -153,10 +163,23 @@ fn check(what: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
 /// Bit-identical (NaN included).
 fn check_bits(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
-    let bad = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
-    eprintln!("{what}: {}", if bad.is_none() { "bit-identical" } else { "DIFFERS" });
+    let bad = got
+        .iter()
+        .zip(want)
+        .position(|(g, w)| g.to_bits() != w.to_bits());
+    eprintln!(
+        "{what}: {}",
+        if bad.is_none() {
+            "bit-identical"
+        } else {
+            "DIFFERS"
+        }
+    );
     if let Some(i) = bad {
-        panic!("{what}: index {i}: {} vs {} (must be bit-identical)", got[i], want[i]);
+        panic!(
+            "{what}: index {i}: {} vs {} (must be bit-identical)",
+            got[i], want[i]
+        );
     }
 }
 
@@ -186,27 +209,51 @@ fn random_matrix(rng: &mut Rng, m: Q4Matrix) -> (Vec<u8>, Vec<u8>) {
         let lo = nibble(*byte & 0xF);
         *byte = lo | (nibble(*byte >> 4) << 4);
     }
-    assert_eq!(real, m.out * m.inp, "real nibbles of a packed [{}, {}] matrix", m.out, m.inp);
+    assert_eq!(
+        real,
+        m.out * m.inp,
+        "real nibbles of a packed [{}, {}] matrix",
+        m.out,
+        m.inp
+    );
     let seventh = f16::from_f32(1.0 / 7.0).to_le_bytes();
     let mut real = 0;
     for half in s.chunks_exact_mut(2) {
         if half == seventh {
             real += 1;
-            let v = if rng.below(16) == 0 { f16::ZERO } else { f16::from_f32(0.031 + rng.f32(0.029)) };
+            let v = if rng.below(16) == 0 {
+                f16::ZERO
+            } else {
+                f16::from_f32(0.031 + rng.f32(0.029))
+            };
             half.copy_from_slice(&v.to_le_bytes());
         } else {
-            assert_eq!(half, [0, 0], "Q4Matrix::pack of all-ones wrote an unexpected scale");
+            assert_eq!(
+                half,
+                [0, 0],
+                "Q4Matrix::pack of all-ones wrote an unexpected scale"
+            );
             half.copy_from_slice(&F16_NAN);
         }
     }
-    assert_eq!(real, m.out * m.blocks(), "real scales of a packed [{}, {}] matrix", m.out, m.inp);
+    assert_eq!(
+        real,
+        m.out * m.blocks(),
+        "real scales of a packed [{}, {}] matrix",
+        m.out,
+        m.inp
+    );
     (q, s)
 }
 
 /// One slot of random gate, up and down sections.
 fn random_slot(rng: &mut Rng, l: &Q4SlotLayout) -> Vec<u8> {
     let mut slot = vec![0u8; l.bytes];
-    for (m, q_at, s_at) in [(l.gate, l.gate_q, l.gate_s), (l.gate, l.up_q, l.up_s), (l.down, l.down_q, l.down_s)] {
+    for (m, q_at, s_at) in [
+        (l.gate, l.gate_q, l.gate_s),
+        (l.gate, l.up_q, l.up_s),
+        (l.down, l.down_q, l.down_s),
+    ] {
         let (q, s) = random_matrix(rng, m);
         slot[q_at..q_at + q.len()].copy_from_slice(&q);
         slot[s_at..s_at + s.len()].copy_from_slice(&s);
@@ -228,8 +275,22 @@ struct Case {
     t: usize,
 }
 
-const fn case(hidden: usize, inter: usize, n_experts: usize, slots: usize, top_k: usize, t: usize) -> Case {
-    Case { hidden, inter, n_experts, slots, top_k, t }
+const fn case(
+    hidden: usize,
+    inter: usize,
+    n_experts: usize,
+    slots: usize,
+    top_k: usize,
+    t: usize,
+) -> Case {
+    Case {
+        hidden,
+        inter,
+        n_experts,
+        slots,
+        top_k,
+        t,
+    }
 }
 
 struct Setup<'a> {
@@ -263,9 +324,18 @@ struct Setup<'a> {
 
 /// Keep only the ops of `chunks` from a program holding one op per pool chunk.
 fn keep_chunks(prog: &mut Program, n_chunks: usize, chunks: &[usize]) {
-    assert_eq!(prog.ops.len(), n_chunks, "MoeDispatch: one op per pool chunk expected");
+    assert_eq!(
+        prog.ops.len(),
+        n_chunks,
+        "MoeDispatch: one op per pool chunk expected"
+    );
     let ops = std::mem::take(&mut prog.ops);
-    prog.ops = ops.into_iter().enumerate().filter(|(i, _)| chunks.contains(i)).map(|(_, op)| op).collect();
+    prog.ops = ops
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| chunks.contains(i))
+        .map(|(_, op)| op)
+        .collect();
 }
 
 impl<'a> Setup<'a> {
@@ -273,12 +343,20 @@ impl<'a> Setup<'a> {
     fn random(ctx: &'a GpuContext, seed: u64, c: Case) -> Self {
         let mut rng = Rng::new(seed);
         let layout = Q4SlotLayout::new(c.hidden, c.inter);
-        let host = (0..c.slots).map(|_| random_slot(&mut rng, &layout)).collect();
+        let host = (0..c.slots)
+            .map(|_| random_slot(&mut rng, &layout))
+            .collect();
         Self::with_slots(ctx, &mut rng, c, host, 1.0)
     }
 
     /// `host[s]` = the bytes of pool slot s; activations uniform in [-x_scale, x_scale).
-    fn with_slots(ctx: &'a GpuContext, rng: &mut Rng, c: Case, host: Vec<Vec<u8>>, x_scale: f32) -> Self {
+    fn with_slots(
+        ctx: &'a GpuContext,
+        rng: &mut Rng,
+        c: Case,
+        host: Vec<Vec<u8>>,
+        x_scale: f32,
+    ) -> Self {
         let layout = Q4SlotLayout::new(c.hidden, c.inter);
         assert_eq!(host.len(), c.slots);
         let pool = Q4Pool::new(ctx, "q4_pool", c.slots, layout).unwrap();
@@ -287,7 +365,12 @@ impl<'a> Setup<'a> {
         }
         let slot_of = rng.permutation(c.slots)[..c.n_experts].to_vec();
         let ids: Vec<u32> = (0..c.t)
-            .flat_map(|_| rng.permutation(c.n_experts)[..c.top_k].iter().map(|&e| e as u32).collect::<Vec<_>>())
+            .flat_map(|_| {
+                rng.permutation(c.n_experts)[..c.top_k]
+                    .iter()
+                    .map(|&e| e as u32)
+                    .collect::<Vec<_>>()
+            })
             .collect();
         let weights: Vec<f32> = (0..c.t * c.top_k).map(|_| 0.5 + rng.f32(0.5)).collect();
         let xs = rng.vec(c.t * c.hidden, x_scale);
@@ -319,7 +402,11 @@ impl<'a> Setup<'a> {
         d.q4_gate_up(&mut prog, s.pool(), &s.slot_b, (0, 1));
         d.q4_down(&mut prog, s.pool(), &s.slot_b, None);
         let n = s.pool().chunks.len();
-        s.kernels = format!("{} + {}", prog.ops[0].kernel.name(), prog.ops[n].kernel.name());
+        s.kernels = format!(
+            "{} + {}",
+            prog.ops[0].kernel.name(),
+            prog.ops[n].kernel.name()
+        );
         s
     }
 
@@ -367,7 +454,13 @@ impl<'a> Setup<'a> {
 
     /// The forward pass's expert dispatches over these buffers: gate_up reads `xn` and
     /// writes `h`; down reads `h` and writes `y` (per slot) or adds into `x` (fused).
-    fn moe<'b>(&'b self, xn: &'b wgpu::Buffer, h: &'b wgpu::Buffer, y: &'b wgpu::Buffer, x: &'b wgpu::Buffer) -> MoeDispatch<'b> {
+    fn moe<'b>(
+        &'b self,
+        xn: &'b wgpu::Buffer,
+        h: &'b wgpu::Buffer,
+        y: &'b wgpu::Buffer,
+        x: &'b wgpu::Buffer,
+    ) -> MoeDispatch<'b> {
         MoeDispatch {
             ctx: self.ctx,
             step: &self.step,
@@ -389,7 +482,12 @@ impl<'a> Setup<'a> {
         let n = c.t * c.top_k * c.inter;
         let h = f32_buf(self.ctx, &vec![f32::NAN; n]);
         let mut prog = Program::default();
-        self.moe(x, &h, &self.dummy, &self.dummy).q4_gate_up(&mut prog, self.pool(), &self.slot_b, (0, c.top_k));
+        self.moe(x, &h, &self.dummy, &self.dummy).q4_gate_up(
+            &mut prog,
+            self.pool(),
+            &self.slot_b,
+            (0, c.top_k),
+        );
         keep_chunks(&mut prog, self.pool().chunks.len(), chunks);
         run(self.ctx, &prog, c.t);
         read_f32(self.ctx, &h, n)
@@ -405,7 +503,12 @@ impl<'a> Setup<'a> {
         let n = c.t * c.top_k * c.hidden;
         let y = f32_buf(self.ctx, &vec![f32::NAN; n]);
         let mut prog = Program::default();
-        self.moe(&self.dummy, h, &y, &self.dummy).q4_down(&mut prog, self.pool(), &self.slot_b, Some((0, c.top_k)));
+        self.moe(&self.dummy, h, &y, &self.dummy).q4_down(
+            &mut prog,
+            self.pool(),
+            &self.slot_b,
+            Some((0, c.top_k)),
+        );
         keep_chunks(&mut prog, self.pool().chunks.len(), chunks);
         run(self.ctx, &prog, c.t);
         read_f32(self.ctx, &y, n)
@@ -416,7 +519,12 @@ impl<'a> Setup<'a> {
         let c = self.c;
         let x = f32_buf(self.ctx, &self.x0);
         let mut prog = Program::default();
-        self.moe(&self.dummy, h, &self.dummy, &x).q4_down(&mut prog, self.pool(), &self.slot_b, None);
+        self.moe(&self.dummy, h, &self.dummy, &x).q4_down(
+            &mut prog,
+            self.pool(),
+            &self.slot_b,
+            None,
+        );
         keep_chunks(&mut prog, self.pool().chunks.len(), chunks);
         run(self.ctx, &prog, c.t);
         read_f32(self.ctx, &x, c.t * c.hidden)
@@ -428,7 +536,9 @@ impl<'a> Setup<'a> {
         for t in 0..self.c.t {
             for j in 0..k {
                 let xr = &self.xs[t * hid..(t + 1) * hid];
-                want.extend(cpu_ref::w4a16_gate_up(xr, &self.layout, &self.host[self.slot(t, j)]).unwrap());
+                want.extend(
+                    cpu_ref::w4a16_gate_up(xr, &self.layout, &self.host[self.slot(t, j)]).unwrap(),
+                );
             }
         }
         want
@@ -440,7 +550,9 @@ impl<'a> Setup<'a> {
         for t in 0..self.c.t {
             for j in 0..k {
                 let hr = &h[(t * k + j) * inter..][..inter];
-                want.extend(cpu_ref::w4a16_down(hr, &self.layout, &self.host[self.slot(t, j)]).unwrap());
+                want.extend(
+                    cpu_ref::w4a16_down(hr, &self.layout, &self.host[self.slot(t, j)]).unwrap(),
+                );
             }
         }
         want
@@ -452,7 +564,9 @@ impl<'a> Setup<'a> {
         let slots: Vec<Option<&[u8]>> = (0..self.c.t * k)
             .map(|i| {
                 let s = self.slot(i / k, i % k);
-                chunks.contains(&self.chunk_of(s)).then_some(&self.host[s][..])
+                chunks
+                    .contains(&self.chunk_of(s))
+                    .then_some(&self.host[s][..])
             })
             .collect();
         cpu_ref::w4a16_down_combine(&self.x0, h, &self.weights, k, &self.layout, &slots).unwrap()
@@ -492,7 +606,12 @@ fn w4a16_gate_up_matches_cpu() {
         for (i, &c) in SHAPES.iter().enumerate() {
             let s = Setup::random(&ctx, 100 + i as u64, c);
             let got = s.gpu_gate_up(&s.all_chunks());
-            check(&format!("ffn_gate_up_q4 {}", s.what()), &got, &s.want_gate_up(), Q4_TOL);
+            check(
+                &format!("ffn_gate_up_q4 {}", s.what()),
+                &got,
+                &s.want_gate_up(),
+                Q4_TOL,
+            );
         }
     }
 }
@@ -508,8 +627,18 @@ fn w4a16_down_matches_cpu() {
             let s = Setup::random(&ctx, 200 + i as u64, c);
             let all = s.all_chunks();
             let what = s.what();
-            check(&format!("ffn_down_q4 per slot {what}"), &s.gpu_down(&s.h_b, &all), &s.want_down(&s.h_in), Q4_TOL);
-            check(&format!("ffn_down_q4 fused {what}"), &s.gpu_fused(&s.h_b, &all), &s.want_fused(&s.h_in, &all), Q4_TOL);
+            check(
+                &format!("ffn_down_q4 per slot {what}"),
+                &s.gpu_down(&s.h_b, &all),
+                &s.want_down(&s.h_in),
+                Q4_TOL,
+            );
+            check(
+                &format!("ffn_down_q4 fused {what}"),
+                &s.gpu_fused(&s.h_b, &all),
+                &s.want_fused(&s.h_in, &all),
+                Q4_TOL,
+            );
         }
     }
 }
@@ -539,9 +668,24 @@ fn w4a16_split_pool_matches_cpu() {
             let what = s.what();
             let want_h = s.want_gate_up();
             let want_y = s.want_down(&s.h_in);
-            check(&format!("ffn_gate_up_q4 {what}"), &s.gpu_gate_up(&all), &want_h, Q4_TOL);
-            check(&format!("ffn_down_q4 per slot {what}"), &s.gpu_down(&s.h_b, &all), &want_y, Q4_TOL);
-            check(&format!("ffn_down_q4 fused {what}"), &s.gpu_fused(&s.h_b, &all), &s.want_fused(&s.h_in, &all), Q4_TOL);
+            check(
+                &format!("ffn_gate_up_q4 {what}"),
+                &s.gpu_gate_up(&all),
+                &want_h,
+                Q4_TOL,
+            );
+            check(
+                &format!("ffn_down_q4 per slot {what}"),
+                &s.gpu_down(&s.h_b, &all),
+                &want_y,
+                Q4_TOL,
+            );
+            check(
+                &format!("ffn_down_q4 fused {what}"),
+                &s.gpu_fused(&s.h_b, &all),
+                &s.want_fused(&s.h_in, &all),
+                Q4_TOL,
+            );
 
             let (k, t) = (c.top_k, c.t);
             for ci in all.iter().copied() {
@@ -549,7 +693,12 @@ fn w4a16_split_pool_matches_cpu() {
                 let mine = |row: usize| s.chunk_of(s.slot(row / k, row % k)) == ci;
                 for (name, got, want, width) in [
                     ("ffn_gate_up_q4", s.gpu_gate_up(&[ci]), &want_h, c.inter),
-                    ("ffn_down_q4 per slot", s.gpu_down(&s.h_b, &[ci]), &want_y, c.hidden),
+                    (
+                        "ffn_down_q4 per slot",
+                        s.gpu_down(&s.h_b, &[ci]),
+                        &want_y,
+                        c.hidden,
+                    ),
                 ] {
                     let (mut g, mut w) = (Vec::new(), Vec::new());
                     for row in 0..t * k {
@@ -558,17 +707,34 @@ fn w4a16_split_pool_matches_cpu() {
                             g.extend_from_slice(&got[r.clone()]);
                             w.extend_from_slice(&want[r]);
                         } else {
-                            assert!(got[r].iter().all(|v| v.is_nan()), "{name} chunk {ci} alone wrote row {row} of another chunk ({what})");
+                            assert!(
+                                got[r].iter().all(|v| v.is_nan()),
+                                "{name} chunk {ci} alone wrote row {row} of another chunk ({what})"
+                            );
                         }
                     }
-                    check(&format!("{name} chunk {ci} alone, {} rows, {what}", g.len() / width), &g, &w, Q4_TOL);
+                    check(
+                        &format!("{name} chunk {ci} alone, {} rows, {what}", g.len() / width),
+                        &g,
+                        &w,
+                        Q4_TOL,
+                    );
                 }
                 let got = s.gpu_fused(&s.h_b, &[ci]);
-                check(&format!("ffn_down_q4 fused chunk {ci} alone {what}"), &got, &s.want_fused(&s.h_in, &[ci]), Q4_TOL);
+                check(
+                    &format!("ffn_down_q4 fused chunk {ci} alone {what}"),
+                    &got,
+                    &s.want_fused(&s.h_in, &[ci]),
+                    Q4_TOL,
+                );
                 for tt in 0..t {
                     if !(0..k).any(|j| s.chunk_of(s.slot(tt, j)) == ci) {
                         let r = tt * c.hidden..(tt + 1) * c.hidden;
-                        check_bits(&format!("fused chunk {ci} alone leaves token {tt} ({what})"), &got[r.clone()], &s.x0[r]);
+                        check_bits(
+                            &format!("fused chunk {ci} alone leaves token {tt} ({what})"),
+                            &got[r.clone()],
+                            &s.x0[r],
+                        );
                     }
                 }
             }
@@ -595,11 +761,17 @@ fn per_expert_case(s: &Setup) {
     let yg = f32_buf(ctx, &vec![f32::NAN; ny]);
     let xg = f32_buf(ctx, &s.x0);
     let mut grouped = Program::default();
-    let flags = s.moe(&s.x_b, &hg, &yg, &xg).routed(&mut grouped, Executor::Grouped, &s.store, &s.slot_b);
-    assert_eq!(flags, 0, "grouped INT4: the combine is fused, nothing left for moe_combine");
+    let flags =
+        s.moe(&s.x_b, &hg, &yg, &xg)
+            .routed(&mut grouped, Executor::Grouped, &s.store, &s.slot_b);
+    assert_eq!(
+        flags, 0,
+        "grouped INT4: the combine is fused, nothing left for moe_combine"
+    );
     run(ctx, &grouped, t);
     let mut ys = Program::default();
-    s.moe(&s.x_b, &hg, &yg, &xg).q4_down(&mut ys, s.pool(), &s.slot_b, Some((0, k)));
+    s.moe(&s.x_b, &hg, &yg, &xg)
+        .q4_down(&mut ys, s.pool(), &s.slot_b, Some((0, k)));
     run(ctx, &ys, t);
 
     // Per expert: one top-k index per dispatch, gate_up and down interleaved on one h
@@ -608,13 +780,24 @@ fn per_expert_case(s: &Setup) {
     let yp = f32_buf(ctx, &vec![f32::NAN; ny]);
     let xp = f32_buf(ctx, &s.x0);
     let mut per = Program::default();
-    let flags = s.moe(&s.x_b, &hp, &yp, &xp).routed(&mut per, Executor::PerExpert, &s.store, &s.slot_b);
+    let flags =
+        s.moe(&s.x_b, &hp, &yp, &xp)
+            .routed(&mut per, Executor::PerExpert, &s.store, &s.slot_b);
     assert_eq!(flags, combine_flags::ROUTED);
-    assert_eq!(per.ops.len(), 2 * k * s.pool().chunks.len(), "per expert: gate_up and down per j and chunk");
+    assert_eq!(
+        per.ops.len(),
+        2 * k * s.pool().chunks.len(),
+        "per expert: gate_up and down per j and chunk"
+    );
     per.push(
         ctx,
         Kernel::MoeCombine,
-        &MoeCombineParams { hidden: c.hidden as u32, top_k: k as u32, flags, ..Default::default() },
+        &MoeCombineParams {
+            hidden: c.hidden as u32,
+            top_k: k as u32,
+            flags,
+            ..Default::default()
+        },
         &s.step,
         &[&yp, &s.w_b, &s.dummy, &s.dummy, &xp],
         [Dim::Const(groups64(c.hidden)), Dim::Tokens, Dim::Const(1)],
@@ -623,25 +806,61 @@ fn per_expert_case(s: &Setup) {
 
     let (hg, hp) = (read_f32(ctx, &hg, nh), read_f32(ctx, &hp, nh));
     let (yg, yp) = (read_f32(ctx, &yg, ny), read_f32(ctx, &yp, ny));
-    let (xg, xp) = (read_f32(ctx, &xg, t * c.hidden), read_f32(ctx, &xp, t * c.hidden));
+    let (xg, xp) = (
+        read_f32(ctx, &xg, t * c.hidden),
+        read_f32(ctx, &xp, t * c.hidden),
+    );
     assert_eq!(SPLIT_TOL, 0.0);
-    check_bits(&format!("ffn_gate_up_q4 per expert vs grouped {what}"), &hp, &hg);
-    check_bits(&format!("ffn_down_q4 per slot, per expert vs grouped {what}"), &yp, &yg);
-    check(&format!("per expert + moe_combine vs fused {what}"), &xp, &xg, FUSED_VS_COMBINE_TOL);
+    check_bits(
+        &format!("ffn_gate_up_q4 per expert vs grouped {what}"),
+        &hp,
+        &hg,
+    );
+    check_bits(
+        &format!("ffn_down_q4 per slot, per expert vs grouped {what}"),
+        &yp,
+        &yg,
+    );
+    check(
+        &format!("per expert + moe_combine vs fused {what}"),
+        &xp,
+        &xg,
+        FUSED_VS_COMBINE_TOL,
+    );
     // And the grouped chain against the CPU (down fed the GPU's h).
-    check(&format!("ffn_gate_up_q4 grouped {what}"), &hg, &s.want_gate_up(), Q4_TOL);
-    check(&format!("ffn_gate_up_q4 + fused down {what}"), &xg, &s.want_fused(&hg, &s.all_chunks()), Q4_TOL);
+    check(
+        &format!("ffn_gate_up_q4 grouped {what}"),
+        &hg,
+        &s.want_gate_up(),
+        Q4_TOL,
+    );
+    check(
+        &format!("ffn_gate_up_q4 + fused down {what}"),
+        &xg,
+        &s.want_fused(&hg, &s.all_chunks()),
+        Q4_TOL,
+    );
 }
 
 #[test]
 fn w4a16_per_expert_dispatch_equals_grouped() {
     for portable in VARIANTS {
         let ctx = gpu(None, portable);
-        for (i, c) in [case(300, 65, 7, 9, 4, 5), case(2056, 96, 8, 8, 8, 5), case(33, 257, 5, 6, 1, 1)].into_iter().enumerate() {
+        for (i, c) in [
+            case(300, 65, 7, 9, 4, 5),
+            case(2056, 96, 8, 8, 8, 5),
+            case(33, 257, 5, 6, 1, 1),
+        ]
+        .into_iter()
+        .enumerate()
+        {
             per_expert_case(&Setup::random(&ctx, 400 + i as u64, c));
         }
         let c = case(257, 100, 7, 10, 6, 5);
-        let ctx = gpu(Some(3 * Q4SlotLayout::new(c.hidden, c.inter).bytes as u64), portable);
+        let ctx = gpu(
+            Some(3 * Q4SlotLayout::new(c.hidden, c.inter).bytes as u64),
+            portable,
+        );
         let s = Setup::random(&ctx, 410, c);
         assert_eq!(s.pool().chunks.len(), 4);
         per_expert_case(&s);
@@ -670,7 +889,12 @@ fn dense(x: &[f32], w: &[f32], out: usize, inp: usize) -> Vec<f64> {
     let mut y = Vec::new();
     for xr in x.chunks(inp) {
         for n in 0..out {
-            y.push(xr.iter().zip(&w[n * inp..(n + 1) * inp]).map(|(a, b)| *a as f64 * *b as f64).sum());
+            y.push(
+                xr.iter()
+                    .zip(&w[n * inp..(n + 1) * inp])
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum(),
+            );
         }
     }
     y
@@ -688,14 +912,27 @@ fn quantise_expert(l: &Q4SlotLayout, w: [&[f32]; 3]) -> (Vec<u8>, Dequant) {
     let mut slot = vec![0u8; l.bytes];
     l.pack_expert(w[0], w[1], w[2], &mut slot);
     let mut dq = Vec::new();
-    for ((m, q_at, s_at), orig) in [(l.gate, l.gate_q, l.gate_s), (l.gate, l.up_q, l.up_s), (l.down, l.down_q, l.down_s)].into_iter().zip(w) {
-        let (q, s) = (&slot[q_at..q_at + m.q_bytes()], &slot[s_at..s_at + m.scale_bytes()]);
+    for ((m, q_at, s_at), orig) in [
+        (l.gate, l.gate_q, l.gate_s),
+        (l.gate, l.up_q, l.up_s),
+        (l.down, l.down_q, l.down_s),
+    ]
+    .into_iter()
+    .zip(w)
+    {
+        let (q, s) = (
+            &slot[q_at..q_at + m.q_bytes()],
+            &slot[s_at..s_at + m.scale_bytes()],
+        );
         let d = m.dequantize(q, s);
         for n in 0..m.out {
             for k in 0..m.inp {
                 let sc = m.scale(s, n, k / BLOCK).to_f32();
                 let (a, b) = (orig[n * m.inp + k], d[n * m.inp + k]);
-                assert!((a - b).abs() <= 0.5 * sc * (1.0 + 1e-6), "dequantised ({n}, {k}): {b} vs {a}, scale {sc}");
+                assert!(
+                    (a - b).abs() <= 0.5 * sc * (1.0 + 1e-6),
+                    "dequantised ({n}, {k}): {b} vs {a}, scale {sc}"
+                );
             }
         }
         dq.push(d);
@@ -728,8 +965,16 @@ fn w4a16_quantised_realish_weights_match_dequantised_reference() {
             up[(e % inter) * hid..(e % inter + 1) * hid].fill(0.0); // a whole row
             down[7 * inter..7 * inter + BLOCK].fill(0.0); // row 7, block 0
             let (slot, d) = quantise_expert(&l, [&gate, &up, &down]);
-            assert_eq!(l.gate.scale(&slot[l.gate_s..], 3, 1).to_f32(), 0.0, "zero block -> scale 0");
-            assert_eq!(l.down.scale(&slot[l.down_s..], 7, 0).to_f32(), 0.0, "zero block -> scale 0");
+            assert_eq!(
+                l.gate.scale(&slot[l.gate_s..], 3, 1).to_f32(),
+                0.0,
+                "zero block -> scale 0"
+            );
+            assert_eq!(
+                l.down.scale(&slot[l.down_s..], 7, 0).to_f32(),
+                0.0,
+                "zero block -> scale 0"
+            );
             host.push(slot);
             deq.push(d);
             orig.push([gate, up, down]);
@@ -746,7 +991,12 @@ fn w4a16_quantised_realish_weights_match_dequantised_reference() {
         let h = f32_buf(&ctx, &vec![f32::NAN; t * k * inter]);
         let x = f32_buf(&ctx, &s.x0);
         let mut prog = Program::default();
-        let flags = s.moe(&s.x_b, &h, &s.dummy, &x).routed(&mut prog, Executor::Grouped, &s.store, &s.slot_b);
+        let flags = s.moe(&s.x_b, &h, &s.dummy, &x).routed(
+            &mut prog,
+            Executor::Grouped,
+            &s.store,
+            &s.slot_b,
+        );
         assert_eq!(flags, 0);
         run(&ctx, &prog, t);
         let got_h = read_f32(&ctx, &h, t * k * inter);
@@ -758,7 +1008,10 @@ fn w4a16_quantised_realish_weights_match_dequantised_reference() {
         let (mut want_h, mut want_x, mut orig_x) = (Vec::new(), Vec::new(), Vec::new());
         for tt in 0..t {
             let xr = &xs[tt * hid..(tt + 1) * hid];
-            let mut acc: Vec<f64> = s.x0[tt * hid..(tt + 1) * hid].iter().map(|&v| v as f64).collect();
+            let mut acc: Vec<f64> = s.x0[tt * hid..(tt + 1) * hid]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
             let mut acc_o = acc.clone();
             for j in 0..k {
                 let e = expert_of(tt, j);
@@ -766,7 +1019,11 @@ fn w4a16_quantised_realish_weights_match_dequantised_reference() {
                 let d = &deq[e];
                 let g = dense(xr, &d.gate, inter, hid);
                 let u = dense(xr, &d.up, inter, hid);
-                let hr: Vec<f32> = g.iter().zip(&u).map(|(g, u)| (g / (1.0 + (-g).exp()) * u) as f32).collect();
+                let hr: Vec<f32> = g
+                    .iter()
+                    .zip(&u)
+                    .map(|(g, u)| (g / (1.0 + (-g).exp()) * u) as f32)
+                    .collect();
                 want_h.extend_from_slice(&hr);
                 // down is fed the GPU's h, so the combine is judged on its own.
                 let y = dense(&got_h[(tt * k + j) * inter..][..inter], &d.down, hid, inter);
@@ -774,7 +1031,11 @@ fn w4a16_quantised_realish_weights_match_dequantised_reference() {
                 let o = &orig[e];
                 let go = dense(xr, &o[0], inter, hid);
                 let uo = dense(xr, &o[1], inter, hid);
-                let ho: Vec<f32> = go.iter().zip(&uo).map(|(g, u)| (g / (1.0 + (-g).exp()) * u) as f32).collect();
+                let ho: Vec<f32> = go
+                    .iter()
+                    .zip(&uo)
+                    .map(|(g, u)| (g / (1.0 + (-g).exp()) * u) as f32)
+                    .collect();
                 let yo = dense(&ho, &o[2], hid, inter);
                 acc_o.iter_mut().zip(&yo).for_each(|(a, y)| *a += w * y);
             }
@@ -782,20 +1043,49 @@ fn w4a16_quantised_realish_weights_match_dequantised_reference() {
             orig_x.extend(acc_o.iter().map(|&v| v as f32));
         }
         let what = s.what();
-        check(&format!("ffn_gate_up_q4 quantised vs dequantised {what}"), &got_h, &want_h, DEQUANT_TOL);
-        check(&format!("ffn_down_q4 fused quantised vs dequantised {what}"), &got_x, &want_x, DEQUANT_TOL);
+        check(
+            &format!("ffn_gate_up_q4 quantised vs dequantised {what}"),
+            &got_h,
+            &want_h,
+            DEQUANT_TOL,
+        );
+        check(
+            &format!("ffn_down_q4 fused quantised vs dequantised {what}"),
+            &got_x,
+            &want_x,
+            DEQUANT_TOL,
+        );
         // The packed-bytes reference agrees with the dense one.
-        check("cpu_ref::w4a16_gate_up vs dense dequantised", &s.want_gate_up(), &want_h, DEQUANT_TOL);
+        check(
+            "cpu_ref::w4a16_gate_up vs dense dequantised",
+            &s.want_gate_up(),
+            &want_h,
+            DEQUANT_TOL,
+        );
         // Quantisation error of the MoE update (x - x0) against the unquantised weights.
-        let upd = |v: &[f32]| v.iter().zip(&s.x0).map(|(a, b)| (a - b) as f64).collect::<Vec<f64>>();
+        let upd = |v: &[f32]| {
+            v.iter()
+                .zip(&s.x0)
+                .map(|(a, b)| (a - b) as f64)
+                .collect::<Vec<f64>>()
+        };
         let (gu, ou) = (upd(&got_x), upd(&orig_x));
-        let err = (gu.iter().zip(&ou).map(|(a, b)| (a - b).powi(2)).sum::<f64>() / ou.iter().map(|b| b * b).sum::<f64>()).sqrt();
+        let err = (gu
+            .iter()
+            .zip(&ou)
+            .map(|(a, b)| (a - b).powi(2))
+            .sum::<f64>()
+            / ou.iter().map(|b| b * b).sum::<f64>())
+        .sqrt();
         // Expected about 0.4: a dot product over blocks without an outlier is off by ~11% rms
         // (step = amax / 7 ~ 0.38 std, error step / sqrt 12), over the ~12% of blocks holding
         // an outlier by ~60%; gate * up then down compound three such errors. An output
         // uncorrelated with the true one (a layout or scale mix-up) would be off by 1 or more.
         eprintln!("INT4 quantisation: relative L2 error of the MoE update vs unquantised weights {err:.3} ({what})");
-        assert!(err < 0.8, "quantisation error {err} far above the expected ~0.4: layout or scale mix-up?");
+        assert!(
+            err < 0.8,
+            "quantisation error {err} far above the expected ~0.4: layout or scale mix-up?"
+        );
     }
 }
 
@@ -821,7 +1111,9 @@ fn w4a16_subnormal_scales_match_cpu() {
             for (m, s_at) in [(l.gate, l.gate_s), (l.gate, l.up_s), (l.down, l.down_s)] {
                 for n in 0..m.out {
                     for b in 0..m.blocks() {
-                        subnormal += (m.scale(&slot[s_at..], n, b).classify() == std::num::FpCategory::Subnormal) as usize;
+                        subnormal += (m.scale(&slot[s_at..], n, b).classify()
+                            == std::num::FpCategory::Subnormal)
+                            as usize;
                     }
                 }
             }
@@ -832,12 +1124,30 @@ fn w4a16_subnormal_scales_match_cpu() {
         let all = s.all_chunks();
         let what = format!("{}, {subnormal} subnormal scales", s.what());
         let got_h = s.gpu_gate_up(&all);
-        check_floor(&format!("ffn_gate_up_q4 {what}"), &got_h, &s.want_gate_up(), Q4_TOL, 0.0);
-        check_floor(&format!("ffn_down_q4 per slot {what}"), &s.gpu_down(&s.h_b, &all), &s.want_down(&s.h_in), Q4_TOL, 0.0);
+        check_floor(
+            &format!("ffn_gate_up_q4 {what}"),
+            &got_h,
+            &s.want_gate_up(),
+            Q4_TOL,
+            0.0,
+        );
+        check_floor(
+            &format!("ffn_down_q4 per slot {what}"),
+            &s.gpu_down(&s.h_b, &all),
+            &s.want_down(&s.h_in),
+            Q4_TOL,
+            0.0,
+        );
         // The fused combine onto x0 = 0, so the update itself is judged.
         let x0 = vec![0.0f32; c.t * hid];
         let s = Setup { x0, ..s };
-        check_floor(&format!("ffn_down_q4 fused {what}"), &s.gpu_fused(&s.h_b, &all), &s.want_fused(&s.h_in, &all), Q4_TOL, 0.0);
+        check_floor(
+            &format!("ffn_down_q4 fused {what}"),
+            &s.gpu_fused(&s.h_b, &all),
+            &s.want_fused(&s.h_in, &all),
+            Q4_TOL,
+            0.0,
+        );
     }
 }
 
@@ -854,7 +1164,9 @@ fn w4a16_subnormal_scales_match_cpu() {
 
 /// Indices of the `width`-wide rows of `v` holding a NaN.
 fn nan_rows(v: &[f32], width: usize) -> Vec<usize> {
-    (0..v.len() / width).filter(|r| v[r * width..(r + 1) * width].iter().any(|x| x.is_nan())).collect()
+    (0..v.len() / width)
+        .filter(|r| v[r * width..(r + 1) * width].iter().any(|x| x.is_nan()))
+        .collect()
 }
 
 fn with_nan_tail(v: &[f32]) -> Vec<f32> {
@@ -868,12 +1180,19 @@ fn with_nan_tail(v: &[f32]) -> Vec<f32> {
 fn w4a16_gate_up_ignores_values_after_x() {
     for portable in VARIANTS {
         let ctx = gpu(None, portable);
-        for (i, c) in [case(33, 65, 4, 5, 3, 5), case(300, 100, 4, 4, 2, 1)].into_iter().enumerate() {
+        for (i, c) in [case(33, 65, 4, 5, 3, 5), case(300, 100, 4, 4, 2, 1)]
+            .into_iter()
+            .enumerate()
+        {
             let s = Setup::random(&ctx, 700 + i as u64, c);
             let x_nan = f32_buf(&ctx, &with_nan_tail(&s.xs));
             let got = s.gpu_gate_up_on(&x_nan, &s.all_chunks());
             let what = format!("ffn_gate_up_q4, NaN after x, {}", s.what());
-            eprintln!("{what}: NaN rows {:?} of {}", nan_rows(&got, c.inter), c.t * c.top_k);
+            eprintln!(
+                "{what}: NaN rows {:?} of {}",
+                nan_rows(&got, c.inter),
+                c.t * c.top_k
+            );
             check(&what, &got, &s.want_gate_up(), Q4_TOL);
         }
     }
@@ -884,7 +1203,10 @@ fn w4a16_gate_up_ignores_values_after_x() {
 fn w4a16_down_ignores_values_after_h() {
     for portable in VARIANTS {
         let ctx = gpu(None, portable);
-        for (i, c) in [case(33, 65, 4, 5, 3, 5), case(100, 300, 4, 4, 2, 1)].into_iter().enumerate() {
+        for (i, c) in [case(33, 65, 4, 5, 3, 5), case(100, 300, 4, 4, 2, 1)]
+            .into_iter()
+            .enumerate()
+        {
             let s = Setup::random(&ctx, 710 + i as u64, c);
             let h_nan = f32_buf(&ctx, &with_nan_tail(&s.h_in));
             let all = s.all_chunks();
@@ -898,8 +1220,18 @@ fn w4a16_down_ignores_values_after_h() {
                 nan_rows(&got_x, c.hidden),
                 c.t
             );
-            check(&format!("ffn_down_q4 per slot {what}"), &got_y, &s.want_down(&s.h_in), Q4_TOL);
-            check(&format!("ffn_down_q4 fused {what}"), &got_x, &s.want_fused(&s.h_in, &all), Q4_TOL);
+            check(
+                &format!("ffn_down_q4 per slot {what}"),
+                &got_y,
+                &s.want_down(&s.h_in),
+                Q4_TOL,
+            );
+            check(
+                &format!("ffn_down_q4 fused {what}"),
+                &got_x,
+                &s.want_fused(&s.h_in, &all),
+                Q4_TOL,
+            );
         }
     }
 }

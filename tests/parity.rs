@@ -44,8 +44,20 @@ struct Setup {
     portable: bool,
 }
 
-const F16: Setup = Setup { precision: ExpertPrecision::F16, executor: Executor::Grouped, chunk: 64, max_binding: None, portable: false };
-const INT4: Setup = Setup { precision: ExpertPrecision::Int4, executor: Executor::Grouped, chunk: 64, max_binding: None, portable: false };
+const F16: Setup = Setup {
+    precision: ExpertPrecision::F16,
+    executor: Executor::Grouped,
+    chunk: 64,
+    max_binding: None,
+    portable: false,
+};
+const INT4: Setup = Setup {
+    precision: ExpertPrecision::Int4,
+    executor: Executor::Grouped,
+    chunk: 64,
+    max_binding: None,
+    portable: false,
+};
 
 fn load(name: &str, max_context: usize, s: Setup) -> Engine {
     load_dir(&fixture(name), max_context, s)
@@ -54,15 +66,22 @@ fn load(name: &str, max_context: usize, s: Setup) -> Engine {
 fn load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> Engine {
     init_env();
     let name = dir.display();
-    Engine::load(dir, &EngineOptions {
-        residency: Default::default(),
-        adapter: AdapterRequest { max_binding: s.max_binding, portable_kernels: s.portable, ..Default::default() },
-        expert_precision: s.precision,
-        executor: s.executor,
-        max_context,
-        prefill_chunk: s.chunk,
-        all_logits: true,
-    })
+    Engine::load(
+        dir,
+        &EngineOptions {
+            residency: Default::default(),
+            adapter: AdapterRequest {
+                max_binding: s.max_binding,
+                portable_kernels: s.portable,
+                ..Default::default()
+            },
+            expert_precision: s.precision,
+            executor: s.executor,
+            max_context,
+            prefill_chunk: s.chunk,
+            all_logits: true,
+        },
+    )
     .unwrap_or_else(|e| panic!("loading {name}: {e}"))
 }
 
@@ -79,7 +98,12 @@ fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
     };
     let golden = load_golden(&file);
     let chunk = s.chunk;
-    let max_ctx = golden.prompts.iter().map(|p| p.prompt_ids.len() + p.generated_ids.len()).max().unwrap();
+    let max_ctx = golden
+        .prompts
+        .iter()
+        .map(|p| p.prompt_ids.len() + p.generated_ids.len())
+        .max()
+        .unwrap();
     let engine = load_dir(dir, max_ctx, s);
     for (pi, g) in golden.prompts.iter().enumerate() {
         // Logits at every prompt position.
@@ -92,13 +116,19 @@ fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
             worst = worst.max(d);
         }
         // Greedy decode with per-step logits.
-        let out = generate(&engine.ctx, &engine.fwd, &g.prompt_ids, &GenerateOptions {
-            max_new_tokens: g.generated_ids.len(),
-            sampling: SamplingOptions::greedy(),
-            eos_ids: vec![],
-            ignore_eos: true,
-            record_logits: true,
-        }, &mut |_| Ok(()))
+        let out = generate(
+            &engine.ctx,
+            &engine.fwd,
+            &g.prompt_ids,
+            &GenerateOptions {
+                max_new_tokens: g.generated_ids.len(),
+                sampling: SamplingOptions::greedy(),
+                eos_ids: vec![],
+                ignore_eos: true,
+                record_logits: true,
+            },
+            &mut |_| Ok(()),
+        )
         .unwrap();
         assert_eq!(out.generated_ids.len(), g.generated_ids.len());
         let mut step_worst = 0.0f32;
@@ -109,7 +139,9 @@ fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
             if ours != theirs {
                 assert!(g.step_gap[s] < NEAR_TIE,
                     "{name} p{pi} step {s}: token {ours} != golden {theirs} and the golden top-2 gap {} is not a near tie (< {NEAR_TIE})", g.step_gap[s]);
-                eprintln!("{name} p{pi}: near-tie divergence at step {s}; later steps are not comparable");
+                eprintln!(
+                    "{name} p{pi}: near-tie divergence at step {s}; later steps are not comparable"
+                );
                 break;
             }
         }
@@ -130,26 +162,63 @@ fn qwen2moe_f16_matches_transformers() {
 #[test]
 fn olmoe_int4_matches_transformers_on_int4_weights() {
     check_fixture("olmoe-tiny", INT4);
-    check_fixture("olmoe-tiny", Setup { executor: Executor::PerExpert, ..INT4 });
+    check_fixture(
+        "olmoe-tiny",
+        Setup {
+            executor: Executor::PerExpert,
+            ..INT4
+        },
+    );
 }
 
 #[test]
 fn qwen2moe_int4_matches_transformers_on_int4_weights() {
     check_fixture("qwen2moe-tiny", INT4);
-    check_fixture("qwen2moe-tiny", Setup { executor: Executor::PerExpert, ..INT4 });
+    check_fixture(
+        "qwen2moe-tiny",
+        Setup {
+            executor: Executor::PerExpert,
+            ..INT4
+        },
+    );
 }
 
 /// The portable W4A16 kernels (no subgroup operations) give the same results.
 #[test]
 fn portable_int4_kernels_match_transformers() {
-    check_fixture("olmoe-tiny", Setup { portable: true, ..INT4 });
-    check_fixture("qwen2moe-tiny", Setup { portable: true, executor: Executor::PerExpert, ..INT4 });
+    check_fixture(
+        "olmoe-tiny",
+        Setup {
+            portable: true,
+            ..INT4
+        },
+    );
+    check_fixture(
+        "qwen2moe-tiny",
+        Setup {
+            portable: true,
+            executor: Executor::PerExpert,
+            ..INT4
+        },
+    );
 }
 
 #[test]
 fn per_expert_f16_matches_transformers() {
-    check_fixture("olmoe-tiny", Setup { executor: Executor::PerExpert, ..F16 });
-    check_fixture("qwen2moe-tiny", Setup { executor: Executor::PerExpert, ..F16 });
+    check_fixture(
+        "olmoe-tiny",
+        Setup {
+            executor: Executor::PerExpert,
+            ..F16
+        },
+    );
+    check_fixture(
+        "qwen2moe-tiny",
+        Setup {
+            executor: Executor::PerExpert,
+            ..F16
+        },
+    );
 }
 
 /// Prefill split into several submissions must give the same results.
@@ -163,13 +232,48 @@ fn chunked_prefill_matches_transformers() {
 /// into many chunks (one dispatch each); results must not change.
 #[test]
 fn split_tensors_match_transformers() {
-    let e = load("olmoe-tiny", 8, Setup { max_binding: Some(64 << 10), ..F16 });
-    assert!(e.fwd.weights.embed.chunks.len() > 50, "embeddings should be split: {} chunks", e.fwd.weights.embed.chunks.len());
+    let e = load(
+        "olmoe-tiny",
+        8,
+        Setup {
+            max_binding: Some(64 << 10),
+            ..F16
+        },
+    );
+    assert!(
+        e.fwd.weights.embed.chunks.len() > 50,
+        "embeddings should be split: {} chunks",
+        e.fwd.weights.embed.chunks.len()
+    );
     drop(e);
-    check_fixture("olmoe-tiny", Setup { max_binding: Some(64 << 10), ..F16 });
-    check_fixture("qwen2moe-tiny", Setup { max_binding: Some(1 << 20), ..F16 });
-    check_fixture("olmoe-tiny", Setup { max_binding: Some(40 << 10), ..INT4 });
-    check_fixture("qwen2moe-tiny", Setup { max_binding: Some(640 << 10), ..INT4 });
+    check_fixture(
+        "olmoe-tiny",
+        Setup {
+            max_binding: Some(64 << 10),
+            ..F16
+        },
+    );
+    check_fixture(
+        "qwen2moe-tiny",
+        Setup {
+            max_binding: Some(1 << 20),
+            ..F16
+        },
+    );
+    check_fixture(
+        "olmoe-tiny",
+        Setup {
+            max_binding: Some(40 << 10),
+            ..INT4
+        },
+    );
+    check_fixture(
+        "qwen2moe-tiny",
+        Setup {
+            max_binding: Some(640 << 10),
+            ..INT4
+        },
+    );
 }
 
 /// A model converted by `wgmoe quantize` loads without conversion work and gives the same
@@ -182,10 +286,17 @@ fn converted_model_matches_and_is_validated() {
         let out = tmp.path().join(name);
         wgmoe::convert::write_converted(&fixture(name), &out, &mut |_, _| {}).unwrap();
         check_dir(name, &out, INT4);
-        check_dir(name, &out, Setup { executor: Executor::PerExpert, ..INT4 });
+        check_dir(
+            name,
+            &out,
+            Setup {
+                executor: Executor::PerExpert,
+                ..INT4
+            },
+        );
 
         let opts = |precision| EngineOptions {
-        residency: Default::default(),
+            residency: Default::default(),
             adapter: AdapterRequest::default(),
             expert_precision: precision,
             executor: Executor::Grouped,
@@ -193,7 +304,10 @@ fn converted_model_matches_and_is_validated() {
             prefill_chunk: 8,
             all_logits: false,
         };
-        let err = Engine::load(&out, &opts(ExpertPrecision::F16)).err().expect("f16 on a converted model").to_string();
+        let err = Engine::load(&out, &opts(ExpertPrecision::F16))
+            .err()
+            .expect("f16 on a converted model")
+            .to_string();
         assert!(err.contains("--expert-precision"), "{err}");
 
         // One flipped byte inside the packed experts.
@@ -202,8 +316,14 @@ fn converted_model_matches_and_is_validated() {
         let n = bytes.len();
         bytes[n - 100] ^= 0x10;
         std::fs::write(&file, &bytes).unwrap();
-        let err = Engine::load(&out, &opts(ExpertPrecision::Int4)).err().expect("corrupt experts").to_string();
-        assert!(err.contains("checksum") && err.contains("mlp.experts.int4"), "{err}");
+        let err = Engine::load(&out, &opts(ExpertPrecision::Int4))
+            .err()
+            .expect("corrupt experts")
+            .to_string();
+        assert!(
+            err.contains("checksum") && err.contains("mlp.experts.int4"),
+            "{err}"
+        );
         bytes[n - 100] ^= 0x10;
         std::fs::write(&file, &bytes).unwrap();
         assert!(Engine::load(&out, &opts(ExpertPrecision::Int4)).is_ok());
@@ -211,8 +331,19 @@ fn converted_model_matches_and_is_validated() {
         // A config that is not the one the file was converted from.
         let cfg_path = out.join("config.json");
         let cfg = std::fs::read_to_string(&cfg_path).unwrap();
-        std::fs::write(&cfg_path, cfg.replacen("\"max_position_embeddings\": 512", "\"max_position_embeddings\": 511", 1)).unwrap();
-        let err = Engine::load(&out, &opts(ExpertPrecision::Int4)).err().expect("changed config").to_string();
+        std::fs::write(
+            &cfg_path,
+            cfg.replacen(
+                "\"max_position_embeddings\": 512",
+                "\"max_position_embeddings\": 511",
+                1,
+            ),
+        )
+        .unwrap();
+        let err = Engine::load(&out, &opts(ExpertPrecision::Int4))
+            .err()
+            .expect("changed config")
+            .to_string();
         assert!(err.contains("source_config_hash"), "{err}");
     }
 }

@@ -18,7 +18,12 @@ fn check(name: &str) {
     let path = repo().join(format!("models/goldens/{name}.int4_ref.safetensors"));
     let bytes = std::fs::read(&path).unwrap();
     let (_, md) = SafeTensors::read_metadata(&bytes).unwrap();
-    let packed = md.metadata().as_ref().and_then(|m| m.get("q_layout")).map(String::as_str) == Some("packed");
+    let packed = md
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("q_layout"))
+        .map(String::as_str)
+        == Some("packed");
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let (e, h, i) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate);
     let mut matrices = 0;
@@ -33,7 +38,11 @@ fn check(name: &str) {
                 let key = format!("layers.{l}.experts.{ex}.{pname}");
                 let gq = st.tensor(&format!("{key}.q")).unwrap();
                 let gs = st.tensor(&format!("{key}.scale")).unwrap();
-                let gs: Vec<u16> = gs.data().chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+                let gs: Vec<u16> = gs
+                    .data()
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect();
                 let nb = inp.div_ceil(256);
                 let m = Q4Matrix { out, inp };
                 let mut pq = vec![0u8; m.q_bytes()];
@@ -44,16 +53,32 @@ fn check(name: &str) {
                     for k in 0..inp {
                         let golden = if packed {
                             let b = gq.data()[n * inp.div_ceil(2) + k / 2];
-                            if k % 2 == 0 { b & 0xF } else { b >> 4 }
+                            if k % 2 == 0 {
+                                b & 0xF
+                            } else {
+                                b >> 4
+                            }
                         } else {
                             gq.data()[n * inp + k]
                         };
                         assert_eq!(q[k], golden, "{name} {key} row {n} col {k}: nibble");
-                        assert_eq!(m.nibble(&pq, n, k), golden, "{name} {key} row {n} col {k}: packed nibble");
+                        assert_eq!(
+                            m.nibble(&pq, n, k),
+                            golden,
+                            "{name} {key} row {n} col {k}: packed nibble"
+                        );
                     }
                     for b in 0..nb {
-                        assert_eq!(s[b].to_bits(), gs[n * nb + b], "{name} {key} row {n} block {b}: scale");
-                        assert_eq!(m.scale(&ps, n, b).to_bits(), gs[n * nb + b], "{name} {key} row {n} block {b}: packed scale");
+                        assert_eq!(
+                            s[b].to_bits(),
+                            gs[n * nb + b],
+                            "{name} {key} row {n} block {b}: scale"
+                        );
+                        assert_eq!(
+                            m.scale(&ps, n, b).to_bits(),
+                            gs[n * nb + b],
+                            "{name} {key} row {n} block {b}: packed scale"
+                        );
                     }
                 }
                 matrices += 1;

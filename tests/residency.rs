@@ -16,36 +16,65 @@ use wgmoe::model::forward::Executor;
 use wgmoe::residency::PolicyKind;
 use wgmoe::sampling::SamplingOptions;
 
-fn load(name: &str, max_context: usize, residency: ResidencyOptions, executor: Executor) -> wgmoe::Result<Engine> {
+fn load(
+    name: &str,
+    max_context: usize,
+    residency: ResidencyOptions,
+    executor: Executor,
+) -> wgmoe::Result<Engine> {
     init_env();
-    Engine::load(&fixture(name), &EngineOptions {
-        residency,
-        adapter: AdapterRequest::default(),
-        expert_precision: ExpertPrecision::Int4,
-        executor,
-        max_context,
-        prefill_chunk: 64,
-        all_logits: false,
-    })
+    Engine::load(
+        &fixture(name),
+        &EngineOptions {
+            residency,
+            adapter: AdapterRequest::default(),
+            expert_precision: ExpertPrecision::Int4,
+            executor,
+            max_context,
+            prefill_chunk: 64,
+            all_logits: false,
+        },
+    )
 }
 
 fn greedy(e: &Engine, prompt: &[u32], n: usize) -> wgmoe::Result<Vec<u32>> {
-    let g = generate(&e.ctx, &e.fwd, prompt, &GenerateOptions {
-        max_new_tokens: n,
-        sampling: SamplingOptions::greedy(),
-        eos_ids: vec![],
-        ignore_eos: true,
-        record_logits: false,
-    }, &mut |_| Ok(()))?;
+    let g = generate(
+        &e.ctx,
+        &e.fwd,
+        prompt,
+        &GenerateOptions {
+            max_new_tokens: n,
+            sampling: SamplingOptions::greedy(),
+            eos_ids: vec![],
+            ignore_eos: true,
+            record_logits: false,
+        },
+        &mut |_| Ok(()),
+    )?;
     Ok(g.generated_ids)
 }
 
 /// Writes a calibration profile for `name` (full residency, routing recorded).
 fn calibrate(name: &str, prompt: &[u32], dir: &std::path::Path) -> PathBuf {
-    let e = load(name, 64, ResidencyOptions { record_profile: true, ..Default::default() }, Executor::Grouped).unwrap();
+    let e = load(
+        name,
+        64,
+        ResidencyOptions {
+            record_profile: true,
+            ..Default::default()
+        },
+        Executor::Grouped,
+    )
+    .unwrap();
     greedy(&e, prompt, 16).unwrap();
     let path = dir.join(format!("{name}.profile.json"));
-    e.fwd.profile.as_ref().unwrap().borrow().save(&path).unwrap();
+    e.fwd
+        .profile
+        .as_ref()
+        .unwrap()
+        .borrow()
+        .save(&path)
+        .unwrap();
     path
 }
 
@@ -55,7 +84,8 @@ fn check_policies(name: &str) {
     let profile = calibrate(name, &golden.prompts[1].prompt_ids, tmp.path());
     let cfg = wgmoe::config::ModelConfig::from_dir(&fixture(name)).unwrap();
     let (e, k) = (cfg.num_experts, cfg.top_k);
-    let slot_bytes = wgmoe::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64;
+    let slot_bytes =
+        wgmoe::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64;
     for policy in PolicyKind::ALL {
         for n in [k, (k + e) / 2, e] {
             for executor in [Executor::Grouped, Executor::PerExpert] {
@@ -66,7 +96,11 @@ fn check_policies(name: &str) {
                     ..Default::default()
                 };
                 let eng = load(name, 64, opts, executor).unwrap();
-                let before = eng.fwd.residency.as_ref().map(|r| r.borrow().host.checksum().unwrap());
+                let before = eng
+                    .fwd
+                    .residency
+                    .as_ref()
+                    .map(|r| r.borrow().host.checksum().unwrap());
                 for (pi, g) in golden.prompts.iter().enumerate() {
                     let ids = greedy(&eng, &g.prompt_ids, g.generated_ids.len()).unwrap();
                     // A divergence is allowed only at a golden near tie (as tests/parity.rs).
@@ -82,17 +116,28 @@ fn check_policies(name: &str) {
                         let r = r.borrow();
                         let st = r.stats();
                         assert!(n < e);
-                        assert_eq!(st.h2d_bytes, st.expert_misses * slot_bytes, "{name} {policy:?} N={n}: h2d = misses x expert bytes");
+                        assert_eq!(
+                            st.h2d_bytes,
+                            st.expert_misses * slot_bytes,
+                            "{name} {policy:?} N={n}: h2d = misses x expert bytes"
+                        );
                         assert!(st.expert_misses > 0);
                         if n == k {
                             assert!(st.expert_evictions > 0, "N = top_k must evict");
                         }
-                        assert_eq!(Some(r.host.checksum().unwrap()), before, "host source changed");
+                        assert_eq!(
+                            Some(r.host.checksum().unwrap()),
+                            before,
+                            "host source changed"
+                        );
                         for c in r.caches.iter().flatten() {
                             c.check_invariants().unwrap();
                             assert!(c.published_count() <= n);
                         }
-                        eprintln!("{name} {policy:?} N={n} {executor:?}: hits {} misses {} evictions {}", st.expert_hits, st.expert_misses, st.expert_evictions);
+                        eprintln!(
+                            "{name} {policy:?} N={n} {executor:?}: hits {} misses {} evictions {}",
+                            st.expert_hits, st.expert_misses, st.expert_evictions
+                        );
                     }
                     None => assert_eq!(n, e, "full residency has no cache"),
                 }
@@ -113,7 +158,16 @@ fn qwen2moe_every_policy_and_capacity_gives_the_int4_golden() {
 
 #[test]
 fn failed_upload_keeps_the_previous_generation() {
-    let eng = load("olmoe-tiny", 64, ResidencyOptions { resident_experts: Some(3), ..Default::default() }, Executor::Grouped).unwrap();
+    let eng = load(
+        "olmoe-tiny",
+        64,
+        ResidencyOptions {
+            resident_experts: Some(3),
+            ..Default::default()
+        },
+        Executor::Grouped,
+    )
+    .unwrap();
     let prompt = [464u32, 1711, 8886];
     greedy(&eng, &prompt, 4).unwrap();
     let snapshot = |eng: &Engine| -> Vec<(u64, Vec<u32>, Vec<u32>)> {
@@ -124,10 +178,17 @@ fn failed_upload_keeps_the_previous_generation() {
             .filter_map(|(l, c)| c.as_ref().map(|c| (l, c)))
             .map(|(l, c)| {
                 let gpu = match &eng.fwd.weights.layers[l].mlp {
-                    wgmoe::model::weights::Mlp::Moe { slot_of, .. } => eng.ctx.read_back(slot_of, 0, (c.table().words().len() * 4) as u64).unwrap(),
+                    wgmoe::model::weights::Mlp::Moe { slot_of, .. } => eng
+                        .ctx
+                        .read_back(slot_of, 0, (c.table().words().len() * 4) as u64)
+                        .unwrap(),
                     _ => unreachable!(),
                 };
-                (c.generation(), c.table().words().to_vec(), bytemuck::pod_collect_to_vec(&gpu))
+                (
+                    c.generation(),
+                    c.table().words().to_vec(),
+                    bytemuck::pod_collect_to_vec(&gpu),
+                )
             })
             .collect()
     };
@@ -141,34 +202,72 @@ fn failed_upload_keeps_the_previous_generation() {
         r.inject.fail_upload = Some(done + 1);
     }
     // A prompt whose routing must miss (N = top_k = 3 of 7): the first upload fails.
-    let err = greedy(&eng, &[12u32, 50000, 7, 99, 1234], 8).expect_err("injected failure must be reported");
+    let err = greedy(&eng, &[12u32, 50000, 7, 99, 1234], 8)
+        .expect_err("injected failure must be reported");
     assert!(err.to_string().contains("injected failure"), "{err}");
     let after = snapshot(&eng);
-    assert_eq!(before.iter().map(|b| &b.1).collect::<Vec<_>>(), after.iter().map(|a| &a.1).collect::<Vec<_>>(), "published tables unchanged");
+    assert_eq!(
+        before.iter().map(|b| &b.1).collect::<Vec<_>>(),
+        after.iter().map(|a| &a.1).collect::<Vec<_>>(),
+        "published tables unchanged"
+    );
     for (_, words, gpu) in &after {
         assert_eq!(words, gpu, "GPU table unchanged");
     }
-    for c in eng.fwd.residency.as_ref().unwrap().borrow().caches.iter().flatten() {
+    for c in eng
+        .fwd
+        .residency
+        .as_ref()
+        .unwrap()
+        .borrow()
+        .caches
+        .iter()
+        .flatten()
+    {
         c.check_invariants().unwrap();
     }
 }
 
 #[test]
 fn admission_refuses_what_cannot_fit() {
-    let err = |r: ResidencyOptions| load("olmoe-tiny", 64, r, Executor::Grouped).err().expect("must be refused").to_string();
-    let e = err(ResidencyOptions { resident_experts: Some(2), ..Default::default() });
-    assert!(e.contains("--resident-experts") && e.contains("3..=7"), "{e}");
-    let e = err(ResidencyOptions { resident_experts: Some(8), ..Default::default() });
+    let err = |r: ResidencyOptions| {
+        load("olmoe-tiny", 64, r, Executor::Grouped)
+            .err()
+            .expect("must be refused")
+            .to_string()
+    };
+    let e = err(ResidencyOptions {
+        resident_experts: Some(2),
+        ..Default::default()
+    });
+    assert!(
+        e.contains("--resident-experts") && e.contains("3..=7"),
+        "{e}"
+    );
+    let e = err(ResidencyOptions {
+        resident_experts: Some(8),
+        ..Default::default()
+    });
     assert!(e.contains("3..=7"), "{e}");
-    let e = err(ResidencyOptions { vram_budget: Some(1 << 20), ..Default::default() });
+    let e = err(ResidencyOptions {
+        vram_budget: Some(1 << 20),
+        ..Default::default()
+    });
     assert!(e.contains("--vram-budget"), "{e}");
-    let e = err(ResidencyOptions { resident_experts: Some(3), policy: PolicyKind::Profile, ..Default::default() });
+    let e = err(ResidencyOptions {
+        resident_experts: Some(3),
+        policy: PolicyKind::Profile,
+        ..Default::default()
+    });
     assert!(e.contains("--profile"), "{e}");
     // A budget of exactly what N = 5 needs derives N = 5, and the runtime stays within it.
     init_env();
     let cfg = wgmoe::config::ModelConfig::from_dir(&fixture("olmoe-tiny")).unwrap();
     let opts = EngineOptions {
-        residency: ResidencyOptions { vram_budget: Some(0), ..Default::default() },
+        residency: ResidencyOptions {
+            vram_budget: Some(0),
+            ..Default::default()
+        },
         adapter: AdapterRequest::default(),
         expert_precision: ExpertPrecision::Int4,
         executor: Executor::Grouped,
@@ -177,20 +276,46 @@ fn admission_refuses_what_cannot_fit() {
         all_logits: false,
     };
     let need5 = wgmoe::engine::admission_bytes(&cfg, &opts, true, 5);
-    let eng = load("olmoe-tiny", 64, ResidencyOptions { vram_budget: Some(need5), ..Default::default() }, Executor::Grouped).unwrap();
+    let eng = load(
+        "olmoe-tiny",
+        64,
+        ResidencyOptions {
+            vram_budget: Some(need5),
+            ..Default::default()
+        },
+        Executor::Grouped,
+    )
+    .unwrap();
     assert_eq!(eng.resident_experts, 5);
     greedy(&eng, &[464, 1711, 8886], 8).unwrap();
     let peak = eng.ctx.tracker.peak();
-    eprintln!("admission estimate for N=5: {need5} bytes; runtime peak {peak} bytes ({:.2}%)", 100.0 * peak as f64 / need5 as f64);
-    assert!(peak <= need5, "runtime peak {peak} exceeds the admitted {need5}");
+    eprintln!(
+        "admission estimate for N=5: {need5} bytes; runtime peak {peak} bytes ({:.2}%)",
+        100.0 * peak as f64 / need5 as f64
+    );
+    assert!(
+        peak <= need5,
+        "runtime peak {peak} exceeds the admitted {need5}"
+    );
     drop(eng);
-    let e = err(ResidencyOptions { resident_experts: Some(7), vram_budget: Some(need5), ..Default::default() });
-    assert!(e.contains("7 experts per layer need") && e.contains("fits"), "{e}");
+    let e = err(ResidencyOptions {
+        resident_experts: Some(7),
+        vram_budget: Some(need5),
+        ..Default::default()
+    });
+    assert!(
+        e.contains("7 experts per layer need") && e.contains("fits"),
+        "{e}"
+    );
 }
 
 fn rss() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0) * 1024
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+        * 1024
 }
 
 /// 2,000 generated tokens at N = top_k (constant thrashing): after warm-up, runtime GPU
@@ -201,17 +326,40 @@ fn rss() -> u64 {
 fn soak_2000_tokens_at_top_k_does_not_grow() {
     let prompt = [464u32, 1711, 8886, 13];
     // Per-token RSS growth of the same decode loop with every expert resident.
-    let full = load("olmoe-tiny", 512, ResidencyOptions::default(), Executor::Grouped).unwrap();
+    let full = load(
+        "olmoe-tiny",
+        512,
+        ResidencyOptions::default(),
+        Executor::Grouped,
+    )
+    .unwrap();
     greedy(&full, &prompt, 100).unwrap();
     let r0 = rss();
     let n_full = greedy(&full, &prompt, 400).unwrap().len() as u64;
     let full_rate = rss().saturating_sub(r0) / n_full;
     drop(full);
 
-    let eng = load("olmoe-tiny", 512, ResidencyOptions { resident_experts: Some(3), staging_buffers: 2, ..Default::default() }, Executor::Grouped).unwrap();
+    let eng = load(
+        "olmoe-tiny",
+        512,
+        ResidencyOptions {
+            resident_experts: Some(3),
+            staging_buffers: 2,
+            ..Default::default()
+        },
+        Executor::Grouped,
+    )
+    .unwrap();
     greedy(&eng, &prompt, 100).unwrap();
     let (gpu0, rss0) = (eng.ctx.tracker.current(), rss());
-    let staging0 = eng.fwd.residency.as_ref().unwrap().borrow().stats().staging_buffers;
+    let staging0 = eng
+        .fwd
+        .residency
+        .as_ref()
+        .unwrap()
+        .borrow()
+        .stats()
+        .staging_buffers;
     let mut tokens = 0u64;
     let mut round = 0u32;
     while tokens < 2000 {
@@ -231,5 +379,8 @@ fn soak_2000_tokens_at_top_k_does_not_grow() {
     assert_eq!(eng.ctx.tracker.current(), gpu0, "GPU allocations grew");
     assert_eq!(st.staging_buffers, staging0);
     assert!(st.staging_peak_in_use <= staging0);
-    assert!(rate <= full_rate + full_rate / 4 + 16 * 1024, "RSS grows {rate} B/token with residency vs {full_rate} B/token without");
+    assert!(
+        rate <= full_rate + full_rate / 4 + 16 * 1024,
+        "RSS grows {rate} B/token with residency vs {full_rate} B/token without"
+    );
 }

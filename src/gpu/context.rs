@@ -120,7 +120,7 @@ fn summarize(adapter: &wgpu::Adapter) -> AdapterSummary {
         subgroup: f.contains(wgpu::Features::SUBGROUP),
         timestamp_query: f.contains(wgpu::Features::TIMESTAMP_QUERY),
         max_buffer_size: l.max_buffer_size,
-        max_storage_buffer_binding_size: l.max_storage_buffer_binding_size as u64,
+        max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
         max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
         max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
         max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
@@ -205,9 +205,8 @@ impl GpuContext {
             _ => Error::Gpu(NO_ADAPTER_HELP.to_string()),
         })?;
         let info = adapter.get_info();
-        let wanted = wgpu::Features::SHADER_F16
-            | wgpu::Features::SUBGROUP
-            | wgpu::Features::TIMESTAMP_QUERY;
+        let wanted =
+            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -254,12 +253,15 @@ impl GpuContext {
 
     /// Driver name and version as the adapter reports them.
     pub fn driver(&self) -> String {
-        format!("{} {}", self.info.driver, self.info.driver_info).trim().to_string()
+        format!("{} {}", self.info.driver, self.info.driver_info)
+            .trim()
+            .to_string()
     }
 
     /// The adapter's largest storage binding (activations, caches).
     pub fn binding_limit(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size) / 16 * 16
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size) / 16
+            * 16
     }
 
     /// The unit in which weight tensors are split: the binding limit, or the user's cap.
@@ -300,7 +302,9 @@ impl GpuContext {
         let b = self.buffer(
             label,
             data.len() as u64,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
         );
         if !data.is_empty() {
             self.write(&b, 0, data);

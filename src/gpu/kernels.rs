@@ -107,9 +107,10 @@ impl Kernel {
             Kernel::FfnDown => size_of::<FfnDownParams>(),
             Kernel::MoeCombine => size_of::<MoeCombineParams>(),
             Kernel::Argmax => size_of::<ArgmaxParams>(),
-            Kernel::FfnGateUpQ4 | Kernel::FfnDownQ4 | Kernel::FfnGateUpQ4Sg | Kernel::FfnDownQ4Sg => {
-                size_of::<FfnQ4Params>()
-            }
+            Kernel::FfnGateUpQ4
+            | Kernel::FfnDownQ4
+            | Kernel::FfnGateUpQ4Sg
+            | Kernel::FfnDownQ4Sg => size_of::<FfnQ4Params>(),
         }
     }
 }
@@ -327,13 +328,20 @@ impl Kernels {
                 (k, pipeline)
             })
             .collect();
-        Kernels { pipelines, subgroups }
+        Kernels {
+            pipelines,
+            subgroups,
+        }
     }
 
     pub fn pipeline(&self, k: Kernel) -> &wgpu::ComputePipeline {
         // Every kernel the device can run is built in `new`, and `q4_gate_up`/`q4_down`
         // only hand out subgroup kernels when they were built.
-        let i = self.pipelines.iter().position(|(x, _)| *x == k).unwrap_or(0);
+        let i = self
+            .pipelines
+            .iter()
+            .position(|(x, _)| *x == k)
+            .unwrap_or(0);
         &self.pipelines[i].1
     }
 
@@ -343,11 +351,19 @@ impl Kernels {
 
     /// The W4A16 gate/up kernel for this device.
     pub fn q4_gate_up(&self) -> Kernel {
-        if self.subgroups { Kernel::FfnGateUpQ4Sg } else { Kernel::FfnGateUpQ4 }
+        if self.subgroups {
+            Kernel::FfnGateUpQ4Sg
+        } else {
+            Kernel::FfnGateUpQ4
+        }
     }
 
     /// The W4A16 down kernel for this device.
     pub fn q4_down(&self) -> Kernel {
-        if self.subgroups { Kernel::FfnDownQ4Sg } else { Kernel::FfnDownQ4 }
+        if self.subgroups {
+            Kernel::FfnDownQ4Sg
+        } else {
+            Kernel::FfnDownQ4
+        }
     }
 }

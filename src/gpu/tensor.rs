@@ -44,7 +44,13 @@ impl F16Matrix {
     }
 
     /// Upload `data` ([rows, cols], row-major).
-    pub fn upload(ctx: &GpuContext, label: &str, rows: usize, cols: usize, data: &[f16]) -> Result<Self> {
+    pub fn upload(
+        ctx: &GpuContext,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        data: &[f16],
+    ) -> Result<Self> {
         if data.len() != rows * cols {
             return Err(Error::Other(format!(
                 "{label}: {} values for a [{rows}, {cols}] matrix",
@@ -64,7 +70,12 @@ impl F16Matrix {
         while start < rows {
             let n = max_rows.min(rows - start);
             let mut padded = Vec::new();
-            push_padded_rows(&mut padded, &data[start * cols..(start + n) * cols], n, cols);
+            push_padded_rows(
+                &mut padded,
+                &data[start * cols..(start + n) * cols],
+                n,
+                cols,
+            );
             let buffer = ctx.storage_with(label, bytemuck::cast_slice(&padded));
             chunks.push(MatrixChunk {
                 row_start: start,
@@ -103,7 +114,13 @@ impl ExpertPool {
         (2 * inter * pad8(hidden) + hidden * pad8(inter)) as u64 * 2
     }
 
-    pub fn new(ctx: &GpuContext, label: &str, slots: usize, hidden: usize, inter: usize) -> Result<Self> {
+    pub fn new(
+        ctx: &GpuContext,
+        label: &str,
+        slots: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Self> {
         let sb = Self::slot_bytes(hidden, inter);
         let per_chunk = (ctx.max_binding() / sb) as usize;
         if per_chunk == 0 {
@@ -144,7 +161,14 @@ impl ExpertPool {
     }
 
     /// Write one expert: gate, up [inter, hidden] and down [hidden, inter], row-major.
-    pub fn write_slot(&self, ctx: &GpuContext, slot: usize, gate: &[f16], up: &[f16], down: &[f16]) {
+    pub fn write_slot(
+        &self,
+        ctx: &GpuContext,
+        slot: usize,
+        gate: &[f16],
+        up: &[f16],
+        down: &[f16],
+    ) {
         let (h, i) = (self.hidden, self.inter);
         let mut v = Vec::with_capacity((Self::slot_bytes(h, i) / 2) as usize);
         push_padded_rows(&mut v, gate, i, h);
@@ -167,7 +191,12 @@ pub struct Q4Pool {
 }
 
 impl Q4Pool {
-    pub fn new(ctx: &GpuContext, label: &str, slots: usize, layout: crate::quant::Q4SlotLayout) -> Result<Self> {
+    pub fn new(
+        ctx: &GpuContext,
+        label: &str,
+        slots: usize,
+        layout: crate::quant::Q4SlotLayout,
+    ) -> Result<Self> {
         let sb = layout.bytes as u64;
         let per_chunk = (ctx.max_binding() / sb) as usize;
         if per_chunk == 0 {
@@ -181,10 +210,19 @@ impl Q4Pool {
         let mut left = slots;
         while left > 0 {
             let n = per_chunk.min(left);
-            chunks.push(ctx.buffer(label, n as u64 * sb, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST));
+            chunks.push(ctx.buffer(
+                label,
+                n as u64 * sb,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            ));
             left -= n;
         }
-        Ok(Q4Pool { layout, slots, slots_per_chunk: per_chunk, chunks })
+        Ok(Q4Pool {
+            layout,
+            slots,
+            slots_per_chunk: per_chunk,
+            chunks,
+        })
     }
 
     pub fn slot_vec4(&self) -> u32 {
@@ -193,7 +231,10 @@ impl Q4Pool {
 
     /// (chunk, byte offset) of a slot.
     pub fn locate(&self, slot: usize) -> (usize, u64) {
-        (slot / self.slots_per_chunk, (slot % self.slots_per_chunk) as u64 * self.layout.bytes as u64)
+        (
+            slot / self.slots_per_chunk,
+            (slot % self.slots_per_chunk) as u64 * self.layout.bytes as u64,
+        )
     }
 
     pub fn write_slot(&self, ctx: &GpuContext, slot: usize, bytes: &[u8]) {

@@ -9,10 +9,10 @@ use crate::error::{Error, Result};
 use crate::gpu::context::map_read;
 use crate::gpu::kernels::*;
 use crate::gpu::program::{groups64, Dim, Program};
-use crate::gpu::tensor::F16Matrix;
-use crate::model::moe::MoeDispatch;
-use crate::gpu::{GpuBuffer, GpuContext};
 use crate::gpu::tensor::ExpertStore;
+use crate::gpu::tensor::F16Matrix;
+use crate::gpu::{GpuBuffer, GpuContext};
+use crate::model::moe::MoeDispatch;
 use crate::model::weights::{Mlp, ModelWeights};
 
 /// How the routed experts of a layer are dispatched.
@@ -111,14 +111,31 @@ pub fn rope_table(theta: f64, head_dim: usize, rows: usize) -> Vec<f32> {
 
 /// Bytes of activation buffers, KV cache and tables `Forward::new` allocates (admission
 /// control computes it before anything is allocated).
-pub fn workspace_bytes(cfg: &ModelConfig, max_context: usize, chunk: usize, all_logits: bool) -> u64 {
+pub fn workspace_bytes(
+    cfg: &ModelConfig,
+    max_context: usize,
+    chunk: usize,
+    all_logits: bool,
+) -> u64 {
     let (h, v, k) = (cfg.hidden_size, cfg.vocab_size, cfg.top_k);
     let q_dim = cfg.num_heads * cfg.head_dim;
     let kv_dim = cfg.num_kv_heads * cfg.head_dim;
     let t = chunk.max(1);
     let ctxlen = max_context.max(1);
-    let h_width = (k * cfg.moe_intermediate).max(cfg.shared_expert_intermediate.unwrap_or(0)).max(cfg.dense_intermediate);
-    let floats = t * (4 * h + q_dim + 2 * kv_dim + 2 * q_dim + cfg.num_heads * ctxlen + cfg.num_experts + 1 + 2 * k + h_width + k * h)
+    let h_width = (k * cfg.moe_intermediate)
+        .max(cfg.shared_expert_intermediate.unwrap_or(0))
+        .max(cfg.dense_intermediate);
+    let floats = t
+        * (4 * h
+            + q_dim
+            + 2 * kv_dim
+            + 2 * q_dim
+            + cfg.num_heads * ctxlen
+            + cfg.num_experts
+            + 1
+            + 2 * k
+            + h_width
+            + k * h)
         + if all_logits { t * v } else { v }
         + ctxlen * cfg.head_dim
         + cfg.num_layers * 2 * ctxlen * kv_dim;
@@ -128,7 +145,12 @@ pub fn workspace_bytes(cfg: &ModelConfig, max_context: usize, chunk: usize, all_
 }
 
 impl Forward {
-    pub fn new(ctx: &GpuContext, cfg: &ModelConfig, weights: ModelWeights, mut opts: ForwardOptions) -> Result<Self> {
+    pub fn new(
+        ctx: &GpuContext,
+        cfg: &ModelConfig,
+        weights: ModelWeights,
+        mut opts: ForwardOptions,
+    ) -> Result<Self> {
         let h = cfg.hidden_size;
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let q_dim = nh * hd;
@@ -166,10 +188,17 @@ impl Forward {
             )));
         }
         let shared_i = cfg.shared_expert_intermediate.unwrap_or(0);
-        let h_width = (k * cfg.moe_intermediate).max(shared_i).max(cfg.dense_intermediate);
-        let router_stride = cfg.num_experts + usize::from(cfg.arch == Arch::Qwen2Moe && cfg.shared_expert_intermediate.is_some());
+        let h_width = (k * cfg.moe_intermediate)
+            .max(shared_i)
+            .max(cfg.dense_intermediate);
+        let router_stride = cfg.num_experts
+            + usize::from(cfg.arch == Arch::Qwen2Moe && cfg.shared_expert_intermediate.is_some());
 
-        let step = ctx.buffer("step", 16, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST);
+        let step = ctx.buffer(
+            "step",
+            16,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        );
         let ids = storage(ctx, "ids", t * 4);
         let x = storage(ctx, "x", t * h * 4);
         let xn = storage(ctx, "xn", t * h * 4);
@@ -186,11 +215,21 @@ impl Forward {
         let xf = storage(ctx, "x_final", t * h * 4);
         let logits = storage(ctx, "logits", logit_rows * v * 4);
         let dummy = storage(ctx, "dummy", 16);
-        let token_readback = ctx.buffer("token_readback", 16, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
-        let rope = ctx.storage_with("rope", bytemuck::cast_slice(&rope_table(cfg.rope_theta, hd, ctxlen)));
+        let token_readback = ctx.buffer(
+            "token_readback",
+            16,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        );
+        let rope = ctx.storage_with(
+            "rope",
+            bytemuck::cast_slice(&rope_table(cfg.rope_theta, hd, ctxlen)),
+        );
         let mut caches = Vec::new();
         for _ in 0..cfg.num_layers {
-            caches.push((storage(ctx, "cache_k", ctxlen * kv_dim * 4), storage(ctx, "cache_v", ctxlen * kv_dim * 4)));
+            caches.push((
+                storage(ctx, "cache_k", ctxlen * kv_dim * 4),
+                storage(ctx, "cache_v", ctxlen * kv_dim * 4),
+            ));
         }
 
         let eps = cfg.rms_norm_eps as f32;
@@ -200,41 +239,78 @@ impl Forward {
         let w = &weights;
         let tok = Dim::Tokens;
         for c in &w.embed.chunks {
-            body.push(ctx, Kernel::Embed, &EmbedParams {
-                hidden: h as u32,
-                row_start: c.row_start as u32,
-                rows: c.rows as u32,
-                words_per_row: w.embed.vec4_per_row() * 4,
-            }, &step, &[&ids, &c.buffer, &x], [Dim::Const(groups64(h)), tok, Dim::Const(1)]);
+            body.push(
+                ctx,
+                Kernel::Embed,
+                &EmbedParams {
+                    hidden: h as u32,
+                    row_start: c.row_start as u32,
+                    rows: c.rows as u32,
+                    words_per_row: w.embed.vec4_per_row() * 4,
+                },
+                &step,
+                &[&ids, &c.buffer, &x],
+                [Dim::Const(groups64(h)), tok, Dim::Const(1)],
+            );
         }
-        let norm = |prog: &mut Program, weight: &wgpu::Buffer, src: &wgpu::Buffer, dst: &wgpu::Buffer| {
-            prog.push(ctx, Kernel::RmsNorm, &RmsNormParams {
-                n: h as u32,
-                x_stride: h as u32,
-                out_stride: h as u32,
-                flags: 0,
-                eps,
-                _pad: [0; 3],
-            }, &step, &[src, weight, dst], [tok, Dim::Const(1), Dim::Const(1)]);
-        };
-        let matmul = |prog: &mut Program, m: &F16Matrix, src: &wgpu::Buffer, bias: Option<&wgpu::Buffer>, dst: &wgpu::Buffer, out_stride: usize, flags: u32| {
+        let norm =
+            |prog: &mut Program, weight: &wgpu::Buffer, src: &wgpu::Buffer, dst: &wgpu::Buffer| {
+                prog.push(
+                    ctx,
+                    Kernel::RmsNorm,
+                    &RmsNormParams {
+                        n: h as u32,
+                        x_stride: h as u32,
+                        out_stride: h as u32,
+                        flags: 0,
+                        eps,
+                        _pad: [0; 3],
+                    },
+                    &step,
+                    &[src, weight, dst],
+                    [tok, Dim::Const(1), Dim::Const(1)],
+                );
+            };
+        let matmul = |prog: &mut Program,
+                      m: &F16Matrix,
+                      src: &wgpu::Buffer,
+                      bias: Option<&wgpu::Buffer>,
+                      dst: &wgpu::Buffer,
+                      out_stride: usize,
+                      flags: u32| {
             for c in &m.chunks {
-                let f = flags | if bias.is_some() { matmul_flags::BIAS } else { 0 };
+                let f = flags
+                    | if bias.is_some() {
+                        matmul_flags::BIAS
+                    } else {
+                        0
+                    };
                 let last = flags & matmul_flags::LAST_TOKEN_ONLY != 0;
-                prog.push(ctx, Kernel::Matmul, &MatmulParams {
-                    k: m.cols as u32,
-                    n_rows: c.rows as u32,
-                    row_base: c.row_start as u32,
-                    vec4_per_row: m.vec4_per_row(),
-                    x_stride: m.cols as u32,
-                    out_stride: out_stride as u32,
-                    flags: f,
-                    _pad: 0,
-                }, &step, &[src, &c.buffer, bias.unwrap_or(&dummy), dst], [
-                    Dim::Const(groups64(c.rows)),
-                    if last { Dim::Const(1) } else { Dim::TokensDiv(MATMUL_TOKENS_PER_THREAD) },
-                    Dim::Const(1),
-                ]);
+                prog.push(
+                    ctx,
+                    Kernel::Matmul,
+                    &MatmulParams {
+                        k: m.cols as u32,
+                        n_rows: c.rows as u32,
+                        row_base: c.row_start as u32,
+                        vec4_per_row: m.vec4_per_row(),
+                        x_stride: m.cols as u32,
+                        out_stride: out_stride as u32,
+                        flags: f,
+                        _pad: 0,
+                    },
+                    &step,
+                    &[src, &c.buffer, bias.unwrap_or(&dummy), dst],
+                    [
+                        Dim::Const(groups64(c.rows)),
+                        if last {
+                            Dim::Const(1)
+                        } else {
+                            Dim::TokensDiv(MATMUL_TOKENS_PER_THREAD)
+                        },
+                        Dim::Const(1),
+                    ],
+                );
             }
         };
         let moe = MoeDispatch {
@@ -260,44 +336,86 @@ impl Forward {
             }
             let (ck, cv) = &caches[l];
             norm(&mut body, &lw.attn_norm, &x, &xn);
-            matmul(&mut body, &lw.qkv, &xn, lw.qkv_bias.as_deref(), &qkv, qkv_dim, 0);
-            body.push(ctx, Kernel::RopeKv, &RopeKvParams {
-                n_heads: nh as u32,
-                n_kv: nkv as u32,
-                head_dim: hd as u32,
-                qkv_stride: qkv_dim as u32,
-                flags: rope_flags,
-                eps,
-                clip: cfg.clip_qkv.unwrap_or(0.0),
-                rope_rows: ctxlen as u32,
-            }, &step, &[
+            matmul(
+                &mut body,
+                &lw.qkv,
+                &xn,
+                lw.qkv_bias.as_deref(),
                 &qkv,
-                lw.q_norm.as_deref().unwrap_or(&dummy),
-                lw.k_norm.as_deref().unwrap_or(&dummy),
-                &rope,
-                &q,
-                ck,
-                cv,
-            ], [tok, Dim::Const(1), Dim::Const(1)]);
-            body.push(ctx, Kernel::Attention, &AttentionParams {
-                n_heads: nh as u32,
-                n_kv: nkv as u32,
-                head_dim: hd as u32,
-                scratch_stride: ctxlen as u32,
-                scale: (hd as f32).powf(-0.5),
-                _pad: [0; 3],
-            }, &step, &[&q, ck, cv, &scratch, &attn], [Dim::Const(nh as u32), tok, Dim::Const(1)]);
-            matmul(&mut body, &lw.o_proj, &attn, None, &x, h, matmul_flags::ACCUMULATE);
+                qkv_dim,
+                0,
+            );
+            body.push(
+                ctx,
+                Kernel::RopeKv,
+                &RopeKvParams {
+                    n_heads: nh as u32,
+                    n_kv: nkv as u32,
+                    head_dim: hd as u32,
+                    qkv_stride: qkv_dim as u32,
+                    flags: rope_flags,
+                    eps,
+                    clip: cfg.clip_qkv.unwrap_or(0.0),
+                    rope_rows: ctxlen as u32,
+                },
+                &step,
+                &[
+                    &qkv,
+                    lw.q_norm.as_deref().unwrap_or(&dummy),
+                    lw.k_norm.as_deref().unwrap_or(&dummy),
+                    &rope,
+                    &q,
+                    ck,
+                    cv,
+                ],
+                [tok, Dim::Const(1), Dim::Const(1)],
+            );
+            body.push(
+                ctx,
+                Kernel::Attention,
+                &AttentionParams {
+                    n_heads: nh as u32,
+                    n_kv: nkv as u32,
+                    head_dim: hd as u32,
+                    scratch_stride: ctxlen as u32,
+                    scale: (hd as f32).powf(-0.5),
+                    _pad: [0; 3],
+                },
+                &step,
+                &[&q, ck, cv, &scratch, &attn],
+                [Dim::Const(nh as u32), tok, Dim::Const(1)],
+            );
+            matmul(
+                &mut body,
+                &lw.o_proj,
+                &attn,
+                None,
+                &x,
+                h,
+                matmul_flags::ACCUMULATE,
+            );
             norm(&mut body, &lw.ffn_norm, &x, &xn);
             match &lw.mlp {
-                Mlp::Moe { router: rw, experts, slot_of, shared } => {
+                Mlp::Moe {
+                    router: rw,
+                    experts,
+                    slot_of,
+                    shared,
+                } => {
                     matmul(&mut body, rw, &xn, None, &router, router_stride, 0);
-                    body.push(ctx, Kernel::RouterTopk, &RouterTopkParams {
-                        n_experts: cfg.num_experts as u32,
-                        top_k: k as u32,
-                        logits_stride: router_stride as u32,
-                        norm_topk: cfg.norm_topk_prob as u32,
-                    }, &step, &[&router, &topk_ids, &topk_w], [Dim::Tokens, Dim::Const(1), Dim::Const(1)]);
+                    body.push(
+                        ctx,
+                        Kernel::RouterTopk,
+                        &RouterTopkParams {
+                            n_experts: cfg.num_experts as u32,
+                            top_k: k as u32,
+                            logits_stride: router_stride as u32,
+                            norm_topk: cfg.norm_topk_prob as u32,
+                        },
+                        &step,
+                        &[&router, &topk_ids, &topk_w],
+                        [Dim::Tokens, Dim::Const(1), Dim::Const(1)],
+                    );
                     pre.push(std::mem::take(&mut body));
                     let mut flags = moe.routed(&mut body, opts.executor, experts, slot_of);
                     if let Some(sp) = shared {
@@ -305,27 +423,41 @@ impl Forward {
                         flags |= combine_flags::SHARED | combine_flags::SHARED_GATED;
                     }
                     if flags != 0 {
-                    body.push(ctx, Kernel::MoeCombine, &MoeCombineParams {
-                        hidden: h as u32,
-                        top_k: k as u32,
-                        flags,
-                        gate_stride: router_stride as u32,
-                        gate_col: cfg.num_experts as u32,
-                        _pad: [0; 3],
-                    }, &step, &[&y, &topk_w, &shared_y, &router, &x], [Dim::Const(groups64(h)), tok, Dim::Const(1)]);
+                        body.push(
+                            ctx,
+                            Kernel::MoeCombine,
+                            &MoeCombineParams {
+                                hidden: h as u32,
+                                top_k: k as u32,
+                                flags,
+                                gate_stride: router_stride as u32,
+                                gate_col: cfg.num_experts as u32,
+                                _pad: [0; 3],
+                            },
+                            &step,
+                            &[&y, &topk_w, &shared_y, &router, &x],
+                            [Dim::Const(groups64(h)), tok, Dim::Const(1)],
+                        );
                     }
                 }
                 Mlp::Dense { mlp } => {
                     pre.push(std::mem::take(&mut body));
                     moe.swiglu_f16(&mut body, mlp, None, (0, 1), &shared_y);
-                    body.push(ctx, Kernel::MoeCombine, &MoeCombineParams {
-                        hidden: h as u32,
-                        top_k: k as u32,
-                        flags: combine_flags::SHARED,
-                        gate_stride: router_stride as u32,
-                        gate_col: 0,
-                        _pad: [0; 3],
-                    }, &step, &[&y, &topk_w, &shared_y, &router, &x], [Dim::Const(groups64(h)), tok, Dim::Const(1)]);
+                    body.push(
+                        ctx,
+                        Kernel::MoeCombine,
+                        &MoeCombineParams {
+                            hidden: h as u32,
+                            top_k: k as u32,
+                            flags: combine_flags::SHARED,
+                            gate_stride: router_stride as u32,
+                            gate_col: 0,
+                            _pad: [0; 3],
+                        },
+                        &step,
+                        &[&y, &topk_w, &shared_y, &router, &x],
+                        [Dim::Const(groups64(h)), tok, Dim::Const(1)],
+                    );
                 }
             }
         }
@@ -337,18 +469,33 @@ impl Forward {
         suppress[..n_suppress].copy_from_slice(&opts.suppress[..n_suppress]);
         let argmax = |all: bool| {
             let mut p = Program::default();
-            p.push(ctx, Kernel::Argmax, &ArgmaxParams {
-                n: v as u32,
-                n_suppress: n_suppress as u32,
-                row_stride: v as u32,
-                flags: all as u32,
-                suppress,
-            }, &step, &[&logits, &ids], [Dim::Const(1), Dim::Const(1), Dim::Const(1)]);
+            p.push(
+                ctx,
+                Kernel::Argmax,
+                &ArgmaxParams {
+                    n: v as u32,
+                    n_suppress: n_suppress as u32,
+                    row_stride: v as u32,
+                    flags: all as u32,
+                    suppress,
+                },
+                &step,
+                &[&logits, &ids],
+                [Dim::Const(1), Dim::Const(1), Dim::Const(1)],
+            );
             p
         };
         let mut head_last = Program::default();
         norm(&mut head_last, &w.final_norm, &x, &xf);
-        matmul(&mut head_last, lm, &xf, None, &logits, v, matmul_flags::LAST_TOKEN_ONLY);
+        matmul(
+            &mut head_last,
+            lm,
+            &xf,
+            None,
+            &logits,
+            v,
+            matmul_flags::LAST_TOKEN_ONLY,
+        );
         let argmax_last = argmax(false);
         let (head_all, argmax_all) = if opts.all_logits {
             let mut p = Program::default();
@@ -359,8 +506,14 @@ impl Forward {
             (None, None)
         };
         ctx.check()?;
-        let ids_readback = ctx.buffer("ids_readback", (t * k * 4) as u64, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
-        let mut buffers = vec![x, xn, qkv, q, attn, scratch, router, topk_w, hbuf, y, shared_y, xf, dummy, rope];
+        let ids_readback = ctx.buffer(
+            "ids_readback",
+            (t * k * 4) as u64,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        );
+        let mut buffers = vec![
+            x, xn, qkv, q, attn, scratch, router, topk_w, hbuf, y, shared_y, xf, dummy, rope,
+        ];
         for (a, b) in caches {
             buffers.push(a);
             buffers.push(b);
@@ -391,19 +544,39 @@ impl Forward {
 
     /// Dispatches of one decode step (greedy, full residency).
     pub fn dispatches_per_decode_step(&self) -> usize {
-        self.pre.iter().chain(&self.post).map(Program::len).sum::<usize>() + self.head_last.len() + self.argmax_last.len()
+        self.pre
+            .iter()
+            .chain(&self.post)
+            .map(Program::len)
+            .sum::<usize>()
+            + self.head_last.len()
+            + self.argmax_last.len()
     }
 
     /// Process tokens at positions [pos0, pos0 + n). `ids` (if given) are uploaded as the
     /// step's input; otherwise the input is what the previous argmax wrote.
-    pub fn submit(&self, ctx: &GpuContext, pos0: usize, n: usize, ids: Option<&[u32]>, head: Head) -> Result<()> {
+    pub fn submit(
+        &self,
+        ctx: &GpuContext,
+        pos0: usize,
+        n: usize,
+        ids: Option<&[u32]>,
+        head: Head,
+    ) -> Result<()> {
         if n == 0 || n > self.opts.prefill_chunk {
-            return Err(Error::Other(format!("step of {n} tokens (chunk {})", self.opts.prefill_chunk)));
+            return Err(Error::Other(format!(
+                "step of {n} tokens (chunk {})",
+                self.opts.prefill_chunk
+            )));
         }
         if pos0 + n > self.opts.max_context {
             return Err(Error::option(
                 "--max-new-tokens",
-                format!("position {} exceeds the context of {} positions", pos0 + n, self.opts.max_context),
+                format!(
+                    "position {} exceeds the context of {} positions",
+                    pos0 + n,
+                    self.opts.max_context
+                ),
             ));
         }
         if let Some(ids) = ids {
@@ -456,7 +629,13 @@ impl Forward {
     /// layer l-1's MLP and layer l's attention and router, then the router's expert ids
     /// (k per token, a few bytes) are read back, the cache makes them resident (uploads,
     /// then one table publication), and the next submission reads them.
-    fn submit_segmented(&self, ctx: &GpuContext, n: usize, head: &[&Program], copy_token: bool) -> Result<()> {
+    fn submit_segmented(
+        &self,
+        ctx: &GpuContext,
+        n: usize,
+        head: &[&Program],
+        copy_token: bool,
+    ) -> Result<()> {
         let k = self.cfg.top_k;
         let mut res = self.residency.as_ref().map(|r| r.borrow_mut());
         let mut dispatches = 0;
@@ -484,7 +663,13 @@ impl Forward {
             }
             let routed = l < layers && self.cfg.sparse_layers[l];
             if routed {
-                enc.copy_buffer_to_buffer(&self.topk_ids, 0, &self.ids_readback, 0, (n * k * 4) as u64);
+                enc.copy_buffer_to_buffer(
+                    &self.topk_ids,
+                    0,
+                    &self.ids_readback,
+                    0,
+                    (n * k * 4) as u64,
+                );
             }
             if l == layers && copy_token {
                 enc.copy_buffer_to_buffer(&self.ids, 0, &self.token_readback, 0, 4);
@@ -518,7 +703,12 @@ impl Forward {
                 }
             }
             if let Some(r) = res.as_mut() {
-                if let Mlp::Moe { experts: ExpertStore::Int4(pool), slot_of, .. } = &self.weights.layers[l].mlp {
+                if let Mlp::Moe {
+                    experts: ExpertStore::Int4(pool),
+                    slot_of,
+                    ..
+                } = &self.weights.layers[l].mlp
+                {
                     if r.caches.get(l).is_some_and(|c| c.is_some()) {
                         r.serve(ctx, l, &wanted, pool, slot_of)?;
                         reads = Some((l, wanted));

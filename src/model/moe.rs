@@ -8,7 +8,11 @@ use crate::gpu::GpuContext;
 use crate::model::forward::Executor;
 
 /// The W4A16 kernels bind their activations a second time, as vec4s.
-fn q4_bindings<'b>(_k: Kernel, base: &[&'b wgpu::Buffer], act: &'b wgpu::Buffer) -> Vec<&'b wgpu::Buffer> {
+fn q4_bindings<'b>(
+    _k: Kernel,
+    base: &[&'b wgpu::Buffer],
+    act: &'b wgpu::Buffer,
+) -> Vec<&'b wgpu::Buffer> {
     let mut v = base.to_vec();
     v.push(act);
     v
@@ -40,7 +44,13 @@ pub struct MoeDispatch<'a> {
 impl MoeDispatch<'_> {
     /// Routed experts. Returns the `combine_flags` the layer's combine dispatch still
     /// needs (0 when the executor already added the experts into x).
-    pub fn routed(&self, prog: &mut Program, executor: Executor, store: &ExpertStore, slot_of: &wgpu::Buffer) -> u32 {
+    pub fn routed(
+        &self,
+        prog: &mut Program,
+        executor: Executor,
+        store: &ExpertStore,
+        slot_of: &wgpu::Buffer,
+    ) -> u32 {
         let k = self.top_k;
         let per_expert = executor == Executor::PerExpert;
         match store {
@@ -71,7 +81,14 @@ impl MoeDispatch<'_> {
 
     /// SwiGLU over an f16 expert pool: routed (ids via the slot table) or one fixed slot.
     /// `js` = (first top-k index, count) served by these dispatches.
-    pub fn swiglu_f16(&self, prog: &mut Program, pool: &ExpertPool, routed: Option<&wgpu::Buffer>, js: (usize, usize), out: &wgpu::Buffer) {
+    pub fn swiglu_f16(
+        &self,
+        prog: &mut Program,
+        pool: &ExpertPool,
+        routed: Option<&wgpu::Buffer>,
+        js: (usize, usize),
+        out: &wgpu::Buffer,
+    ) {
         let (h, k) = (self.hidden, self.top_k);
         let (kk, top_k, flags, slot_of) = match routed {
             Some(s) => (js.1, k, 0, s),
@@ -81,66 +98,107 @@ impl MoeDispatch<'_> {
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let first = ci * pool.slots_per_chunk;
             let n = pool.slots_per_chunk.min(pool.slots - first);
-            prog.push(self.ctx, Kernel::FfnGateUp, &FfnGateUpParams {
-                hidden: h as u32,
-                inter: pool.inter as u32,
-                top_k: top_k as u32,
-                x_stride: h as u32,
-                in_vec4: pool.in_vec4(),
-                slot_vec4: pool.slot_vec4(),
-                first_slot: first as u32,
-                chunk_slots: n as u32,
-                flags,
-                j_base: js.0 as u32,
-                _pad: [0; 2],
-            }, self.step, &[self.xn, self.topk_ids, slot_of, chunk, self.hbuf], [Dim::Const(groups64(pool.inter)), Dim::Const(kk as u32), tok]);
+            prog.push(
+                self.ctx,
+                Kernel::FfnGateUp,
+                &FfnGateUpParams {
+                    hidden: h as u32,
+                    inter: pool.inter as u32,
+                    top_k: top_k as u32,
+                    x_stride: h as u32,
+                    in_vec4: pool.in_vec4(),
+                    slot_vec4: pool.slot_vec4(),
+                    first_slot: first as u32,
+                    chunk_slots: n as u32,
+                    flags,
+                    j_base: js.0 as u32,
+                    _pad: [0; 2],
+                },
+                self.step,
+                &[self.xn, self.topk_ids, slot_of, chunk, self.hbuf],
+                [Dim::Const(groups64(pool.inter)), Dim::Const(kk as u32), tok],
+            );
         }
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let first = ci * pool.slots_per_chunk;
             let n = pool.slots_per_chunk.min(pool.slots - first);
-            prog.push(self.ctx, Kernel::FfnDown, &FfnDownParams {
-                hidden: h as u32,
-                inter: pool.inter as u32,
-                top_k: top_k as u32,
-                in_vec4: pool.in_vec4(),
-                down_vec4: pool.down_vec4(),
-                slot_vec4: pool.slot_vec4(),
-                first_slot: first as u32,
-                chunk_slots: n as u32,
-                flags,
-                j_base: js.0 as u32,
-                _pad: [0; 2],
-            }, self.step, &[self.hbuf, self.topk_ids, slot_of, chunk, out], [Dim::Const(groups64(h)), Dim::Const(kk as u32), tok]);
+            prog.push(
+                self.ctx,
+                Kernel::FfnDown,
+                &FfnDownParams {
+                    hidden: h as u32,
+                    inter: pool.inter as u32,
+                    top_k: top_k as u32,
+                    in_vec4: pool.in_vec4(),
+                    down_vec4: pool.down_vec4(),
+                    slot_vec4: pool.slot_vec4(),
+                    first_slot: first as u32,
+                    chunk_slots: n as u32,
+                    flags,
+                    j_base: js.0 as u32,
+                    _pad: [0; 2],
+                },
+                self.step,
+                &[self.hbuf, self.topk_ids, slot_of, chunk, out],
+                [Dim::Const(groups64(h)), Dim::Const(kk as u32), tok],
+            );
         }
     }
 
     /// W4A16 gate/up for top-k indices js.0 .. js.0 + js.1, one dispatch per chunk.
-    pub fn q4_gate_up(&self, prog: &mut Program, pool: &Q4Pool, slot_of: &wgpu::Buffer, js: (usize, usize)) {
+    pub fn q4_gate_up(
+        &self,
+        prog: &mut Program,
+        pool: &Q4Pool,
+        slot_of: &wgpu::Buffer,
+        js: (usize, usize),
+    ) {
         let l = &pool.layout;
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let first = ci * pool.slots_per_chunk;
             let kernel = self.ctx.kernels.q4_gate_up();
-            prog.push(self.ctx, kernel, &FfnQ4Params {
-                hidden: self.hidden as u32,
-                inter: l.inter as u32,
-                top_k: self.top_k as u32,
-                j_base: js.0 as u32,
-                x_stride: self.hidden as u32,
-                slot_vec4: pool.slot_vec4(),
-                first_slot: first as u32,
-                chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
-                a_q: (l.gate_q / 16) as u32,
-                b_q: (l.up_q / 16) as u32,
-                a_s: (l.gate_s / 4) as u32,
-                b_s: (l.up_s / 4) as u32,
-                flags: 0,
-                _pad: [0; 3],
-            }, self.step, &q4_bindings(kernel, &[self.xn, self.topk_ids, slot_of, chunk, chunk, self.hbuf], self.xn), [Dim::Const(groups(l.inter, kernel)), Dim::Const(js.1 as u32), Dim::Tokens]);
+            prog.push(
+                self.ctx,
+                kernel,
+                &FfnQ4Params {
+                    hidden: self.hidden as u32,
+                    inter: l.inter as u32,
+                    top_k: self.top_k as u32,
+                    j_base: js.0 as u32,
+                    x_stride: self.hidden as u32,
+                    slot_vec4: pool.slot_vec4(),
+                    first_slot: first as u32,
+                    chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
+                    a_q: (l.gate_q / 16) as u32,
+                    b_q: (l.up_q / 16) as u32,
+                    a_s: (l.gate_s / 4) as u32,
+                    b_s: (l.up_s / 4) as u32,
+                    flags: 0,
+                    _pad: [0; 3],
+                },
+                self.step,
+                &q4_bindings(
+                    kernel,
+                    &[self.xn, self.topk_ids, slot_of, chunk, chunk, self.hbuf],
+                    self.xn,
+                ),
+                [
+                    Dim::Const(groups(l.inter, kernel)),
+                    Dim::Const(js.1 as u32),
+                    Dim::Tokens,
+                ],
+            );
         }
     }
 
     /// W4A16 down: per top-k index into y, or (fused, `js` None) weighted into x.
-    pub fn q4_down(&self, prog: &mut Program, pool: &Q4Pool, slot_of: &wgpu::Buffer, js: Option<(usize, usize)>) {
+    pub fn q4_down(
+        &self,
+        prog: &mut Program,
+        pool: &Q4Pool,
+        slot_of: &wgpu::Buffer,
+        js: Option<(usize, usize)>,
+    ) {
         let l = &pool.layout;
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let first = ci * pool.slots_per_chunk;
@@ -149,22 +207,45 @@ impl MoeDispatch<'_> {
                 None => (Q4_DOWN_FUSED_COMBINE, 0, 1, self.x),
             };
             let kernel = self.ctx.kernels.q4_down();
-            prog.push(self.ctx, kernel, &FfnQ4Params {
-                hidden: self.hidden as u32,
-                inter: l.inter as u32,
-                top_k: self.top_k as u32,
-                j_base: j0 as u32,
-                x_stride: 0,
-                slot_vec4: pool.slot_vec4(),
-                first_slot: first as u32,
-                chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
-                a_q: (l.down_q / 16) as u32,
-                b_q: 0,
-                a_s: (l.down_s / 4) as u32,
-                b_s: 0,
-                flags,
-                _pad: [0; 3],
-            }, self.step, &q4_bindings(kernel, &[self.hbuf, self.topk_ids, slot_of, chunk, chunk, self.topk_w, out], self.hbuf), [Dim::Const(groups(self.hidden, kernel)), Dim::Const(ny as u32), Dim::Tokens]);
+            prog.push(
+                self.ctx,
+                kernel,
+                &FfnQ4Params {
+                    hidden: self.hidden as u32,
+                    inter: l.inter as u32,
+                    top_k: self.top_k as u32,
+                    j_base: j0 as u32,
+                    x_stride: 0,
+                    slot_vec4: pool.slot_vec4(),
+                    first_slot: first as u32,
+                    chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
+                    a_q: (l.down_q / 16) as u32,
+                    b_q: 0,
+                    a_s: (l.down_s / 4) as u32,
+                    b_s: 0,
+                    flags,
+                    _pad: [0; 3],
+                },
+                self.step,
+                &q4_bindings(
+                    kernel,
+                    &[
+                        self.hbuf,
+                        self.topk_ids,
+                        slot_of,
+                        chunk,
+                        chunk,
+                        self.topk_w,
+                        out,
+                    ],
+                    self.hbuf,
+                ),
+                [
+                    Dim::Const(groups(self.hidden, kernel)),
+                    Dim::Const(ny as u32),
+                    Dim::Tokens,
+                ],
+            );
         }
     }
 }

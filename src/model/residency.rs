@@ -33,7 +33,10 @@ impl Fence for GpuFence {
 
 impl GpuFence {
     fn new() -> Self {
-        GpuFence { completed: Arc::new(AtomicU64::new(0)), submitted: 0 }
+        GpuFence {
+            completed: Arc::new(AtomicU64::new(0)),
+            submitted: 0,
+        }
     }
 
     /// Submit `cmd` and return its token.
@@ -80,7 +83,9 @@ impl HostSource {
     pub fn layer_bytes(&self, layer: usize) -> Result<&[u8]> {
         match self.layers.get(layer).and_then(|l| l.as_ref()) {
             Some(HostLayer::Owned(b)) => Ok(b),
-            Some(HostLayer::Mapped(name)) => self.ckpt.raw_u8(name, &[self.num_experts, self.slot_bytes]),
+            Some(HostLayer::Mapped(name)) => {
+                self.ckpt.raw_u8(name, &[self.num_experts, self.slot_bytes])
+            }
             None => Err(Error::Other(format!("layer {layer} has no routed experts"))),
         }
     }
@@ -88,8 +93,11 @@ impl HostSource {
     pub fn expert(&self, layer: usize, expert: u32) -> Result<&[u8]> {
         let b = self.layer_bytes(layer)?;
         let s = expert as usize * self.slot_bytes;
-        b.get(s..s + self.slot_bytes)
-            .ok_or_else(|| Error::Other(format!("expert {expert} of layer {layer} is outside the host source")))
+        b.get(s..s + self.slot_bytes).ok_or_else(|| {
+            Error::Other(format!(
+                "expert {expert} of layer {layer} is outside the host source"
+            ))
+        })
     }
 
     /// Checksum of every layer's packed experts (tests show it unchanged after a run).
@@ -154,12 +162,16 @@ impl Residency {
         let mut caches = Vec::new();
         for (l, &s) in sparse.iter().enumerate() {
             caches.push(if s {
-                Some(ExpertCache::new(CacheConfig::partial(l, e, top_k, capacity)).map_err(|er| Error::option("--resident-experts", er.0))?)
+                Some(
+                    ExpertCache::new(CacheConfig::partial(l, e, top_k, capacity))
+                        .map_err(|er| Error::option("--resident-experts", er.0))?,
+                )
             } else {
                 None
             });
         }
-        let staging = StagingPool::new(staging_buffers).map_err(|er| Error::option("--staging-buffers", er.0))?;
+        let staging = StagingPool::new(staging_buffers)
+            .map_err(|er| Error::option("--staging-buffers", er.0))?;
         let mut staging_bufs = Vec::new();
         let mut mapped = Vec::new();
         for _ in 0..staging_buffers {
@@ -238,7 +250,14 @@ impl Residency {
 
     /// Make every expert of `wanted` resident in `layer`, publish the new table into
     /// `slot_of`, and return the experts the next submission reads (for `after_submit`).
-    pub fn serve(&mut self, ctx: &GpuContext, layer: usize, wanted: &[u32], pool: &Q4Pool, slot_of: &wgpu::Buffer) -> Result<()> {
+    pub fn serve(
+        &mut self,
+        ctx: &GpuContext,
+        layer: usize,
+        wanted: &[u32],
+        pool: &Q4Pool,
+        slot_of: &wgpu::Buffer,
+    ) -> Result<()> {
         let Some(cache) = self.caches.get_mut(layer).and_then(|c| c.as_mut()) else {
             return Ok(());
         };
@@ -257,16 +276,24 @@ impl Residency {
             for u in plan.uploads() {
                 self.uploads_done += 1;
                 if self.inject.fail_upload == Some(self.uploads_done) {
-                    failure = Some(Error::Gpu(format!("injected failure: staging map for expert {} of layer {layer}", u.expert)));
+                    failure = Some(Error::Gpu(format!(
+                        "injected failure: staging map for expert {} of layer {layer}",
+                        u.expert
+                    )));
                     break;
                 }
                 if !used.is_empty() && self.staging.in_use() == self.staging_bufs.len() {
                     // Every staging buffer holds a copy not yet submitted: submit those
                     // copies now so the buffers can be reused once they complete.
-                    let done = std::mem::replace(&mut enc, ctx.device.create_command_encoder(&Default::default()));
+                    let done = std::mem::replace(
+                        &mut enc,
+                        ctx.device.create_command_encoder(&Default::default()),
+                    );
                     let token = self.fence.submit(ctx, done.finish());
                     for idx in used.drain(..) {
-                        self.staging.release(idx, token).map_err(|e| Error::Other(e.to_string()))?;
+                        self.staging
+                            .release(idx, token)
+                            .map_err(|e| Error::Other(e.to_string()))?;
                         self.remap(idx);
                     }
                 }
@@ -313,7 +340,9 @@ impl Residency {
             }
             let token = self.fence.submit(ctx, enc.finish());
             for &idx in &used {
-                self.staging.release(idx, token).map_err(|e| Error::Other(e.to_string()))?;
+                self.staging
+                    .release(idx, token)
+                    .map_err(|e| Error::Other(e.to_string()))?;
                 self.remap(idx);
             }
             self.h2d_bytes += (plan.uploads().len() * self.host.slot_bytes) as u64;
@@ -326,7 +355,9 @@ impl Residency {
             return Ok(());
         };
         let before = cache.generation();
-        cache.publish(&plan, self.policy.as_mut()).map_err(Error::from)?;
+        cache
+            .publish(&plan, self.policy.as_mut())
+            .map_err(Error::from)?;
         if cache.generation() != before {
             // Lands before the next submission, which is the first to read this layer.
             ctx.write(slot_of, 0, bytemuck::cast_slice(cache.table().words()));
@@ -337,11 +368,13 @@ impl Residency {
     /// Ask for a staging buffer to be mapped again once its copy has completed.
     fn remap(&self, idx: usize) {
         let flag = self.mapped[idx].clone();
-        self.staging_bufs[idx].slice(..).map_async(wgpu::MapMode::Write, move |r| {
-            if r.is_ok() {
-                flag.store(true, Ordering::Release);
-            }
-        });
+        self.staging_bufs[idx]
+            .slice(..)
+            .map_async(wgpu::MapMode::Write, move |r| {
+                if r.is_ok() {
+                    flag.store(true, Ordering::Release);
+                }
+            });
     }
 
     /// Record that submission `token` read these experts of `layer`.

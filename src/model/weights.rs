@@ -7,11 +7,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::checkpoint::{Checkpoint, ExpertProj};
 use crate::config::{Arch, ModelConfig};
-use crate::error::Result;
 use crate::convert::{is_converted, packed_layer};
-use crate::gpu::tensor::{upload_f16_vec, upload_f32_vec, ExpertPool, ExpertStore, F16Matrix, Q4Pool};
-use crate::quant::Q4SlotLayout;
+use crate::error::Result;
+use crate::gpu::tensor::{
+    upload_f16_vec, upload_f32_vec, ExpertPool, ExpertStore, F16Matrix, Q4Pool,
+};
 use crate::gpu::{GpuBuffer, GpuContext};
+use crate::quant::Q4SlotLayout;
 
 pub enum Mlp {
     Moe {
@@ -55,7 +57,9 @@ fn to_f16(v: &[f32]) -> Vec<f16> {
 
 fn progress(total: u64) -> ProgressBar {
     let pb = ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers {elapsed} {msg}") {
+    if let Ok(style) =
+        ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers {elapsed} {msg}")
+    {
         pb.set_style(style);
     }
     pb
@@ -64,7 +68,13 @@ fn progress(total: u64) -> ProgressBar {
 impl ModelWeights {
     /// `slots`: expert slots per layer on the GPU when fewer than all experts are resident
     /// (capacity + spares); the packed experts then stay in host memory as the source.
-    pub fn load(ctx: &GpuContext, cfg: &ModelConfig, ckpt: &std::sync::Arc<Checkpoint>, int4: bool, slots: Option<usize>) -> Result<Self> {
+    pub fn load(
+        ctx: &GpuContext,
+        cfg: &ModelConfig,
+        ckpt: &std::sync::Arc<Checkpoint>,
+        int4: bool,
+        slots: Option<usize>,
+    ) -> Result<Self> {
         // Fail on a missing or misshapen tensor before any upload.
         check_tensors(cfg, ckpt)?;
         if !int4 && is_converted(ckpt) {
@@ -88,7 +98,11 @@ impl ModelWeights {
         for l in 0..cfg.num_layers {
             pb.set_message(format!("layer {l}"));
             let p = format!("model.layers.{l}");
-            let attn_norm = upload_f16_vec(ctx, "attn_norm", &ckpt.read_f16(&format!("{p}.input_layernorm.weight"), &[h])?);
+            let attn_norm = upload_f16_vec(
+                ctx,
+                "attn_norm",
+                &ckpt.read_f16(&format!("{p}.input_layernorm.weight"), &[h])?,
+            );
             let mut qkv = ckpt.read_f16(&format!("{p}.self_attn.q_proj.weight"), &[q_dim, h])?;
             qkv.extend(ckpt.read_f16(&format!("{p}.self_attn.k_proj.weight"), &[kv_dim, h])?);
             qkv.extend(ckpt.read_f16(&format!("{p}.self_attn.v_proj.weight"), &[kv_dim, h])?);
@@ -106,15 +120,27 @@ impl ModelWeights {
             };
             let (q_norm, k_norm) = if cfg.qk_norm {
                 (
-                    Some(upload_f16_vec(ctx, "q_norm", &ckpt.read_f16(&format!("{p}.self_attn.q_norm.weight"), &[q_dim])?)),
-                    Some(upload_f16_vec(ctx, "k_norm", &ckpt.read_f16(&format!("{p}.self_attn.k_norm.weight"), &[kv_dim])?)),
+                    Some(upload_f16_vec(
+                        ctx,
+                        "q_norm",
+                        &ckpt.read_f16(&format!("{p}.self_attn.q_norm.weight"), &[q_dim])?,
+                    )),
+                    Some(upload_f16_vec(
+                        ctx,
+                        "k_norm",
+                        &ckpt.read_f16(&format!("{p}.self_attn.k_norm.weight"), &[kv_dim])?,
+                    )),
                 )
             } else {
                 (None, None)
             };
             let o = ckpt.read_f16(&format!("{p}.self_attn.o_proj.weight"), &[h, q_dim])?;
             let o_proj = F16Matrix::upload(ctx, "o_proj", h, q_dim, &o)?;
-            let ffn_norm = upload_f16_vec(ctx, "ffn_norm", &ckpt.read_f16(&format!("{p}.post_attention_layernorm.weight"), &[h])?);
+            let ffn_norm = upload_f16_vec(
+                ctx,
+                "ffn_norm",
+                &ckpt.read_f16(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+            );
             let mlp = if cfg.sparse_layers[l] {
                 let (mlp, host) = load_moe(ctx, cfg, ckpt, l, int4, slots)?;
                 host_layers.push(host);
@@ -144,7 +170,11 @@ impl ModelWeights {
             pb.inc(1);
         }
         pb.set_message("head");
-        let final_norm = upload_f16_vec(ctx, "final_norm", &ckpt.read_f16("model.norm.weight", &[h])?);
+        let final_norm = upload_f16_vec(
+            ctx,
+            "final_norm",
+            &ckpt.read_f16("model.norm.weight", &[h])?,
+        );
         let lm_head = if cfg.tie_word_embeddings && !ckpt.contains("lm_head.weight") {
             None
         } else {
@@ -211,7 +241,9 @@ fn load_moe(
                 // Partial residency: slots start empty and fill on demand from the host
                 // source, which keeps every packed expert.
                 host = Some(match packed {
-                    std::borrow::Cow::Borrowed(_) => HostLayer::Mapped(crate::convert::experts_tensor(l)),
+                    std::borrow::Cow::Borrowed(_) => {
+                        HostLayer::Mapped(crate::convert::experts_tensor(l))
+                    }
                     std::borrow::Cow::Owned(v) => HostLayer::Owned(v.into_boxed_slice()),
                 });
                 ExpertStore::Int4(Q4Pool::new(ctx, "experts_int4", n, layout)?)
@@ -282,9 +314,15 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         if cfg.sparse_layers[l] {
             t.push((format!("{p}.mlp.gate.weight"), vec![cfg.num_experts, h]));
             if let (Arch::Qwen2Moe, Some(si)) = (cfg.arch, cfg.shared_expert_intermediate) {
-                t.push((format!("{p}.mlp.shared_expert.gate_proj.weight"), vec![si, h]));
+                t.push((
+                    format!("{p}.mlp.shared_expert.gate_proj.weight"),
+                    vec![si, h],
+                ));
                 t.push((format!("{p}.mlp.shared_expert.up_proj.weight"), vec![si, h]));
-                t.push((format!("{p}.mlp.shared_expert.down_proj.weight"), vec![h, si]));
+                t.push((
+                    format!("{p}.mlp.shared_expert.down_proj.weight"),
+                    vec![h, si],
+                ));
                 t.push((format!("{p}.mlp.shared_expert_gate.weight"), vec![1, h]));
             }
         } else {
@@ -320,7 +358,10 @@ pub fn check_tensors(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
     let (e, h, i) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate);
     for l in (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]) {
         if is_converted(ckpt) {
-            ckpt.raw_u8(&crate::convert::experts_tensor(l), &[e, Q4SlotLayout::new(h, i).bytes])?;
+            ckpt.raw_u8(
+                &crate::convert::experts_tensor(l),
+                &[e, Q4SlotLayout::new(h, i).bytes],
+            )?;
             continue;
         }
         for ex in 0..e {

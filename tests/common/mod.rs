@@ -38,22 +38,38 @@ pub struct Golden {
 }
 
 fn tensor_f32(st: &SafeTensors, name: &str) -> (Vec<f32>, Vec<usize>) {
-    let t = st.tensor(name).unwrap_or_else(|e| panic!("golden tensor {name}: {e}"));
+    let t = st
+        .tensor(name)
+        .unwrap_or_else(|e| panic!("golden tensor {name}: {e}"));
     let shape = t.shape().to_vec();
     let d = t.data();
     let v = match t.dtype() {
-        Dtype::F32 => d.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        Dtype::F16 => d.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        Dtype::I64 => d.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f32).collect(),
+        Dtype::F32 => d
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => d
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::I64 => d
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f32)
+            .collect(),
         other => panic!("golden tensor {name}: unexpected dtype {other:?}"),
     };
     (v, shape)
 }
 
 fn tensor_ids(st: &SafeTensors, name: &str) -> Vec<u32> {
-    let t = st.tensor(name).unwrap_or_else(|e| panic!("golden tensor {name}: {e}"));
+    let t = st
+        .tensor(name)
+        .unwrap_or_else(|e| panic!("golden tensor {name}: {e}"));
     assert_eq!(t.dtype(), Dtype::I64, "{name}");
-    t.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect()
+    t.data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+        .collect()
 }
 
 fn rows(v: Vec<f32>, shape: &[usize]) -> Vec<Vec<f32>> {
