@@ -453,7 +453,11 @@ fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, executor: Executor) 
     .expect("load the synthetic model");
     let (c, fwd) = (&engine.ctx, &engine.fwd);
     // (Printing here would interleave with divan's table; the adapter is printed first.)
-    assert_eq!(c.adapter_name(), ctx().adapter_name(), "same adapter as the kernel benches");
+    assert_eq!(
+        c.adapter_name(),
+        ctx().adapter_name(),
+        "same adapter as the kernel benches"
+    );
     fwd.submit(c, 0, prompt.len(), Some(&prompt), Head::LastArgmax)
         .expect("prefill");
     fwd.read_token(c).expect("read");

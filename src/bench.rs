@@ -725,13 +725,7 @@ pub struct PlotSeries {
 /// A full-residency record has no policy: its point joins every policy series of the same
 /// precision and executor (the end of each curve), or stands alone when there is none.
 pub fn plot_series(records: &[BenchRecord]) -> Vec<PlotSeries> {
-    let pe = |r: &BenchRecord| {
-        format!(
-            "{}/{}",
-            name_of(&r.expert_precision),
-            name_of(&r.executor)
-        )
-    };
+    let pe = |r: &BenchRecord| format!("{}/{}", name_of(&r.expert_precision), name_of(&r.executor));
     let point = |r: &BenchRecord| {
         (
             r.resident_experts_per_layer.unwrap_or(r.num_experts) as f64,
@@ -902,7 +896,9 @@ pub fn plot_svg(records: &[BenchRecord]) -> String {
         .collect();
     let (mut x0, mut x1) = xs
         .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+            (a.min(x), b.max(x))
+        });
     if !x0.is_finite() {
         (x0, x1) = (0.0, 1.0);
     }
@@ -938,7 +934,11 @@ pub fn plot_svg(records: &[BenchRecord]) -> String {
         } else {
             format!("H2D {unit}")
         };
-        let _ = writeln!(o, r#"<g class="panel" data-panel="{}">"#, if pi == 0 { "decode" } else { "h2d" });
+        let _ = writeln!(
+            o,
+            r#"<g class="panel" data-panel="{}">"#,
+            if pi == 0 { "decode" } else { "h2d" }
+        );
         for t in nice_ticks(0.0, ymax, 5, false) {
             let y = sy(t);
             let _ = writeln!(
@@ -989,8 +989,7 @@ pub fn plot_svg(records: &[BenchRecord]) -> String {
                 .collect();
             let label = xml_escape(&s.label);
             if pts.len() >= 2 {
-                let list: Vec<String> =
-                    pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+                let list: Vec<String> = pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
                 let _ = writeln!(
                     o,
                     r#"<polyline data-series="{label}" fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,

@@ -69,7 +69,11 @@ fn check_plot(path: &Path, series: &[&str], min_points: usize) {
     for s in series {
         let (lines, circles) = drawn(s);
         assert!(lines + circles > 0, "series `{s}` not drawn:\n{svg}");
-        assert_eq!(circles, 2 * min_points, "`{s}`: one marker per point per panel");
+        assert_eq!(
+            circles,
+            2 * min_points,
+            "`{s}`: one marker per point per panel"
+        );
         assert_eq!(lines, if min_points >= 2 { 2 } else { 0 }, "`{s}`");
         assert!(t.contains(&format!(">{s}</text>")), "`{s}` in the legend");
     }
@@ -272,7 +276,11 @@ fn bench_residency_sweep_reports_cache_counters() {
     check_plot(&plot, &["int4/grouped lru", "int4/grouped lfu-decay"], 2);
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
     let recs = v.as_array().unwrap();
-    assert_eq!(recs.len(), 3, "N = 3 with 2 policies; N = 7 (all resident) once");
+    assert_eq!(
+        recs.len(),
+        3,
+        "N = 3 with 2 policies; N = 7 (all resident) once"
+    );
     // olmoe-tiny: hidden 64, expert intermediate 96 -> one packed expert is 9728 bytes.
     let slot = wgmoe::quant::Q4SlotLayout::new(64, 96).bytes as u64;
     for r in recs {

@@ -260,7 +260,10 @@ impl GpuContext {
 
     /// The adapter's largest storage binding (activations, caches).
     pub fn binding_limit(&self) -> u64 {
-        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size) / 16
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+            / 16
             * 16
     }
 
