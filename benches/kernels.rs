@@ -253,6 +253,7 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, executor: Executor) {
     let dummy = storage("dummy", &[0u8; 16]);
     let step = step_buf(1);
     let moe = MoeDispatch {
+        decode_uniform: false,
         ctx: ctx(),
         step: &step,
         hidden: h,

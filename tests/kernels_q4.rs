@@ -462,6 +462,7 @@ impl<'a> Setup<'a> {
         x: &'b wgpu::Buffer,
     ) -> MoeDispatch<'b> {
         MoeDispatch {
+            decode_uniform: false,
             ctx: self.ctx,
             step: &self.step,
             hidden: self.c.hidden,
@@ -1232,6 +1233,101 @@ fn w4a16_down_ignores_values_after_h() {
                 &s.want_fused(&s.h_in, &all),
                 Q4_TOL,
             );
+        }
+    }
+}
+
+/// A zero-filled buffer usable as storage and as the decode kernels' 64 KiB uniform window.
+fn uniform_capable(ctx: &GpuContext, data: &[f32]) -> GpuBuffer {
+    let b = ctx.buffer(
+        "uniform_act",
+        (data.len() * 4).max(UNIFORM_ACTIVATION_BYTES) as u64,
+        wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::UNIFORM
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+    );
+    ctx.write(&b, 0, bytemuck::cast_slice(data));
+    b
+}
+
+/// The one-token decode kernels (activations in a uniform window, ffn_*_q4_u.wgsl) run the
+/// same arithmetic in the same order as the portable kernels, which are checked against
+/// the CPU reference above: their outputs must be bit-identical, for both executors, with
+/// the gate/up -> down chain, fused combine, partial blocks and a split pool.
+#[test]
+fn w4a16_uniform_decode_kernels_equal_portable() {
+    for &(h, i, e, k, cap) in &[
+        (64usize, 96usize, 7usize, 3usize, None),
+        (256, 320, 6, 3, None),
+        (260, 1412, 9, 4, None),
+        (2048, 1408, 8, 4, Some(20u64 << 20)),
+        (100, 36, 5, 5, Some(8192)),
+    ] {
+        let ctx = gpu(cap, true);
+        let layout = Q4SlotLayout::new(h, i);
+        let mut rng = Rng::new((h * 31 + i) as u64);
+        let pool = Q4Pool::new(&ctx, "experts", e, layout).unwrap();
+        for s in 0..e {
+            pool.write_slot(&ctx, s, &random_slot(&mut rng, &layout));
+        }
+        let store = ExpertStore::Int4(pool);
+        let perm: Vec<u32> = rng.permutation(e).iter().map(|&p| p as u32).collect();
+        let ids: Vec<u32> = perm[..k].to_vec();
+        let slot_of = u32_buf(
+            &ctx,
+            &rng.permutation(e)
+                .iter()
+                .map(|&p| p as u32)
+                .collect::<Vec<_>>(),
+        );
+        let xv = rng.vec(h, 1.0);
+        let w: Vec<f32> = (0..k).map(|_| rng.f32(1.0)).collect();
+        let x0 = rng.vec(h, 1.0);
+        let step = step_buf(&ctx, 0, 1);
+        let dummy = f32_buf(&ctx, &[0.0; 4]);
+        let topk_ids = u32_buf(&ctx, &ids);
+        let topk_w = f32_buf(&ctx, &w);
+        let mut outs = Vec::new();
+        for uniform in [false, true] {
+            for executor in [Executor::Grouped, Executor::PerExpert] {
+                let xn = uniform_capable(&ctx, &xv);
+                let hbuf = uniform_capable(&ctx, &vec![0.0; k * i]);
+                let y = f32_buf(&ctx, &vec![0.0; k * h]);
+                let x = f32_buf(&ctx, &x0);
+                let moe = MoeDispatch {
+                    decode_uniform: uniform,
+                    ctx: &ctx,
+                    step: &step,
+                    hidden: h,
+                    top_k: k,
+                    dummy: &dummy,
+                    xn: &xn,
+                    topk_ids: &topk_ids,
+                    topk_w: &topk_w,
+                    hbuf: &hbuf,
+                    y: &y,
+                    x: &x,
+                };
+                let mut prog = Program::default();
+                let _ = moe.routed(&mut prog, executor, &store, &slot_of);
+                run(&ctx, &prog, 1);
+                outs.push((
+                    uniform,
+                    executor,
+                    read_f32(&ctx, &hbuf, k * i),
+                    read_f32(&ctx, &y, k * h),
+                    read_f32(&ctx, &x, h),
+                ));
+            }
+        }
+        for exec in [Executor::Grouped, Executor::PerExpert] {
+            let a = outs.iter().find(|o| !o.0 && o.1 == exec).unwrap();
+            let b = outs.iter().find(|o| o.0 && o.1 == exec).unwrap();
+            let what = format!("H {h} I {i} E {e} k {k} cap {cap:?} {exec:?}");
+            check_bits(&format!("{what}: h"), &b.2, &a.2);
+            check_bits(&format!("{what}: y"), &b.3, &a.3);
+            check_bits(&format!("{what}: x"), &b.4, &a.4);
         }
     }
 }

@@ -221,8 +221,14 @@ impl GpuContext {
         // Validation or out-of-memory errors are collected and reported by `check`, not
         // turned into a panic.
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            // Display gives only the kind ("Validation Error"); the description says what.
+            let msg = match &e {
+                wgpu::Error::Validation { description, .. } => format!("validation: {description}"),
+                wgpu::Error::OutOfMemory { .. } => "out of GPU memory".to_string(),
+                other => other.to_string(),
+            };
             if let Ok(mut v) = sink.lock() {
-                v.push(e.to_string());
+                v.push(msg);
             }
         }));
         // Subgroup kernels give each row to 8 lanes of one subgroup.

@@ -20,10 +20,12 @@ pub enum Kernel {
     FfnDownQ4,
     FfnGateUpQ4Sg,
     FfnDownQ4Sg,
+    FfnGateUpQ4U,
+    FfnDownQ4U,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 14] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -38,6 +40,8 @@ impl Kernel {
         Kernel::FfnDownQ4,
         Kernel::FfnGateUpQ4Sg,
         Kernel::FfnDownQ4Sg,
+        Kernel::FfnGateUpQ4U,
+        Kernel::FfnDownQ4U,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +60,8 @@ impl Kernel {
             Kernel::FfnDownQ4 => "ffn_down_q4",
             Kernel::FfnGateUpQ4Sg => "ffn_gate_up_q4_sg",
             Kernel::FfnDownQ4Sg => "ffn_down_q4_sg",
+            Kernel::FfnGateUpQ4U => "ffn_gate_up_q4_u",
+            Kernel::FfnDownQ4U => "ffn_down_q4_u",
         }
     }
 
@@ -75,6 +81,8 @@ impl Kernel {
             Kernel::FfnDownQ4 => include_str!("../../shaders/ffn_down_q4.wgsl"),
             Kernel::FfnGateUpQ4Sg => include_str!("../../shaders/ffn_gate_up_q4_sg.wgsl"),
             Kernel::FfnDownQ4Sg => include_str!("../../shaders/ffn_down_q4_sg.wgsl"),
+            Kernel::FfnGateUpQ4U => include_str!("../../shaders/ffn_gate_up_q4_u.wgsl"),
+            Kernel::FfnDownQ4U => include_str!("../../shaders/ffn_down_q4_u.wgsl"),
         }
     }
 
@@ -83,6 +91,11 @@ impl Kernel {
     /// subgroups of at least 8 lanes).
     pub fn needs_subgroups(self) -> bool {
         matches!(self, Kernel::FfnGateUpQ4Sg | Kernel::FfnDownQ4Sg)
+    }
+
+    /// Whether binding 2 (the activations) is a 64 KiB uniform window rather than storage.
+    pub fn uniform_activation(self) -> bool {
+        matches!(self, Kernel::FfnGateUpQ4U | Kernel::FfnDownQ4U)
     }
 
     /// Output rows one workgroup computes (the grid's x dimension is ceil(rows / this)).
@@ -110,7 +123,9 @@ impl Kernel {
             Kernel::FfnGateUpQ4
             | Kernel::FfnDownQ4
             | Kernel::FfnGateUpQ4Sg
-            | Kernel::FfnDownQ4Sg => size_of::<FfnQ4Params>(),
+            | Kernel::FfnDownQ4Sg
+            | Kernel::FfnGateUpQ4U
+            | Kernel::FfnDownQ4U => size_of::<FfnQ4Params>(),
         }
     }
 }
@@ -269,6 +284,9 @@ pub struct FfnQ4Params {
     pub flags: u32,
     pub _pad: [u32; 3],
 }
+
+/// Size of the uniform window the decode W4A16 kernels read activations from.
+pub const UNIFORM_ACTIVATION_BYTES: usize = 65536;
 
 /// ffn_down_q4: add the weighted sum over the top-k experts into the residual stream.
 pub const Q4_DOWN_FUSED_COMBINE: u32 = 1;

@@ -105,9 +105,19 @@ pub fn make_bind_group(
         },
     ];
     for (i, b) in buffers.iter().enumerate() {
+        let resource = if i == 0 && kernel.uniform_activation() {
+            // A fixed 64 KiB window: the WGSL declares array<vec4<f32>, 4096>.
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: b,
+                offset: 0,
+                size: std::num::NonZeroU64::new(super::kernels::UNIFORM_ACTIVATION_BYTES as u64),
+            })
+        } else {
+            b.as_entire_binding()
+        };
         entries.push(wgpu::BindGroupEntry {
             binding: 2 + i as u32,
-            resource: b.as_entire_binding(),
+            resource,
         });
     }
     ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {

@@ -64,6 +64,8 @@ pub struct Forward {
     pre: Vec<Program>,
     /// Per layer: the MLP block (experts, shared expert, combine).
     post: Vec<Program>,
+    /// Per layer, when it differs: the MLP block for one-token steps (uniform activations).
+    post_decode: Vec<Option<Program>>,
     /// Router output readback (segmented steps) and the layer's routing on the host.
     topk_ids: GpuBuffer,
     ids_readback: GpuBuffer,
@@ -201,7 +203,24 @@ impl Forward {
         );
         let ids = storage(ctx, "ids", t * 4);
         let x = storage(ctx, "x", t * h * 4);
-        let xn = storage(ctx, "xn", t * h * 4);
+        // One token's activations can be bound as a 64 KiB uniform for the decode kernels.
+        let uniform_decode = ctx.limits.max_uniform_buffer_binding_size
+            >= UNIFORM_ACTIVATION_BYTES as u64
+            && h % 4 == 0
+            && cfg.moe_intermediate % 4 == 0
+            && h * 4 <= UNIFORM_ACTIVATION_BYTES
+            && k * cfg.moe_intermediate * 4 <= UNIFORM_ACTIVATION_BYTES;
+        let uniform_storage = |label: &str, bytes: usize| {
+            ctx.buffer(
+                label,
+                bytes.max(UNIFORM_ACTIVATION_BYTES) as u64,
+                wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::UNIFORM
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+            )
+        };
+        let xn = uniform_storage("xn", t * h * 4);
         let qkv = storage(ctx, "qkv", t * qkv_dim * 4);
         let q = storage(ctx, "q", t * q_dim * 4);
         let attn = storage(ctx, "attn_out", t * q_dim * 4);
@@ -209,7 +228,7 @@ impl Forward {
         let router = storage(ctx, "router_logits", t * router_stride * 4);
         let topk_ids = storage(ctx, "topk_ids", t * k * 4);
         let topk_w = storage(ctx, "topk_weights", t * k * 4);
-        let hbuf = storage(ctx, "ffn_h", t * h_width * 4);
+        let hbuf = uniform_storage("ffn_h", t * h_width * 4);
         let y = storage(ctx, "ffn_y", t * k * h * 4);
         let shared_y = storage(ctx, "shared_y", t * h * 4);
         let xf = storage(ctx, "x_final", t * h * 4);
@@ -314,6 +333,7 @@ impl Forward {
             }
         };
         let moe = MoeDispatch {
+            decode_uniform: false,
             ctx,
             step: &step,
             hidden: h,
@@ -326,6 +346,51 @@ impl Forward {
             y: &y,
             x: &x,
         };
+        let moe_dec = uniform_decode.then(|| MoeDispatch {
+            decode_uniform: true,
+            ctx,
+            step: &step,
+            hidden: h,
+            top_k: k,
+            dummy: &dummy,
+            xn: &xn,
+            topk_ids: &topk_ids,
+            topk_w: &topk_w,
+            hbuf: &hbuf,
+            y: &y,
+            x: &x,
+        });
+        // The MLP block of a MoE layer: routed experts, Qwen's shared expert, combine.
+        let moe_block = |prog: &mut Program,
+                         m: &MoeDispatch,
+                         experts: &ExpertStore,
+                         slot_of: &wgpu::Buffer,
+                         shared: Option<&crate::gpu::tensor::ExpertPool>| {
+            let mut flags = m.routed(prog, opts.executor, experts, slot_of);
+            if let Some(sp) = shared {
+                m.swiglu_f16(prog, sp, None, (0, 1), &shared_y);
+                flags |= combine_flags::SHARED | combine_flags::SHARED_GATED;
+            }
+            if flags != 0 {
+                prog.push(
+                    ctx,
+                    Kernel::MoeCombine,
+                    &MoeCombineParams {
+                        hidden: h as u32,
+                        top_k: k as u32,
+                        flags,
+                        gate_stride: router_stride as u32,
+                        gate_col: cfg.num_experts as u32,
+                        _pad: [0; 3],
+                    },
+                    &step,
+                    &[&y, &topk_w, &shared_y, &router, &x],
+                    [Dim::Const(groups64(h)), tok, Dim::Const(1)],
+                );
+            }
+        };
+        let mut post_decode: Vec<Option<Program>> = Vec::new();
+
         let mut rope_flags = if cfg.qk_norm { rope_flags::QK_NORM } else { 0 };
         if cfg.clip_qkv.is_some() {
             rope_flags |= rope_flags::CLIP;
@@ -417,30 +482,19 @@ impl Forward {
                         [Dim::Tokens, Dim::Const(1), Dim::Const(1)],
                     );
                     pre.push(std::mem::take(&mut body));
-                    let mut flags = moe.routed(&mut body, opts.executor, experts, slot_of);
-                    if let Some(sp) = shared {
-                        moe.swiglu_f16(&mut body, sp, None, (0, 1), &shared_y);
-                        flags |= combine_flags::SHARED | combine_flags::SHARED_GATED;
-                    }
-                    if flags != 0 {
-                        body.push(
-                            ctx,
-                            Kernel::MoeCombine,
-                            &MoeCombineParams {
-                                hidden: h as u32,
-                                top_k: k as u32,
-                                flags,
-                                gate_stride: router_stride as u32,
-                                gate_col: cfg.num_experts as u32,
-                                _pad: [0; 3],
-                            },
-                            &step,
-                            &[&y, &topk_w, &shared_y, &router, &x],
-                            [Dim::Const(groups64(h)), tok, Dim::Const(1)],
-                        );
-                    }
+                    moe_block(&mut body, &moe, experts, slot_of, shared.as_ref());
+                    // Decode steps (one token) use the uniform-activation INT4 kernels.
+                    post_decode.push(match (&moe_dec, experts) {
+                        (Some(md), ExpertStore::Int4(_)) => {
+                            let mut p = Program::default();
+                            moe_block(&mut p, md, experts, slot_of, shared.as_ref());
+                            Some(p)
+                        }
+                        _ => None,
+                    });
                 }
                 Mlp::Dense { mlp } => {
+                    post_decode.push(None);
                     pre.push(std::mem::take(&mut body));
                     moe.swiglu_f16(&mut body, mlp, None, (0, 1), &shared_y);
                     body.push(
@@ -528,6 +582,7 @@ impl Forward {
             token_readback,
             pre,
             post,
+            post_decode,
             topk_ids,
             ids_readback,
             residency: None,
@@ -542,12 +597,18 @@ impl Forward {
         })
     }
 
+    /// Layer l's MLP block for a step of n tokens.
+    fn post_program(&self, l: usize, n: usize) -> &Program {
+        match self.post_decode.get(l) {
+            Some(Some(p)) if n == 1 => p,
+            _ => &self.post[l],
+        }
+    }
+
     /// Dispatches of one decode step (greedy, full residency).
     pub fn dispatches_per_decode_step(&self) -> usize {
-        self.pre
-            .iter()
-            .chain(&self.post)
-            .map(Program::len)
+        (0..self.pre.len())
+            .map(|l| self.pre[l].len() + self.post_program(l, 1).len())
             .sum::<usize>()
             + self.head_last.len()
             + self.argmax_last.len()
@@ -606,10 +667,11 @@ impl Forward {
         let mut dispatches = 0;
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            for (pre, post) in self.pre.iter().zip(&self.post) {
-                pre.record(ctx, &mut pass, n as u32);
+            for l in 0..self.pre.len() {
+                let post = self.post_program(l, n);
+                self.pre[l].record(ctx, &mut pass, n as u32);
                 post.record(ctx, &mut pass, n as u32);
-                dispatches += pre.len() + post.len();
+                dispatches += self.pre[l].len() + post.len();
             }
             for p in &progs {
                 p.record(ctx, &mut pass, n as u32);
@@ -648,8 +710,9 @@ impl Forward {
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
                 if l > 0 {
-                    self.post[l - 1].record(ctx, &mut pass, n as u32);
-                    dispatches += self.post[l - 1].len();
+                    let post = self.post_program(l - 1, n);
+                    post.record(ctx, &mut pass, n as u32);
+                    dispatches += post.len();
                 }
                 if l < layers {
                     self.pre[l].record(ctx, &mut pass, n as u32);

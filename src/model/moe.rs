@@ -7,14 +7,17 @@ use crate::gpu::tensor::{ExpertPool, ExpertStore, Q4Pool};
 use crate::gpu::GpuContext;
 use crate::model::forward::Executor;
 
-/// The W4A16 kernels bind their activations a second time, as vec4s.
+/// The storage W4A16 kernels bind their activations a second time, as vec4s; the
+/// uniform (decode) ones do not.
 fn q4_bindings<'b>(
-    _k: Kernel,
+    k: Kernel,
     base: &[&'b wgpu::Buffer],
     act: &'b wgpu::Buffer,
 ) -> Vec<&'b wgpu::Buffer> {
     let mut v = base.to_vec();
-    v.push(act);
+    if !k.uniform_activation() {
+        v.push(act);
+    }
     v
 }
 
@@ -24,6 +27,9 @@ fn groups(rows: usize, k: Kernel) -> u32 {
 
 /// The buffers a layer's expert dispatches read and write.
 pub struct MoeDispatch<'a> {
+    /// One-token steps: the INT4 kernels read activations from a 64 KiB uniform binding of
+    /// `xn` / `hbuf` (which must be created with UNIFORM usage and at least that size).
+    pub decode_uniform: bool,
     pub ctx: &'a GpuContext,
     pub step: &'a wgpu::Buffer,
     pub hidden: usize,
@@ -156,7 +162,11 @@ impl MoeDispatch<'_> {
         let l = &pool.layout;
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let first = ci * pool.slots_per_chunk;
-            let kernel = self.ctx.kernels.q4_gate_up();
+            let kernel = if self.decode_uniform {
+                Kernel::FfnGateUpQ4U
+            } else {
+                self.ctx.kernels.q4_gate_up()
+            };
             prog.push(
                 self.ctx,
                 kernel,
@@ -206,7 +216,11 @@ impl MoeDispatch<'_> {
                 Some((j0, n)) => (0, j0, n, self.y),
                 None => (Q4_DOWN_FUSED_COMBINE, 0, 1, self.x),
             };
-            let kernel = self.ctx.kernels.q4_down();
+            let kernel = if self.decode_uniform {
+                Kernel::FfnDownQ4U
+            } else {
+                self.ctx.kernels.q4_down()
+            };
             prog.push(
                 self.ctx,
                 kernel,
