@@ -1437,3 +1437,69 @@ fn argmax_of_non_finite_rows_is_a_valid_index() {
     argmax_case(&ctx, "-inf except a suppressed id", &one, 300, false, &[0]);
     argmax_case(&ctx, "all NaN", &[f32::NAN; 300], 300, false, &[]);
 }
+
+/// The one-token matmul (x in a 64 KiB uniform window, matmul_u.wgsl) computes exactly what
+/// the storage matmul does for that token: bit-identical, with bias and accumulate, K not a
+/// multiple of 8, and a matrix split into chunks.
+#[test]
+fn matmul_uniform_decode_equals_storage_matmul() {
+    for &(k, n, cap) in &[
+        (1usize, 3usize, None),
+        (13, 70, None),
+        (64, 65, None),
+        (257, 130, Some(4096u64)),
+        (2048, 300, None),
+        (4100, 64, None),
+    ] {
+        let ctx = gpu(cap);
+        let mut rng = Rng((k * 131 + n) as u64 | 1);
+        let w = rng.f16s(n * k, 0.5);
+        let m = F16Matrix::upload(&ctx, "w", n, k, &w).unwrap();
+        let xv = rng.vec(k, 1.0);
+        let x = ctx.buffer(
+            "x_uniform",
+            (k * 4).max(UNIFORM_ACTIVATION_BYTES) as u64,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::UNIFORM
+                | wgpu::BufferUsages::COPY_DST,
+        );
+        ctx.write(&x, 0, bytemuck::cast_slice(&xv));
+        let bias = f32_buf(&ctx, &rng.vec(n, 1.0));
+        let out0 = rng.vec(n, 1.0);
+        let step = step_buf(&ctx, 0, 1);
+        let mut outs = Vec::new();
+        for kernel in [Kernel::Matmul, Kernel::MatmulU] {
+            let out = f32_buf(&ctx, &out0);
+            let mut prog = Program::default();
+            for c in &m.chunks {
+                prog.push(
+                    &ctx,
+                    kernel,
+                    &MatmulParams {
+                        k: k as u32,
+                        n_rows: c.rows as u32,
+                        row_base: c.row_start as u32,
+                        vec4_per_row: m.vec4_per_row(),
+                        x_stride: k as u32,
+                        out_stride: n as u32,
+                        flags: matmul_flags::BIAS | matmul_flags::ACCUMULATE,
+                        _pad: 0,
+                    },
+                    &step,
+                    &[&x, &c.buffer, &bias, &out],
+                    [Dim::Const(groups64(c.rows)), Dim::Const(1), Dim::Const(1)],
+                );
+            }
+            run(&ctx, &prog, 1);
+            outs.push(read_f32(&ctx, &out, n));
+        }
+        assert!(outs[0].iter().all(|v| v.is_finite()));
+        for (i, (a, b)) in outs[0].iter().zip(&outs[1]).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "K {k} N {n}: row {i}: storage {a} vs uniform {b}"
+            );
+        }
+    }
+}

@@ -22,10 +22,11 @@ pub enum Kernel {
     FfnDownQ4Sg,
     FfnGateUpQ4U,
     FfnDownQ4U,
+    MatmulU,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -42,6 +43,7 @@ impl Kernel {
         Kernel::FfnDownQ4Sg,
         Kernel::FfnGateUpQ4U,
         Kernel::FfnDownQ4U,
+        Kernel::MatmulU,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +64,7 @@ impl Kernel {
             Kernel::FfnDownQ4Sg => "ffn_down_q4_sg",
             Kernel::FfnGateUpQ4U => "ffn_gate_up_q4_u",
             Kernel::FfnDownQ4U => "ffn_down_q4_u",
+            Kernel::MatmulU => "matmul_u",
         }
     }
 
@@ -83,6 +86,7 @@ impl Kernel {
             Kernel::FfnDownQ4Sg => include_str!("../../shaders/ffn_down_q4_sg.wgsl"),
             Kernel::FfnGateUpQ4U => include_str!("../../shaders/ffn_gate_up_q4_u.wgsl"),
             Kernel::FfnDownQ4U => include_str!("../../shaders/ffn_down_q4_u.wgsl"),
+            Kernel::MatmulU => include_str!("../../shaders/matmul_u.wgsl"),
         }
     }
 
@@ -95,7 +99,10 @@ impl Kernel {
 
     /// Whether binding 2 (the activations) is a 64 KiB uniform window rather than storage.
     pub fn uniform_activation(self) -> bool {
-        matches!(self, Kernel::FfnGateUpQ4U | Kernel::FfnDownQ4U)
+        matches!(
+            self,
+            Kernel::FfnGateUpQ4U | Kernel::FfnDownQ4U | Kernel::MatmulU
+        )
     }
 
     /// Output rows one workgroup computes (the grid's x dimension is ceil(rows / this)).
@@ -112,7 +119,7 @@ impl Kernel {
         match self {
             Kernel::Embed => size_of::<EmbedParams>(),
             Kernel::RmsNorm => size_of::<RmsNormParams>(),
-            Kernel::Matmul => size_of::<MatmulParams>(),
+            Kernel::Matmul | Kernel::MatmulU => size_of::<MatmulParams>(),
             Kernel::RopeKv => size_of::<RopeKvParams>(),
             Kernel::Attention => size_of::<AttentionParams>(),
             Kernel::RouterTopk => size_of::<RouterTopkParams>(),

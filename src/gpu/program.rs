@@ -31,6 +31,8 @@ pub struct Op {
     bind_group: wgpu::BindGroup,
     grid: [Dim; 3],
     _params: GpuBuffer,
+    /// A kernel of the same parameters and bindings to use instead in one-token steps.
+    decode: Option<(Kernel, wgpu::BindGroup, [Dim; 3])>,
 }
 
 #[derive(Default)]
@@ -55,24 +57,45 @@ impl Program {
         buffers: &[&wgpu::Buffer],
         grid: [Dim; 3],
     ) {
+        self.push_with_decode(ctx, kernel, params, step, buffers, grid, None);
+    }
+
+    /// Like `push`, with another kernel (same parameters and bindings) for one-token steps.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_with_decode<P: Pod>(
+        &mut self,
+        ctx: &GpuContext,
+        kernel: Kernel,
+        params: &P,
+        step: &wgpu::Buffer,
+        buffers: &[&wgpu::Buffer],
+        grid: [Dim; 3],
+        decode: Option<(Kernel, [Dim; 3])>,
+    ) {
         let pbuf = ctx.uniform_with(kernel.name(), bytemuck::bytes_of(params));
         let bind_group = make_bind_group(ctx, kernel, &pbuf, step, buffers);
+        let decode = decode.map(|(k, g)| (k, make_bind_group(ctx, k, &pbuf, step, buffers), g));
         self.ops.push(Op {
             kernel,
             bind_group,
             grid,
             _params: pbuf,
+            decode,
         });
     }
 
     pub fn record(&self, ctx: &GpuContext, pass: &mut wgpu::ComputePass<'_>, tokens: u32) {
         for op in &self.ops {
-            let [x, y, z] = op.grid.map(|d| d.eval(tokens));
+            let (kernel, bind_group, grid) = match &op.decode {
+                Some((k, bg, g)) if tokens == 1 => (*k, bg, *g),
+                _ => (op.kernel, &op.bind_group, op.grid),
+            };
+            let [x, y, z] = grid.map(|d| d.eval(tokens));
             if x == 0 || y == 0 || z == 0 {
                 continue;
             }
-            pass.set_pipeline(ctx.kernels.pipeline(op.kernel));
-            pass.set_bind_group(0, &op.bind_group, &[]);
+            pass.set_pipeline(ctx.kernels.pipeline(kernel));
+            pass.set_bind_group(0, bind_group, &[]);
             pass.dispatch_workgroups(x, y, z);
         }
     }
