@@ -108,7 +108,17 @@ fn run(prog: &Program) {
 const SHAPES: [(usize, usize); 4] = [(2048, 1408), (2048, 1024), (1024, 2048), (1408, 2048)];
 
 #[divan::bench(args = SHAPES, sample_count = 20)]
-fn matvec_w4a16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
+fn matvec_w4a16(bencher: divan::Bencher, shape: (usize, usize)) {
+    w4a16_matvec(bencher, shape, false);
+}
+
+/// The one-token variant the decode step uses: activations in a 64 KiB uniform window.
+#[divan::bench(args = SHAPES, sample_count = 20)]
+fn matvec_w4a16_decode(bencher: divan::Bencher, shape: (usize, usize)) {
+    w4a16_matvec(bencher, shape, true);
+}
+
+fn w4a16_matvec(bencher: divan::Bencher, (inp, out): (usize, usize), decode: bool) {
     // A one-slot pool whose down matrix is [out, in].
     let layout = Q4SlotLayout::new(out, inp);
     let pool = Q4Pool::new(ctx(), "bench", 1, layout).expect("pool");
@@ -124,12 +134,21 @@ fn matvec_w4a16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
         &mut slot,
     );
     pool.write_slot(ctx(), 0, &slot);
-    let h = storage("h", bytemuck::cast_slice(&vec![0.5f32; inp]));
+    let h = ctx().buffer(
+        "h",
+        (inp * 4).max(UNIFORM_ACTIVATION_BYTES) as u64,
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+    );
+    ctx().write(&h, 0, bytemuck::cast_slice(&vec![0.5f32; inp]));
     let zero = storage("ids", bytemuck::cast_slice(&[0u32; 4]));
     let ones = storage("w", bytemuck::cast_slice(&[1.0f32; 4]));
     let y = storage("y", &vec![0u8; out * 4]);
     let step = step_buf(1);
-    let kernel = ctx().kernels.q4_down();
+    let kernel = if decode {
+        Kernel::FfnDownQ4U
+    } else {
+        ctx().kernels.q4_down()
+    };
     let mut binds: Vec<&wgpu::Buffer> = vec![
         &h,
         &zero,
@@ -139,7 +158,9 @@ fn matvec_w4a16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
         &ones,
         &y,
     ];
-    binds.push(&h);
+    if !kernel.uniform_activation() {
+        binds.push(&h);
+    }
     let mut prog = Program::default();
     for _ in 0..reps() {
         prog.push(
@@ -241,19 +262,32 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, executor: Executor) {
     let store = ExpertStore::Int4(pool);
     let ids: Vec<u32> = (0..k as u32).map(|j| j * 7 % e as u32).collect();
     let slot_of: Vec<u32> = (0..e as u32).collect();
-    let (xn, x) = (
+    let (_, x) = (
         storage("xn", bytemuck::cast_slice(&vec![0.1f32; h])),
         storage("x", &vec![0u8; h * 4]),
     );
     let topk_ids = storage("ids", bytemuck::cast_slice(&ids));
     let topk_w = storage("w", bytemuck::cast_slice(&vec![0.125f32; k]));
     let slot_buf = storage("slot_of", bytemuck::cast_slice(&slot_of));
-    let hbuf = storage("h", &vec![0u8; k * i * 4]);
+    // Uniform-capable activations: one-token steps use the decode kernels, as the runtime.
+    let uni = |label: &str, bytes: usize| {
+        let b = ctx().buffer(
+            label,
+            bytes.max(UNIFORM_ACTIVATION_BYTES) as u64,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::UNIFORM
+                | wgpu::BufferUsages::COPY_DST,
+        );
+        ctx().write(&b, 0, bytemuck::cast_slice(&vec![0.1f32; bytes / 4]));
+        b
+    };
+    let hbuf = uni("h", k * i * 4);
+    let xn = uni("xn", h * 4);
     let y = storage("y", &vec![0u8; k * h * 4]);
     let dummy = storage("dummy", &[0u8; 16]);
     let step = step_buf(1);
     let moe = MoeDispatch {
-        decode_uniform: false,
+        decode_uniform: true,
         ctx: ctx(),
         step: &step,
         hidden: h,

@@ -141,8 +141,14 @@ pub fn workspace_bytes(
         + if all_logits { t * v } else { v }
         + ctxlen * cfg.head_dim
         + cfg.num_layers * 2 * ctxlen * kv_dim;
+    // Buffers that double as 64 KiB uniform windows are at least that large.
+    let window = UNIFORM_ACTIVATION_BYTES;
+    let uniform_extra: usize = [t * h * 4, t * h_width * 4, t * q_dim * 4, t * h * 4]
+        .iter()
+        .map(|&b| window.saturating_sub(b))
+        .sum();
     // Plus each dispatch's small parameter uniform and buffer rounding to 16 bytes.
-    let allowance = 8192 + cfg.num_layers * 4096;
+    let allowance = 8192 + cfg.num_layers * 4096 + uniform_extra;
     (floats * 4 + t * 4 + cfg.num_layers * cfg.num_experts * 4 + allowance) as u64
 }
 
