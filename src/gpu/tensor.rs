@@ -99,6 +99,37 @@ pub fn upload_f32_vec(ctx: &GpuContext, label: &str, data: &[f32]) -> GpuBuffer 
     ctx.storage_with(label, bytemuck::cast_slice(data))
 }
 
+/// Storage buffers for `slots` slots of `slot_bytes` each, as few slots per buffer as the
+/// storage-binding limit allows (one buffer per binding). Returns (slots per chunk, chunks).
+fn slot_chunks(
+    ctx: &GpuContext,
+    label: &str,
+    what: &str,
+    slots: usize,
+    slot_bytes: u64,
+) -> Result<(usize, Vec<GpuBuffer>)> {
+    let per_chunk = (ctx.max_binding() / slot_bytes) as usize;
+    if per_chunk == 0 {
+        return Err(Error::DoesNotFit(format!(
+            "{label}: {what} of {slot_bytes} bytes exceeds the adapter's storage binding limit of {} bytes",
+            ctx.max_binding()
+        )));
+    }
+    let per_chunk = per_chunk.min(slots.max(1));
+    let mut chunks = Vec::new();
+    let mut left = slots;
+    while left > 0 {
+        let n = per_chunk.min(left);
+        chunks.push(ctx.buffer(
+            label,
+            n as u64 * slot_bytes,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        ));
+        left -= n;
+    }
+    Ok((per_chunk, chunks))
+}
+
 /// Slots of SwiGLU experts with f16 weights. A slot holds gate [I][Hp], up [I][Hp] and
 /// down [H][Ip] (Hp, Ip padded to 8); slots are grouped into chunks of one binding each.
 pub struct ExpertPool {
@@ -121,31 +152,14 @@ impl ExpertPool {
         hidden: usize,
         inter: usize,
     ) -> Result<Self> {
-        let sb = Self::slot_bytes(hidden, inter);
-        let per_chunk = (ctx.max_binding() / sb) as usize;
-        if per_chunk == 0 {
-            return Err(Error::DoesNotFit(format!(
-                "{label}: one expert of {sb} bytes (hidden {hidden}, intermediate {inter}) exceeds the adapter's storage binding limit of {} bytes",
-                ctx.max_binding()
-            )));
-        }
-        let per_chunk = per_chunk.min(slots.max(1));
-        let mut chunks = Vec::new();
-        let mut left = slots;
-        while left > 0 {
-            let n = per_chunk.min(left);
-            chunks.push(ctx.buffer(
-                label,
-                n as u64 * sb,
-                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            ));
-            left -= n;
-        }
+        let what = format!("one expert (hidden {hidden}, intermediate {inter})");
+        let (slots_per_chunk, chunks) =
+            slot_chunks(ctx, label, &what, slots, Self::slot_bytes(hidden, inter))?;
         Ok(ExpertPool {
             hidden,
             inter,
             slots,
-            slots_per_chunk: per_chunk,
+            slots_per_chunk,
             chunks,
         })
     }
@@ -197,30 +211,12 @@ impl Q4Pool {
         slots: usize,
         layout: crate::quant::Q4SlotLayout,
     ) -> Result<Self> {
-        let sb = layout.bytes as u64;
-        let per_chunk = (ctx.max_binding() / sb) as usize;
-        if per_chunk == 0 {
-            return Err(Error::DoesNotFit(format!(
-                "{label}: one INT4 expert of {sb} bytes exceeds the adapter's storage binding limit of {} bytes",
-                ctx.max_binding()
-            )));
-        }
-        let per_chunk = per_chunk.min(slots.max(1));
-        let mut chunks = Vec::new();
-        let mut left = slots;
-        while left > 0 {
-            let n = per_chunk.min(left);
-            chunks.push(ctx.buffer(
-                label,
-                n as u64 * sb,
-                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            ));
-            left -= n;
-        }
+        let (slots_per_chunk, chunks) =
+            slot_chunks(ctx, label, "one INT4 expert", slots, layout.bytes as u64)?;
         Ok(Q4Pool {
             layout,
             slots,
-            slots_per_chunk: per_chunk,
+            slots_per_chunk,
             chunks,
         })
     }
