@@ -937,7 +937,10 @@ fn write_hf_weights(
             cur = 0;
         }
         cur += b;
-        shards.last_mut().expect("one shard").push(t);
+        // `shards` starts with one shard and only grows.
+        if let Some(shard) = shards.last_mut() {
+            shard.push(t);
+        }
     }
     let n_shards = shards.len();
     let name_of = |k: usize| {
