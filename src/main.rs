@@ -172,6 +172,10 @@ struct GpuArgs {
     /// Use the portable kernels even where subgroup operations exist.
     #[arg(long)]
     portable_kernels: bool,
+    /// One-token steps: read activations from a uniform window (default on CPU adapters
+    /// such as lavapipe) or use the storage/subgroup kernels (default on GPUs).
+    #[arg(long, value_parser = ["uniform", "storage"])]
+    decode_kernels: Option<String>,
 }
 
 impl GpuArgs {
@@ -181,6 +185,7 @@ impl GpuArgs {
             adapter: self.adapter.clone(),
             max_binding: self.max_binding,
             portable_kernels: self.portable_kernels,
+            uniform_decode: self.decode_kernels.as_deref().map(|k| k == "uniform"),
         }
     }
 }

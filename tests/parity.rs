@@ -42,6 +42,8 @@ struct Setup {
     max_binding: Option<u64>,
     /// Portable kernels even where subgroups exist.
     portable: bool,
+    /// Force (Some) the uniform-activation decode kernels on or off.
+    uniform_decode: Option<bool>,
 }
 
 const F16: Setup = Setup {
@@ -50,6 +52,7 @@ const F16: Setup = Setup {
     chunk: 64,
     max_binding: None,
     portable: false,
+    uniform_decode: None,
 };
 const INT4: Setup = Setup {
     precision: ExpertPrecision::Int4,
@@ -57,6 +60,7 @@ const INT4: Setup = Setup {
     chunk: 64,
     max_binding: None,
     portable: false,
+    uniform_decode: None,
 };
 
 fn load(name: &str, max_context: usize, s: Setup) -> Engine {
@@ -73,6 +77,7 @@ fn load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> Engine {
             adapter: AdapterRequest {
                 max_binding: s.max_binding,
                 portable_kernels: s.portable,
+                uniform_decode: s.uniform_decode,
                 ..Default::default()
             },
             expert_precision: s.precision,
@@ -199,6 +204,32 @@ fn portable_int4_kernels_match_transformers() {
             portable: true,
             executor: Executor::PerExpert,
             ..INT4
+        },
+    );
+}
+
+/// Decode steps with the storage kernels (what GPUs use by default) give the same results.
+#[test]
+fn storage_decode_kernels_match_transformers() {
+    check_fixture(
+        "olmoe-tiny",
+        Setup {
+            uniform_decode: Some(false),
+            ..INT4
+        },
+    );
+    check_fixture(
+        "qwen2moe-tiny",
+        Setup {
+            uniform_decode: Some(false),
+            ..INT4
+        },
+    );
+    check_fixture(
+        "qwen2moe-tiny",
+        Setup {
+            uniform_decode: Some(false),
+            ..F16
         },
     );
 }

@@ -36,6 +36,10 @@ pub struct AdapterRequest {
     pub max_binding: Option<u64>,
     /// Force the portable kernels even where subgroup operations exist (tests, A/B).
     pub portable_kernels: bool,
+    /// One-token steps read activations from a uniform window (`*_u.wgsl` kernels).
+    /// None: on CPU adapters (lavapipe, where lane-uniform loads are the win), not on GPUs
+    /// (where the coalesced storage/subgroup kernels suit the memory system).
+    pub uniform_decode: Option<bool>,
 }
 
 /// Bytes currently allocated by the runtime on the GPU, and the peak.
@@ -176,6 +180,8 @@ pub struct GpuContext {
     pub limits: wgpu::Limits,
     pub tracker: Arc<MemTracker>,
     max_binding_cap: Option<u64>,
+    /// Whether one-token steps use the uniform-activation kernels.
+    pub uniform_decode: bool,
     errors: Arc<Mutex<Vec<String>>>,
     pub kernels: super::kernels::Kernels,
 }
@@ -236,6 +242,9 @@ impl GpuContext {
             && info.subgroup_min_size >= 8
             && !req.portable_kernels;
         let kernels = super::kernels::Kernels::new(&device, subgroups);
+        let uniform_decode = req
+            .uniform_decode
+            .unwrap_or(info.device_type == wgpu::DeviceType::Cpu);
         Ok(GpuContext {
             device,
             queue,
@@ -244,6 +253,7 @@ impl GpuContext {
             limits,
             tracker: Arc::default(),
             max_binding_cap: req.max_binding,
+            uniform_decode,
             errors,
             kernels,
         })
