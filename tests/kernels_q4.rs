@@ -1331,3 +1331,96 @@ fn w4a16_uniform_decode_kernels_equal_portable() {
         }
     }
 }
+
+/// The f16-arithmetic W4A16 kernels (ffn_*_q4_sg_h.wgsl, the GPU default where SHADER_F16
+/// exists) against the f32 subgroup kernels, which are checked against the CPU reference
+/// above. Only the products and the 4-term sums of each nibble half-word are f16
+/// (activations rounded to 11 bits, then each 4-product sum rounded again, up to 8 |x| in
+/// magnitude); every longer sum is f32. With the cancellation of 256-input blocks of
+/// random signs and the SiLU product that allows about 1e-2 relative (measured worst on
+/// lavapipe: 7e-3).
+const F16_ARITH_TOL: f32 = 1.5e-2;
+
+#[test]
+fn w4a16_f16_arithmetic_matches_f32_kernels() {
+    common::init_env();
+    let ctx = |f16: bool| {
+        GpuContext::new(&AdapterRequest {
+            f16_arithmetic: Some(f16),
+            uniform_decode: Some(false),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (c32, c16) = (ctx(false), ctx(true));
+    assert!(
+        c16.kernels.uses_f16_arithmetic(),
+        "lavapipe has SHADER_F16 and subgroups: the f16 kernels must be built"
+    );
+    assert!(!c32.kernels.uses_f16_arithmetic());
+    for &(h, i, e, k, t) in &[
+        (64usize, 96usize, 7usize, 3usize, 1usize),
+        (256, 320, 6, 3, 5),
+        (300, 1412, 9, 4, 2),
+        (2048, 1408, 8, 4, 1),
+    ] {
+        let mut outs = Vec::new();
+        for c in [&c32, &c16] {
+            let layout = Q4SlotLayout::new(h, i);
+            let mut rng = Rng::new((h * 7 + i) as u64);
+            let pool = Q4Pool::new(c, "experts", e, layout).unwrap();
+            for sl in 0..e {
+                pool.write_slot(c, sl, &random_slot(&mut rng, &layout));
+            }
+            let store = ExpertStore::Int4(pool);
+            let ids: Vec<u32> = (0..t)
+                .flat_map(|_| {
+                    rng.permutation(e)[..k]
+                        .iter()
+                        .map(|&p| p as u32)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let slot_of = u32_buf(c, &(0..e as u32).collect::<Vec<_>>());
+            let xn = f32_buf(c, &rng.vec(t * h, 1.0));
+            let w: Vec<f32> = (0..t * k).map(|_| rng.f32(1.0)).collect();
+            let x = f32_buf(c, &rng.vec(t * h, 1.0));
+            let step = step_buf(c, 0, t);
+            let dummy = f32_buf(c, &[0.0; 4]);
+            let (topk_ids, topk_w) = (u32_buf(c, &ids), f32_buf(c, &w));
+            let hbuf = f32_buf(c, &vec![0.0; t * k * i]);
+            let y = f32_buf(c, &vec![0.0; t * k * h]);
+            let moe = MoeDispatch {
+                decode_uniform: false,
+                ctx: c,
+                step: &step,
+                hidden: h,
+                top_k: k,
+                dummy: &dummy,
+                xn: &xn,
+                topk_ids: &topk_ids,
+                topk_w: &topk_w,
+                hbuf: &hbuf,
+                y: &y,
+                x: &x,
+            };
+            let mut prog = Program::default();
+            let _ = moe.routed(&mut prog, Executor::Grouped, &store, &slot_of);
+            run(c, &prog, t);
+            outs.push((read_f32(c, &hbuf, t * k * i), read_f32(c, &x, t * h)));
+        }
+        let what = format!("H {h} I {i} E {e} k {k} T {t}");
+        check(
+            &format!("{what}: f16-arith h vs f32"),
+            &outs[1].0,
+            &outs[0].0,
+            F16_ARITH_TOL,
+        );
+        check(
+            &format!("{what}: f16-arith x vs f32"),
+            &outs[1].1,
+            &outs[0].1,
+            F16_ARITH_TOL,
+        );
+    }
+}

@@ -16,6 +16,11 @@ use wgmoe::sampling::SamplingOptions;
 /// rounds by up to half an f16 ulp, 2^-11 relative (0.03 at |logit| = 64).
 const LOGIT_ATOL: f32 = 1e-2;
 const LOGIT_RTOL: f32 = 1.0 / 2048.0;
+/// With f16 arithmetic every expert input is rounded to f16 (2^-11 relative) before its
+/// products, in every expert of every layer a logit goes through. Measured on lavapipe:
+/// worst 5.1x the f32 tolerance over both fixtures (greedy tokens still identical); 8x
+/// leaves room for other drivers' f16 rounding.
+const F16_ARITH_TOL_SCALE: f32 = 8.0;
 
 /// Largest |a - b| beyond the tolerance, as (excess ratio d / allowed, diff, index).
 fn worst_vs_golden(ours: &[f32], golden: &[f32]) -> (f32, f32, usize) {
@@ -44,6 +49,10 @@ struct Setup {
     portable: bool,
     /// Force (Some) the uniform-activation decode kernels on or off.
     uniform_decode: Option<bool>,
+    /// Force (Some) f16 arithmetic in the W4A16 kernels on or off.
+    f16_arithmetic: Option<bool>,
+    /// Multiplies the logit tolerance (1 for f32 arithmetic).
+    tol_scale: f32,
 }
 
 const F16: Setup = Setup {
@@ -53,6 +62,8 @@ const F16: Setup = Setup {
     max_binding: None,
     portable: false,
     uniform_decode: None,
+    f16_arithmetic: None,
+    tol_scale: 1.0,
 };
 const INT4: Setup = Setup {
     precision: ExpertPrecision::Int4,
@@ -61,6 +72,8 @@ const INT4: Setup = Setup {
     max_binding: None,
     portable: false,
     uniform_decode: None,
+    f16_arithmetic: None,
+    tol_scale: 1.0,
 };
 
 fn load(name: &str, max_context: usize, s: Setup) -> Engine {
@@ -78,6 +91,7 @@ fn load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> Engine {
                 max_binding: s.max_binding,
                 portable_kernels: s.portable,
                 uniform_decode: s.uniform_decode,
+                f16_arithmetic: s.f16_arithmetic,
                 ..Default::default()
             },
             expert_precision: s.precision,
@@ -110,15 +124,18 @@ fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
         .max()
         .unwrap();
     let engine = load_dir(dir, max_ctx, s);
+    let tol_scale = s.tol_scale;
     for (pi, g) in golden.prompts.iter().enumerate() {
         // Logits at every prompt position.
         let rows = prompt_logits(&engine.ctx, &engine.fwd, &g.prompt_ids).unwrap();
         assert_eq!(rows.len(), g.prompt_ids.len());
         let mut worst = 0.0f32;
+        let mut worst_ratio = 0.0f32;
         for (t, (r, gr)) in rows.iter().zip(&g.prompt_logits).enumerate() {
             let (r, d, i) = worst_vs_golden(r, gr);
-            assert!(r <= 1.0, "{name} p{pi} prompt position {t}: |logit - golden| = {d} at token {i} (golden {}), {r:.2}x the tolerance", gr[i]);
+            assert!(r <= tol_scale, "{name} p{pi} prompt position {t}: |logit - golden| = {d} at token {i} (golden {}), {r:.2}x the tolerance", gr[i]);
             worst = worst.max(d);
+            worst_ratio = worst_ratio.max(r);
         }
         // Greedy decode with per-step logits.
         let out = generate(
@@ -139,10 +156,11 @@ fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
         let mut step_worst = 0.0f32;
         for (s, (&ours, &theirs)) in out.generated_ids.iter().zip(&g.generated_ids).enumerate() {
             let (r, d, i) = worst_vs_golden(&out.step_logits[s], &g.step_logits[s]);
-            assert!(r <= 1.0, "{name} p{pi} step {s}: |logit - golden| = {d} at token {i} (golden {}), {r:.2}x the tolerance", g.step_logits[s][i]);
+            assert!(r <= tol_scale, "{name} p{pi} step {s}: |logit - golden| = {d} at token {i} (golden {}), {r:.2}x the tolerance", g.step_logits[s][i]);
             step_worst = step_worst.max(d);
+            worst_ratio = worst_ratio.max(r);
             if ours != theirs {
-                assert!(g.step_gap[s] < NEAR_TIE,
+                assert!(g.step_gap[s] < NEAR_TIE * tol_scale,
                     "{name} p{pi} step {s}: token {ours} != golden {theirs} and the golden top-2 gap {} is not a near tie (< {NEAR_TIE})", g.step_gap[s]);
                 eprintln!(
                     "{name} p{pi}: near-tie divergence at step {s}; later steps are not comparable"
@@ -150,7 +168,7 @@ fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
                 break;
             }
         }
-        eprintln!("{name} {file} p{pi} (chunk {chunk}, {:?}): max |logit diff| prompt {worst:.2e}, steps {step_worst:.2e}; tokens {:?}", s.executor, out.generated_ids);
+        eprintln!("{name} {file} p{pi} (chunk {chunk}, {:?}): max |logit diff| prompt {worst:.2e}, steps {step_worst:.2e} ({worst_ratio:.2}x the f32 tolerance); tokens {:?}", s.executor, out.generated_ids);
     }
 }
 
@@ -230,6 +248,28 @@ fn storage_decode_kernels_match_transformers() {
         Setup {
             uniform_decode: Some(false),
             ..F16
+        },
+    );
+}
+
+/// f16 arithmetic in the W4A16 kernels (the GPU default where SHADER_F16 exists; forced
+/// here on lavapipe): activations are rounded to f16 inside each expert dot product, so the
+/// tolerance is F16_ARITH_TOL_SCALE times the f32 one.
+#[test]
+fn f16_arithmetic_int4_kernels_match_transformers() {
+    let s = Setup {
+        f16_arithmetic: Some(true),
+        uniform_decode: Some(false),
+        tol_scale: F16_ARITH_TOL_SCALE,
+        ..INT4
+    };
+    check_fixture("olmoe-tiny", s);
+    check_fixture("qwen2moe-tiny", s);
+    check_fixture(
+        "qwen2moe-tiny",
+        Setup {
+            executor: Executor::PerExpert,
+            ..s
         },
     );
 }

@@ -40,6 +40,9 @@ pub struct AdapterRequest {
     /// None: on CPU adapters (lavapipe, where lane-uniform loads are the win), not on GPUs
     /// (where the coalesced storage/subgroup kernels suit the memory system).
     pub uniform_decode: Option<bool>,
+    /// f16 arithmetic in the W4A16 kernels where SHADER_F16 and subgroups exist. None: on
+    /// GPUs (where f16 ALUs are faster), not on CPU adapters (llvmpipe emulates f16).
+    pub f16_arithmetic: Option<bool>,
 }
 
 /// Bytes currently allocated by the runtime on the GPU, and the peak.
@@ -241,7 +244,11 @@ impl GpuContext {
         let subgroups = features.contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size >= 8
             && !req.portable_kernels;
-        let kernels = super::kernels::Kernels::new(&device, subgroups);
+        let f16 = features.contains(wgpu::Features::SHADER_F16)
+            && req
+                .f16_arithmetic
+                .unwrap_or(info.device_type != wgpu::DeviceType::Cpu);
+        let kernels = super::kernels::Kernels::new(&device, subgroups, f16);
         let uniform_decode = req
             .uniform_decode
             .unwrap_or(info.device_type == wgpu::DeviceType::Cpu);

@@ -23,10 +23,12 @@ pub enum Kernel {
     FfnGateUpQ4U,
     FfnDownQ4U,
     MatmulU,
+    FfnGateUpQ4SgH,
+    FfnDownQ4SgH,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 17] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -44,6 +46,8 @@ impl Kernel {
         Kernel::FfnGateUpQ4U,
         Kernel::FfnDownQ4U,
         Kernel::MatmulU,
+        Kernel::FfnGateUpQ4SgH,
+        Kernel::FfnDownQ4SgH,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +69,8 @@ impl Kernel {
             Kernel::FfnGateUpQ4U => "ffn_gate_up_q4_u",
             Kernel::FfnDownQ4U => "ffn_down_q4_u",
             Kernel::MatmulU => "matmul_u",
+            Kernel::FfnGateUpQ4SgH => "ffn_gate_up_q4_sg_h",
+            Kernel::FfnDownQ4SgH => "ffn_down_q4_sg_h",
         }
     }
 
@@ -87,6 +93,8 @@ impl Kernel {
             Kernel::FfnGateUpQ4U => include_str!("../../shaders/ffn_gate_up_q4_u.wgsl"),
             Kernel::FfnDownQ4U => include_str!("../../shaders/ffn_down_q4_u.wgsl"),
             Kernel::MatmulU => include_str!("../../shaders/matmul_u.wgsl"),
+            Kernel::FfnGateUpQ4SgH => include_str!("../../shaders/ffn_gate_up_q4_sg_h.wgsl"),
+            Kernel::FfnDownQ4SgH => include_str!("../../shaders/ffn_down_q4_sg_h.wgsl"),
         }
     }
 
@@ -94,7 +102,18 @@ impl Kernel {
     /// Whether the kernel uses subgroup operations (built only where SUBGROUP exists with
     /// subgroups of at least 8 lanes).
     pub fn needs_subgroups(self) -> bool {
-        matches!(self, Kernel::FfnGateUpQ4Sg | Kernel::FfnDownQ4Sg)
+        matches!(
+            self,
+            Kernel::FfnGateUpQ4Sg
+                | Kernel::FfnDownQ4Sg
+                | Kernel::FfnGateUpQ4SgH
+                | Kernel::FfnDownQ4SgH
+        )
+    }
+
+    /// Whether the kernel uses f16 arithmetic (built only where SHADER_F16 exists).
+    pub fn needs_f16(self) -> bool {
+        matches!(self, Kernel::FfnGateUpQ4SgH | Kernel::FfnDownQ4SgH)
     }
 
     /// Whether binding 2 (the activations) is a 64 KiB uniform window rather than storage.
@@ -132,7 +151,9 @@ impl Kernel {
             | Kernel::FfnGateUpQ4Sg
             | Kernel::FfnDownQ4Sg
             | Kernel::FfnGateUpQ4U
-            | Kernel::FfnDownQ4U => size_of::<FfnQ4Params>(),
+            | Kernel::FfnDownQ4U
+            | Kernel::FfnGateUpQ4SgH
+            | Kernel::FfnDownQ4SgH => size_of::<FfnQ4Params>(),
         }
     }
 }
@@ -329,14 +350,18 @@ pub struct ArgmaxParams {
 pub struct Kernels {
     pipelines: Vec<(Kernel, wgpu::ComputePipeline)>,
     subgroups: bool,
+    f16: bool,
 }
 
 impl Kernels {
-    /// `subgroups`: build the subgroup variants and prefer them.
-    pub fn new(device: &wgpu::Device, subgroups: bool) -> Self {
+    /// `subgroups`: build the subgroup variants and prefer them; `f16`: also the
+    /// f16-arithmetic variants (with subgroups), and prefer those.
+    pub fn new(device: &wgpu::Device, subgroups: bool, f16: bool) -> Self {
+        let f16 = f16 && subgroups;
         let pipelines = Kernel::ALL
             .iter()
             .filter(|k| subgroups || !k.needs_subgroups())
+            .filter(|k| f16 || !k.needs_f16())
             .map(|&k| {
                 let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(k.name()),
@@ -356,6 +381,7 @@ impl Kernels {
         Kernels {
             pipelines,
             subgroups,
+            f16,
         }
     }
 
@@ -374,9 +400,15 @@ impl Kernels {
         self.subgroups
     }
 
+    pub fn uses_f16_arithmetic(&self) -> bool {
+        self.f16
+    }
+
     /// The W4A16 gate/up kernel for this device.
     pub fn q4_gate_up(&self) -> Kernel {
-        if self.subgroups {
+        if self.f16 {
+            Kernel::FfnGateUpQ4SgH
+        } else if self.subgroups {
             Kernel::FfnGateUpQ4Sg
         } else {
             Kernel::FfnGateUpQ4
@@ -385,7 +417,9 @@ impl Kernels {
 
     /// The W4A16 down kernel for this device.
     pub fn q4_down(&self) -> Kernel {
-        if self.subgroups {
+        if self.f16 {
+            Kernel::FfnDownQ4SgH
+        } else if self.subgroups {
             Kernel::FfnDownQ4Sg
         } else {
             Kernel::FfnDownQ4
