@@ -287,6 +287,7 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, executor: Executor) {
     let dummy = storage("dummy", &[0u8; 16]);
     let step = step_buf(1);
     let moe = MoeDispatch {
+        sorted: None,
         decode_uniform: true,
         ctx: ctx(),
         step: &step,

@@ -176,6 +176,11 @@ struct GpuArgs {
     /// such as lavapipe) or use the storage/subgroup kernels (default on GPUs).
     #[arg(long, value_parser = ["uniform", "storage"])]
     decode_kernels: Option<String>,
+    /// Multi-token (prefill) steps: window kernels (activations in 64 KiB uniform windows,
+    /// routed experts grouped by expert; default on CPU adapters) or the storage/subgroup
+    /// kernels (default on GPUs).
+    #[arg(long, value_parser = ["window", "storage"])]
+    prefill_kernels: Option<String>,
     /// f16 arithmetic in the W4A16 kernels (needs SHADER_F16 and subgroups; default on
     /// GPUs, off on CPU adapters).
     #[arg(long, value_parser = ["on", "off"])]
@@ -190,6 +195,7 @@ impl GpuArgs {
             max_binding: self.max_binding,
             portable_kernels: self.portable_kernels,
             uniform_decode: self.decode_kernels.as_deref().map(|k| k == "uniform"),
+            window_prefill: self.prefill_kernels.as_deref().map(|k| k == "window"),
             f16_arithmetic: self.f16_arithmetic.as_deref().map(|k| k == "on"),
         }
     }

@@ -1503,3 +1503,288 @@ fn matmul_uniform_decode_equals_storage_matmul() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Window kernels (multi-token steps on CPU adapters): matmul_w, attention_w
+
+/// A zero-filled buffer holding `data` that can also be bound as 64 KiB uniform windows
+/// starting at any row (as forward.rs allocates the activations).
+fn window_capable(ctx: &GpuContext, data: &[f32]) -> GpuBuffer {
+    let b = ctx.buffer(
+        "window_act",
+        (data.len() * 4 + UNIFORM_ACTIVATION_BYTES) as u64,
+        wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::UNIFORM
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+    );
+    ctx.write(&b, 0, bytemuck::cast_slice(data));
+    b
+}
+
+/// matmul_w over a program recorded for `chunk` tokens (windows of `window_tokens`, as
+/// forward.rs records them), run on a step of t <= chunk tokens; returns the window size.
+fn matmul_w_case(ctx: &GpuContext, seed: u64, c: MatmulCase, chunk: usize) -> usize {
+    let MatmulCase {
+        t,
+        k,
+        n,
+        out_stride,
+        flags,
+        ..
+    } = c;
+    let mut rng = Rng::new(seed);
+    let xs = rng.vec(t * k, 1.0);
+    let w = rng.f16s(n * k, 1.0);
+    let bias = rng.vec(n, 1.0);
+    let last = flags & matmul_flags::LAST_TOKEN_ONLY != 0;
+    let has_bias = flags & matmul_flags::BIAS != 0;
+    let acc = flags & matmul_flags::ACCUMULATE != 0;
+    let out_rows = if last { 1 } else { t };
+    let out0: Vec<f32> = (0..out_rows * out_stride)
+        .map(|i| {
+            if i % out_stride < n {
+                rng.f32(2.0)
+            } else {
+                55.0
+            }
+        })
+        .collect();
+    let m = F16Matrix::upload(ctx, "w", n, k, &w).unwrap();
+    let align = ctx.limits.min_uniform_buffer_offset_alignment as usize;
+    let tw = wgmoe::model::forward::window_tokens(k * 4, chunk, align);
+    assert!(tw > 0, "K {k} chunk {chunk}: no window fits");
+    // Rows past the step's tokens hold NaN: a window must never read them into a result.
+    let mut xfull = xs.clone();
+    xfull.resize(chunk * k, f32::NAN);
+    let x = window_capable(ctx, &xfull);
+    let step = step_buf(ctx, 0, t);
+    let b = if has_bias {
+        f32_buf(ctx, &bias)
+    } else {
+        dummy(ctx)
+    };
+    let out = f32_buf(ctx, &out0);
+    let mut prog = Program::default();
+    for ch in &m.chunks {
+        for t0 in (0..chunk).step_by(tw) {
+            let gate = if last {
+                Dim::LastIn {
+                    first: t0 as u32,
+                    len: tw as u32,
+                }
+            } else {
+                Dim::Window {
+                    first: t0 as u32,
+                    per_token: 1,
+                }
+            };
+            let ty = if last {
+                1
+            } else {
+                (tw as u32).div_ceil(MATMUL_W_TOKENS_PER_THREAD)
+            };
+            prog.push_window(
+                ctx,
+                Kernel::MatmulW,
+                &MatmulWParams {
+                    k: k as u32,
+                    n_rows: ch.rows as u32,
+                    row_base: ch.row_start as u32,
+                    vec4_per_row: m.vec4_per_row(),
+                    t0: t0 as u32,
+                    out_stride: out_stride as u32,
+                    flags,
+                    tw: tw as u32,
+                },
+                &step,
+                &[&x, &ch.buffer, &b, &out],
+                [Dim::Const(groups64(ch.rows)), Dim::Const(ty), gate],
+                (t0 * k * 4) as u64,
+                None,
+            );
+        }
+    }
+    run(ctx, &prog, t);
+    let x_rows = if last { &xs[(t - 1) * k..] } else { &xs[..] };
+    let prev: Vec<f32> = out0
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % out_stride < n)
+        .map(|(_, v)| *v)
+        .collect();
+    let want = cpu_ref::matmul(
+        x_rows,
+        k,
+        &w,
+        n,
+        has_bias.then_some(&bias[..]),
+        acc.then_some(&prev[..]),
+    )
+    .unwrap();
+    let want = strided(&want, n, out_stride, 55.0);
+    let what = format!(
+        "matmul_w T {t} of chunk {chunk} (windows of {tw}) K {k} N {n} out stride {out_stride} flags {flags:#b} chunks {}",
+        m.chunks.len()
+    );
+    check(
+        &what,
+        &read_f32(ctx, &out, out_rows * out_stride),
+        &want,
+        MATMUL_TOL,
+    );
+    tw
+}
+
+#[test]
+fn matmul_window_matches_cpu() {
+    use matmul_flags::*;
+    let ctx = gpu(None);
+    assert!(
+        ctx.kernels.uses_subgroups(),
+        "lavapipe has subgroups: matmul_w must be built"
+    );
+    // (case, chunk): one window; several (K = 1024: 16 tokens, K = 2048: 8); the step
+    // shorter than the chunk (windows skipped); K % 8 == 4; the last token in a later
+    // window; rows not a multiple of 64; bias and accumulation.
+    let cases = [
+        (MatmulCase::new(5, 8, 3, 0), 5),
+        (MatmulCase::new(9, 100, 70, BIAS), 16),
+        (MatmulCase::new(17, 260, 130, ACCUMULATE | BIAS), 17),
+        (MatmulCase::new(40, 1024, 33, 0), 64),
+        (MatmulCase::new(33, 2048, 20, ACCUMULATE), 40),
+        (MatmulCase::new(33, 2048, 20, LAST_TOKEN_ONLY | BIAS), 40),
+        (MatmulCase::new(3, 1024, 70, LAST_TOKEN_ONLY), 64),
+        (
+            MatmulCase {
+                t: 12,
+                k: 64,
+                n: 61,
+                x_stride: 64,
+                out_stride: 67,
+                flags: BIAS,
+            },
+            12,
+        ),
+    ];
+    let mut windows = Vec::new();
+    for (i, (c, chunk)) in cases.into_iter().enumerate() {
+        windows.push(matmul_w_case(&ctx, 1500 + i as u64, c, chunk));
+    }
+    assert!(
+        windows.iter().any(|&tw| tw < 16),
+        "some case must use several windows"
+    );
+}
+
+#[test]
+fn matmul_window_split_matrix_matches_cpu() {
+    use matmul_flags::*;
+    let ctx = gpu(Some(4096));
+    matmul_w_case(&ctx, 1600, MatmulCase::new(20, 1024, 9, BIAS), 20);
+    matmul_w_case(&ctx, 1601, MatmulCase::new(7, 256, 70, LAST_TOKEN_ONLY), 24);
+}
+
+/// Window sizes: whole chunks when they fit 64 KiB; otherwise window starts on the
+/// uniform offset alignment; none when a row alone is too large or no multiple aligns.
+#[test]
+fn window_tokens_respects_size_and_alignment() {
+    use wgmoe::model::forward::window_tokens;
+    assert_eq!(window_tokens(4096, 64, 256), 16);
+    assert_eq!(window_tokens(8192, 64, 256), 8);
+    assert_eq!(window_tokens(4096, 10, 256), 10);
+    assert_eq!(window_tokens(65536 + 4, 2, 256), 0);
+    // 1412 floats = 5648 bytes: 11 rows fit, but starts align only every 16 rows.
+    assert_eq!(window_tokens(5648, 64, 256), 0);
+    assert_eq!(window_tokens(5648, 11, 256), 11);
+    // 1000 floats = 4000 bytes: 16 rows fit, starts align every 8 rows.
+    assert_eq!(window_tokens(4000, 64, 256), 16);
+    assert_eq!(window_tokens(400, 500, 256), 160);
+    assert_eq!(window_tokens(1036, 300, 256), 0);
+    for (row, chunk) in [(4000usize, 64usize), (400, 500), (4096, 64), (1056, 300)] {
+        let tw = window_tokens(row, chunk, 256);
+        assert!(tw * row <= UNIFORM_ACTIVATION_BYTES && tw >= 1);
+        assert!(tw == chunk || (tw * row) % 256 == 0, "row {row}: {tw}");
+    }
+}
+
+fn attention_w_case(ctx: &GpuContext, seed: u64, c: &AttnCase) {
+    let AttnCase { heads, t, pos0, .. } = *c;
+    let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
+    let positions = pos0 + t + 2;
+    let mut rng = Rng::new(seed);
+    let q = rng.vec(t * q_dim, 3.0);
+    let mut cache_k = rng.vec(positions * kv_dim, 1.0);
+    let cache_v = rng.vec(positions * kv_dim, 1.0);
+    cache_k[(pos0 + t) * kv_dim..].fill(f32::NAN);
+    let mut cache_v_gpu = cache_v.clone();
+    cache_v_gpu[(pos0 + t) * kv_dim..].fill(f32::NAN);
+    let step = step_buf(ctx, pos0, t);
+    let qb = f32_buf(ctx, &q);
+    let ck = f32_buf(ctx, &cache_k);
+    let cv = f32_buf(ctx, &cache_v_gpu);
+    let scratch = f32_buf(ctx, &vec![0.0; t * heads.n_heads * positions]);
+    let out = f32_buf(ctx, &vec![f32::NAN; t * q_dim]);
+    let mut prog = Program::default();
+    prog.push(
+        ctx,
+        Kernel::AttentionW,
+        &AttentionParams {
+            n_heads: heads.n_heads as u32,
+            n_kv: heads.n_kv as u32,
+            head_dim: hd as u32,
+            scratch_stride: positions as u32,
+            scale: (hd as f32).powf(-0.5),
+            _pad: [0; 3],
+        },
+        &step,
+        &[&qb, &ck, &cv, &scratch, &out],
+        [
+            Dim::Const(heads.n_heads as u32),
+            Dim::TokensDiv(ATTENTION_W_TOKENS),
+            Dim::Const(1),
+        ],
+    );
+    run(ctx, &prog, t);
+    let visible = (pos0 + t) * kv_dim;
+    let want =
+        cpu_ref::attention(&q, heads, &cache_k[..visible], &cache_v[..visible], pos0).unwrap();
+    let what = format!(
+        "attention_w heads {}/{} dim {hd} T {t} pos0 {pos0}",
+        heads.n_heads, heads.n_kv
+    );
+    check(&what, &read_f32(ctx, &out, t * q_dim), &want, ATTENTION_TOL);
+}
+
+#[test]
+fn attention_window_matches_cpu() {
+    let ctx = gpu(None);
+    let h = |n_heads, n_kv, head_dim| Heads {
+        n_heads,
+        n_kv,
+        head_dim,
+    };
+    let mut cases: Vec<AttnCase> = attn_cases()
+        .into_iter()
+        .filter(|c| c.heads.head_dim % 4 == 0)
+        .collect();
+    // Token groups of 8 with a partial last one, more than 64 keys (several key passes),
+    // head dims above 64 (several dim passes) and GQA.
+    for (heads, t, pos0) in [
+        (h(4, 2, 64), 20, 0),
+        (h(2, 2, 132), 9, 60),
+        (h(3, 1, 16), 70, 0),
+        (h(16, 16, 64), 64, 5),
+        (h(2, 1, 4), 17, 130),
+    ] {
+        cases.push(AttnCase {
+            heads,
+            t,
+            pos0,
+            flags: 0,
+        });
+    }
+    for (i, c) in cases.iter().enumerate() {
+        attention_w_case(&ctx, 1700 + i as u64, c);
+    }
+}

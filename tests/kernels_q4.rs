@@ -462,6 +462,7 @@ impl<'a> Setup<'a> {
         x: &'b wgpu::Buffer,
     ) -> MoeDispatch<'b> {
         MoeDispatch {
+            sorted: None,
             decode_uniform: false,
             ctx: self.ctx,
             step: &self.step,
@@ -1296,6 +1297,7 @@ fn w4a16_uniform_decode_kernels_equal_portable() {
                 let y = f32_buf(&ctx, &vec![0.0; k * h]);
                 let x = f32_buf(&ctx, &x0);
                 let moe = MoeDispatch {
+                    sorted: None,
                     decode_uniform: uniform,
                     ctx: &ctx,
                     step: &step,
@@ -1391,6 +1393,7 @@ fn w4a16_f16_arithmetic_matches_f32_kernels() {
             let hbuf = f32_buf(c, &vec![0.0; t * k * i]);
             let y = f32_buf(c, &vec![0.0; t * k * h]);
             let moe = MoeDispatch {
+                sorted: None,
                 decode_uniform: false,
                 ctx: c,
                 step: &step,
@@ -1421,6 +1424,104 @@ fn w4a16_f16_arithmetic_matches_f32_kernels() {
             &outs[1].1,
             &outs[0].1,
             F16_ARITH_TOL,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Expert-major kernels (multi-token steps on CPU adapters): sort, gather, gate/up, down
+
+/// Sort, gather, gate/up and down chained, against the CPU reference chained the same way
+/// (the sum of two kernels' rounding, hence twice the single-kernel tolerance).
+const EXPERT_MAJOR_TOL: f32 = 4e-5;
+
+impl Setup<'_> {
+    /// The expert-major path on the step's T tokens: returns (pairs buffer, y [T, k, H]).
+    fn gpu_expert_major(&self) -> (Vec<u32>, Vec<f32>) {
+        let c = self.c;
+        let sorted = wgmoe::model::moe::MoeSorted::new(
+            self.ctx,
+            c.t,
+            c.top_k,
+            c.n_experts,
+            c.hidden,
+            c.inter,
+        );
+        let n = c.t * c.top_k * c.hidden;
+        let y = f32_buf(self.ctx, &vec![f32::NAN; n]);
+        let mut d = self.moe(&self.x_b, &self.dummy, &y, &self.dummy);
+        d.sorted = Some(&sorted);
+        let mut prog = Program::default();
+        d.q4_expert_major(&mut prog, self.pool(), &self.slot_b);
+        run(self.ctx, &prog, c.t);
+        let pairs: Vec<u32> = bytemuck::pod_collect_to_vec(
+            &self
+                .ctx
+                .read_back(
+                    &sorted.pairs,
+                    0,
+                    ((2 * c.t * c.top_k + c.n_experts) * 4) as u64,
+                )
+                .unwrap(),
+        );
+        (pairs, read_f32(self.ctx, &y, n))
+    }
+}
+
+#[test]
+fn w4a16_expert_major_matches_cpu() {
+    let ctx = gpu(None, false);
+    assert!(
+        ctx.kernels.uses_subgroups(),
+        "lavapipe has subgroups of 8 lanes: the expert-major kernels must be built"
+    );
+    // The shapes above plus long runs per expert (more than 8 pairs: several groups of 8,
+    // a partial last one) and many tokens.
+    let mut cases: Vec<Case> = SHAPES.to_vec();
+    cases.extend([
+        case(64, 96, 3, 4, 2, 20),
+        case(100, 36, 2, 2, 1, 17),
+        case(257, 300, 5, 6, 4, 33),
+        case(1024, 512, 64, 64, 8, 16),
+    ]);
+    for (i, &c) in cases.iter().enumerate() {
+        let s = Setup::random(&ctx, 900 + i as u64, c);
+        let (pairs, y) = s.gpu_expert_major();
+        let np = c.t * c.top_k;
+        // A stable counting sort by expert: pairs in (expert, token, j) order.
+        let mut want: Vec<u32> = (0..np as u32).collect();
+        want.sort_by_key(|&q| s.ids[q as usize]);
+        assert_eq!(&pairs[..np], &want[..], "sorted pairs, case {c:?}");
+        let experts: Vec<u32> = want.iter().map(|&q| s.ids[q as usize]).collect();
+        assert_eq!(&pairs[np..2 * np], &experts[..], "pair experts, case {c:?}");
+        let h = s.want_gate_up();
+        check(
+            &format!("expert-major gate_up -> down {}", s.what()),
+            &y,
+            &s.want_down(&h),
+            EXPERT_MAJOR_TOL,
+        );
+    }
+}
+
+/// Split pools: each chunk's dispatches serve exactly the pairs whose expert lives there.
+#[test]
+fn w4a16_expert_major_split_pool_matches_cpu() {
+    for (c, per_chunk) in [
+        (case(300, 65, 7, 10, 4, 9), 3usize),
+        (case(96, 1408, 5, 7, 3, 12), 2),
+    ] {
+        let l = Q4SlotLayout::new(c.hidden, c.inter);
+        let ctx = gpu(Some((per_chunk * l.bytes) as u64), false);
+        let s = Setup::random(&ctx, 990 + c.hidden as u64, c);
+        assert!(s.pool().chunks.len() > 1, "{}", s.what());
+        let (_, y) = s.gpu_expert_major();
+        let h = s.want_gate_up();
+        check(
+            &format!("expert-major split {}", s.what()),
+            &y,
+            &s.want_down(&h),
+            EXPERT_MAJOR_TOL,
         );
     }
 }

@@ -17,10 +17,11 @@ use wgmoe::sampling::SamplingOptions;
 const LOGIT_ATOL: f32 = 1e-2;
 const LOGIT_RTOL: f32 = 1.0 / 2048.0;
 /// With f16 arithmetic every expert input is rounded to f16 (2^-11 relative) before its
-/// products, in every expert of every layer a logit goes through. Measured on lavapipe:
-/// worst 5.1x the f32 tolerance over both fixtures (greedy tokens still identical); 8x
-/// leaves room for other drivers' f16 rounding.
-const F16_ARITH_TOL_SCALE: f32 = 8.0;
+/// products, in every expert of every layer a logit goes through, and decode steps compound
+/// it through the KV cache. Measured on lavapipe with the f16 kernels in prefill and decode:
+/// worst 9.7x the f32 tolerance (qwen2moe-tiny decode steps; olmoe-tiny 4.5x), greedy
+/// tokens identical; 16x leaves room for other drivers' f16 rounding.
+const F16_ARITH_TOL_SCALE: f32 = 16.0;
 
 /// Largest |a - b| beyond the tolerance, as (excess ratio d / allowed, diff, index).
 fn worst_vs_golden(ours: &[f32], golden: &[f32]) -> (f32, f32, usize) {
@@ -51,6 +52,8 @@ struct Setup {
     uniform_decode: Option<bool>,
     /// Force (Some) f16 arithmetic in the W4A16 kernels on or off.
     f16_arithmetic: Option<bool>,
+    /// Force (Some) the window / expert-major prefill kernels on or off.
+    window_prefill: Option<bool>,
     /// Multiplies the logit tolerance (1 for f32 arithmetic).
     tol_scale: f32,
 }
@@ -63,6 +66,7 @@ const F16: Setup = Setup {
     portable: false,
     uniform_decode: None,
     f16_arithmetic: None,
+    window_prefill: None,
     tol_scale: 1.0,
 };
 const INT4: Setup = Setup {
@@ -73,6 +77,7 @@ const INT4: Setup = Setup {
     portable: false,
     uniform_decode: None,
     f16_arithmetic: None,
+    window_prefill: None,
     tol_scale: 1.0,
 };
 
@@ -92,6 +97,7 @@ fn load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> Engine {
                 portable_kernels: s.portable,
                 uniform_decode: s.uniform_decode,
                 f16_arithmetic: s.f16_arithmetic,
+                window_prefill: s.window_prefill,
                 ..Default::default()
             },
             expert_precision: s.precision,
@@ -226,28 +232,44 @@ fn portable_int4_kernels_match_transformers() {
     );
 }
 
-/// Decode steps with the storage kernels (what GPUs use by default) give the same results.
+/// The storage kernels in prefill and decode (what GPUs use by default; lavapipe defaults
+/// to the window prefill and uniform decode kernels) give the same results.
 #[test]
-fn storage_decode_kernels_match_transformers() {
+fn storage_kernels_match_transformers() {
+    let gpu_like = Setup {
+        uniform_decode: Some(false),
+        window_prefill: Some(false),
+        ..INT4
+    };
+    check_fixture("olmoe-tiny", gpu_like);
+    check_fixture("qwen2moe-tiny", gpu_like);
+    check_fixture(
+        "qwen2moe-tiny",
+        Setup {
+            precision: ExpertPrecision::F16,
+            ..gpu_like
+        },
+    );
+}
+
+/// Window prefill with uniform decode switched off, and the reverse: each path on its own.
+#[test]
+fn window_prefill_and_uniform_decode_each_match_transformers() {
     check_fixture(
         "olmoe-tiny",
         Setup {
             uniform_decode: Some(false),
+            window_prefill: Some(true),
             ..INT4
         },
     );
     check_fixture(
         "qwen2moe-tiny",
         Setup {
-            uniform_decode: Some(false),
+            uniform_decode: Some(true),
+            window_prefill: Some(false),
+            chunk: 7,
             ..INT4
-        },
-    );
-    check_fixture(
-        "qwen2moe-tiny",
-        Setup {
-            uniform_decode: Some(false),
-            ..F16
         },
     );
 }
@@ -260,6 +282,7 @@ fn f16_arithmetic_int4_kernels_match_transformers() {
     let s = Setup {
         f16_arithmetic: Some(true),
         uniform_decode: Some(false),
+        window_prefill: Some(false),
         tol_scale: F16_ARITH_TOL_SCALE,
         ..INT4
     };

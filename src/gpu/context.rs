@@ -40,6 +40,10 @@ pub struct AdapterRequest {
     /// None: on CPU adapters (lavapipe, where lane-uniform loads are the win), not on GPUs
     /// (where the coalesced storage/subgroup kernels suit the memory system).
     pub uniform_decode: Option<bool>,
+    /// Multi-token (prefill) steps run the window kernels (`*_w.wgsl`: activations in
+    /// 64 KiB uniform windows, experts grouped by expert). None: on CPU adapters only, as
+    /// `uniform_decode`.
+    pub window_prefill: Option<bool>,
     /// f16 arithmetic in the W4A16 kernels where SHADER_F16 and subgroups exist. None: on
     /// GPUs (where f16 ALUs are faster), not on CPU adapters (llvmpipe emulates f16).
     pub f16_arithmetic: Option<bool>,
@@ -185,6 +189,8 @@ pub struct GpuContext {
     max_binding_cap: Option<u64>,
     /// Whether one-token steps use the uniform-activation kernels.
     pub uniform_decode: bool,
+    /// Whether multi-token steps use the window kernels.
+    pub window_prefill: bool,
     errors: Arc<Mutex<Vec<String>>>,
     pub kernels: super::kernels::Kernels,
 }
@@ -252,6 +258,9 @@ impl GpuContext {
         let uniform_decode = req
             .uniform_decode
             .unwrap_or(info.device_type == wgpu::DeviceType::Cpu);
+        let window_prefill = req
+            .window_prefill
+            .unwrap_or(info.device_type == wgpu::DeviceType::Cpu);
         Ok(GpuContext {
             device,
             queue,
@@ -261,6 +270,7 @@ impl GpuContext {
             tracker: Arc::default(),
             max_binding_cap: req.max_binding,
             uniform_decode,
+            window_prefill,
             errors,
             kernels,
         })

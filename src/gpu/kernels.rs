@@ -25,10 +25,16 @@ pub enum Kernel {
     MatmulU,
     FfnGateUpQ4SgH,
     FfnDownQ4SgH,
+    MatmulW,
+    MoeSort,
+    MoeGather,
+    FfnGateUpQ4E,
+    FfnDownQ4E,
+    AttentionW,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 25] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -48,6 +54,12 @@ impl Kernel {
         Kernel::MatmulU,
         Kernel::FfnGateUpQ4SgH,
         Kernel::FfnDownQ4SgH,
+        Kernel::MatmulW,
+        Kernel::MoeSort,
+        Kernel::MoeGather,
+        Kernel::FfnGateUpQ4E,
+        Kernel::FfnDownQ4E,
+        Kernel::AttentionW,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +83,12 @@ impl Kernel {
             Kernel::MatmulU => "matmul_u",
             Kernel::FfnGateUpQ4SgH => "ffn_gate_up_q4_sg_h",
             Kernel::FfnDownQ4SgH => "ffn_down_q4_sg_h",
+            Kernel::MatmulW => "matmul_w",
+            Kernel::MoeSort => "moe_sort",
+            Kernel::MoeGather => "moe_gather",
+            Kernel::FfnGateUpQ4E => "ffn_gate_up_q4_e",
+            Kernel::FfnDownQ4E => "ffn_down_q4_e",
+            Kernel::AttentionW => "attention_w",
         }
     }
 
@@ -95,6 +113,12 @@ impl Kernel {
             Kernel::MatmulU => include_str!("../../shaders/matmul_u.wgsl"),
             Kernel::FfnGateUpQ4SgH => include_str!("../../shaders/ffn_gate_up_q4_sg_h.wgsl"),
             Kernel::FfnDownQ4SgH => include_str!("../../shaders/ffn_down_q4_sg_h.wgsl"),
+            Kernel::MatmulW => include_str!("../../shaders/matmul_w.wgsl"),
+            Kernel::MoeSort => include_str!("../../shaders/moe_sort.wgsl"),
+            Kernel::MoeGather => include_str!("../../shaders/moe_gather.wgsl"),
+            Kernel::FfnGateUpQ4E => include_str!("../../shaders/ffn_gate_up_q4_e.wgsl"),
+            Kernel::FfnDownQ4E => include_str!("../../shaders/ffn_down_q4_e.wgsl"),
+            Kernel::AttentionW => include_str!("../../shaders/attention_w.wgsl"),
         }
     }
 
@@ -104,7 +128,11 @@ impl Kernel {
     pub fn needs_subgroups(self) -> bool {
         matches!(
             self,
-            Kernel::FfnGateUpQ4Sg
+            Kernel::MatmulW
+                | Kernel::AttentionW
+                | Kernel::FfnGateUpQ4E
+                | Kernel::FfnDownQ4E
+                | Kernel::FfnGateUpQ4Sg
                 | Kernel::FfnDownQ4Sg
                 | Kernel::FfnGateUpQ4SgH
                 | Kernel::FfnDownQ4SgH
@@ -120,13 +148,19 @@ impl Kernel {
     pub fn uniform_activation(self) -> bool {
         matches!(
             self,
-            Kernel::FfnGateUpQ4U | Kernel::FfnDownQ4U | Kernel::MatmulU
+            Kernel::FfnGateUpQ4U | Kernel::FfnDownQ4U | Kernel::MatmulU | Kernel::MatmulW
         )
     }
 
     /// Output rows one workgroup computes (the grid's x dimension is ceil(rows / this)).
     pub fn rows_per_workgroup(self) -> usize {
-        if self.needs_subgroups() {
+        if matches!(
+            self,
+            Kernel::FfnGateUpQ4Sg
+                | Kernel::FfnDownQ4Sg
+                | Kernel::FfnGateUpQ4SgH
+                | Kernel::FfnDownQ4SgH
+        ) {
             8
         } else {
             64
@@ -140,7 +174,7 @@ impl Kernel {
             Kernel::RmsNorm => size_of::<RmsNormParams>(),
             Kernel::Matmul | Kernel::MatmulU => size_of::<MatmulParams>(),
             Kernel::RopeKv => size_of::<RopeKvParams>(),
-            Kernel::Attention => size_of::<AttentionParams>(),
+            Kernel::Attention | Kernel::AttentionW => size_of::<AttentionParams>(),
             Kernel::RouterTopk => size_of::<RouterTopkParams>(),
             Kernel::FfnGateUp => size_of::<FfnGateUpParams>(),
             Kernel::FfnDown => size_of::<FfnDownParams>(),
@@ -154,6 +188,10 @@ impl Kernel {
             | Kernel::FfnDownQ4U
             | Kernel::FfnGateUpQ4SgH
             | Kernel::FfnDownQ4SgH => size_of::<FfnQ4Params>(),
+            Kernel::MatmulW => size_of::<MatmulWParams>(),
+            Kernel::MoeSort => size_of::<MoeSortParams>(),
+            Kernel::MoeGather => size_of::<MoeGatherParams>(),
+            Kernel::FfnGateUpQ4E | Kernel::FfnDownQ4E => size_of::<FfnQ4EParams>(),
         }
     }
 }
@@ -228,6 +266,9 @@ pub struct RopeKvParams {
     pub clip: f32,
     pub rope_rows: u32,
 }
+
+/// Tokens one attention_w.wgsl workgroup serves (grid y = ceil(tokens / this)).
+pub const ATTENTION_W_TOKENS: u32 = 8;
 
 /// attention.wgsl keeps one query head in workgroup memory.
 pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
@@ -311,6 +352,66 @@ pub struct FfnQ4Params {
     pub b_s: u32,
     pub flags: u32,
     pub _pad: [u32; 3],
+}
+
+/// matmul_w.wgsl: one window of token rows of x, bound as a uniform at `t0 * k * 4`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct MatmulWParams {
+    pub k: u32,
+    pub n_rows: u32,
+    pub row_base: u32,
+    pub vec4_per_row: u32,
+    pub t0: u32,
+    pub out_stride: u32,
+    pub flags: u32,
+    pub tw: u32,
+}
+
+/// Tokens one matmul_w.wgsl invocation computes (grid y = ceil(window / this)).
+pub const MATMUL_W_TOKENS_PER_THREAD: u32 = 8;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct MoeSortParams {
+    pub n_experts: u32,
+    pub top_k: u32,
+    pub pmax: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct MoeGatherParams {
+    pub hidden: u32,
+    pub top_k: u32,
+    pub row_stride: u32,
+    pub _pad: u32,
+}
+
+/// Parameters of the expert-major W4A16 kernels (grid y: one workgroup row per expert).
+/// ffn_gate_up_q4_e reads `a` = gate and `b` = up; ffn_down_q4_e reads `a` = down.
+/// `in_row4`: vec4s per sorted input row; `out_row`: floats per output row (gate/up; down
+/// writes [T, k, H]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct FfnQ4EParams {
+    pub hidden: u32,
+    pub inter: u32,
+    pub top_k: u32,
+    pub pmax: u32,
+    pub in_row4: u32,
+    pub out_row: u32,
+    pub n_experts: u32,
+    pub _t: u32,
+    pub slot_vec4: u32,
+    pub first_slot: u32,
+    pub chunk_slots: u32,
+    pub a_q: u32,
+    pub b_q: u32,
+    pub a_s: u32,
+    pub b_s: u32,
+    pub _pad: u32,
 }
 
 /// Size of the uniform window the decode W4A16 kernels read activations from.

@@ -93,6 +93,31 @@ fn storage(ctx: &GpuContext, label: &str, bytes: usize) -> GpuBuffer {
     )
 }
 
+/// Tokens per uniform window of rows of `row_bytes` bytes for a chunk of `chunk` tokens:
+/// one window when the chunk fits 64 KiB, else the most rows that fit and keep every
+/// window's start a multiple of the adapter's uniform offset alignment; 0 when no window
+/// can be bound (the storage kernels serve such shapes).
+pub fn window_tokens(row_bytes: usize, chunk: usize, align: usize) -> usize {
+    if row_bytes == 0 || row_bytes > UNIFORM_ACTIVATION_BYTES {
+        return 0;
+    }
+    let fit = UNIFORM_ACTIVATION_BYTES / row_bytes;
+    if chunk <= fit {
+        return chunk;
+    }
+    let align = align.max(4);
+    let step = align / gcd(row_bytes, align);
+    fit / step * step
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// cos/sin of RoPE for positions [0, rows), as transformers computes them in f32:
 /// inv_freq = 1 / theta^(2i/d); angle = pos * inv_freq; emb = cat(freqs, freqs).
 pub fn rope_table(theta: f64, head_dim: usize, rows: usize) -> Vec<f32> {
@@ -141,12 +166,15 @@ pub fn workspace_bytes(
         + if all_logits { t * v } else { v }
         + ctxlen * cfg.head_dim
         + cfg.num_layers * 2 * ctxlen * kv_dim;
-    // Buffers that double as 64 KiB uniform windows are at least that large.
+    // Buffers that double as 64 KiB uniform windows extend a window past their data, plus
+    // the expert-major prefill buffers (upper bounds: either may be off).
     let window = UNIFORM_ACTIVATION_BYTES;
-    let uniform_extra: usize = [t * h * 4, t * h_width * 4, t * q_dim * 4, t * h * 4]
-        .iter()
-        .map(|&b| window.saturating_sub(b))
-        .sum();
+    let moe_sorted = if t > 1 {
+        crate::model::moe::MoeSorted::bytes(t, k, cfg.num_experts, h, cfg.moe_intermediate)
+    } else {
+        0
+    };
+    let uniform_extra: usize = 4 * window + moe_sorted;
     // Plus each dispatch's small parameter uniform and buffer rounding to 16 bytes.
     let allowance = 8192 + cfg.num_layers * 4096 + uniform_extra;
     (floats * 4 + t * 4 + cfg.num_layers * cfg.num_experts * 4 + allowance) as u64
@@ -210,17 +238,21 @@ impl Forward {
         let ids = storage(ctx, "ids", t * 4);
         let x = storage(ctx, "x", t * h * 4);
         // One token's activations can be bound as a 64 KiB uniform for the decode kernels.
-        let uniform_ok =
+        let uniform_fits =
             ctx.limits.max_uniform_buffer_binding_size >= UNIFORM_ACTIVATION_BYTES as u64;
+        let uniform_ok = uniform_fits && ctx.uniform_decode;
+        let window_ok = uniform_fits && ctx.window_prefill && ctx.kernels.uses_subgroups() && t > 1;
+        let align = ctx.limits.min_uniform_buffer_offset_alignment as usize;
         let uniform_decode = uniform_ok
             && h % 4 == 0
             && cfg.moe_intermediate % 4 == 0
             && h * 4 <= UNIFORM_ACTIVATION_BYTES
             && k * cfg.moe_intermediate * 4 <= UNIFORM_ACTIVATION_BYTES;
+        // Room for a 64 KiB window starting at any row of the data.
         let uniform_storage = |label: &str, bytes: usize| {
             ctx.buffer(
                 label,
-                bytes.max(UNIFORM_ACTIVATION_BYTES) as u64,
+                (bytes + UNIFORM_ACTIVATION_BYTES) as u64,
                 wgpu::BufferUsages::STORAGE
                     | wgpu::BufferUsages::UNIFORM
                     | wgpu::BufferUsages::COPY_DST
@@ -304,17 +336,28 @@ impl Forward {
                       dst: &wgpu::Buffer,
                       out_stride: usize,
                       flags: u32| {
+            let is_uniform = src.usage().contains(wgpu::BufferUsages::UNIFORM);
+            let last = flags & matmul_flags::LAST_TOKEN_ONLY != 0;
+            let f = flags
+                | if bias.is_some() {
+                    matmul_flags::BIAS
+                } else {
+                    0
+                };
+            // Multi-token steps on CPU adapters: x in 64 KiB uniform windows of tw tokens.
+            let tw = if window_ok && is_uniform && m.cols % 4 == 0 {
+                window_tokens(m.cols * 4, t, align)
+            } else {
+                0
+            };
+            let windows = if tw > 0 { t.div_ceil(tw) } else { 0 };
+            let windows_fit = windows > 0
+                && ((windows - 1) * tw * m.cols * 4 + UNIFORM_ACTIVATION_BYTES) as u64
+                    <= src.size();
             for c in &m.chunks {
-                let f = flags
-                    | if bias.is_some() {
-                        matmul_flags::BIAS
-                    } else {
-                        0
-                    };
-                let last = flags & matmul_flags::LAST_TOKEN_ONLY != 0;
                 // One-token steps read x from a 64 KiB uniform window when it can hold it.
                 let decode = (uniform_ok
-                    && src.usage().contains(wgpu::BufferUsages::UNIFORM)
+                    && is_uniform
                     && src.size() >= UNIFORM_ACTIVATION_BYTES as u64
                     && m.cols * 4 <= UNIFORM_ACTIVATION_BYTES
                     // Short rows gain nothing and pay for binding the 64 KiB window
@@ -324,6 +367,48 @@ impl Forward {
                         Kernel::MatmulU,
                         [Dim::Const(groups64(c.rows)), Dim::Const(1), Dim::Const(1)],
                     ));
+                if windows_fit {
+                    for wi in 0..windows {
+                        let t0 = wi * tw;
+                        let gate = if last {
+                            Dim::LastIn {
+                                first: t0 as u32,
+                                len: tw as u32,
+                            }
+                        } else {
+                            Dim::Window {
+                                first: t0 as u32,
+                                per_token: 1,
+                            }
+                        };
+                        let ty = if last {
+                            1
+                        } else {
+                            (tw as u32).div_ceil(MATMUL_W_TOKENS_PER_THREAD)
+                        };
+                        prog.push_window(
+                            ctx,
+                            Kernel::MatmulW,
+                            &MatmulWParams {
+                                k: m.cols as u32,
+                                n_rows: c.rows as u32,
+                                row_base: c.row_start as u32,
+                                vec4_per_row: m.vec4_per_row(),
+                                t0: t0 as u32,
+                                out_stride: out_stride as u32,
+                                flags: f,
+                                tw: tw as u32,
+                            },
+                            &step,
+                            &[src, &c.buffer, bias.unwrap_or(&dummy), dst],
+                            [Dim::Const(groups64(c.rows)), Dim::Const(ty), gate],
+                            (t0 * m.cols * 4) as u64,
+                            // Window 0 serves one-token steps (later windows are skipped).
+                            if wi == 0 { decode } else { None },
+                        );
+                    }
+                    continue;
+                }
                 prog.push_with_decode(
                     ctx,
                     Kernel::Matmul,
@@ -352,7 +437,22 @@ impl Forward {
                 );
             }
         };
+        // Expert-major prefill buffers (CPU adapters, INT4 experts, grouped executor).
+        let moe_sorted = (window_ok
+            && ctx.kernels.uses_subgroups()
+            && opts.executor == Executor::Grouped
+            && matches!(
+                w.layers.iter().find_map(|l| match &l.mlp {
+                    Mlp::Moe { experts, .. } => Some(experts),
+                    _ => None,
+                }),
+                Some(ExpertStore::Int4(_))
+            ))
+        .then(|| {
+            crate::model::moe::MoeSorted::new(ctx, t, k, cfg.num_experts, h, cfg.moe_intermediate)
+        });
         let moe = MoeDispatch {
+            sorted: moe_sorted.as_ref(),
             decode_uniform: false,
             ctx,
             step: &step,
@@ -367,6 +467,7 @@ impl Forward {
             x: &x,
         };
         let moe_dec = uniform_decode.then(|| MoeDispatch {
+            sorted: None,
             decode_uniform: true,
             ctx,
             step: &step,
@@ -455,9 +556,24 @@ impl Forward {
                 ],
                 [tok, Dim::Const(1), Dim::Const(1)],
             );
-            body.push(
+            let attention = [Dim::Const(nh as u32), tok, Dim::Const(1)];
+            // Multi-token steps on CPU adapters: 8 queries per workgroup share K/V loads.
+            let (kernel, grid, decode) = if window_ok && hd % 4 == 0 {
+                (
+                    Kernel::AttentionW,
+                    [
+                        Dim::Const(nh as u32),
+                        Dim::TokensDiv(ATTENTION_W_TOKENS),
+                        Dim::Const(1),
+                    ],
+                    Some((Kernel::Attention, attention)),
+                )
+            } else {
+                (Kernel::Attention, attention, None)
+            };
+            body.push_with_decode(
                 ctx,
-                Kernel::Attention,
+                kernel,
                 &AttentionParams {
                     n_heads: nh as u32,
                     n_kv: nkv as u32,
@@ -468,7 +584,8 @@ impl Forward {
                 },
                 &step,
                 &[&q, ck, cv, &scratch, &attn],
-                [Dim::Const(nh as u32), tok, Dim::Const(1)],
+                grid,
+                decode,
             );
             matmul(
                 &mut body,
@@ -592,6 +709,9 @@ impl Forward {
             buffers.push(a);
             buffers.push(b);
         }
+        if let Some(w) = moe_sorted {
+            buffers.extend([w.pairs, w.xg, w.hg]);
+        }
         Ok(Forward {
             cfg: cfg.clone(),
             weights,
@@ -628,10 +748,10 @@ impl Forward {
     /// Dispatches of one decode step (greedy, full residency).
     pub fn dispatches_per_decode_step(&self) -> usize {
         (0..self.pre.len())
-            .map(|l| self.pre[l].len() + self.post_program(l, 1).len())
+            .map(|l| self.pre[l].dispatches(1) + self.post_program(l, 1).dispatches(1))
             .sum::<usize>()
-            + self.head_last.len()
-            + self.argmax_last.len()
+            + self.head_last.dispatches(1)
+            + self.argmax_last.dispatches(1)
     }
 
     /// Process tokens at positions [pos0, pos0 + n). `ids` (if given) are uploaded as the
@@ -682,6 +802,32 @@ impl Forward {
         if self.residency.is_some() || self.record_routing {
             return self.submit_segmented(ctx, n, &progs, copy_token);
         }
+        if std::env::var_os("WGMOE_PROFILE_KERNELS").is_some() {
+            // Developer aid: every dispatch alone, timed; a table per step on stderr.
+            let mut times = std::collections::BTreeMap::new();
+            let t = n as u32;
+            for l in 0..self.pre.len() {
+                self.pre[l].profile(ctx, t, &mut times);
+                self.post_program(l, n).profile(ctx, t, &mut times);
+            }
+            for p in &progs {
+                p.profile(ctx, t, &mut times);
+            }
+            let total: f64 = times.values().map(|v| v.0).sum();
+            eprintln!(
+                "profile: step of {n} tokens, {:.1} ms in {} dispatches",
+                total * 1e3,
+                times.values().map(|v| v.1).sum::<usize>()
+            );
+            for (k, (s, c)) in &times {
+                eprintln!(
+                    "  {k:<20} {:>9.2} ms {:>5} dispatches {:>5.1}%",
+                    s * 1e3,
+                    c,
+                    100.0 * s / total
+                );
+            }
+        }
         // Every expert resident: the whole step is one compute pass in one submission.
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         let mut dispatches = 0;
@@ -689,13 +835,11 @@ impl Forward {
             let mut pass = enc.begin_compute_pass(&Default::default());
             for l in 0..self.pre.len() {
                 let post = self.post_program(l, n);
-                self.pre[l].record(ctx, &mut pass, n as u32);
-                post.record(ctx, &mut pass, n as u32);
-                dispatches += self.pre[l].len() + post.len();
+                dispatches += self.pre[l].record(ctx, &mut pass, n as u32);
+                dispatches += post.record(ctx, &mut pass, n as u32);
             }
             for p in &progs {
-                p.record(ctx, &mut pass, n as u32);
-                dispatches += p.len();
+                dispatches += p.record(ctx, &mut pass, n as u32);
             }
         }
         if copy_token {
@@ -731,16 +875,13 @@ impl Forward {
                 let mut pass = enc.begin_compute_pass(&Default::default());
                 if l > 0 {
                     let post = self.post_program(l - 1, n);
-                    post.record(ctx, &mut pass, n as u32);
-                    dispatches += post.len();
+                    dispatches += post.record(ctx, &mut pass, n as u32);
                 }
                 if l < layers {
-                    self.pre[l].record(ctx, &mut pass, n as u32);
-                    dispatches += self.pre[l].len();
+                    dispatches += self.pre[l].record(ctx, &mut pass, n as u32);
                 } else {
                     for p in head {
-                        p.record(ctx, &mut pass, n as u32);
-                        dispatches += p.len();
+                        dispatches += p.record(ctx, &mut pass, n as u32);
                     }
                 }
             }

@@ -4,7 +4,7 @@
 use crate::gpu::kernels::*;
 use crate::gpu::program::{groups64, Dim, Program};
 use crate::gpu::tensor::{ExpertPool, ExpertStore, Q4Pool};
-use crate::gpu::GpuContext;
+use crate::gpu::{GpuBuffer, GpuContext};
 use crate::model::forward::Executor;
 
 /// The storage W4A16 kernels bind their activations a second time, as vec4s; the
@@ -25,8 +25,58 @@ fn groups(rows: usize, k: Kernel) -> u32 {
     rows.div_ceil(k.rows_per_workgroup()) as u32
 }
 
+/// Buffers of the expert-major path for multi-token steps on CPU adapters: the step's
+/// (token, top-k index) pairs sorted by expert, their activations gathered in that order
+/// and their SwiGLU intermediates, one row per pair.
+pub struct MoeSorted {
+    /// Pair capacity: chunk * top_k.
+    pub pmax: usize,
+    pub n_experts: usize,
+    /// Floats per row of `xg` / `hg` (hidden / intermediate rounded up to 32).
+    pub x_row: usize,
+    pub h_row: usize,
+    /// [pair of sorted position; its expert; end of each expert's run] (moe_sort.wgsl).
+    pub pairs: GpuBuffer,
+    pub xg: GpuBuffer,
+    pub hg: GpuBuffer,
+}
+
+impl MoeSorted {
+    pub fn new(ctx: &GpuContext, chunk: usize, top_k: usize, e: usize, h: usize, i: usize) -> Self {
+        let pmax = chunk * top_k;
+        let (x_row, h_row) = (h.next_multiple_of(32), i.next_multiple_of(32));
+        let storage = |label: &str, bytes: usize| {
+            ctx.buffer(
+                label,
+                bytes as u64,
+                wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+            )
+        };
+        MoeSorted {
+            pmax,
+            n_experts: e,
+            x_row,
+            h_row,
+            pairs: storage("moe_pairs", (2 * pmax + e) * 4),
+            xg: storage("moe_x_sorted", pmax * x_row * 4),
+            hg: storage("moe_h_sorted", pmax * h_row * 4),
+        }
+    }
+
+    /// Bytes `new` allocates.
+    pub fn bytes(chunk: usize, top_k: usize, e: usize, h: usize, i: usize) -> usize {
+        let pmax = chunk * top_k;
+        (2 * pmax + e + pmax * (h.next_multiple_of(32) + i.next_multiple_of(32))) * 4
+    }
+}
+
 /// The buffers a layer's expert dispatches read and write.
 pub struct MoeDispatch<'a> {
+    /// Multi-token steps with INT4 experts and the grouped executor: the expert-major
+    /// kernels (CPU adapters).
+    pub sorted: Option<&'a MoeSorted>,
     /// One-token steps: the INT4 kernels read activations from a 64 KiB uniform binding of
     /// `xn` / `hbuf` (which must be created with UNIFORM usage and at least that size).
     pub decode_uniform: bool,
@@ -75,6 +125,10 @@ impl MoeDispatch<'_> {
                     self.q4_gate_up(prog, pool, slot_of, (j, 1));
                     self.q4_down(prog, pool, slot_of, Some((j, 1)));
                 }
+                combine_flags::ROUTED
+            }
+            ExpertStore::Int4(pool) if self.sorted.is_some() => {
+                self.q4_expert_major(prog, pool, slot_of);
                 combine_flags::ROUTED
             }
             ExpertStore::Int4(pool) => {
@@ -147,6 +201,100 @@ impl MoeDispatch<'_> {
                 self.step,
                 &[self.hbuf, self.topk_ids, slot_of, chunk, out],
                 [Dim::Const(groups64(h)), Dim::Const(kk as u32), tok],
+            );
+        }
+    }
+
+    /// Expert-major W4A16 experts into y [T, k, H]: sort the pairs by expert, gather their
+    /// activations, then gate/up and down with one workgroup row per expert (each expert's
+    /// weights are read once per 8 of its pairs). The caller adds the combine.
+    pub fn q4_expert_major(&self, prog: &mut Program, pool: &Q4Pool, slot_of: &wgpu::Buffer) {
+        let Some(w) = self.sorted else { return };
+        let l = &pool.layout;
+        let (h, k) = (self.hidden, self.top_k);
+        prog.push(
+            self.ctx,
+            Kernel::MoeSort,
+            &MoeSortParams {
+                n_experts: w.n_experts as u32,
+                top_k: k as u32,
+                pmax: w.pmax as u32,
+                _pad: 0,
+            },
+            self.step,
+            &[self.topk_ids, &w.pairs],
+            [Dim::Const(1), Dim::Const(1), Dim::Const(1)],
+        );
+        prog.push(
+            self.ctx,
+            Kernel::MoeGather,
+            &MoeGatherParams {
+                hidden: h as u32,
+                top_k: k as u32,
+                row_stride: w.x_row as u32,
+                _pad: 0,
+            },
+            self.step,
+            &[self.xn, &w.pairs, &w.xg],
+            [Dim::Const(groups64(h)), Dim::Tokens, Dim::Const(k as u32)],
+        );
+        let e = w.n_experts as u32;
+        for (ci, chunk) in pool.chunks.iter().enumerate() {
+            let first = ci * pool.slots_per_chunk;
+            let n = pool.slots_per_chunk.min(pool.slots - first);
+            prog.push(
+                self.ctx,
+                Kernel::FfnGateUpQ4E,
+                &FfnQ4EParams {
+                    hidden: h as u32,
+                    inter: l.inter as u32,
+                    top_k: k as u32,
+                    pmax: w.pmax as u32,
+                    in_row4: (w.x_row / 4) as u32,
+                    out_row: w.h_row as u32,
+                    n_experts: e,
+                    _t: 0,
+                    slot_vec4: pool.slot_vec4(),
+                    first_slot: first as u32,
+                    chunk_slots: n as u32,
+                    a_q: (l.gate_q / 16) as u32,
+                    b_q: (l.up_q / 16) as u32,
+                    a_s: (l.gate_s / 4) as u32,
+                    b_s: (l.up_s / 4) as u32,
+                    _pad: 0,
+                },
+                self.step,
+                &[&w.xg, &w.pairs, slot_of, chunk, chunk, &w.hg],
+                [Dim::Const(groups64(l.inter)), Dim::Const(e), Dim::Const(1)],
+            );
+        }
+        for (ci, chunk) in pool.chunks.iter().enumerate() {
+            let first = ci * pool.slots_per_chunk;
+            let n = pool.slots_per_chunk.min(pool.slots - first);
+            prog.push(
+                self.ctx,
+                Kernel::FfnDownQ4E,
+                &FfnQ4EParams {
+                    hidden: h as u32,
+                    inter: l.inter as u32,
+                    top_k: k as u32,
+                    pmax: w.pmax as u32,
+                    in_row4: (w.h_row / 4) as u32,
+                    out_row: h as u32,
+                    n_experts: e,
+                    _t: 0,
+                    slot_vec4: pool.slot_vec4(),
+                    first_slot: first as u32,
+                    chunk_slots: n as u32,
+                    a_q: (l.down_q / 16) as u32,
+                    b_q: 0,
+                    a_s: (l.down_s / 4) as u32,
+                    b_s: 0,
+                    _pad: 0,
+                },
+                self.step,
+                &[&w.hg, &w.pairs, slot_of, chunk, chunk, self.y],
+                [Dim::Const(groups64(h)), Dim::Const(e), Dim::Const(1)],
             );
         }
     }
