@@ -8,6 +8,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gpu::{AdapterRequest, GpuContext};
+use crate::model::forward::Head;
 use crate::model::{Forward, ForwardOptions, ModelWeights};
 use crate::quant::Q4SlotLayout;
 use crate::residency::{build_policy, PolicyKind, Profile};
@@ -144,6 +145,7 @@ impl Engine {
                 suppress,
             },
         )?;
+        warm_up(&ctx, &fwd)?;
         if let Some(host) = host {
             let profile = match &r.profile {
                 Some(p) => {
@@ -205,6 +207,26 @@ impl Engine {
 /// Admission control: the expert slots per layer, fixed before any allocation. A
 /// configuration outside the valid range, or over `--vram-budget`, is refused with what
 /// would fit.
+/// One short prefill and one decode step, discarded: a device's first submission and each
+/// kernel's first dispatch pay one-time costs (llvmpipe compiles a shader variant on first
+/// use; lavapipe's first submission took 0.4 s here), which belong to loading, not to the
+/// first prompt's time to first token. The first prompt overwrites the KV positions
+/// written here; no expert cache is attached yet, so no residency counter moves.
+fn warm_up(ctx: &GpuContext, fwd: &Forward) -> Result<()> {
+    let n = fwd.opts.prefill_chunk.min(2).min(fwd.opts.max_context);
+    if n == 0 {
+        return Ok(());
+    }
+    fwd.submit(ctx, 0, n, Some(&vec![0u32; n]), Head::LastArgmax)?;
+    fwd.read_token(ctx)?;
+    if n < fwd.opts.max_context {
+        fwd.submit(ctx, n, 1, None, Head::LastArgmax)?;
+        fwd.read_token(ctx)?;
+    }
+    fwd.counters.set((0, 0));
+    Ok(())
+}
+
 fn admit(cfg: &ModelConfig, opts: &EngineOptions, int4: bool) -> Result<usize> {
     let r = &opts.residency;
     let (e, k) = (cfg.num_experts, cfg.top_k);
