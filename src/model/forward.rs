@@ -566,7 +566,7 @@ impl Forward {
                         Dim::TokensDiv(ATTENTION_W_TOKENS),
                         Dim::Const(1),
                     ],
-                    Some((Kernel::Attention, attention)),
+                    None,
                 )
             } else {
                 (Kernel::Attention, attention, None)
