@@ -5,8 +5,8 @@
 //! of hidden 2048, then softmax/top-k: OLMoE 64 top-8, Qwen 60 top-4), and one whole decode
 //! step of a small synthetic model through the engine. Throughput counters are bytes read
 //! (weights, KV cache) or, for the decode step, tokens. Run: `cargo bench --bench kernels`
-//! (one group: `cargo bench --bench kernels -- attention router decode`). Divan's bench
-//! names are static: the adapter every bench runs on is printed first (`adapter: ...`).
+//! (one group: `cargo bench --bench kernels -- attention router decode prefill`). Every
+//! bench id names the adapter it ran on: each argument prints as `<adapter> | <value>`.
 //! Each kernel iteration is one submission of REPS dispatches and a wait, so per-dispatch
 //! figures carry 1/REPS of the submit cost.
 
@@ -53,6 +53,21 @@ fn ctx() -> &'static GpuContext {
         })
         .expect("no GPU adapter")
     })
+}
+
+/// A bench argument that prints as `<adapter> | <value>`, so that every bench id says which
+/// adapter it measured (divan's bench names are static; arguments are formatted at run time).
+#[derive(Clone, Copy)]
+struct On<T>(T);
+
+impl<T: std::fmt::Debug> std::fmt::Display for On<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} | {:?}", ctx().adapter_name(), self.0)
+    }
+}
+
+fn on<T: Copy, const N: usize>(args: [T; N]) -> Vec<On<T>> {
+    args.iter().map(|&a| On(a)).collect()
 }
 
 /// Deterministic pseudo-random bytes / values (xorshift).
@@ -107,14 +122,14 @@ fn run(prog: &Program) {
 /// gate/up 2048->1408, down 1408->2048 (partial last block).
 const SHAPES: [(usize, usize); 4] = [(2048, 1408), (2048, 1024), (1024, 2048), (1408, 2048)];
 
-#[divan::bench(args = SHAPES, sample_count = 20)]
-fn matvec_w4a16(bencher: divan::Bencher, shape: (usize, usize)) {
+#[divan::bench(args = on(SHAPES), sample_count = 20)]
+fn matvec_w4a16(bencher: divan::Bencher, On(shape): On<(usize, usize)>) {
     w4a16_matvec(bencher, shape, false);
 }
 
 /// The one-token variant the decode step uses: activations in a 64 KiB uniform window.
-#[divan::bench(args = SHAPES, sample_count = 20)]
-fn matvec_w4a16_decode(bencher: divan::Bencher, shape: (usize, usize)) {
+#[divan::bench(args = on(SHAPES), sample_count = 20)]
+fn matvec_w4a16_decode(bencher: divan::Bencher, On(shape): On<(usize, usize)>) {
     w4a16_matvec(bencher, shape, true);
 }
 
@@ -190,8 +205,8 @@ fn w4a16_matvec(bencher: divan::Bencher, (inp, out): (usize, usize), decode: boo
     bencher.counter(BytesCount::new(bytes)).bench(|| run(&prog));
 }
 
-#[divan::bench(args = SHAPES, sample_count = 20)]
-fn matvec_f16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
+#[divan::bench(args = on(SHAPES), sample_count = 20)]
+fn matvec_f16(bencher: divan::Bencher, On((inp, out)): On<(usize, usize)>) {
     let w: Vec<f16> = noise(inp * out, 2)
         .iter()
         .map(|&r| f16::from_f32((r as f32 / u32::MAX as f32) - 0.5))
@@ -230,8 +245,8 @@ fn matvec_f16(bencher: divan::Bencher, (inp, out): (usize, usize)) {
 }
 
 /// This machine's memory read bandwidth: sum of a 256 MiB buffer on one core and on all.
-#[divan::bench(args = [1, 2], sample_count = 10)]
-fn memory_read(bencher: divan::Bencher, threads: usize) {
+#[divan::bench(args = on([1usize, 2]), sample_count = 10)]
+fn memory_read(bencher: divan::Bencher, On(threads): On<usize>) {
     let words = (256usize << 20) / 8;
     let buf: Vec<u64> = (0..words as u64).collect();
     bencher.counter(BytesCount::new(words * 8)).bench(|| {
@@ -250,8 +265,8 @@ fn memory_read(bencher: divan::Bencher, threads: usize) {
 
 /// One MoE layer's routed experts (OLMoE shapes: hidden 2048, 64 experts of 1024, top-8;
 /// INT4), for one decoded token, per executor. Counter: bytes of the 8 experts read.
-#[divan::bench(args = [Executor::Grouped, Executor::PerExpert], sample_count = 20)]
-fn moe_layer_olmoe_int4(bencher: divan::Bencher, executor: Executor) {
+#[divan::bench(args = on([Executor::Grouped, Executor::PerExpert]), sample_count = 20)]
+fn moe_layer_olmoe_int4(bencher: divan::Bencher, On(executor): On<Executor>) {
     let (h, i, e, k) = (2048usize, 1024usize, 64usize, 8usize);
     let layout = Q4SlotLayout::new(h, i);
     let pool = Q4Pool::new(ctx(), "experts", e, layout).expect("pool");
@@ -328,8 +343,8 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, executor: Executor) {
 /// Decode attention of one token over a KV cache of `context` positions: 16 heads of 128
 /// (OLMoE-1B-7B / Qwen1.5-MoE-A2.7B), no GQA, params as src/model/forward.rs builds them.
 /// Counter: bytes of K and V read.
-#[divan::bench(args = [512, 2048], sample_count = 10)]
-fn attention_16x128_decode(bencher: divan::Bencher, context: usize) {
+#[divan::bench(args = on([512usize, 2048]), sample_count = 10)]
+fn attention_16x128_decode(bencher: divan::Bencher, On(context): On<usize>) {
     let (nh, nkv, hd) = (16usize, 16usize, 128usize);
     let kv = context * nkv * hd;
     let q = storage("q", bytemuck::cast_slice(&uniform_noise(nh * hd, 4, 1.0)));
@@ -367,8 +382,11 @@ fn attention_16x128_decode(bencher: divan::Bencher, context: usize) {
 /// Qwen's shared-expert gate row) and softmax/top-k, as src/model/forward.rs records them.
 /// Args: (experts, top-k, logit rows): OLMoE 64 top-8; Qwen1.5-MoE 60 top-4 (61 rows).
 /// Counter: bytes of router weights read.
-#[divan::bench(args = [(64, 8, 64), (60, 4, 61)], sample_count = 20)]
-fn router_f16_topk_h2048(bencher: divan::Bencher, (experts, top_k, rows): (usize, usize, usize)) {
+#[divan::bench(args = on([(64usize, 8usize, 64usize), (60, 4, 61)]), sample_count = 20)]
+fn router_f16_topk_h2048(
+    bencher: divan::Bencher,
+    On((experts, top_k, rows)): On<(usize, usize, usize)>,
+) {
     let h = 2048usize;
     let w: Vec<f16> = uniform_noise(rows * h, 7, 0.05)
         .into_iter()
@@ -466,8 +484,8 @@ fn synth_model() -> &'static std::path::Path {
 /// One decode step of the synthetic model through the engine (every expert resident, INT4):
 /// `Forward::submit(pos, 1, None, Head::LastArgmax)` then `read_token`, at a fixed position
 /// after a 16-token prefill. Counter: tokens (items/s = decode tok/s).
-#[divan::bench(args = [Executor::Grouped, Executor::PerExpert], sample_count = 20)]
-fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, executor: Executor) {
+#[divan::bench(args = on([Executor::Grouped, Executor::PerExpert]), sample_count = 20)]
+fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(executor): On<Executor>) {
     use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
     use wgmoe::model::forward::Head;
     let prompt: Vec<u32> = (0..16u32).map(|i| 10 + i * 37 % 4000).collect();
@@ -502,6 +520,39 @@ fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, executor: Executor) 
     bencher.counter(ItemsCount::new(1usize)).bench_local(|| {
         fwd.submit(c, pos, 1, None, Head::LastArgmax)
             .expect("decode step");
+        fwd.read_token(c).expect("read token")
+    });
+}
+
+/// One 64-token prefill step of the synthetic model through the engine (INT4, grouped),
+/// with the window / expert-major kernels (the CPU-adapter default) and with the storage
+/// kernels (the GPU default), side by side. Counter: prompt tokens (items/s = prefill tok/s).
+#[divan::bench(args = on(["window", "storage"]), sample_count = 10)]
+fn prefill_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(kernels): On<&str>) {
+    use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
+    use wgmoe::model::forward::Head;
+    let n = 64usize;
+    let prompt: Vec<u32> = (0..n as u32).map(|i| 10 + i * 37 % 4000).collect();
+    let engine = Engine::load(
+        synth_model(),
+        &EngineOptions {
+            residency: ResidencyOptions::default(),
+            adapter: AdapterRequest {
+                window_prefill: Some(kernels == "window"),
+                ..Default::default()
+            },
+            expert_precision: ExpertPrecision::Int4,
+            executor: Executor::Grouped,
+            max_context: n + 1,
+            prefill_chunk: n,
+            all_logits: false,
+        },
+    )
+    .expect("load the synthetic model");
+    let (c, fwd) = (&engine.ctx, &engine.fwd);
+    bencher.counter(ItemsCount::new(n)).bench_local(|| {
+        fwd.submit(c, 0, n, Some(&prompt), Head::LastArgmax)
+            .expect("prefill step");
         fwd.read_token(c).expect("read token")
     });
 }

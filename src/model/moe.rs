@@ -294,7 +294,11 @@ impl MoeDispatch<'_> {
                 },
                 self.step,
                 &[&w.hg, &w.pairs, slot_of, chunk, chunk, self.y],
-                [Dim::Const(h.div_ceil(128) as u32), Dim::Const(e), Dim::Const(1)],
+                [
+                    Dim::Const(h.div_ceil(128) as u32),
+                    Dim::Const(e),
+                    Dim::Const(1),
+                ],
             );
         }
     }
