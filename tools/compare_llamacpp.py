@@ -274,6 +274,11 @@ def llama_version(tools: dict) -> str:
         m = re.search(r"version:\s*(\d+)\s*\(([0-9a-f]+)\)", p.stdout + p.stderr)
         if m:
             return f"llama.cpp b{m.group(1)} ({m.group(2)})"
+        # e.g. "version: 0.5.0-dev (build 1, commit 0c1e570)" (builds without git history)
+        m = re.search(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*([0-9a-f]+)\)",
+                      p.stdout + p.stderr)
+        if m:
+            return f"llama.cpp {m.group(1)} b{m.group(2)} ({m.group(3)})"
     return "llama.cpp (version unknown)"
 
 
@@ -312,6 +317,11 @@ def run_llama_bench(tools, q4: Path, ngl: int, p_tokens: int, args, work: Path,
     reps = max(1, args.blocks * args.prompts)
     cmd = [tools["llama-bench"], "-m", str(q4), "-p", str(p_tokens), "-n", str(args.n), "-r",
            str(reps), "-t", str(args.threads), "-ngl", str(ngl), "-o", "json"]
+    # In a GPU build, -ngl 0 still lets llama.cpp use the GPU device (KV cache, op offload, host
+    # buffers): -dev none makes the CPU row a CPU-only run, as in a CPU-only build.
+    cpu_only = ngl == 0 and bench_has_device_flag(tools["llama-bench"])
+    if cpu_only:
+        cmd += ["-dev", "none"]
     code, rss, out = run_measured(cmd, work / f"llama-bench-ngl{ngl}.log")
     check(code, cmd, out, "llama-bench")
     rows = parse_llama_bench(out)
@@ -323,9 +333,20 @@ def run_llama_bench(tools, q4: Path, ngl: int, p_tokens: int, args, work: Path,
     backends = str(any_row.get("backends") or any_row.get("backend") or "?")
     if any_row.get("build_commit"):
         version = f"llama.cpp b{any_row.get('build_number', '?')} ({any_row['build_commit']})"
-    device = any_row.get("gpu_info") or any_row.get("devices") or ""
+    gpu_info = str(any_row.get("gpu_info") or "")
+    device = gpu_info or any_row.get("devices") or ""
     if ngl == 0 or not is_gpu_backend(backends):
         device = any_row.get("cpu_info") or device
+    # A GPU build lists its backend ("Vulkan") even when it found no device: then -ngl 99 ran on
+    # the CPU. ggml-vulkan skips CPU-type devices (lavapipe/llvmpipe, SwiftShader) unless
+    # GGML_VK_VISIBLE_DEVICES names them.
+    gpu = ngl > 0 and is_gpu_backend(backends) and bool(gpu_info)
+    if ngl > 0 and is_gpu_backend(backends) and not gpu_info:
+        print(f"llama.cpp: {backends} build found no GPU device (llama-bench gpu_info is empty): "
+              "the -ngl 99 run used the CPU. For a CPU-type Vulkan device (lavapipe) set "
+              "GGML_VK_VISIBLE_DEVICES=0.", file=sys.stderr)
+    if cpu_only:
+        backends = "CPU"
     pp_ts = pp.get("avg_ts") if pp else None
     return {
         "runtime": "llama.cpp",
@@ -338,9 +359,20 @@ def run_llama_bench(tools, q4: Path, ngl: int, p_tokens: int, args, work: Path,
         "ttft_s": (p_tokens / pp_ts) if pp_ts else None,
         "peak_rss_bytes": rss,
         "peak_gpu_bytes": None,
-        "note": f"llama-bench pp{p_tokens}/tg{args.n} x{reps} (tg on an empty context)",
-        "gpu": is_gpu_backend(backends),
+        "note": f"llama-bench pp{p_tokens}/tg{args.n} x{reps} (tg on an empty context)"
+                + (" -dev none" if cpu_only else ""),
+        "gpu": gpu,
     }
+
+
+def bench_has_device_flag(bench: str) -> bool:
+    """Whether this llama-bench has -dev/--device (newer builds)."""
+    try:
+        p = subprocess.run([bench, "--help"], capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--device" in (p.stdout + p.stderr)
 
 
 PERF_RE = {
@@ -536,8 +568,8 @@ def main(argv=None) -> int:
                 else:
                     r = run_llama_cli(tools, q4, ngl, prompt_texts, args, work, version)
                 if b == "vulkan" and not r["gpu"]:
-                    print("llama.cpp: this build has no GPU backend (reported "
-                          f"{r['backend']}); skipping the -ngl 99 row", file=sys.stderr)
+                    print("llama.cpp: no GPU device ran the -ngl 99 run (backend reported: "
+                          f"{r['backend']}); skipping that row", file=sys.stderr)
                     continue
                 rows.append(r)
         print(f"\n{args.model}: {args.prompts} prompts x {args.blocks} blocks, {args.n} new "
