@@ -303,6 +303,7 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, On(executor): On<Executor>) {
     let step = step_buf(1);
     let moe = MoeDispatch {
         sorted: None,
+        fuse_combine: true,
         decode_uniform: true,
         ctx: ctx(),
         step: &step,

@@ -120,14 +120,9 @@ impl Engine {
             crate::convert::validate_converted(&ckpt, &cfg)?;
         }
         let int4 = opts.expert_precision == ExpertPrecision::Int4;
-        let mut prefill_chunk = opts.prefill_chunk;
         let r = &opts.residency;
         let capacity = admit(&cfg, opts, int4)?;
         let partial = capacity < cfg.num_experts;
-        if partial {
-            // One token per step keeps every routed group within the cache capacity.
-            prefill_chunk = 1;
-        }
         let ctx = GpuContext::new(&opts.adapter)?;
         let slots = partial.then_some(capacity + cfg.top_k);
         let mut weights = ModelWeights::load(&ctx, &cfg, &ckpt, int4, slots)?;
@@ -140,9 +135,10 @@ impl Engine {
             ForwardOptions {
                 executor: opts.executor,
                 max_context: opts.max_context,
-                prefill_chunk,
+                prefill_chunk: opts.prefill_chunk,
                 all_logits: opts.all_logits,
                 suppress,
+                expert_batches: partial,
             },
         )?;
         warm_up(&ctx, &fwd)?;
@@ -301,7 +297,7 @@ pub fn admission_bytes(cfg: &ModelConfig, opts: &EngineOptions, int4: bool, n: u
         crate::gpu::tensor::ExpertPool::slot_bytes(cfg.hidden_size, cfg.moe_intermediate)
     };
     let partial = n < e;
-    let chunk = if partial { 1 } else { opts.prefill_chunk };
+    let chunk = opts.prefill_chunk;
     let spares = if partial { k } else { 0 };
     let staging = if partial {
         opts.residency.staging_buffers as u64 * slot

@@ -463,6 +463,7 @@ impl<'a> Setup<'a> {
     ) -> MoeDispatch<'b> {
         MoeDispatch {
             sorted: None,
+            fuse_combine: true,
             decode_uniform: false,
             ctx: self.ctx,
             step: &self.step,
@@ -1298,6 +1299,7 @@ fn w4a16_uniform_decode_kernels_equal_portable() {
                 let x = f32_buf(&ctx, &x0);
                 let moe = MoeDispatch {
                     sorted: None,
+                    fuse_combine: true,
                     decode_uniform: uniform,
                     ctx: &ctx,
                     step: &step,
@@ -1394,6 +1396,7 @@ fn w4a16_f16_arithmetic_matches_f32_kernels() {
             let y = f32_buf(c, &vec![0.0; t * k * h]);
             let moe = MoeDispatch {
                 sorted: None,
+                fuse_combine: true,
                 decode_uniform: false,
                 ctx: c,
                 step: &step,

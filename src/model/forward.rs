@@ -37,6 +37,9 @@ pub struct ForwardOptions {
     pub all_logits: bool,
     /// Token ids greedy sampling never picks (EOS when it must not end a response).
     pub suppress: Vec<u32>,
+    /// Partial residency: a multi-token step may route to more experts than a layer's cache
+    /// holds; its experts then run in batches of resident ones (`routed_only` programs).
+    pub expert_batches: bool,
 }
 
 /// What the last dispatches of a step compute.
@@ -66,6 +69,10 @@ pub struct Forward {
     post: Vec<Program>,
     /// Per layer, when it differs: the MLP block for one-token steps (uniform activations).
     post_decode: Vec<Option<Program>>,
+    /// Per layer (`expert_batches`, MoE layers): the routed experts alone, writing each
+    /// (token, top-k) pair's output to y: run once per batch of resident experts before the
+    /// layer's MLP block, which computes the last batch and combines.
+    routed_only: Vec<Option<Program>>,
     /// Router output readback (segmented steps) and the layer's routing on the host.
     topk_ids: GpuBuffer,
     ids_readback: GpuBuffer,
@@ -453,6 +460,7 @@ impl Forward {
         });
         let moe = MoeDispatch {
             sorted: moe_sorted.as_ref(),
+            fuse_combine: !opts.expert_batches,
             decode_uniform: false,
             ctx,
             step: &step,
@@ -468,6 +476,7 @@ impl Forward {
         };
         let moe_dec = uniform_decode.then(|| MoeDispatch {
             sorted: None,
+            fuse_combine: true,
             decode_uniform: true,
             ctx,
             step: &step,
@@ -511,6 +520,7 @@ impl Forward {
             }
         };
         let mut post_decode: Vec<Option<Program>> = Vec::new();
+        let mut routed_only: Vec<Option<Program>> = Vec::new();
 
         let mut rope_flags = if cfg.qk_norm { rope_flags::QK_NORM } else { 0 };
         if cfg.clip_qkv.is_some() {
@@ -620,6 +630,11 @@ impl Forward {
                     );
                     pre.push(std::mem::take(&mut body));
                     moe_block(&mut body, &moe, experts, slot_of, shared.as_ref());
+                    routed_only.push(opts.expert_batches.then(|| {
+                        let mut p = Program::default();
+                        moe.routed(&mut p, opts.executor, experts, slot_of);
+                        p
+                    }));
                     // Decode steps (one token) use the uniform-activation INT4 kernels.
                     post_decode.push(match (&moe_dec, experts) {
                         (Some(md), ExpertStore::Int4(_)) => {
@@ -632,6 +647,7 @@ impl Forward {
                 }
                 Mlp::Dense { mlp } => {
                     post_decode.push(None);
+                    routed_only.push(None);
                     pre.push(std::mem::take(&mut body));
                     moe.swiglu_f16(&mut body, mlp, None, (0, 1), &shared_y);
                     body.push(
@@ -723,6 +739,7 @@ impl Forward {
             pre,
             post,
             post_decode,
+            routed_only,
             topk_ids,
             ids_readback,
             residency: None,
@@ -933,10 +950,47 @@ impl Forward {
                     ..
                 } = &self.weights.layers[l].mlp
                 {
-                    if r.caches.get(l).is_some_and(|c| c.is_some()) {
-                        r.serve(ctx, l, &wanted, pool, slot_of)?;
-                        reads = Some((l, wanted));
+                    let batches = match r.caches.get(l) {
+                        Some(Some(c)) => {
+                            let cfg = c.config();
+                            crate::residency::expert_batches(
+                                &wanted,
+                                |e| c.table().slot_of(e).is_some(),
+                                cfg.capacity,
+                                cfg.spares,
+                            )
+                        }
+                        _ => continue,
+                    };
+                    // More than one plan's worth of experts: all but the last batch run
+                    // here, each in its own submission after its uploads; the next
+                    // submission (this layer's MLP block) serves the last batch and
+                    // combines.
+                    let Some((last, earlier)) = batches.split_last() else {
+                        continue;
+                    };
+                    if !earlier.is_empty() {
+                        let Some(Some(routed)) = self.routed_only.get(l) else {
+                            return Err(Error::Other(format!(
+                                "layer {l}: the {} experts routed in one step need {} cache plans, and expert batches were not built",
+                                wanted.len(),
+                                batches.len()
+                            )));
+                        };
+                        for b in earlier {
+                            r.serve(ctx, l, b, pool, slot_of)?;
+                            let mut enc = ctx.device.create_command_encoder(&Default::default());
+                            {
+                                let mut pass = enc.begin_compute_pass(&Default::default());
+                                dispatches += routed.record(ctx, &mut pass, n as u32);
+                            }
+                            let token = r.fence.submit(ctx, enc.finish());
+                            submissions += 1;
+                            r.mark_read(l, b, token)?;
+                        }
                     }
+                    r.serve(ctx, l, last, pool, slot_of)?;
+                    reads = Some((l, last.clone()));
                 }
             }
         }

@@ -77,6 +77,10 @@ pub struct MoeDispatch<'a> {
     /// Multi-token steps with INT4 experts and the grouped executor: the expert-major
     /// kernels (CPU adapters).
     pub sorted: Option<&'a MoeSorted>,
+    /// Grouped INT4 experts: add the down projection into x in the same dispatch (fused
+    /// combine). Off when the expert outputs must be idempotent per (token, top-k) pair:
+    /// partial residency runs a step's experts in several batches of resident ones.
+    pub fuse_combine: bool,
     /// One-token steps: the INT4 kernels read activations from a 64 KiB uniform binding of
     /// `xn` / `hbuf` (which must be created with UNIFORM usage and at least that size).
     pub decode_uniform: bool,
@@ -131,10 +135,15 @@ impl MoeDispatch<'_> {
                 self.q4_expert_major(prog, pool, slot_of);
                 combine_flags::ROUTED
             }
-            ExpertStore::Int4(pool) => {
+            ExpertStore::Int4(pool) if self.fuse_combine => {
                 self.q4_gate_up(prog, pool, slot_of, (0, k));
                 self.q4_down(prog, pool, slot_of, None);
                 0
+            }
+            ExpertStore::Int4(pool) => {
+                self.q4_gate_up(prog, pool, slot_of, (0, k));
+                self.q4_down(prog, pool, slot_of, Some((0, k)));
+                combine_flags::ROUTED
             }
         }
     }

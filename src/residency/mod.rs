@@ -10,6 +10,7 @@
 //! Nothing here touches a GPU; the wgpu side supplies a `Fence` over submission indices,
 //! performs the copies a [`Plan`] lists and uploads [`SlotTable::words`] at publication.
 
+mod batches;
 mod cache;
 mod ceiling;
 mod error;
@@ -23,6 +24,7 @@ mod cache_tests;
 #[cfg(test)]
 mod testutil;
 
+pub use batches::expert_batches;
 pub use cache::{
     AbortReport, CacheConfig, CacheStats, ExpertCache, Placement, Plan, SlotInfo, SlotState,
     SlotTable, NO_SLOT,
