@@ -1,9 +1,10 @@
 // Router: softmax over all experts in f32, then top-k on the probabilities (as
 // transformers: `routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)`,
 // then `torch.topk`), optionally renormalised (`norm_topk_prob`). One workgroup per
-// token: the lanes compute the probabilities together (every lane active: on llvmpipe,
-// exp in a mostly inactive workgroup leaked memory on each dispatch), then lane 0 picks
-// the top k, ties to the lower expert index.
+// token: the lanes reduce the max and the softmax sum together, then lane 0 picks the top
+// k, ties to the lower expert index, recomputing each probability from its logit (the same
+// f32 operations, so the same values): on llvmpipe (Mesa 22.3) a workgroup array of the
+// probabilities leaked about 0.5 MB per dispatch.
 
 struct Params {
     n_experts: u32,
@@ -20,10 +21,11 @@ struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 @group(0) @binding(4) var<storage, read_write> weights: array<f32>;
 
 const WG: u32 = 64u;
-/// Most experts a router may have (workgroup memory).
+/// Most experts a router may have (ROUTER_MAX_EXPERTS on the host).
 const MAX_EXPERTS: u32 = 1024u;
-var<workgroup> probs: array<f32, 1024>;
 var<workgroup> red: array<f32, 64>;
+var<workgroup> redi: array<u32, 64>;
+const NONE: u32 = 0xffffffffu;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -42,10 +44,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let mx = red[0];
     workgroupBarrier();
     var sum = 0.0;
-    for (var e = lid.x; e < n; e += WG) {
-        let v = exp(logits[lb + e] - mx);
-        probs[e] = v;
-        sum += v;
+    for (var e0 = 0u; e0 < n; e0 += WG) {
+        let e = e0 + lid.x;
+        let v = exp(logits[lb + min(e, n - 1u)] - mx);
+        sum += select(0.0, v, e < n);
     }
     red[lid.x] = sum;
     workgroupBarrier();
@@ -54,32 +56,58 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         workgroupBarrier();
     }
     let total = red[0];
-    if (lid.x != 0u) { return; }
+    workgroupBarrier();
+    // Top-k: pick j is the best expert ranked after pick j-1 in the order (probability
+    // descending, index ascending), so nothing picked needs remembering. Each lane takes
+    // the best of its experts, then a tree reduction; probabilities are recomputed from the
+    // logits (the same f32 operations, so the same values). (A serial selection by one
+    // lane, or a workgroup array of the probabilities, leaked memory on every dispatch on
+    // llvmpipe, Mesa 22.3.)
+    let lead = lid.x == 0u;
     let ob = t * p.top_k;
     var picked_sum = 0.0;
-    // The j-th pick is the best expert ranked after the (j-1)-th in the order
-    // (probability descending, index ascending): nothing picked needs remembering.
     var prev_v = 3.4e38;
-    var prev_e = 0xffffffffu;
+    var prev_e = NONE;
     for (var j = 0u; j < p.top_k; j++) {
-        var best = 0xffffffffu;
+        var best = NONE;
         var best_v = -1.0;
-        for (var e = 0u; e < n; e++) {
-            let v = probs[e];
-            let after_prev = v < prev_v || (v == prev_v && (prev_e == 0xffffffffu || e > prev_e));
-            if (after_prev && (best == 0xffffffffu || v > best_v)) {
+        for (var e0 = 0u; e0 < n; e0 += WG) {
+            let e = e0 + lid.x;
+            let v = exp(logits[lb + min(e, n - 1u)] - mx);
+            let after_prev = v < prev_v || (v == prev_v && (prev_e == NONE || e > prev_e));
+            if (e < n && after_prev && (best == NONE || v > best_v)) {
                 best = e;
                 best_v = v;
             }
         }
-        ids[ob + j] = best;
-        let w = best_v / total;
-        weights[ob + j] = w;
+        red[lid.x] = best_v;
+        redi[lid.x] = best;
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s >>= 1u) {
+            if (lid.x < s) {
+                let ov = red[lid.x + s];
+                let oi = redi[lid.x + s];
+                let ci = redi[lid.x];
+                if (oi != NONE && (ci == NONE || ov > red[lid.x] || (ov == red[lid.x] && oi < ci))) {
+                    red[lid.x] = ov;
+                    redi[lid.x] = oi;
+                }
+            }
+            workgroupBarrier();
+        }
+        let bv = red[0];
+        let bi = redi[0];
+        workgroupBarrier();
+        let w = bv / total;
+        if (lead) {
+            ids[ob + j] = bi;
+            weights[ob + j] = w;
+        }
         picked_sum += w;
-        prev_v = best_v;
-        prev_e = best;
+        prev_v = bv;
+        prev_e = bi;
     }
-    if (p.norm_topk != 0u) {
+    if (lead && p.norm_topk != 0u) {
         for (var j = 0u; j < p.top_k; j++) { weights[ob + j] = weights[ob + j] / picked_sum; }
     }
 }

@@ -406,9 +406,9 @@ fn rss() -> u64 {
 }
 
 /// 2,000 generated tokens at N = top_k (constant thrashing): after warm-up, runtime GPU
-/// allocations and staging stay exactly the same, and RSS grows no faster per token than
-/// with every expert resident. (Mesa 22.3's lavapipe itself grows RSS by about 1 MB per
-/// decode step whatever the residency, so "no growth" is measured against that baseline.)
+/// allocations and staging stay exactly the same, and RSS stays flat: under 4 KiB per
+/// token on average, with or without residency (measured: about 10 and 50 B/token; before
+/// router_topk.wgsl stopped leaking on llvmpipe it was about 1 MB per token).
 #[test]
 fn soak_2000_tokens_at_top_k_does_not_grow() {
     let prompt = [464u32, 1711, 8886, 13];
@@ -467,7 +467,7 @@ fn soak_2000_tokens_at_top_k_does_not_grow() {
     assert_eq!(st.staging_buffers, staging0);
     assert!(st.staging_peak_in_use <= staging0);
     assert!(
-        rate <= full_rate + full_rate / 4 + 16 * 1024,
-        "RSS grows {rate} B/token with residency vs {full_rate} B/token without"
+        rate <= 4096 && full_rate <= 4096,
+        "RSS grows {rate} B/token with residency, {full_rate} B/token without"
     );
 }
