@@ -68,6 +68,26 @@ pub struct Inspection {
     pub gpu_weight_bytes_int4: u64,
     pub gpu_weight_bytes_f16: Option<u64>,
     pub kv_cache_bytes_per_position: u64,
+    /// With `--max-context`: that context, the KV cache, the activation workspace (an upper
+    /// bound: buffers of kernels a device may not use are counted) and the total with every
+    /// expert resident as INT4.
+    pub max_context: Option<usize>,
+    pub kv_cache_bytes: Option<u64>,
+    pub workspace_bytes: Option<u64>,
+    pub total_gpu_bytes_int4: Option<u64>,
+}
+
+impl Inspection {
+    /// Fill the context-dependent fields (the arithmetic admission control uses).
+    pub fn add_workspace(&mut self, cfg: &ModelConfig, max_context: usize, chunk: usize) {
+        let kv = self.kv_cache_bytes_per_position * max_context as u64;
+        // workspace_bytes counts the KV cache too; report it apart.
+        let ws = crate::model::forward::workspace_bytes(cfg, max_context, chunk, false) - kv;
+        self.max_context = Some(max_context);
+        self.kv_cache_bytes = Some(kv);
+        self.workspace_bytes = Some(ws);
+        self.total_gpu_bytes_int4 = Some(self.gpu_weight_bytes_int4 + kv + ws);
+    }
 }
 
 pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
@@ -115,6 +135,10 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
             .then_some(dense_f16 + routed_count as u64 * f16_per_expert),
         kv_cache_bytes_per_position: (cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4)
             as u64,
+        max_context: None,
+        kv_cache_bytes: None,
+        workspace_bytes: None,
+        total_gpu_bytes_int4: None,
     })
 }
 
@@ -180,5 +204,20 @@ pub fn table(i: &Inspection) -> String {
         "KV cache: {} per position (f32 keys and values)",
         human(i.kv_cache_bytes_per_position)
     );
+    if let (Some(n), Some(kv), Some(ws), Some(total)) = (
+        i.max_context,
+        i.kv_cache_bytes,
+        i.workspace_bytes,
+        i.total_gpu_bytes_int4,
+    ) {
+        let _ = writeln!(
+            o,
+            "at {n} positions: KV cache {}, workspace {} (upper bound), total with every expert resident as int4: {} ({} bytes)",
+            human(kv),
+            human(ws),
+            human(total),
+            total
+        );
+    }
     o
 }

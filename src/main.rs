@@ -53,6 +53,13 @@ enum Cmd {
         model: PathBuf,
         #[arg(long)]
         json: bool,
+        /// Also print the KV cache and workspace for this many positions, and the total GPU
+        /// bytes with every expert resident as INT4 (what `run`/`bench` track as peak).
+        #[arg(long)]
+        max_context: Option<usize>,
+        /// Prefill chunk for the workspace arithmetic (as `run --prefill-chunk`).
+        #[arg(long, default_value_t = 64)]
+        prefill_chunk: usize,
     },
     /// Fidelity of INT4 experts against FP16 experts: KL divergence and top-1 agreement of
     /// next-token distributions over a greedy FP16 decode.
@@ -290,7 +297,12 @@ fn main() -> ExitCode {
         Cmd::Devices { gpu, json } => devices(&gpu, json),
         Cmd::Run(args) => run(args),
         Cmd::Quantize { model, out } => quantize(&model, &out),
-        Cmd::Inspect { model, json } => inspect(&model, json),
+        Cmd::Inspect {
+            model,
+            json,
+            max_context,
+            prefill_chunk,
+        } => inspect(&model, json, max_context, prefill_chunk),
         Cmd::Eval(args) => eval(args),
         Cmd::Synth(args) => synth(args),
         Cmd::Bench(args) => bench(args),
@@ -597,10 +609,24 @@ fn quantize(model: &std::path::Path, out: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-fn inspect(model: &std::path::Path, as_json: bool) -> Result<()> {
+fn inspect(
+    model: &std::path::Path,
+    as_json: bool,
+    max_context: Option<usize>,
+    prefill_chunk: usize,
+) -> Result<()> {
     let (cfg, _, _) = Engine::open_host(model)?;
     let ckpt = wgmoe::checkpoint::Checkpoint::open(model)?;
-    let i = wgmoe::inspect::inspect(&cfg, &ckpt)?;
+    let mut i = wgmoe::inspect::inspect(&cfg, &ckpt)?;
+    if let Some(n) = max_context {
+        if n == 0 || prefill_chunk == 0 {
+            return Err(Error::option(
+                "--max-context",
+                "--max-context and --prefill-chunk must be at least 1",
+            ));
+        }
+        i.add_workspace(&cfg, n, prefill_chunk);
+    }
     if as_json {
         out!(
             "{}",

@@ -833,6 +833,34 @@ fn inspect_prints_class_table() {
     }
 }
 
+/// `inspect --max-context N` prints the arithmetic of weights + KV cache + workspace, and a
+/// run over N positions tracks a GPU peak within 5% of it, never above.
+#[test]
+fn inspect_total_bounds_the_runtime_peak_within_5_percent() {
+    for fixture in [OLMOE, QWEN] {
+        let (_t, dir) = copy_fixture(fixture);
+        let (r, run) = run_json(&dir, &["-p", HELLO, "-n", "5", "--ignore-eos"]);
+        let n = run["prompt_ids"].as_array().map(|a| a.len()).unwrap_or(0) + 5;
+        let peak = run["metrics"]["peak_gpu_bytes"].as_u64().unwrap_or(0);
+        let ctx = n.to_string();
+        let ri = run_untouched(
+            &dir,
+            &["inspect", &s(&dir), "--json", "--max-context", &ctx],
+        );
+        let total = json_of(&ri)["total_gpu_bytes_int4"].as_u64().unwrap_or(0);
+        assert!(
+            peak <= total && peak as f64 >= 0.95 * total as f64,
+            "{fixture}: runtime peak {peak} vs inspect total {total}\n{r}\n{ri}"
+        );
+        let rt = run_untouched(&dir, &["inspect", &s(&dir), "--max-context", &ctx]);
+        assert_ok(&rt);
+        assert!(
+            rt.stdout.contains(&format!("({total} bytes)")),
+            "the table prints the same total:\n{rt}"
+        );
+    }
+}
+
 #[test]
 fn quantize_then_run_matches_quantize_on_load() {
     for fixture in [OLMOE, QWEN] {

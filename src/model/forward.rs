@@ -154,8 +154,9 @@ pub fn workspace_bytes(
     let (h, v, k) = (cfg.hidden_size, cfg.vocab_size, cfg.top_k);
     let q_dim = cfg.num_heads * cfg.head_dim;
     let kv_dim = cfg.num_kv_heads * cfg.head_dim;
-    let t = chunk.max(1);
     let ctxlen = max_context.max(1);
+    // As Forward::new clamps it (the binding-size clamp only lowers it further).
+    let t = chunk.clamp(1, ctxlen);
     let h_width = (k * cfg.moe_intermediate)
         .max(cfg.shared_expert_intermediate.unwrap_or(0))
         .max(cfg.dense_intermediate);
