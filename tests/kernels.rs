@@ -384,6 +384,71 @@ fn push_matmul(
     }
 }
 
+/// Seeded inputs of one matmul case: activations [t, k], f16 weights [n, k], a bias and
+/// the output's prior contents (columns past n of a strided row hold 55, which must survive).
+struct MatmulData {
+    xs: Vec<f32>,
+    w: Vec<f16>,
+    bias: Vec<f32>,
+    out0: Vec<f32>,
+}
+
+impl MatmulData {
+    fn new(seed: u64, c: &MatmulCase) -> Self {
+        let mut rng = Rng::new(seed);
+        let xs = rng.vec(c.t * c.k, 1.0);
+        let w = rng.f16s(c.n * c.k, 1.0);
+        let bias = rng.vec(c.n, 1.0);
+        let out0 = (0..c.out_rows() * c.out_stride)
+            .map(|i| {
+                if i % c.out_stride < c.n {
+                    rng.f32(2.0)
+                } else {
+                    55.0
+                }
+            })
+            .collect();
+        MatmulData { xs, w, bias, out0 }
+    }
+
+    /// The CPU reference's output rows, strided as the GPU writes them.
+    fn want(&self, c: &MatmulCase) -> Vec<f32> {
+        let has = |f: u32| c.flags & f != 0;
+        let x_rows = if has(matmul_flags::LAST_TOKEN_ONLY) {
+            &self.xs[(c.t - 1) * c.k..]
+        } else {
+            &self.xs[..]
+        };
+        let prev: Vec<f32> = self
+            .out0
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % c.out_stride < c.n)
+            .map(|(_, v)| *v)
+            .collect();
+        let want = cpu_ref::matmul(
+            x_rows,
+            c.k,
+            &self.w,
+            c.n,
+            has(matmul_flags::BIAS).then_some(&self.bias[..]),
+            has(matmul_flags::ACCUMULATE).then_some(&prev[..]),
+        )
+        .unwrap();
+        strided(&want, c.n, c.out_stride, 55.0)
+    }
+}
+
+impl MatmulCase {
+    fn out_rows(&self) -> usize {
+        if self.flags & matmul_flags::LAST_TOKEN_ONLY != 0 {
+            1
+        } else {
+            self.t
+        }
+    }
+}
+
 fn matmul_case(ctx: &GpuContext, seed: u64, c: MatmulCase, min_chunks: usize) -> f32 {
     let MatmulCase {
         t,
@@ -393,26 +458,11 @@ fn matmul_case(ctx: &GpuContext, seed: u64, c: MatmulCase, min_chunks: usize) ->
         out_stride,
         flags,
     } = c;
-    let mut rng = Rng::new(seed);
-    let xs = rng.vec(t * k, 1.0);
-    let w = rng.f16s(n * k, 1.0);
-    let bias = rng.vec(n, 1.0);
-    let last = flags & matmul_flags::LAST_TOKEN_ONLY != 0;
+    let data = MatmulData::new(seed, &c);
+    let (xs, w, bias, out0) = (&data.xs, &data.w, &data.bias, &data.out0);
     let has_bias = flags & matmul_flags::BIAS != 0;
-    let acc = flags & matmul_flags::ACCUMULATE != 0;
-    let out_rows = if last { 1 } else { t };
-    // Columns past n of a strided output row must survive untouched.
-    let out0: Vec<f32> = (0..out_rows * out_stride)
-        .map(|i| {
-            if i % out_stride < n {
-                rng.f32(2.0)
-            } else {
-                55.0
-            }
-        })
-        .collect();
-
-    let m = F16Matrix::upload(ctx, "w", n, k, &w).unwrap();
+    let out_rows = c.out_rows();
+    let m = F16Matrix::upload(ctx, "w", n, k, w).unwrap();
     assert!(
         m.chunks.len() >= min_chunks,
         "expected >= {min_chunks} chunks, got {}",
@@ -420,36 +470,19 @@ fn matmul_case(ctx: &GpuContext, seed: u64, c: MatmulCase, min_chunks: usize) ->
     );
     let step = step_buf(ctx, 0, t);
     // Stride padding holds NaN: any read of it poisons the result.
-    let x = f32_buf(ctx, &strided(&xs, k, x_stride, f32::NAN));
+    let x = f32_buf(ctx, &strided(xs, k, x_stride, f32::NAN));
     let b = if has_bias {
-        f32_buf(ctx, &bias)
+        f32_buf(ctx, bias)
     } else {
         dummy(ctx)
     };
-    let out = f32_buf(ctx, &out0);
+    let out = f32_buf(ctx, out0);
     let mut prog = Program::default();
     push_matmul(
         ctx, &mut prog, &step, &m, &x, &b, &out, x_stride, out_stride, flags,
     );
     run(ctx, &prog, t);
-
-    let x_rows = if last { &xs[(t - 1) * k..] } else { &xs[..] };
-    let prev: Vec<f32> = out0
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| i % out_stride < n)
-        .map(|(_, v)| *v)
-        .collect();
-    let want = cpu_ref::matmul(
-        x_rows,
-        k,
-        &w,
-        n,
-        has_bias.then_some(&bias[..]),
-        acc.then_some(&prev[..]),
-    )
-    .unwrap();
-    let want = strided(&want, n, out_stride, 55.0);
+    let want = data.want(&c);
     let what = format!(
         "matmul T {t} K {k} N {n} strides {x_stride}/{out_stride} flags {flags:#b} chunks {}",
         m.chunks.len()
@@ -1533,24 +1566,12 @@ fn matmul_w_case(ctx: &GpuContext, seed: u64, c: MatmulCase, chunk: usize) -> us
         flags,
         ..
     } = c;
-    let mut rng = Rng::new(seed);
-    let xs = rng.vec(t * k, 1.0);
-    let w = rng.f16s(n * k, 1.0);
-    let bias = rng.vec(n, 1.0);
+    let data = MatmulData::new(seed, &c);
+    let (xs, w, bias, out0) = (&data.xs, &data.w, &data.bias, &data.out0);
     let last = flags & matmul_flags::LAST_TOKEN_ONLY != 0;
     let has_bias = flags & matmul_flags::BIAS != 0;
-    let acc = flags & matmul_flags::ACCUMULATE != 0;
-    let out_rows = if last { 1 } else { t };
-    let out0: Vec<f32> = (0..out_rows * out_stride)
-        .map(|i| {
-            if i % out_stride < n {
-                rng.f32(2.0)
-            } else {
-                55.0
-            }
-        })
-        .collect();
-    let m = F16Matrix::upload(ctx, "w", n, k, &w).unwrap();
+    let out_rows = c.out_rows();
+    let m = F16Matrix::upload(ctx, "w", n, k, w).unwrap();
     let align = ctx.limits.min_uniform_buffer_offset_alignment as usize;
     let tw = wgmoe::model::forward::window_tokens(k * 4, chunk, align);
     assert!(tw > 0, "K {k} chunk {chunk}: no window fits");
@@ -1560,11 +1581,11 @@ fn matmul_w_case(ctx: &GpuContext, seed: u64, c: MatmulCase, chunk: usize) -> us
     let x = window_capable(ctx, &xfull);
     let step = step_buf(ctx, 0, t);
     let b = if has_bias {
-        f32_buf(ctx, &bias)
+        f32_buf(ctx, bias)
     } else {
         dummy(ctx)
     };
-    let out = f32_buf(ctx, &out0);
+    let out = f32_buf(ctx, out0);
     let mut prog = Program::default();
     for ch in &m.chunks {
         for t0 in (0..chunk).step_by(tw) {
@@ -1606,23 +1627,7 @@ fn matmul_w_case(ctx: &GpuContext, seed: u64, c: MatmulCase, chunk: usize) -> us
         }
     }
     run(ctx, &prog, t);
-    let x_rows = if last { &xs[(t - 1) * k..] } else { &xs[..] };
-    let prev: Vec<f32> = out0
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| i % out_stride < n)
-        .map(|(_, v)| *v)
-        .collect();
-    let want = cpu_ref::matmul(
-        x_rows,
-        k,
-        &w,
-        n,
-        has_bias.then_some(&bias[..]),
-        acc.then_some(&prev[..]),
-    )
-    .unwrap();
-    let want = strided(&want, n, out_stride, 55.0);
+    let want = data.want(&c);
     let what = format!(
         "matmul_w T {t} of chunk {chunk} (windows of {tw}) K {k} N {n} out stride {out_stride} flags {flags:#b} chunks {}",
         m.chunks.len()

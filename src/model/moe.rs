@@ -43,8 +43,7 @@ pub struct MoeSorted {
 
 impl MoeSorted {
     pub fn new(ctx: &GpuContext, chunk: usize, top_k: usize, e: usize, h: usize, i: usize) -> Self {
-        let pmax = chunk * top_k;
-        let (x_row, h_row) = (h.next_multiple_of(32), i.next_multiple_of(32));
+        let (pmax, x_row, h_row) = Self::shape(chunk, top_k, h, i);
         let storage = |label: &str, bytes: usize| {
             ctx.buffer(
                 label,
@@ -65,10 +64,20 @@ impl MoeSorted {
         }
     }
 
+    /// Pair capacity and the row strides of `xg` / `hg` (rounded up to the kernels' 32-wide
+    /// vec4 groups).
+    fn shape(chunk: usize, top_k: usize, h: usize, i: usize) -> (usize, usize, usize) {
+        (
+            chunk * top_k,
+            h.next_multiple_of(32),
+            i.next_multiple_of(32),
+        )
+    }
+
     /// Bytes `new` allocates.
     pub fn bytes(chunk: usize, top_k: usize, e: usize, h: usize, i: usize) -> usize {
-        let pmax = chunk * top_k;
-        (2 * pmax + e + pmax * (h.next_multiple_of(32) + i.next_multiple_of(32))) * 4
+        let (pmax, x_row, h_row) = Self::shape(chunk, top_k, h, i);
+        (2 * pmax + e + pmax * (x_row + h_row)) * 4
     }
 }
 
