@@ -7,13 +7,11 @@ struct Params {
     n: u32,
     n_suppress: u32,
     row_stride: u32,
-    flags: u32,         // bit 0: read the step's last row of a [T, n] logits buffer
+    flags: u32,         // ARGMAX_LAST_ROW
     suppress: vec4<u32>,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> token: array<u32>;
 
@@ -31,7 +29,7 @@ fn suppressed(i: u32) -> bool {
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
     var row = 0u;
-    if ((p.flags & 1u) != 0u) { row = (step.n_tokens - 1u) * p.row_stride; }
+    if ((p.flags & ARGMAX_LAST_ROW) != 0u) { row = (step.n_tokens - 1u) * p.row_stride; }
     var bv = -3.4e38;
     var bi = 0xffffffffu;
     for (var i = lid.x; i < p.n; i += WG) {

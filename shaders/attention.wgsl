@@ -14,10 +14,8 @@ struct Params {
     _b: u32,
     _c: u32,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> cache_k: array<f32>;
 @group(0) @binding(4) var<storage, read> cache_v: array<f32>;

@@ -18,31 +18,37 @@ struct Params {
     _b: u32,
     _c: u32,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> cache_k: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> cache_v: array<f32>;
 @group(0) @binding(5) var<storage, read_write> scratch: array<f32>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
-// Per-subgroup partial maxima / sums of the 8 tokens (at most 8 subgroups of >= 8 lanes).
+// Per-subgroup partial maxima / sums of the 8 tokens, one pair of slots per 8 local
+// invocations: each subgroup's first lane writes slot li / 8, unwritten slots hold the
+// identity. This relies on subgroups being aligned runs of local invocation indices of at
+// least 8 lanes, and not on the reported subgroup size: llvmpipe with 1024-bit vectors
+// reports subgroup_size 32 but runs subgroups of 16 lanes, so `li / subgroup_size` named
+// the wrong slots there and the reductions lost subgroups (NaN or wrong tokens).
 var<workgroup> red: array<vec4<f32>, 16>;
 
 const NEG: f32 = -3.0e38;
 
 // Max / sum over the workgroup of per-lane vec4 pairs (tokens 0..3, 4..7).
-fn reduce(a: vec4<f32>, b: vec4<f32>, is_max: bool, sl: u32, sg: u32, nsg: u32) -> array<vec4<f32>, 2> {
+fn reduce(a: vec4<f32>, b: vec4<f32>, is_max: bool, li: u32, sl: u32) -> array<vec4<f32>, 2> {
+    let identity = select(vec4<f32>(0.0), vec4<f32>(NEG), is_max);
+    if (li < 8u) { red[2u * li] = identity; red[2u * li + 1u] = identity; }
+    workgroupBarrier();
     var ra = a;
     var rb = b;
     if (is_max) { ra = subgroupMax(a); rb = subgroupMax(b); } else { ra = subgroupAdd(a); rb = subgroupAdd(b); }
-    if (sl == 0u) { red[2u * sg] = ra; red[2u * sg + 1u] = rb; }
+    if (sl == 0u) { red[2u * (li / 8u)] = ra; red[2u * (li / 8u) + 1u] = rb; }
     workgroupBarrier();
     var oa = red[0];
     var ob = red[1];
-    for (var g = 1u; g < nsg; g++) {
+    for (var g = 1u; g < 8u; g++) {
         if (is_max) { oa = max(oa, red[2u * g]); ob = max(ob, red[2u * g + 1u]); }
         else { oa += red[2u * g]; ob += red[2u * g + 1u]; }
     }
@@ -52,7 +58,7 @@ fn reduce(a: vec4<f32>, b: vec4<f32>, is_max: bool, sl: u32, sg: u32, nsg: u32) 
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
-        @builtin(subgroup_invocation_id) sl: u32, @builtin(subgroup_size) sgs: u32) {
+        @builtin(subgroup_invocation_id) sl: u32) {
     let h = wid.x;
     let tg = wid.y * 8u;
     if (tg >= step.n_tokens) { return; }
@@ -64,8 +70,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kvh = h / (p.n_heads / p.n_kv);
     let lim = step.pos0 + tg;            // token tg + u sees keys <= lim + u
     let nk = lim + cnt;                  // keys the group's last token sees
-    let sg = li / sgs;
-    let nsg = 64u / sgs;
     // This lane's token (past cnt: the last one again, not stored).
     let tu = min(sl % 8u, cnt - 1u);
     let qb = ((tg + tu) * q_dim + h * d) / 4u;
@@ -100,7 +104,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         m0 = max(m0, s0);
         m1 = max(m1, s1);
     }
-    let mx = reduce(m0, m1, true, sl, sg, nsg);
+    let mx = reduce(m0, m1, true, li, sl);
 
     // exp(score - max) in place, and the sums.
     var z0 = vec4<f32>(0.0);
@@ -119,7 +123,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
-    let z = reduce(z0, z1, false, sl, sg, nsg);
+    let z = reduce(z0, z1, false, li, sl);
     // The probabilities were written by other invocations of this workgroup.
     storageBarrier();
 

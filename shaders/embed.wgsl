@@ -8,10 +8,8 @@ struct Params {
     rows: u32,           // rows in this chunk
     words_per_row: u32,  // u32 words per row (two f16 each, row padded to 8 halves)
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read> table: array<u32>;
 @group(0) @binding(4) var<storage, read_write> x: array<f32>;

@@ -9,38 +9,24 @@ struct Params {
     hidden: u32,       // output rows (H)
     inter: u32,        // input features (I)
     top_k: u32,
-    pmax: u32,
+    pmax: u32,         // pair capacity (offset of the experts in `pairs`)
     h_row4: u32,       // vec4s per intermediate row
-    _a: u32,
     n_experts: u32,
-    _t: u32,
     slot_vec4: u32,
     first_slot: u32,
     chunk_slots: u32,
     down_q: u32,       // vec4 offset of the down nibbles inside a slot
-    _q: u32,
     down_s: u32,       // u32 offset of the down scales inside a slot
-    _s: u32,
-    _b: u32,
+    _a: u32,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> hu: array<vec4<f32>>;   // intermediate rows, by pair
 @group(0) @binding(3) var<storage, read> pairs: array<u32>;
 @group(0) @binding(4) var<storage, read> slot_of: array<u32>;
 @group(0) @binding(5) var<storage, read> wq: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read> ws: array<u32>;
 @group(0) @binding(7) var<storage, read_write> y: array<f32>;
-
-fn lo4(w: u32, s: f32) -> vec4<f32> {
-    return (vec4<f32>(unpack4xU8(w & 0x0F0F0F0Fu)) - vec4<f32>(8.0)) * s;
-}
-
-fn hi4(w: u32, s: f32) -> vec4<f32> {
-    return (vec4<f32>(unpack4xU8((w >> 4u) & 0x0F0F0F0Fu)) - vec4<f32>(8.0)) * s;
-}
 
 // Two rows (weights a0/b0 and a1/b1 of one word each) against 8 pairs' intermediates.
 struct Acc { r0a: vec4<f32>, r0b: vec4<f32>, r1a: vec4<f32>, r1b: vec4<f32> }
@@ -109,8 +95,8 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         for (var b = 0u; b < nb; b++) {
             let i0 = mr0 * nb + b;
             let i1 = mr1 * nb + b;
-            let s0 = unpack2x16float(ws[sb + i0 / 2u])[i0 % 2u];
-            let s1 = unpack2x16float(ws[sb + i1 / 2u])[i1 % 2u];
+            let s0 = q4_scale(sb, i0);
+            let s1 = q4_scale(sb, i1);
             for (var c = b * 8u; c < min(b * 8u + 8u, nv); c++) {
                 let w0 = wq[row0 + c];
                 let w1 = wq[row1 + c];

@@ -14,25 +14,18 @@ struct Params {
     slot_vec4: u32,     // vec4<u32> per slot
     first_slot: u32,    // first slot held by this chunk
     chunk_slots: u32,
-    flags: u32,         // bit 0: fixed slot 0 (not routed)
+    flags: u32,         // FFN_FIXED_SLOT: slot 0, not routed
     j_base: u32,        // first top-k index served (per-expert executor: one per dispatch)
+    _a: u32,
     _b: u32,
-    _c: u32,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> ids: array<u32>;
 @group(0) @binding(4) var<storage, read> slot_of: array<u32>;
 @group(0) @binding(5) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> h_out: array<f32>;
-
-fn halves(v: vec4<u32>) -> array<vec4<f32>, 2> {
-    return array<vec4<f32>, 2>(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)),
-                               vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
-}
 
 // One input, 0 past the end: neither padding nor the next row may contribute. (No
 // dynamically indexed private array: llvmpipe gives those scratch memory per dispatch.)
@@ -58,7 +51,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.z;
     if (n >= p.inter || t >= step.n_tokens) { return; }
     var slot = 0u;
-    if ((p.flags & 1u) == 0u) { slot = slot_of[ids[t * p.top_k + j]]; }
+    if ((p.flags & FFN_FIXED_SLOT) == 0u) { slot = slot_of[ids[t * p.top_k + j]]; }
     if (slot < p.first_slot || slot >= p.first_slot + p.chunk_slots) { return; }
     let sbase = (slot - p.first_slot) * p.slot_vec4;
     let g_row = sbase + n * p.in_vec4;

@@ -1,18 +1,20 @@
 // W4A16 SwiGLU first half for routed experts held as INT4 (layout in src/quant.rs):
 //   h[t, j, n] = silu(gate_e[n] . x_t) * (up_e[n] . x_t)
-// Nibbles are converted inside the kernel and multiplied in f32 with the activations; no
-// expanded copy of an expert exists anywhere. Each 256-input block is summed unscaled and
-// multiplied by its f16 scale once. Expert ids come from the router on the GPU, mapped to
-// a pool slot by the slot table; one dispatch serves one chunk of slots.
-// Portable variant: one invocation per output row, no subgroup operations
-// (ffn_gate_up_q4_sg.wgsl gives a row to 8 lanes where subgroups exist).
+// Nibbles are converted inside the kernel and multiplied with the activations; every sum
+// is f32. No expanded copy of an expert exists anywhere. Each lane sums its columns of a
+// 256-input block unscaled and multiplies by the block's f16 scale once. Expert ids come
+// from the router on the GPU, mapped to a pool slot by the slot table; one dispatch serves
+// one chunk of slots (grid: row groups, top-k indices from j_base, tokens).
+// Assembled with: step, q4_unpack, a dot8 piece (f32 or f16 products), q4_act32, an
+// activation piece (storage, or a uniform window for one-token steps) and a lanes piece
+// (one invocation per row, or 8 subgroup lanes per row): each combination is one variant.
 
 struct Params {
     hidden: u32,       // input features (H)
     inter: u32,        // output rows (I)
     top_k: u32,
     j_base: u32,       // first top-k index served (per-expert executor: one per dispatch)
-    x_stride: u32,
+    x_stride: u32,     // floats per token row of x
     slot_vec4: u32,    // vec4<u32> per slot
     first_slot: u32,
     chunk_slots: u32,
@@ -20,69 +22,32 @@ struct Params {
     up_q: u32,
     gate_s: u32,       // u32 offset of the gate scales inside a slot
     up_s: u32,
-    flags: u32,        // unused (kept for layout symmetry with ffn_down_q4)
     _a: u32,
     _b: u32,
     _c: u32,
+    _d: u32,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
+// binding 2 (and 15): the activations x [T, x_stride], from the activation piece.
 @group(0) @binding(3) var<storage, read> ids: array<u32>;
 @group(0) @binding(4) var<storage, read> slot_of: array<u32>;
 @group(0) @binding(5) var<storage, read> wq: array<vec4<u32>>;  // the chunk, as nibbles
 @group(0) @binding(6) var<storage, read> ws: array<u32>;        // the same chunk, as scales
 @group(0) @binding(7) var<storage, read_write> h_out: array<f32>;
-@group(0) @binding(8) var<storage, read> x4: array<vec4<f32>>;  // x again, as vec4s
-
-// q . a over the 8 columns of one u32 word: its bytes' low nibbles are columns 0..3 (a),
-// high nibbles columns 4..7 (b).
-fn dot8(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    let lo = vec4<f32>(unpack4xU8(w & 0x0F0F0F0Fu)) - vec4<f32>(8.0);
-    let hi = vec4<f32>(unpack4xU8((w >> 4u) & 0x0F0F0F0Fu)) - vec4<f32>(8.0);
-    return dot(lo, a) + dot(hi, b);
-}
-
-// Activation i (< hidden) of the row starting at `base`, 0 past the end: neither padding
-// nor the next row may contribute (0 * NaN would).
-fn act(base: u32, k: u32) -> f32 {
-    return select(0.0, x[base + min(k, p.hidden - 1u)], k < p.hidden);
-}
-
-fn act4(base: u32, k: u32) -> vec4<f32> {
-    return vec4<f32>(act(base, k), act(base, k + 1u), act(base, k + 2u), act(base, k + 3u));
-}
-
-// 32 activations from column k0 of the row at `base`, as 8 vec4s: one vec4 load each
-// when the row is 16-byte aligned and whole (llvmpipe checks bounds per load, so fewer,
-// wider loads win), element by element otherwise.
-struct Act32 { a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32> }
-
-fn act32(base: u32, k0: u32) -> Act32 {
-    if (k0 + 32u <= p.hidden && (base % 4u) == 0u) {
-        let i = (base + k0) / 4u;
-        return Act32(x4[i], x4[i + 1u], x4[i + 2u], x4[i + 3u], x4[i + 4u], x4[i + 5u], x4[i + 6u], x4[i + 7u]);
-    }
-    return Act32(act4(base, k0), act4(base, k0 + 4u), act4(base, k0 + 8u), act4(base, k0 + 12u),
-                 act4(base, k0 + 16u), act4(base, k0 + 20u), act4(base, k0 + 24u), act4(base, k0 + 28u));
-}
-
-fn dot32(q: vec4<u32>, a: Act32) -> f32 {
-    return dot8(q.x, a.a0, a.a1) + dot8(q.y, a.a2, a.a3) + dot8(q.z, a.a4, a.a5) + dot8(q.w, a.a6, a.a7);
-}
-
-fn scale(word_base: u32, half_index: u32) -> f32 {
-    return unpack2x16float(ws[word_base + half_index / 2u])[half_index % 2u];
-}
 
 @compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let n = gid.x;
-    let j = gid.y + p.j_base;
-    let t = gid.z;
-    if (n >= p.inter || t >= step.n_tokens) { return; }
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let lane = li % LANES;
+    let n_raw = wid.x * (64u / LANES) + li / LANES;
+    // With one lane per row, rows past the end return; with several, they compute a copy
+    // of the last row and do not store it, so every lane of a row takes part in the
+    // reduction.
+    if (LANES == 1u && n_raw >= p.inter) { return; }
+    let n = min(n_raw, p.inter - 1u);
+    let j = wid.y + p.j_base;
+    let t = wid.z;
+    if (t >= step.n_tokens) { return; }
     let slot = slot_of[ids[t * p.top_k + j]];
     if (slot < p.first_slot || slot >= p.first_slot + p.chunk_slots) { return; }
     let sv = (slot - p.first_slot) * p.slot_vec4;
@@ -96,14 +61,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var b = 0u; b < nb; b++) {
         var bg = 0.0;
         var bu = 0.0;
-        for (var c = b * 8u; c < min(b * 8u + 8u, nv); c++) {
-            let a = act32(xb, c * 32u);
+        for (var c = b * 8u + lane; c < min(b * 8u + 8u, nv); c += LANES) {
+            let a = act32(xb, c * 32u, p.hidden);
             bg += dot32(wq[g_row + c], a);
             bu += dot32(wq[u_row + c], a);
         }
-        g += scale(sv * 4u + p.gate_s, n * nb + b) * bg;
-        u += scale(sv * 4u + p.up_s, n * nb + b) * bu;
+        g += q4_scale(sv * 4u + p.gate_s, n * nb + b) * bg;
+        u += q4_scale(sv * 4u + p.up_s, n * nb + b) * bu;
     }
-    // silu(g) = g * sigmoid(g)
-    h_out[(t * p.top_k + j) * p.inter + n] = g / (1.0 + exp(-g)) * u;
+    g = reduce_lanes(g);
+    u = reduce_lanes(u);
+    if (lane == 0u && n_raw < p.inter) {
+        // silu(g) = g * sigmoid(g)
+        h_out[(t * p.top_k + j) * p.inter + n] = g / (1.0 + exp(-g)) * u;
+    }
 }

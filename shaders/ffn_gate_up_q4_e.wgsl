@@ -19,7 +19,7 @@ struct Params {
     x_row4: u32,       // vec4s per gathered activation row
     h_row: u32,        // floats per output row
     n_experts: u32,
-    _t: u32,
+    _a: u32,
     slot_vec4: u32,
     first_slot: u32,
     chunk_slots: u32,
@@ -27,30 +27,16 @@ struct Params {
     up_q: u32,
     gate_s: u32,       // u32 offset of the gate scales inside a slot
     up_s: u32,
-    _a: u32,
+    _b: u32,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> xu: array<vec4<f32>>;   // gathered rows, by pair
 @group(0) @binding(3) var<storage, read> pairs: array<u32>;
 @group(0) @binding(4) var<storage, read> slot_of: array<u32>;
 @group(0) @binding(5) var<storage, read> wq: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read> ws: array<u32>;
 @group(0) @binding(7) var<storage, read_write> h_out: array<f32>;
-
-fn scale(word_base: u32, half_index: u32) -> f32 {
-    return unpack2x16float(ws[word_base + half_index / 2u])[half_index % 2u];
-}
-
-fn lo4(w: u32, s: f32) -> vec4<f32> {
-    return (vec4<f32>(unpack4xU8(w & 0x0F0F0F0Fu)) - vec4<f32>(8.0)) * s;
-}
-
-fn hi4(w: u32, s: f32) -> vec4<f32> {
-    return (vec4<f32>(unpack4xU8((w >> 4u) & 0x0F0F0F0Fu)) - vec4<f32>(8.0)) * s;
-}
 
 // Gate and up dots of one row with 8 pairs' activations (lane j of the subgroup holds pair
 // j's columns i .. i + 8 as xa, xb), accumulated.
@@ -111,8 +97,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg
                 let r = min(g0 + sl % 8u, q - 1u) * p.x_row4;
                 var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
                 for (var b = 0u; b < nb; b++) {
-                    let sg = scale(sv * 4u + p.gate_s, nr * nb + b);
-                    let su = scale(sv * 4u + p.up_s, nr * nb + b);
+                    let sg = q4_scale(sv * 4u + p.gate_s, nr * nb + b);
+                    let su = q4_scale(sv * 4u + p.up_s, nr * nb + b);
                     for (var c = b * 8u; c < min(b * 8u + 8u, nv); c++) {
                         let gq = wq[g_row + c];
                         let uq = wq[u_row + c];

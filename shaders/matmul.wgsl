@@ -13,27 +13,17 @@ struct Params {
     vec4_per_row: u32,   // vec4<u32> per weight row
     x_stride: u32,
     out_stride: u32,
-    flags: u32,          // bit 0: bias, bit 1: accumulate into out, bit 2: last token only
+    flags: u32,          // MATMUL_BIAS, MATMUL_ACCUMULATE, LAST_TOKEN_ONLY
     _a: u32,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 const TT: u32 = 4u;
-
-fn halves(v: vec4<u32>) -> array<vec4<f32>, 2> {
-    let a = unpack2x16float(v.x);
-    let b = unpack2x16float(v.y);
-    let c = unpack2x16float(v.z);
-    let d = unpack2x16float(v.w);
-    return array<vec4<f32>, 2>(vec4<f32>(a, b), vec4<f32>(c, d));
-}
 
 fn x8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
     let i = base + k0;
@@ -62,7 +52,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var t_begin = gid.y * TT;
     var t_end = min(t_begin + TT, step.n_tokens);
     var t_out0 = t_begin;
-    if ((p.flags & 4u) != 0u) {
+    if ((p.flags & LAST_TOKEN_ONLY) != 0u) {
         if (gid.y > 0u) { return; }
         t_begin = step.n_tokens - 1u;
         t_end = step.n_tokens;
@@ -103,13 +93,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let row = p.row_base + n;
     var b = 0.0;
-    if ((p.flags & 1u) != 0u) { b = bias[row]; }
+    if ((p.flags & MATMUL_BIAS) != 0u) { b = bias[row]; }
     for (var i = 0u; i < TT; i++) {
         let t = t_begin + i;
         if (t >= t_end) { break; }
         let o = (t_out0 + i) * p.out_stride + row;
         var v = acc[i] + b;
-        if ((p.flags & 2u) != 0u) { v += out[o]; }
+        if ((p.flags & MATMUL_ACCUMULATE) != 0u) { v += out[o]; }
         out[o] = v;
     }
 }

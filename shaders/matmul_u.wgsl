@@ -11,13 +11,11 @@ struct Params {
     vec4_per_row: u32,
     x_stride: u32,
     out_stride: u32,
-    flags: u32,          // bit 0: bias, bit 1: accumulate into out
+    flags: u32,          // MATMUL_BIAS, MATMUL_ACCUMULATE
     _a: u32,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<uniform> xu: array<vec4<f32>, 4096>;
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
@@ -45,7 +43,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         acc += dot(a, xa(2u * c)) + dot(b, xa(2u * c + 1u));
     }
     let row = p.row_base + n;
-    if ((p.flags & 1u) != 0u) { acc += bias[row]; }
-    if ((p.flags & 2u) != 0u) { acc += out[row]; }
+    if ((p.flags & MATMUL_BIAS) != 0u) { acc += bias[row]; }
+    if ((p.flags & MATMUL_ACCUMULATE) != 0u) { acc += out[row]; }
     out[row] = acc;
 }

@@ -18,13 +18,11 @@ struct Params {
     vec4_per_row: u32,   // vec4<u32> (8 halves) per weight row
     t0: u32,             // first token of the window
     out_stride: u32,
-    flags: u32,          // bit 0: bias, bit 1: accumulate into out, bit 2: last token only
+    flags: u32,          // MATMUL_BIAS, MATMUL_ACCUMULATE, LAST_TOKEN_ONLY
     tw: u32,             // tokens the window holds
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<uniform> xu: array<vec4<f32>, 4096>;
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
@@ -41,7 +39,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg
     var lo = wg.y * 8u;
     var cnt = 0u;
     var o0 = p.t0 + lo;
-    if ((p.flags & 4u) != 0u) {
+    if ((p.flags & LAST_TOKEN_ONLY) != 0u) {
         if (wg.y > 0u || nt - 1u >= p.t0 + in_window) { return; }
         lo = nt - 1u - p.t0;
         cnt = 1u;
@@ -86,13 +84,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg
     if (n >= p.n_rows) { return; }
     let row = p.row_base + n;
     var b = 0.0;
-    if ((p.flags & 1u) != 0u) { b = bias[row]; }
+    if ((p.flags & MATMUL_BIAS) != 0u) { b = bias[row]; }
     for (var j = 0u; j < cnt; j++) {
         var v = 0.0;
         if (j < 4u) { v = acc0[j]; } else { v = acc1[j - 4u]; }
         let o = (o0 + j) * p.out_stride + row;
         v += b;
-        if ((p.flags & 2u) != 0u) { v += out[o]; }
+        if ((p.flags & MATMUL_ACCUMULATE) != 0u) { v += out[o]; }
         out[o] = v;
     }
 }

@@ -6,17 +6,15 @@
 struct Params {
     hidden: u32,
     top_k: u32,
-    flags: u32,          // bit 0: routed experts, bit 1: shared/dense term, bit 2: shared term gated
+    flags: u32,          // COMBINE_ROUTED, COMBINE_SHARED, COMBINE_SHARED_GATED
     gate_stride: u32,    // floats per router-logit row
     gate_col: u32,       // column of the shared-expert gate logit
     _a: u32,
     _b: u32,
     _c: u32,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> y: array<f32>;
 @group(0) @binding(3) var<storage, read> weights: array<f32>;
 @group(0) @binding(4) var<storage, read> shared_y: array<f32>;
@@ -29,14 +27,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.y;
     if (m >= p.hidden || t >= step.n_tokens) { return; }
     var acc = 0.0;
-    if ((p.flags & 1u) != 0u) {
+    if ((p.flags & COMBINE_ROUTED) != 0u) {
         for (var j = 0u; j < p.top_k; j++) {
             acc += weights[t * p.top_k + j] * y[(t * p.top_k + j) * p.hidden + m];
         }
     }
-    if ((p.flags & 2u) != 0u) {
+    if ((p.flags & COMBINE_SHARED) != 0u) {
         var g = 1.0;
-        if ((p.flags & 4u) != 0u) {
+        if ((p.flags & COMBINE_SHARED_GATED) != 0u) {
             g = 1.0 / (1.0 + exp(-router_logits[t * p.gate_stride + p.gate_col]));
         }
         acc += g * shared_y[t * p.hidden + m];

@@ -9,10 +9,8 @@ struct Params {
     row_stride: u32,
     _a: u32,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> pairs: array<u32>;
 @group(0) @binding(4) var<storage, read_write> xg: array<f32>;

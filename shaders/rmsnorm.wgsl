@@ -1,22 +1,20 @@
 // RMSNorm, as transformers' OlmoeRMSNorm / Qwen2MoeRMSNorm in float32:
 //   variance = mean(x^2); y = weight * (x * rsqrt(variance + eps))
-// One workgroup per token row. With LAST_ONLY the single row is the step's last token
+// One workgroup per token row. With LAST_TOKEN_ONLY the single row is the step's last token
 // (only its hidden state feeds lm_head while generating).
 
 struct Params {
     n: u32,
     x_stride: u32,
     out_stride: u32,
-    flags: u32,  // bit 0: last token only
+    flags: u32,  // LAST_TOKEN_ONLY
     eps: f32,
     _a: u32,
     _b: u32,
     _c: u32,
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> weight: array<u32>;  // f16 pairs
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
@@ -32,7 +30,7 @@ fn weight_at(i: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     var t = wid.x;
     var t_out = wid.x;
-    if ((p.flags & 1u) != 0u) {
+    if ((p.flags & LAST_TOKEN_ONLY) != 0u) {
         t = step.n_tokens - 1u;
         t_out = 0u;
     }

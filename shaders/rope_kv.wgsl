@@ -10,15 +10,13 @@ struct Params {
     n_kv: u32,
     head_dim: u32,
     qkv_stride: u32,   // q_dim + 2 * kv_dim
-    flags: u32,        // bit 0: q/k RMSNorm, bit 1: clip qkv
+    flags: u32,        // ROPE_QK_NORM, ROPE_CLIP
     eps: f32,
     clip: f32,
     rope_rows: u32,    // positions held by the cos/sin table
 }
-struct Step { pos0: u32, n_tokens: u32, _a: u32, _b: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
 @group(0) @binding(3) var<storage, read> q_norm_w: array<u32>;  // f16 pairs
 @group(0) @binding(4) var<storage, read> k_norm_w: array<u32>;
@@ -37,7 +35,7 @@ fn f16_at(buf_is_q: bool, i: u32) -> f32 {
 }
 
 fn clipped(v: f32) -> f32 {
-    if ((p.flags & 2u) != 0u) { return clamp(v, -p.clip, p.clip); }
+    if ((p.flags & ROPE_CLIP) != 0u) { return clamp(v, -p.clip, p.clip); }
     return v;
 }
 
@@ -50,7 +48,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let kv_dim = p.n_kv * p.head_dim;
     let base = t * p.qkv_stride;
     let half = p.head_dim / 2u;
-    let norm = (p.flags & 1u) != 0u;
+    let norm = (p.flags & ROPE_QK_NORM) != 0u;
 
     var inv_q = 1.0;
     var inv_k = 1.0;

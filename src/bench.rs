@@ -15,8 +15,8 @@ use std::time::Instant;
 use crate::engine::{Engine, EngineOptions, ExpertPrecision};
 use crate::error::{Error, Result};
 use crate::generate::{generate, GenerateOptions};
-use crate::gpu::AdapterRequest;
-use crate::model::forward::Executor;
+use crate::backend::{DeviceRequest, KernelOverrides};
+use crate::model::Executor;
 use crate::sampling::SamplingOptions;
 
 const PROMPTS_JSON: &str = include_str!("../bench/prompts.json");
@@ -58,7 +58,8 @@ pub struct BenchOptions {
     pub executors: Vec<Executor>,
     pub expert_precisions: Vec<ExpertPrecision>,
     pub prefill_chunk: usize,
-    pub adapter: AdapterRequest,
+    pub adapter: DeviceRequest,
+    pub kernels: KernelOverrides,
     /// Expert slots per layer to sweep (None = all experts resident).
     pub resident_experts: Vec<Option<usize>>,
     /// Cache policies to sweep (used below full residency).
@@ -409,7 +410,7 @@ pub fn run_bench(
     }
     for c in configs {
         let rss_reset = reset_peak_rss();
-        let engine = Engine::load(
+        let mut engine = Engine::load(
             &o.model,
             &EngineOptions {
                 residency: crate::engine::ResidencyOptions {
@@ -422,6 +423,7 @@ pub fn run_bench(
                     record_profile: false,
                 },
                 adapter: o.adapter.clone(),
+                kernels: o.kernels,
                 expert_precision: c.expert_precision,
                 executor: c.executor,
                 max_context,
@@ -457,7 +459,7 @@ pub fn run_bench(
         for k in 0..total {
             let p = &tp.ids[k % prompts.len()];
             let t0 = Instant::now();
-            let g = generate(&engine.ctx, &engine.fwd, p, &gen_opts, &mut |_| Ok(()))?;
+            let g = generate(&mut engine.fwd, p, &gen_opts, &mut |_| Ok(()))?;
             let response_s = t0.elapsed().as_secs_f64();
             if g.generated_ids.len() != o.new_tokens {
                 return Err(Error::Other(format!(
@@ -484,8 +486,8 @@ pub fn run_bench(
             }
             if k + 1 == o.warmup {
                 // Residency counters cover the measured responses only.
-                if let Some(r) = engine.fwd.residency.as_ref() {
-                    r.borrow_mut().reset_stats();
+                if let Some(r) = engine.fwd.residency.as_mut() {
+                    r.reset_stats();
                 }
             }
             pb.inc(1);
@@ -582,7 +584,7 @@ fn record(
         .fwd
         .residency
         .as_ref()
-        .map(|r| r.borrow().stats())
+        .map(|r| r.stats())
         .unwrap_or_default();
     let partial = engine.resident_experts < cfg.num_experts;
     BenchRecord {
@@ -594,9 +596,9 @@ fn record(
         config_hash: cfg.source_hash.clone(),
         synthetic: x.synthetic,
         note: (!x.notes.is_empty()).then(|| x.notes.join("; ")),
-        adapter: engine.ctx.adapter_name().to_string(),
-        backend: engine.ctx.backend_name(),
-        driver: engine.ctx.driver(),
+        adapter: engine.dev.info().name.clone(),
+        backend: engine.dev.info().backend.clone(),
+        driver: engine.dev.info().driver_string(),
         expert_precision: c.expert_precision,
         executor: c.executor,
         resident_experts_per_layer: Some(engine.resident_experts),
@@ -628,7 +630,7 @@ fn record(
         prefill_tokens,
         prefill_tokens_per_s: rate(prefill_tokens, ttft_sum),
         load_s: engine.load_s,
-        peak_gpu_bytes: engine.ctx.tracker.peak(),
+        peak_gpu_bytes: engine.dev.tracker().peak(),
         peak_rss_bytes: peak_rss_bytes(),
         peak_rss_scope: peak_rss_bytes().map(|_| x.rss_scope.to_string()),
         dispatches_per_token: dispatches as f64 / generated.max(1) as f64,

@@ -3,7 +3,6 @@
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::gpu::GpuContext;
 use crate::model::{Forward, Head};
 use crate::sampling::{sample, Rng, SamplingOptions};
 
@@ -47,8 +46,7 @@ impl Generation {
 /// Generate from `prompt` with the KV cache starting empty. `on_token` sees each token as
 /// soon as it is known (to stream text).
 pub fn generate(
-    ctx: &GpuContext,
-    fwd: &Forward,
+    fwd: &mut Forward,
     prompt: &[u32],
     opts: &GenerateOptions,
     on_token: &mut dyn FnMut(u32) -> Result<()>,
@@ -63,14 +61,14 @@ pub fn generate(
             format!("token id {bad} is outside the vocabulary (vocab_size {v})"),
         ));
     }
-    let (d0, s0) = fwd.counters.get();
+    let c0 = fwd.counters;
     let greedy = opts.sampling.is_greedy();
     // Greedy decoding keeps the sampled id on the GPU; sampling needs the logits row.
     let head = if greedy { Head::LastArgmax } else { Head::Last };
-    let suppress: &[u32] = if opts.ignore_eos {
-        &fwd.opts.suppress
+    let suppress: Vec<u32> = if opts.ignore_eos {
+        fwd.opts.suppress.clone()
     } else {
-        &[]
+        Vec::new()
     };
     let mut rng = Rng::new(opts.sampling.seed);
     let mut out = Generation::default();
@@ -85,7 +83,6 @@ pub fn generate(
         let n = chunk.min(prompt.len() - pos);
         let last = pos + n == prompt.len();
         fwd.submit(
-            ctx,
             pos,
             n,
             Some(&prompt[pos..pos + n]),
@@ -93,18 +90,18 @@ pub fn generate(
         )?;
         pos += n;
     }
-    let mut next = |fwd: &Forward, out: &mut Generation| -> Result<u32> {
+    let mut next = |fwd: &mut Forward, out: &mut Generation| -> Result<u32> {
         let logits = if opts.record_logits || !greedy {
-            Some(fwd.read_logits(ctx, 1)?)
+            Some(fwd.read_logits(1)?)
         } else {
             None
         };
         let id = if greedy {
-            fwd.read_token(ctx)?
+            fwd.read_token()?
         } else {
             let l = logits.as_deref().unwrap_or(&[]);
-            let id = sample(l, &opts.sampling, suppress, &mut rng);
-            fwd.set_token(ctx, id);
+            let id = sample(l, &opts.sampling, &suppress, &mut rng);
+            fwd.set_token(id)?;
             id
         };
         if opts.record_logits {
@@ -113,7 +110,7 @@ pub fn generate(
         Ok(id)
     };
     let mut id = next(fwd, &mut out)?;
-    ctx.check()?;
+    fwd.dev.check()?;
     out.ttft_s = t0.elapsed().as_secs_f64();
     out.prefill_s = out.ttft_s;
     let t1 = Instant::now();
@@ -127,31 +124,30 @@ pub fn generate(
         if out.generated_ids.len() >= opts.max_new_tokens {
             break;
         }
-        fwd.submit(ctx, pos, 1, None, head)?;
+        fwd.submit(pos, 1, None, head)?;
         pos += 1;
         id = next(fwd, &mut out)?;
     }
-    ctx.check()?;
+    fwd.dev.check()?;
     out.decode_s = t1.elapsed().as_secs_f64();
-    let (d1, s1) = fwd.counters.get();
-    out.dispatches = d1 - d0;
-    out.submissions = s1 - s0;
+    out.dispatches = fwd.counters.dispatches - c0.dispatches;
+    out.submissions = fwd.counters.submissions - c0.submissions;
     Ok(out)
 }
 
 /// Logits at every prompt position (one row per token), for parity tests and evaluation.
-pub fn prompt_logits(ctx: &GpuContext, fwd: &Forward, prompt: &[u32]) -> Result<Vec<Vec<f32>>> {
+pub fn prompt_logits(fwd: &mut Forward, prompt: &[u32]) -> Result<Vec<Vec<f32>>> {
     let chunk = fwd.opts.prefill_chunk;
     let v = fwd.cfg.vocab_size;
     let mut rows = Vec::with_capacity(prompt.len());
     let mut pos = 0;
     while pos < prompt.len() {
         let n = chunk.min(prompt.len() - pos);
-        fwd.submit(ctx, pos, n, Some(&prompt[pos..pos + n]), Head::All)?;
-        let l = fwd.read_logits(ctx, n)?;
+        fwd.submit(pos, n, Some(&prompt[pos..pos + n]), Head::All)?;
+        let l = fwd.read_logits(n)?;
         rows.extend(l.chunks(v).map(|r| r.to_vec()));
         pos += n;
     }
-    ctx.check()?;
+    fwd.dev.check()?;
     Ok(rows)
 }

@@ -7,7 +7,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::convert::is_converted;
 use crate::error::Result;
-use crate::gpu::tensor::ExpertPool;
+use crate::model::tensors::ExpertPool;
 use crate::quant::Q4SlotLayout;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -79,14 +79,26 @@ pub struct Inspection {
 
 impl Inspection {
     /// Fill the context-dependent fields (the arithmetic admission control uses).
-    pub fn add_workspace(&mut self, cfg: &ModelConfig, max_context: usize, chunk: usize) {
-        let kv = self.kv_cache_bytes_per_position * max_context as u64;
-        // workspace_bytes counts the KV cache too; report it apart.
-        let ws = crate::model::forward::workspace_bytes(cfg, max_context, chunk, false) - kv;
+    pub fn add_workspace(&mut self, cfg: &ModelConfig, max_context: usize, chunk: usize) -> Result<()> {
+        let shape = crate::model::workspace::WorkspaceShape {
+            max_context,
+            chunk: crate::model::workspace::effective_chunk(cfg, max_context, chunk, None),
+            all_logits: false,
+            expert_major: None,
+        };
+        let total = crate::model::workspace::workspace_bytes(cfg, &shape)?;
+        // The workspace table holds the KV cache too; report it apart.
+        let kv: u64 = crate::model::workspace::workspace(cfg, &shape)?
+            .iter()
+            .filter(|r| r.name.starts_with("cache_"))
+            .map(|r| r.bytes.max(16).div_ceil(16) * 16)
+            .sum();
+        let ws = total - kv;
         self.max_context = Some(max_context);
         self.kv_cache_bytes = Some(kv);
         self.workspace_bytes = Some(ws);
-        self.total_gpu_bytes_int4 = Some(self.gpu_weight_bytes_int4 + kv + ws);
+        self.total_gpu_bytes_int4 = Some(self.gpu_weight_bytes_int4.saturating_add(total));
+        Ok(())
     }
 }
 

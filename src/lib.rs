@@ -1,21 +1,30 @@
 //! wgmoe: Mixture-of-Experts inference on wgpu compute shaders.
+//!
+//! The modules read bottom-up: formats and configs (`config`, `checkpoint`, `tokenizer`,
+//! `quant`, `format`, `manifest`, `convert`), the device-independent residency state
+//! machine (`residency`), the backend seam (`backend`, with the wgpu implementation), the
+//! model on a device (`model`), then `admission`, `engine`, `generate` and the commands'
+//! helpers (`bench`, `eval`, `inspect`, `synth`).
 
+pub mod admission;
+pub mod backend;
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
-pub mod cpu_ref;
-pub mod error;
-pub mod tokenizer;
-
-pub use error::{Error, Result};
-pub mod bench;
 pub mod convert;
+pub mod cpu_ref;
 pub mod engine;
+pub mod error;
 pub mod eval;
+pub mod format;
 pub mod generate;
-pub mod gpu;
 pub mod inspect;
+pub mod manifest;
 pub mod model;
 pub mod quant;
 pub mod residency;
 pub mod sampling;
 pub mod synth;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

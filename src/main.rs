@@ -10,8 +10,9 @@ use serde_json::json;
 use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
 use wgmoe::error::{Error, Result};
 use wgmoe::generate::{generate, GenerateOptions};
-use wgmoe::gpu::{context::list_adapters, AdapterRequest, BackendChoice};
-use wgmoe::model::forward::Executor;
+use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
+use wgmoe::backend::{BackendChoice, Device, DeviceRequest, KernelOverrides};
+use wgmoe::model::Executor;
 use wgmoe::sampling::SamplingOptions;
 use wgmoe::tokenizer::TextStream;
 
@@ -181,29 +182,34 @@ struct GpuArgs {
     portable_kernels: bool,
     /// One-token steps: read activations from a uniform window (default on CPU adapters
     /// such as lavapipe) or use the storage/subgroup kernels (default on GPUs).
-    #[arg(long, value_parser = ["uniform", "storage"])]
-    decode_kernels: Option<String>,
+    #[arg(long, value_enum)]
+    decode_kernels: Option<DecodeKernels>,
     /// Multi-token (prefill) steps: window kernels (activations in 64 KiB uniform windows,
     /// routed experts grouped by expert; default on CPU adapters) or the storage/subgroup
     /// kernels (default on GPUs).
-    #[arg(long, value_parser = ["window", "storage"])]
-    prefill_kernels: Option<String>,
+    #[arg(long, value_enum)]
+    prefill_kernels: Option<PrefillKernels>,
     /// f16 arithmetic in the W4A16 kernels (needs SHADER_F16 and subgroups; default on
     /// GPUs, off on CPU adapters).
-    #[arg(long, value_parser = ["on", "off"])]
-    f16_arithmetic: Option<String>,
+    #[arg(long, value_enum)]
+    f16_arithmetic: Option<Switch>,
 }
 
 impl GpuArgs {
-    fn request(&self) -> AdapterRequest {
-        AdapterRequest {
+    fn request(&self) -> DeviceRequest {
+        DeviceRequest {
             backend: self.backend,
             adapter: self.adapter.clone(),
             max_binding: self.max_binding,
-            portable_kernels: self.portable_kernels,
-            uniform_decode: self.decode_kernels.as_deref().map(|k| k == "uniform"),
-            window_prefill: self.prefill_kernels.as_deref().map(|k| k == "window"),
-            f16_arithmetic: self.f16_arithmetic.as_deref().map(|k| k == "on"),
+        }
+    }
+
+    fn kernels(&self) -> KernelOverrides {
+        KernelOverrides {
+            portable: self.portable_kernels,
+            decode: self.decode_kernels,
+            prefill: self.prefill_kernels,
+            f16_arithmetic: self.f16_arithmetic,
         }
     }
 }
@@ -325,7 +331,7 @@ fn peak_rss_bytes() -> Option<u64> {
 }
 
 fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
-    let list = list_adapters(&gpu.request());
+    let (list, pick) = Device::list(&gpu.request())?;
     if as_json {
         out!(
             "{}",
@@ -334,26 +340,29 @@ fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
         return Ok(());
     }
     if list.is_empty() {
-        // Reuse the context's message, which says how to get a driver.
-        return wgmoe::gpu::GpuContext::new(&gpu.request()).map(|_| ());
+        // Reuse the device's message, which says how to get a driver.
+        return Device::open(&gpu.request()).map(|_| ());
     }
     for (i, a) in list.iter().enumerate() {
-        out!("[{i}] {} ({}, {})", a.name, a.backend, a.device_type);
+        let mark = if pick == Some(i) { "  <- used by run" } else { "" };
+        out!("[{i}] {} ({}, {:?}){mark}", a.name, a.backend, a.device_type);
         out!("    driver: {} {}", a.driver, a.driver_info);
         out!(
-            "    features: shader_f16={} subgroup={} timestamp_query={}",
+            "    features: shader_f16={} subgroup={} (sizes {}..{}) timestamp_query={}",
             a.shader_f16,
             a.subgroup,
+            a.subgroup_min_size,
+            a.subgroup_max_size,
             a.timestamp_query
         );
         out!(
             "    limits: max_buffer_size={} max_storage_buffer_binding_size={} storage_buffers_per_stage={} workgroup_storage={} invocations_per_workgroup={} storage_offset_alignment={}",
-            a.max_buffer_size,
-            a.max_storage_buffer_binding_size,
-            a.max_storage_buffers_per_shader_stage,
-            a.max_compute_workgroup_storage_size,
-            a.max_compute_invocations_per_workgroup,
-            a.min_storage_buffer_offset_alignment
+            a.limits.max_buffer_size,
+            a.limits.max_storage_buffer_binding_size,
+            a.limits.max_storage_buffers_per_shader_stage,
+            a.limits.max_compute_workgroup_storage_size,
+            a.limits.max_compute_invocations_per_workgroup,
+            a.limits.min_storage_buffer_offset_alignment
         );
     }
     Ok(())
@@ -465,11 +474,12 @@ fn run(a: RunArgs) -> Result<()> {
             cfg.max_position_embeddings
         );
     }
-    let engine = Engine::load(
+    let mut engine = Engine::load(
         &a.model,
         &EngineOptions {
             residency: a.residency.options()?,
             adapter: a.gpu.request(),
+            kernels: a.gpu.kernels(),
             expert_precision: a.expert_precision,
             executor: a.executor,
             max_context,
@@ -481,9 +491,9 @@ fn run(a: RunArgs) -> Result<()> {
         "loaded {} in {:.2}s on {} ({}, {})",
         a.model.display(),
         engine.load_s,
-        engine.ctx.adapter_name(),
-        engine.ctx.backend_name(),
-        engine.ctx.driver()
+        engine.dev.info().name,
+        engine.dev.info().backend,
+        engine.dev.info().driver_string()
     );
     let opts = GenerateOptions {
         max_new_tokens: max_new,
@@ -495,7 +505,8 @@ fn run(a: RunArgs) -> Result<()> {
     let mut stream = TextStream::new();
     let stdout = std::io::stdout();
     let json_mode = a.json;
-    let tokr = engine.tokenizer.as_ref();
+    let tokr = engine.tokenizer.take();
+    let tokr = tokr.as_ref();
     let mut on_token = |id: u32| -> Result<()> {
         if json_mode {
             return Ok(());
@@ -512,21 +523,18 @@ fn run(a: RunArgs) -> Result<()> {
         }
         Ok(())
     };
-    let g = generate(&engine.ctx, &engine.fwd, &prompt_ids, &opts, &mut on_token)?;
+    let g = generate(&mut engine.fwd, &prompt_ids, &opts, &mut on_token)?;
     let text = match tokr {
         Some(t) => t.decode(&g.generated_ids)?,
         None => String::new(),
     };
     let n = g.generated_ids.len().max(1) as f64;
     let (rs, host_sum) = match engine.fwd.residency.as_ref() {
-        Some(r) => {
-            let r = r.borrow();
-            (r.stats(), Some(r.host.checksum()?))
-        }
+        Some(r) => (r.stats(), Some(r.host.checksum()?)),
         None => (Default::default(), None),
     };
     if let (Some(path), Some(p)) = (&a.residency.write_profile, engine.fwd.profile.as_ref()) {
-        p.borrow().save(path)?;
+        p.save(path)?;
         eprintln!("wrote expert profile {}", path.display());
     }
     if json_mode {
@@ -544,15 +552,15 @@ fn run(a: RunArgs) -> Result<()> {
                 "generated_tokens": g.generated_ids.len(),
                 "prefill_tokens_per_s": prompt_ids.len() as f64 / g.prefill_s.max(1e-9),
                 "load_s": engine.load_s,
-                "adapter": engine.ctx.adapter_name(),
-                "backend": engine.ctx.backend_name(),
-                "driver": engine.ctx.driver(),
+                "adapter": engine.dev.info().name,
+                "backend": engine.dev.info().backend,
+                "driver": engine.dev.info().driver_string(),
                 "expert_precision": a.expert_precision,
                 "executor": a.executor,
                 "dispatches_per_decode_step": engine.fwd.dispatches_per_decode_step(),
                 "submissions_per_token": g.submissions as f64 / n,
                 "dispatches_per_token": g.dispatches as f64 / n,
-                "peak_gpu_bytes": engine.ctx.tracker.peak(),
+                "peak_gpu_bytes": engine.dev.tracker().peak(),
                 "peak_rss_bytes": peak_rss_bytes(),
                 "resident_experts_per_layer": engine.resident_experts,
                 "cache_policy": if engine.resident_experts < engine.cfg.num_experts { Some(a.residency.cache_policy.as_str()) } else { None },
@@ -625,7 +633,7 @@ fn inspect(
                 "--max-context and --prefill-chunk must be at least 1",
             ));
         }
-        i.add_workspace(&cfg, n, prefill_chunk);
+        i.add_workspace(&cfg, n, prefill_chunk)?;
     }
     if as_json {
         out!(
@@ -644,7 +652,7 @@ fn inspect(
             cfg.moe_intermediate,
             cfg.vocab_size
         );
-        let missing = wgmoe::model::weights::check_tensors(&cfg, &ckpt).err();
+        let missing = wgmoe::manifest::check_tensors(&cfg, &ckpt).err();
         out!("{}", wgmoe::inspect::table(&i));
         if let Some(e) = missing {
             out!("warning: this checkpoint cannot be loaded: {e}");
@@ -686,6 +694,7 @@ fn eval(a: EvalArgs) -> Result<()> {
     let opts = |precision| EngineOptions {
         residency: Default::default(),
         adapter: a.gpu.request(),
+        kernels: a.gpu.kernels(),
         expert_precision: precision,
         executor: a.executor,
         max_context,
@@ -693,10 +702,9 @@ fn eval(a: EvalArgs) -> Result<()> {
         all_logits: true,
     };
     // Reference: greedy decode with FP16 experts, keeping each step's logits.
-    let f16 = Engine::load(&a.model, &opts(ExpertPrecision::F16))?;
+    let mut f16 = Engine::load(&a.model, &opts(ExpertPrecision::F16))?;
     let g = generate(
-        &f16.ctx,
-        &f16.fwd,
+        &mut f16.fwd,
         &prompt_ids,
         &GenerateOptions {
             max_new_tokens: a.max_new_tokens,
@@ -707,13 +715,13 @@ fn eval(a: EvalArgs) -> Result<()> {
         },
         &mut |_| Ok(()),
     )?;
-    let adapter = f16.ctx.adapter_name().to_string();
+    let adapter = f16.dev.info().name.clone();
     drop(f16);
     // Candidate: INT4 experts on the same sequence, teacher-forced.
-    let int4 = Engine::load(&a.model, &opts(ExpertPrecision::Int4))?;
+    let mut int4 = Engine::load(&a.model, &opts(ExpertPrecision::Int4))?;
     let mut seq = prompt_ids.clone();
     seq.extend_from_slice(&g.generated_ids[..g.generated_ids.len().saturating_sub(1)]);
-    let rows = wgmoe::generate::prompt_logits(&int4.ctx, &int4.fwd, &seq)?;
+    let rows = wgmoe::generate::prompt_logits(&mut int4.fwd, &seq)?;
     let cand = &rows[prompt_ids.len() - 1..];
     let f = wgmoe::eval::fidelity(&g.step_logits, cand);
     if a.json {
@@ -933,6 +941,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         expert_precisions: a.expert_precision.clone(),
         prefill_chunk: a.prefill_chunk,
         adapter: a.gpu.request(),
+        kernels: a.gpu.kernels(),
         resident_experts: a.resident_experts.iter().map(|&n| Some(n)).collect(),
         cache_policies: a
             .cache_policy

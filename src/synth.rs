@@ -794,7 +794,7 @@ pub fn write_synthetic(
         &tokenizer_config_json(arch, shape, &tokens, &sp),
     )?;
 
-    let dense = crate::model::weights::expected_tensors(&cfg);
+    let dense = crate::manifest::expected_tensors(&cfg);
     let n_sparse = cfg.num_sparse_layers() as u64;
     let dense_params: u64 = dense
         .iter()

@@ -1,9 +1,15 @@
-//! A model on the GPU: its weights and the forward pass that runs them.
+//! A model on a device: its weights, the op builders, the workspace and the forward pass
+//! that runs them, with the expert residency runtime for partial residency.
 
 pub mod forward;
 pub mod moe;
+pub mod ops;
 pub mod residency;
+mod step;
+pub mod tensors;
 pub mod weights;
+pub mod workspace;
 
 pub use forward::{Forward, ForwardOptions, Head};
+pub use moe::Executor;
 pub use weights::ModelWeights;

@@ -1,33 +1,27 @@
-//! Dispatches of the routed experts of one MoE layer (and of single-slot SwiGLU blocks:
-//! Qwen's shared expert, dense MLP layers), for both executors and both precisions.
+//! The routed experts of one MoE layer (and single-slot SwiGLU blocks: Qwen's shared
+//! expert, dense MLP layers) as op builders, for both executors and both precisions.
 
-use crate::gpu::kernels::*;
-use crate::gpu::program::{groups64, Dim, Program};
-use crate::gpu::tensor::{ExpertPool, ExpertStore, Q4Pool};
-use crate::gpu::{GpuBuffer, GpuContext};
-use crate::model::forward::Executor;
+use crate::backend::kernel::{Activations, Kernel, Q4Variant};
+use crate::backend::params::*;
+use crate::backend::{binds, groups64, Bind, Buffer, Device, Dim, KernelPlan, Op, Program, Resource, Usage};
+use crate::error::Result;
+use crate::model::tensors::{ExpertPool, ExpertStore, Q4Pool};
+use crate::model::workspace::{row, WorkspaceBuffer};
 
-/// The storage W4A16 kernels bind their activations a second time, as vec4s; the
-/// uniform (decode) ones do not.
-fn q4_bindings<'b>(
-    k: Kernel,
-    base: &[&'b wgpu::Buffer],
-    act: &'b wgpu::Buffer,
-) -> Vec<&'b wgpu::Buffer> {
-    let mut v = base.to_vec();
-    if !k.uniform_activation() {
-        v.push(act);
-    }
-    v
-}
-
-fn groups(rows: usize, k: Kernel) -> u32 {
-    rows.div_ceil(k.rows_per_workgroup()) as u32
+/// How the routed experts of a layer are dispatched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Executor {
+    /// One dispatch chain (gate/up, down) per selected expert.
+    PerExpert,
+    /// All top-k experts of a layer in one dispatch per stage; with INT4 experts the down
+    /// projection and the weighted combine are fused.
+    Grouped,
 }
 
 /// Buffers of the expert-major path for multi-token steps on CPU adapters: the step's
 /// (token, top-k index) pairs sorted by expert, their activations gathered in that order
-/// and their SwiGLU intermediates, one row per pair.
+/// and their SwiGLU intermediates, one row per pair (sizes in `model::workspace`).
 pub struct MoeSorted {
     /// Pair capacity: chunk * top_k.
     pub pmax: usize,
@@ -36,53 +30,38 @@ pub struct MoeSorted {
     pub x_row: usize,
     pub h_row: usize,
     /// [pair of sorted position; its expert; end of each expert's run] (moe_sort.wgsl).
-    pub pairs: GpuBuffer,
-    pub xg: GpuBuffer,
-    pub hg: GpuBuffer,
+    pub pairs: Buffer,
+    pub xg: Buffer,
+    pub hg: Buffer,
 }
 
 impl MoeSorted {
-    pub fn new(ctx: &GpuContext, chunk: usize, top_k: usize, e: usize, h: usize, i: usize) -> Self {
-        let (pmax, x_row, h_row) = Self::shape(chunk, top_k, h, i);
-        let storage = |label: &str, bytes: usize| {
-            ctx.buffer(
-                label,
-                bytes as u64,
-                wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_DST
-                    | wgpu::BufferUsages::COPY_SRC,
-            )
-        };
-        MoeSorted {
-            pmax,
-            n_experts: e,
-            x_row,
-            h_row,
-            pairs: storage("moe_pairs", (2 * pmax + e) * 4),
-            xg: storage("moe_x_sorted", pmax * x_row * 4),
-            hg: storage("moe_h_sorted", pmax * h_row * 4),
-        }
-    }
-
-    /// Pair capacity and the row strides of `xg` / `hg` (rounded up to the kernels' 32-wide
-    /// vec4 groups).
-    fn shape(chunk: usize, top_k: usize, h: usize, i: usize) -> (usize, usize, usize) {
-        (
-            chunk * top_k,
-            h.next_multiple_of(32),
-            i.next_multiple_of(32),
-        )
-    }
-
-    /// Bytes `new` allocates.
-    pub fn bytes(chunk: usize, top_k: usize, e: usize, h: usize, i: usize) -> usize {
-        let (pmax, x_row, h_row) = Self::shape(chunk, top_k, h, i);
-        (2 * pmax + e + pmax * (x_row + h_row)) * 4
+    /// Allocate the buffers the workspace table sizes.
+    pub fn new(
+        dev: &Device,
+        table: &[WorkspaceBuffer],
+        chunk: usize,
+        top_k: usize,
+        n_experts: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Self> {
+        let alloc = |name: &str| -> Result<Buffer> { dev.alloc(name, row(table, name)?.bytes, Usage::Storage) };
+        Ok(MoeSorted {
+            pmax: chunk * top_k,
+            n_experts,
+            x_row: hidden.next_multiple_of(32),
+            h_row: inter.next_multiple_of(32),
+            pairs: alloc("moe_pairs")?,
+            xg: alloc("moe_x_sorted")?,
+            hg: alloc("moe_h_sorted")?,
+        })
     }
 }
 
-/// The buffers a layer's expert dispatches read and write.
+/// The buffers and choices of a layer's expert dispatches.
 pub struct MoeDispatch<'a> {
+    pub plan: &'a KernelPlan,
     /// Multi-token steps with INT4 experts and the grouped executor: the expert-major
     /// kernels (CPU adapters).
     pub sorted: Option<&'a MoeSorted>,
@@ -90,36 +69,28 @@ pub struct MoeDispatch<'a> {
     /// combine). Off when the expert outputs must be idempotent per (token, top-k) pair:
     /// partial residency runs a step's experts in several batches of resident ones.
     pub fuse_combine: bool,
-    /// One-token steps: the INT4 kernels read activations from a 64 KiB uniform binding of
-    /// `xn` / `hbuf` (which must be created with UNIFORM usage and at least that size).
+    /// One-token steps: the INT4 kernels read activations from a 64 KiB uniform window of
+    /// `xn` / `hbuf` (which must be window-capable).
     pub decode_uniform: bool,
-    pub ctx: &'a GpuContext,
-    pub step: &'a wgpu::Buffer,
     pub hidden: usize,
     pub top_k: usize,
-    pub dummy: &'a wgpu::Buffer,
+    pub dummy: &'a Buffer,
     /// Normed hidden state [T, H] (expert input).
-    pub xn: &'a wgpu::Buffer,
-    pub topk_ids: &'a wgpu::Buffer,
-    pub topk_w: &'a wgpu::Buffer,
+    pub xn: &'a Buffer,
+    pub topk_ids: &'a Buffer,
+    pub topk_w: &'a Buffer,
     /// SwiGLU intermediate [T, k, I].
-    pub hbuf: &'a wgpu::Buffer,
+    pub hbuf: &'a Buffer,
     /// Per-expert outputs [T, k, H].
-    pub y: &'a wgpu::Buffer,
+    pub y: &'a Buffer,
     /// Residual stream [T, H].
-    pub x: &'a wgpu::Buffer,
+    pub x: &'a Buffer,
 }
 
 impl MoeDispatch<'_> {
-    /// Routed experts. Returns the `combine_flags` the layer's combine dispatch still
-    /// needs (0 when the executor already added the experts into x).
-    pub fn routed(
-        &self,
-        prog: &mut Program,
-        executor: Executor,
-        store: &ExpertStore,
-        slot_of: &wgpu::Buffer,
-    ) -> u32 {
+    /// Routed experts. Returns the combine flags the layer's combine dispatch still needs
+    /// (0 when the executor already added the experts into x).
+    pub fn routed(&self, prog: &mut Program, executor: Executor, store: &ExpertStore, slot_of: &Buffer) -> u32 {
         let k = self.top_k;
         let per_expert = executor == Executor::PerExpert;
         match store {
@@ -127,22 +98,22 @@ impl MoeDispatch<'_> {
                 for j in 0..k {
                     self.swiglu_f16(prog, pool, Some(slot_of), (j, 1), self.y);
                 }
-                combine_flags::ROUTED
+                flags::COMBINE_ROUTED
             }
             ExpertStore::F16(pool) => {
                 self.swiglu_f16(prog, pool, Some(slot_of), (0, k), self.y);
-                combine_flags::ROUTED
+                flags::COMBINE_ROUTED
             }
             ExpertStore::Int4(pool) if per_expert => {
                 for j in 0..k {
                     self.q4_gate_up(prog, pool, slot_of, (j, 1));
                     self.q4_down(prog, pool, slot_of, Some((j, 1)));
                 }
-                combine_flags::ROUTED
+                flags::COMBINE_ROUTED
             }
             ExpertStore::Int4(pool) if self.sorted.is_some() => {
                 self.q4_expert_major(prog, pool, slot_of);
-                combine_flags::ROUTED
+                flags::COMBINE_ROUTED
             }
             ExpertStore::Int4(pool) if self.fuse_combine => {
                 self.q4_gate_up(prog, pool, slot_of, (0, k));
@@ -152,7 +123,7 @@ impl MoeDispatch<'_> {
             ExpertStore::Int4(pool) => {
                 self.q4_gate_up(prog, pool, slot_of, (0, k));
                 self.q4_down(prog, pool, slot_of, Some((0, k)));
-                combine_flags::ROUTED
+                flags::COMBINE_ROUTED
             }
         }
     }
@@ -163,21 +134,18 @@ impl MoeDispatch<'_> {
         &self,
         prog: &mut Program,
         pool: &ExpertPool,
-        routed: Option<&wgpu::Buffer>,
+        routed: Option<&Buffer>,
         js: (usize, usize),
-        out: &wgpu::Buffer,
+        out: &Buffer,
     ) {
         let (h, k) = (self.hidden, self.top_k);
-        let (kk, top_k, flags, slot_of) = match routed {
+        let (kk, top_k, fl, slot_of) = match routed {
             Some(s) => (js.1, k, 0, s),
-            None => (1, 1, FFN_FIXED_SLOT, self.dummy),
+            None => (1, 1, flags::FFN_FIXED_SLOT, self.dummy),
         };
-        let tok = Dim::Tokens;
         for (ci, chunk) in pool.chunks.iter().enumerate() {
-            let first = ci * pool.slots_per_chunk;
-            let n = pool.slots_per_chunk.min(pool.slots - first);
-            prog.push(
-                self.ctx,
+            let (first, n) = pool.chunk_slots(ci);
+            prog.push(Op::new(
                 Kernel::FfnGateUp,
                 &FfnGateUpParams {
                     hidden: h as u32,
@@ -188,20 +156,17 @@ impl MoeDispatch<'_> {
                     slot_vec4: pool.slot_vec4(),
                     first_slot: first as u32,
                     chunk_slots: n as u32,
-                    flags,
+                    flags: fl,
                     j_base: js.0 as u32,
-                    _pad: [0; 2],
+                    ..Default::default()
                 },
-                self.step,
-                &[self.xn, self.topk_ids, slot_of, chunk, self.hbuf],
-                [Dim::Const(groups64(pool.inter)), Dim::Const(kk as u32), tok],
-            );
+                binds(&[self.xn, self.topk_ids, slot_of, chunk, self.hbuf]),
+                [Dim::Const(groups64(pool.inter)), Dim::Const(kk as u32), Dim::Tokens],
+            ));
         }
         for (ci, chunk) in pool.chunks.iter().enumerate() {
-            let first = ci * pool.slots_per_chunk;
-            let n = pool.slots_per_chunk.min(pool.slots - first);
-            prog.push(
-                self.ctx,
+            let (first, n) = pool.chunk_slots(ci);
+            prog.push(Op::new(
                 Kernel::FfnDown,
                 &FfnDownParams {
                     hidden: h as u32,
@@ -212,135 +177,146 @@ impl MoeDispatch<'_> {
                     slot_vec4: pool.slot_vec4(),
                     first_slot: first as u32,
                     chunk_slots: n as u32,
-                    flags,
+                    flags: fl,
                     j_base: js.0 as u32,
-                    _pad: [0; 2],
+                    ..Default::default()
                 },
-                self.step,
-                &[self.hbuf, self.topk_ids, slot_of, chunk, out],
-                [Dim::Const(groups64(h)), Dim::Const(kk as u32), tok],
-            );
+                binds(&[self.hbuf, self.topk_ids, slot_of, chunk, out]),
+                [Dim::Const(groups64(h)), Dim::Const(kk as u32), Dim::Tokens],
+            ));
         }
     }
 
     /// Expert-major W4A16 experts into y [T, k, H]: sort the pairs by expert, gather their
     /// activations, then gate/up and down with one workgroup row per expert (each expert's
     /// weights are read once per 8 of its pairs). The caller adds the combine.
-    pub fn q4_expert_major(&self, prog: &mut Program, pool: &Q4Pool, slot_of: &wgpu::Buffer) {
+    pub fn q4_expert_major(&self, prog: &mut Program, pool: &Q4Pool, slot_of: &Buffer) {
         let Some(w) = self.sorted else { return };
         let l = &pool.layout;
         let (h, k) = (self.hidden, self.top_k);
-        prog.push(
-            self.ctx,
+        prog.push(Op::new(
             Kernel::MoeSort,
             &MoeSortParams {
                 n_experts: w.n_experts as u32,
                 top_k: k as u32,
                 pmax: w.pmax as u32,
-                _pad: 0,
+                _a: 0,
             },
-            self.step,
-            &[self.topk_ids, &w.pairs],
+            binds(&[self.topk_ids, &w.pairs]),
             [Dim::Const(1), Dim::Const(1), Dim::Const(1)],
-        );
-        prog.push(
-            self.ctx,
+        ));
+        prog.push(Op::new(
             Kernel::MoeGather,
             &MoeGatherParams {
                 hidden: h as u32,
                 top_k: k as u32,
                 row_stride: w.x_row as u32,
-                _pad: 0,
+                _a: 0,
             },
-            self.step,
-            &[self.xn, &w.pairs, &w.xg],
+            binds(&[self.xn, &w.pairs, &w.xg]),
             [Dim::Const(groups64(h)), Dim::Tokens, Dim::Const(k as u32)],
-        );
+        ));
         let e = w.n_experts as u32;
         for (ci, chunk) in pool.chunks.iter().enumerate() {
-            let first = ci * pool.slots_per_chunk;
-            let n = pool.slots_per_chunk.min(pool.slots - first);
-            prog.push(
-                self.ctx,
-                Kernel::FfnGateUpQ4E,
-                &FfnQ4EParams {
+            let (first, n) = pool.chunk_slots(ci);
+            prog.push(Op::new(
+                Kernel::Q4GateUpSorted,
+                &Q4GateUpSortedParams {
                     hidden: h as u32,
                     inter: l.inter as u32,
                     top_k: k as u32,
                     pmax: w.pmax as u32,
-                    in_row4: (w.x_row / 4) as u32,
-                    out_row: w.h_row as u32,
+                    x_row4: (w.x_row / 4) as u32,
+                    h_row: w.h_row as u32,
                     n_experts: e,
-                    _t: 0,
                     slot_vec4: pool.slot_vec4(),
                     first_slot: first as u32,
                     chunk_slots: n as u32,
-                    a_q: (l.gate_q / 16) as u32,
-                    b_q: (l.up_q / 16) as u32,
-                    a_s: (l.gate_s / 4) as u32,
-                    b_s: (l.up_s / 4) as u32,
-                    _pad: 0,
+                    gate_q: (l.gate_q / 16) as u32,
+                    up_q: (l.up_q / 16) as u32,
+                    gate_s: (l.gate_s / 4) as u32,
+                    up_s: (l.up_s / 4) as u32,
+                    ..Default::default()
                 },
-                self.step,
-                &[&w.xg, &w.pairs, slot_of, chunk, chunk, &w.hg],
+                binds(&[&w.xg, &w.pairs, slot_of, chunk, chunk, &w.hg]),
                 [Dim::Const(groups64(l.inter)), Dim::Const(e), Dim::Const(1)],
-            );
+            ));
         }
         for (ci, chunk) in pool.chunks.iter().enumerate() {
-            let first = ci * pool.slots_per_chunk;
-            let n = pool.slots_per_chunk.min(pool.slots - first);
-            prog.push(
-                self.ctx,
-                Kernel::FfnDownQ4E,
-                &FfnQ4EParams {
+            let (first, n) = pool.chunk_slots(ci);
+            prog.push(Op::new(
+                Kernel::Q4DownSorted,
+                &Q4DownSortedParams {
                     hidden: h as u32,
                     inter: l.inter as u32,
                     top_k: k as u32,
                     pmax: w.pmax as u32,
-                    in_row4: (w.h_row / 4) as u32,
-                    out_row: h as u32,
+                    h_row4: (w.h_row / 4) as u32,
                     n_experts: e,
-                    _t: 0,
                     slot_vec4: pool.slot_vec4(),
                     first_slot: first as u32,
                     chunk_slots: n as u32,
-                    a_q: (l.down_q / 16) as u32,
-                    b_q: 0,
-                    a_s: (l.down_s / 4) as u32,
-                    b_s: 0,
-                    _pad: 0,
+                    down_q: (l.down_q / 16) as u32,
+                    down_s: (l.down_s / 4) as u32,
+                    _a: 0,
                 },
-                self.step,
-                &[&w.hg, &w.pairs, slot_of, chunk, chunk, self.y],
+                binds(&[&w.hg, &w.pairs, slot_of, chunk, chunk, self.y]),
                 [
-                    Dim::Const(h.div_ceil(128) as u32),
+                    Dim::Const(h.div_ceil(Q4_DOWN_SORTED_ROWS) as u32),
                     Dim::Const(e),
                     Dim::Const(1),
                 ],
-            );
+            ));
         }
     }
 
+    /// The W4A16 variant of these dispatches.
+    fn q4_variant(&self) -> Q4Variant {
+        if self.decode_uniform {
+            self.plan.q4_uniform()
+        } else {
+            self.plan.q4_storage()
+        }
+    }
+
+    /// Bindings of a W4A16 kernel: `act` at binding 2 (a uniform window at offset 0, or
+    /// storage and again at binding 15 as vec4s), then `rest` from binding 3.
+    fn q4_binds(&self, q: Q4Variant, act: &Buffer, rest: &[&Buffer]) -> Vec<Bind> {
+        let mut v = Vec::with_capacity(rest.len() + 2);
+        v.push(Bind {
+            binding: 2,
+            resource: match q.act {
+                Activations::Uniform => Resource::Window {
+                    buffer: act.clone(),
+                    offset: 0,
+                },
+                Activations::Storage => Resource::Buffer(act.clone()),
+            },
+        });
+        for (i, b) in rest.iter().enumerate() {
+            v.push(Bind {
+                binding: 3 + i as u32,
+                resource: Resource::Buffer((*b).clone()),
+            });
+        }
+        if q.act == Activations::Storage {
+            v.push(Bind {
+                binding: 15,
+                resource: Resource::Buffer(act.clone()),
+            });
+        }
+        v
+    }
+
     /// W4A16 gate/up for top-k indices js.0 .. js.0 + js.1, one dispatch per chunk.
-    pub fn q4_gate_up(
-        &self,
-        prog: &mut Program,
-        pool: &Q4Pool,
-        slot_of: &wgpu::Buffer,
-        js: (usize, usize),
-    ) {
+    pub fn q4_gate_up(&self, prog: &mut Program, pool: &Q4Pool, slot_of: &Buffer, js: (usize, usize)) {
         let l = &pool.layout;
+        let q = self.q4_variant();
         for (ci, chunk) in pool.chunks.iter().enumerate() {
-            let first = ci * pool.slots_per_chunk;
-            let kernel = if self.decode_uniform {
-                Kernel::FfnGateUpQ4U
-            } else {
-                self.ctx.kernels.q4_gate_up()
-            };
-            prog.push(
-                self.ctx,
-                kernel,
-                &FfnQ4Params {
+            let (first, n) = pool.chunk_slots(ci);
+            prog.push(Op::new(
+                Kernel::Q4GateUp(q),
+                &Q4GateUpParams {
                     hidden: self.hidden as u32,
                     inter: l.inter as u32,
                     top_k: self.top_k as u32,
@@ -348,88 +324,55 @@ impl MoeDispatch<'_> {
                     x_stride: self.hidden as u32,
                     slot_vec4: pool.slot_vec4(),
                     first_slot: first as u32,
-                    chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
-                    a_q: (l.gate_q / 16) as u32,
-                    b_q: (l.up_q / 16) as u32,
-                    a_s: (l.gate_s / 4) as u32,
-                    b_s: (l.up_s / 4) as u32,
-                    flags: 0,
-                    _pad: [0; 3],
+                    chunk_slots: n as u32,
+                    gate_q: (l.gate_q / 16) as u32,
+                    up_q: (l.up_q / 16) as u32,
+                    gate_s: (l.gate_s / 4) as u32,
+                    up_s: (l.up_s / 4) as u32,
+                    ..Default::default()
                 },
-                self.step,
-                &q4_bindings(
-                    kernel,
-                    &[self.xn, self.topk_ids, slot_of, chunk, chunk, self.hbuf],
-                    self.xn,
-                ),
+                self.q4_binds(q, self.xn, &[self.topk_ids, slot_of, chunk, chunk, self.hbuf]),
                 [
-                    Dim::Const(groups(l.inter, kernel)),
+                    Dim::Const(l.inter.div_ceil(q.rows_per_workgroup()) as u32),
                     Dim::Const(js.1 as u32),
                     Dim::Tokens,
                 ],
-            );
+            ));
         }
     }
 
     /// W4A16 down: per top-k index into y, or (fused, `js` None) weighted into x.
-    pub fn q4_down(
-        &self,
-        prog: &mut Program,
-        pool: &Q4Pool,
-        slot_of: &wgpu::Buffer,
-        js: Option<(usize, usize)>,
-    ) {
+    pub fn q4_down(&self, prog: &mut Program, pool: &Q4Pool, slot_of: &Buffer, js: Option<(usize, usize)>) {
         let l = &pool.layout;
+        let q = self.q4_variant();
         for (ci, chunk) in pool.chunks.iter().enumerate() {
-            let first = ci * pool.slots_per_chunk;
-            let (flags, j0, ny, out) = match js {
+            let (first, n) = pool.chunk_slots(ci);
+            let (fl, j0, ny, out) = match js {
                 Some((j0, n)) => (0, j0, n, self.y),
-                None => (Q4_DOWN_FUSED_COMBINE, 0, 1, self.x),
+                None => (flags::Q4_FUSED_COMBINE, 0, 1, self.x),
             };
-            let kernel = if self.decode_uniform {
-                Kernel::FfnDownQ4U
-            } else {
-                self.ctx.kernels.q4_down()
-            };
-            prog.push(
-                self.ctx,
-                kernel,
-                &FfnQ4Params {
+            prog.push(Op::new(
+                Kernel::Q4Down(q),
+                &Q4DownParams {
                     hidden: self.hidden as u32,
                     inter: l.inter as u32,
                     top_k: self.top_k as u32,
                     j_base: j0 as u32,
-                    x_stride: 0,
                     slot_vec4: pool.slot_vec4(),
                     first_slot: first as u32,
-                    chunk_slots: pool.slots_per_chunk.min(pool.slots - first) as u32,
-                    a_q: (l.down_q / 16) as u32,
-                    b_q: 0,
-                    a_s: (l.down_s / 4) as u32,
-                    b_s: 0,
-                    flags,
-                    _pad: [0; 3],
+                    chunk_slots: n as u32,
+                    down_q: (l.down_q / 16) as u32,
+                    down_s: (l.down_s / 4) as u32,
+                    flags: fl,
+                    ..Default::default()
                 },
-                self.step,
-                &q4_bindings(
-                    kernel,
-                    &[
-                        self.hbuf,
-                        self.topk_ids,
-                        slot_of,
-                        chunk,
-                        chunk,
-                        self.topk_w,
-                        out,
-                    ],
-                    self.hbuf,
-                ),
+                self.q4_binds(q, self.hbuf, &[self.topk_ids, slot_of, chunk, chunk, self.topk_w, out]),
                 [
-                    Dim::Const(groups(self.hidden, kernel)),
+                    Dim::Const(self.hidden.div_ceil(q.rows_per_workgroup()) as u32),
                     Dim::Const(ny as u32),
                     Dim::Tokens,
                 ],
-            );
+            ));
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Loading a checkpoint's weights onto the GPU: everything f16, the routed experts in an
-//! expert pool (one slot per expert: full residency), Qwen's shared expert and dense MLPs
+//! Loading a checkpoint's weights onto the device: everything f16, the routed experts in
+//! an expert pool (one slot per expert: full residency; fewer, filled on demand, with the
+//! packed experts kept in host memory as the source), Qwen's shared expert and dense MLPs
 //! as single-slot pools so the same SwiGLU kernels serve them.
 
 use half::f16;
@@ -7,13 +8,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::checkpoint::{Checkpoint, ExpertProj};
 use crate::config::{Arch, ModelConfig};
+use crate::backend::{Buffer, Device, Usage};
 use crate::convert::{is_converted, packed_layer};
 use crate::error::Result;
-use crate::gpu::tensor::{
+use crate::model::tensors::{
     upload_f16_vec, upload_f32_vec, ExpertPool, ExpertStore, F16Matrix, Q4Pool,
 };
-use crate::gpu::{GpuBuffer, GpuContext};
 use crate::quant::Q4SlotLayout;
+use crate::residency::{HostLayer, HostSource};
 
 pub enum Mlp {
     Moe {
@@ -21,7 +23,7 @@ pub enum Mlp {
         router: F16Matrix,
         experts: ExpertStore,
         /// expert id -> pool slot (identity while every expert is resident).
-        slot_of: GpuBuffer,
+        slot_of: Buffer,
         shared: Option<ExpertPool>,
     },
     Dense {
@@ -30,23 +32,23 @@ pub enum Mlp {
 }
 
 pub struct LayerWeights {
-    pub attn_norm: GpuBuffer,
+    pub attn_norm: Buffer,
     /// q, k and v projections stacked by rows: one matmul computes all three.
     pub qkv: F16Matrix,
-    pub qkv_bias: Option<GpuBuffer>,
-    pub q_norm: Option<GpuBuffer>,
-    pub k_norm: Option<GpuBuffer>,
+    pub qkv_bias: Option<Buffer>,
+    pub q_norm: Option<Buffer>,
+    pub k_norm: Option<Buffer>,
     pub o_proj: F16Matrix,
-    pub ffn_norm: GpuBuffer,
+    pub ffn_norm: Buffer,
     pub mlp: Mlp,
 }
 
 pub struct ModelWeights {
     /// Routed experts held in host memory for partial residency (None: all on the GPU).
-    pub host: Option<crate::model::residency::HostSource>,
+    pub host: Option<HostSource>,
     pub embed: F16Matrix,
     pub layers: Vec<LayerWeights>,
-    pub final_norm: GpuBuffer,
+    pub final_norm: Buffer,
     /// None when the embeddings are tied (`tie_word_embeddings`).
     pub lm_head: Option<F16Matrix>,
 }
@@ -69,14 +71,14 @@ impl ModelWeights {
     /// `slots`: expert slots per layer on the GPU when fewer than all experts are resident
     /// (capacity + spares); the packed experts then stay in host memory as the source.
     pub fn load(
-        ctx: &GpuContext,
+        dev: &Device,
         cfg: &ModelConfig,
         ckpt: &std::sync::Arc<Checkpoint>,
         int4: bool,
         slots: Option<usize>,
     ) -> Result<Self> {
         // Fail on a missing or misshapen tensor before any upload.
-        check_tensors(cfg, ckpt)?;
+        crate::manifest::check_tensors(cfg, ckpt)?;
         if !int4 && is_converted(ckpt) {
             return Err(crate::error::Error::option(
                 "--expert-precision",
@@ -89,7 +91,7 @@ impl ModelWeights {
         let pb = progress(cfg.num_layers as u64 + 2);
         pb.set_message("embeddings");
         let embed_data = ckpt.read_f16("model.embed_tokens.weight", &[v, h])?;
-        let embed = F16Matrix::upload(ctx, "embed_tokens", v, h, &embed_data)?;
+        let embed = F16Matrix::upload(dev, "embed_tokens", v, h, &embed_data)?;
         drop(embed_data);
         pb.inc(1);
 
@@ -99,14 +101,14 @@ impl ModelWeights {
             pb.set_message(format!("layer {l}"));
             let p = format!("model.layers.{l}");
             let attn_norm = upload_f16_vec(
-                ctx,
+                dev,
                 "attn_norm",
                 &ckpt.read_f16(&format!("{p}.input_layernorm.weight"), &[h])?,
-            );
+            )?;
             let mut qkv = ckpt.read_f16(&format!("{p}.self_attn.q_proj.weight"), &[q_dim, h])?;
             qkv.extend(ckpt.read_f16(&format!("{p}.self_attn.k_proj.weight"), &[kv_dim, h])?);
             qkv.extend(ckpt.read_f16(&format!("{p}.self_attn.v_proj.weight"), &[kv_dim, h])?);
-            let qkv = F16Matrix::upload(ctx, "qkv_proj", q_dim + 2 * kv_dim, h, &qkv)?;
+            let qkv = F16Matrix::upload(dev, "qkv_proj", q_dim + 2 * kv_dim, h, &qkv)?;
             let qkv_bias = if cfg.qkv_bias {
                 let mut b = ckpt.read_f32(&format!("{p}.self_attn.q_proj.bias"), &[q_dim])?;
                 b.extend(ckpt.read_f32(&format!("{p}.self_attn.k_proj.bias"), &[kv_dim])?);
@@ -114,44 +116,44 @@ impl ModelWeights {
                 // The bias is added in f32 after an f16-weight matmul; keep it f16-rounded
                 // like every other weight so GPU and CPU reference agree on the values.
                 let b: Vec<f32> = b.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
-                Some(upload_f32_vec(ctx, "qkv_bias", &b))
+                Some(upload_f32_vec(dev, "qkv_bias", &b)?)
             } else {
                 None
             };
             let (q_norm, k_norm) = if cfg.qk_norm {
                 (
                     Some(upload_f16_vec(
-                        ctx,
+                        dev,
                         "q_norm",
                         &ckpt.read_f16(&format!("{p}.self_attn.q_norm.weight"), &[q_dim])?,
-                    )),
+                    )?),
                     Some(upload_f16_vec(
-                        ctx,
+                        dev,
                         "k_norm",
                         &ckpt.read_f16(&format!("{p}.self_attn.k_norm.weight"), &[kv_dim])?,
-                    )),
+                    )?),
                 )
             } else {
                 (None, None)
             };
             let o = ckpt.read_f16(&format!("{p}.self_attn.o_proj.weight"), &[h, q_dim])?;
-            let o_proj = F16Matrix::upload(ctx, "o_proj", h, q_dim, &o)?;
+            let o_proj = F16Matrix::upload(dev, "o_proj", h, q_dim, &o)?;
             let ffn_norm = upload_f16_vec(
-                ctx,
+                dev,
                 "ffn_norm",
                 &ckpt.read_f16(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-            );
+            )?;
             let mlp = if cfg.sparse_layers[l] {
-                let (mlp, host) = load_moe(ctx, cfg, ckpt, l, int4, slots)?;
+                let (mlp, host) = load_moe(dev, cfg, ckpt, l, int4, slots)?;
                 host_layers.push(host);
                 mlp
             } else {
                 let i = cfg.dense_intermediate;
-                let mlp = ExpertPool::new(ctx, "dense_mlp", 1, h, i)?;
+                let mlp = ExpertPool::new(dev, "dense_mlp", 1, h, i)?;
                 let gate = ckpt.read_f16(&format!("{p}.mlp.gate_proj.weight"), &[i, h])?;
                 let up = ckpt.read_f16(&format!("{p}.mlp.up_proj.weight"), &[i, h])?;
                 let down = ckpt.read_f16(&format!("{p}.mlp.down_proj.weight"), &[h, i])?;
-                mlp.write_slot(ctx, 0, &gate, &up, &down);
+                mlp.write_slot(dev, 0, &gate, &up, &down)?;
                 host_layers.push(None);
                 Mlp::Dense { mlp }
             };
@@ -166,25 +168,25 @@ impl ModelWeights {
                 mlp,
             });
             // Bound host memory: let queued uploads drain layer by layer.
-            ctx.sync()?;
+            dev.sync()?;
             pb.inc(1);
         }
         pb.set_message("head");
         let final_norm = upload_f16_vec(
-            ctx,
+            dev,
             "final_norm",
             &ckpt.read_f16("model.norm.weight", &[h])?,
-        );
+        )?;
         let lm_head = if cfg.tie_word_embeddings && !ckpt.contains("lm_head.weight") {
             None
         } else {
             let w = ckpt.read_f16("lm_head.weight", &[v, h])?;
-            Some(F16Matrix::upload(ctx, "lm_head", v, h, &w)?)
+            Some(F16Matrix::upload(dev, "lm_head", v, h, &w)?)
         };
-        ctx.sync()?;
+        dev.sync()?;
         pb.inc(1);
         pb.finish_and_clear();
-        let host = slots.map(|_| crate::model::residency::HostSource {
+        let host = slots.map(|_| HostSource {
             ckpt: ckpt.clone(),
             layers: host_layers,
             num_experts: cfg.num_experts,
@@ -205,14 +207,13 @@ impl ModelWeights {
 }
 
 fn load_moe(
-    ctx: &GpuContext,
+    dev: &Device,
     cfg: &ModelConfig,
     ckpt: &Checkpoint,
     l: usize,
     int4: bool,
     slots: Option<usize>,
-) -> Result<(Mlp, Option<crate::model::residency::HostLayer>)> {
-    use crate::model::residency::HostLayer;
+) -> Result<(Mlp, Option<HostLayer>)> {
     let mut host = None;
     let (h, e, i) = (cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate);
     let p = format!("model.layers.{l}.mlp");
@@ -225,15 +226,15 @@ fn load_moe(
         router.extend(ckpt.read_f16(&format!("{p}.shared_expert_gate.weight"), &[1, h])?);
     }
     let router_rows = router.len() / h;
-    let router = F16Matrix::upload(ctx, "router", router_rows, h, &router)?;
+    let router = F16Matrix::upload(dev, "router", router_rows, h, &router)?;
     let experts = if int4 {
         let layout = Q4SlotLayout::new(h, i);
         let packed = packed_layer(ckpt, cfg, l)?;
         match slots {
             None => {
-                let pool = Q4Pool::new(ctx, "experts_int4", e, layout)?;
+                let pool = Q4Pool::new(dev, "experts_int4", e, layout)?;
                 for (ex, slot) in packed.chunks_exact(layout.bytes).enumerate() {
-                    pool.write_slot(ctx, ex, slot);
+                    pool.write_slot(dev, ex, slot)?;
                 }
                 ExpertStore::Int4(pool)
             }
@@ -246,16 +247,16 @@ fn load_moe(
                     }
                     std::borrow::Cow::Owned(v) => HostLayer::Owned(v.into_boxed_slice()),
                 });
-                ExpertStore::Int4(Q4Pool::new(ctx, "experts_int4", n, layout)?)
+                ExpertStore::Int4(Q4Pool::new(dev, "experts_int4", n, layout)?)
             }
         }
     } else {
-        let pool = ExpertPool::new(ctx, "experts", e, h, i)?;
+        let pool = ExpertPool::new(dev, "experts", e, h, i)?;
         for ex in 0..e {
             let gate = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Gate, e, h, i)?);
             let up = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Up, e, h, i)?);
             let down = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Down, e, h, i)?);
-            pool.write_slot(ctx, ex, &gate, &up, &down);
+            pool.write_slot(dev, ex, &gate, &up, &down)?;
         }
         ExpertStore::F16(pool)
     };
@@ -264,14 +265,14 @@ fn load_moe(
         None => (0..e as u32).collect(),
         Some(_) => vec![crate::residency::NO_SLOT; e],
     };
-    let slot_of = ctx.storage_with("slot_of", bytemuck::cast_slice(&table));
+    let slot_of = dev.upload("slot_of", bytemuck::cast_slice(&table), Usage::Storage)?;
     let shared = match shared_i {
         Some(si) => {
-            let pool = ExpertPool::new(ctx, "shared_expert", 1, h, si)?;
+            let pool = ExpertPool::new(dev, "shared_expert", 1, h, si)?;
             let gate = ckpt.read_f16(&format!("{p}.shared_expert.gate_proj.weight"), &[si, h])?;
             let up = ckpt.read_f16(&format!("{p}.shared_expert.up_proj.weight"), &[si, h])?;
             let down = ckpt.read_f16(&format!("{p}.shared_expert.down_proj.weight"), &[h, si])?;
-            pool.write_slot(ctx, 0, &gate, &up, &down);
+            pool.write_slot(dev, 0, &gate, &up, &down)?;
             Some(pool)
         }
         None => None,
@@ -285,90 +286,4 @@ fn load_moe(
         },
         host,
     ))
-}
-
-/// Every tensor the model needs, with its shape (routed experts excluded: their layout
-/// varies and is checked by `check_tensors`).
-pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-    let q_dim = cfg.num_heads * cfg.head_dim;
-    let kv_dim = cfg.num_kv_heads * cfg.head_dim;
-    let mut t = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
-    for l in 0..cfg.num_layers {
-        let p = format!("model.layers.{l}");
-        t.push((format!("{p}.input_layernorm.weight"), vec![h]));
-        t.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-        t.push((format!("{p}.self_attn.q_proj.weight"), vec![q_dim, h]));
-        t.push((format!("{p}.self_attn.k_proj.weight"), vec![kv_dim, h]));
-        t.push((format!("{p}.self_attn.v_proj.weight"), vec![kv_dim, h]));
-        t.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q_dim]));
-        if cfg.qkv_bias {
-            t.push((format!("{p}.self_attn.q_proj.bias"), vec![q_dim]));
-            t.push((format!("{p}.self_attn.k_proj.bias"), vec![kv_dim]));
-            t.push((format!("{p}.self_attn.v_proj.bias"), vec![kv_dim]));
-        }
-        if cfg.qk_norm {
-            t.push((format!("{p}.self_attn.q_norm.weight"), vec![q_dim]));
-            t.push((format!("{p}.self_attn.k_norm.weight"), vec![kv_dim]));
-        }
-        if cfg.sparse_layers[l] {
-            t.push((format!("{p}.mlp.gate.weight"), vec![cfg.num_experts, h]));
-            if let (Arch::Qwen2Moe, Some(si)) = (cfg.arch, cfg.shared_expert_intermediate) {
-                t.push((
-                    format!("{p}.mlp.shared_expert.gate_proj.weight"),
-                    vec![si, h],
-                ));
-                t.push((format!("{p}.mlp.shared_expert.up_proj.weight"), vec![si, h]));
-                t.push((
-                    format!("{p}.mlp.shared_expert.down_proj.weight"),
-                    vec![h, si],
-                ));
-                t.push((format!("{p}.mlp.shared_expert_gate.weight"), vec![1, h]));
-            }
-        } else {
-            let i = cfg.dense_intermediate;
-            t.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
-            t.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
-            t.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
-        }
-    }
-    t.push(("model.norm.weight".to_string(), vec![h]));
-    if !cfg.tie_word_embeddings {
-        t.push(("lm_head.weight".to_string(), vec![v, h]));
-    }
-    t
-}
-
-/// Check, without reading any data, that the checkpoint holds every tensor the config
-/// implies with the right shape and a readable dtype (the same checks loading makes).
-pub fn check_tensors(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
-    for (name, shape) in expected_tensors(cfg) {
-        if name == "lm_head.weight" && cfg.tie_word_embeddings && !ckpt.contains(&name) {
-            continue;
-        }
-        let info = ckpt.info(&name)?;
-        if info.shape != shape {
-            return Err(crate::error::Error::BadTensor {
-                path: info.file,
-                name,
-                msg: format!("expected shape {shape:?}, found {:?}", info.shape),
-            });
-        }
-    }
-    let (e, h, i) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate);
-    for l in (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]) {
-        if is_converted(ckpt) {
-            ckpt.raw_u8(
-                &crate::convert::experts_tensor(l),
-                &[e, Q4SlotLayout::new(h, i).bytes],
-            )?;
-            continue;
-        }
-        for ex in 0..e {
-            for proj in [ExpertProj::Gate, ExpertProj::Up, ExpertProj::Down] {
-                ckpt.check_expert(l, ex, proj, e, h, i)?;
-            }
-        }
-    }
-    Ok(())
 }

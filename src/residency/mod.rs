@@ -1,20 +1,23 @@
-//! Expert residency, the GPU-independent core (DESIGN.md §3, issue 4).
+//! Expert residency, the device-independent core.
 //!
 //! - [`Fence`]: has a submission retired? ([`MockFence`] for tests and simulation.)
 //! - [`ExpertCache`]: one layer's slots and its generation-versioned expert -> slot table;
 //!   plan / upload / publish-or-abort for each routed group.
 //! - [`StagingPool`]: the bounded pool of staging buffers, reused only after their copy's fence.
 //! - [`Policy`]: [`Lru`], [`LfuDecay`], [`StaticProfile`] (from a [`Profile`]).
+//! - [`HostSource`]: the immutable, already-quantised expert set in host memory.
 //! - Ceilings: [`belady`], [`frequency_ceiling`], and [`simulate`] to compare policies.
 //!
-//! Nothing here touches a GPU; the wgpu side supplies a `Fence` over submission indices,
-//! performs the copies a [`Plan`] lists and uploads [`SlotTable::words`] at publication.
+//! Nothing here touches a device; the backend seam supplies a `Fence` over its submission
+//! tokens, and `model::residency` performs the copies a [`Plan`] lists and uploads
+//! [`SlotTable::words`] at publication.
 
 mod batches;
 mod cache;
 mod ceiling;
 mod error;
 mod fence;
+mod host_source;
 mod policy;
 mod profile;
 mod staging;
@@ -34,6 +37,7 @@ pub use ceiling::{
 };
 pub use error::{CacheError, ConfigError, StagingError};
 pub use fence::{Fence, MockFence};
+pub use host_source::{HostLayer, HostSource};
 pub use policy::{build_policy, LfuDecay, Lru, Policy, PolicyKind, StaticProfile};
 pub use profile::Profile;
 pub use staging::{StagingPool, StagingStats};

@@ -1,11 +1,12 @@
-//! Weights on the GPU: f16 matrices split by rows under the storage-binding limit, and
-//! pools of expert slots. Rows are padded to a multiple of 8 halves (16 bytes) so kernels
-//! read them as vec4<u32>.
+//! Weights on the device: f16 matrices split by rows under the storage-binding limit, and
+//! pools of expert slots (f16 SwiGLU experts, packed INT4 experts). Rows are padded to a
+//! multiple of 8 halves (16 bytes) so kernels read them as vec4<u32>.
 
 use half::f16;
 
-use super::context::{GpuBuffer, GpuContext};
+use crate::backend::{Buffer, Device, Usage};
 use crate::error::{Error, Result};
+use crate::quant::Q4SlotLayout;
 
 pub fn pad8(n: usize) -> usize {
     n.div_ceil(8) * 8
@@ -24,7 +25,7 @@ pub fn push_padded_rows(out: &mut Vec<f16>, data: &[f16], rows: usize, cols: usi
 pub struct MatrixChunk {
     pub row_start: usize,
     pub rows: usize,
-    pub buffer: GpuBuffer,
+    pub buffer: Buffer,
 }
 
 /// An f16 [rows, cols] matrix, row-major, split into chunks of whole rows.
@@ -44,13 +45,7 @@ impl F16Matrix {
     }
 
     /// Upload `data` ([rows, cols], row-major).
-    pub fn upload(
-        ctx: &GpuContext,
-        label: &str,
-        rows: usize,
-        cols: usize,
-        data: &[f16],
-    ) -> Result<Self> {
+    pub fn upload(dev: &Device, label: &str, rows: usize, cols: usize, data: &[f16]) -> Result<Self> {
         if data.len() != rows * cols {
             return Err(Error::Other(format!(
                 "{label}: {} values for a [{rows}, {cols}] matrix",
@@ -58,11 +53,11 @@ impl F16Matrix {
             )));
         }
         let row_bytes = Self::row_bytes(cols);
-        let max_rows = (ctx.max_binding() / row_bytes) as usize;
+        let max_rows = (dev.max_binding() / row_bytes) as usize;
         if max_rows == 0 {
             return Err(Error::DoesNotFit(format!(
                 "{label}: one row of {cols} f16 values exceeds the adapter's storage binding limit of {} bytes",
-                ctx.max_binding()
+                dev.max_binding()
             )));
         }
         let mut chunks = Vec::new();
@@ -70,13 +65,8 @@ impl F16Matrix {
         while start < rows {
             let n = max_rows.min(rows - start);
             let mut padded = Vec::new();
-            push_padded_rows(
-                &mut padded,
-                &data[start * cols..(start + n) * cols],
-                n,
-                cols,
-            );
-            let buffer = ctx.storage_with(label, bytemuck::cast_slice(&padded));
+            push_padded_rows(&mut padded, &data[start * cols..(start + n) * cols], n, cols);
+            let buffer = dev.upload(label, bytemuck::cast_slice(&padded), Usage::Storage)?;
             chunks.push(MatrixChunk {
                 row_start: start,
                 rows: n,
@@ -88,31 +78,32 @@ impl F16Matrix {
     }
 }
 
-/// A vector of f16 values (norm weights), padded to an even count.
-pub fn upload_f16_vec(ctx: &GpuContext, label: &str, data: &[f16]) -> GpuBuffer {
+/// A vector of f16 values (norm weights), padded to 8.
+pub fn upload_f16_vec(dev: &Device, label: &str, data: &[f16]) -> Result<Buffer> {
     let mut v = data.to_vec();
     v.resize(pad8(v.len().max(1)), f16::ZERO);
-    ctx.storage_with(label, bytemuck::cast_slice(&v))
+    dev.upload(label, bytemuck::cast_slice(&v), Usage::Storage)
 }
 
-pub fn upload_f32_vec(ctx: &GpuContext, label: &str, data: &[f32]) -> GpuBuffer {
-    ctx.storage_with(label, bytemuck::cast_slice(data))
+pub fn upload_f32_vec(dev: &Device, label: &str, data: &[f32]) -> Result<Buffer> {
+    dev.upload(label, bytemuck::cast_slice(data), Usage::Storage)
 }
 
-/// Storage buffers for `slots` slots of `slot_bytes` each, as few slots per buffer as the
-/// storage-binding limit allows (one buffer per binding). Returns (slots per chunk, chunks).
+/// Storage buffers for `slots` slots of `slot_bytes` each, as many slots per buffer as
+/// the storage-binding limit allows (one buffer per binding). Returns (slots per chunk,
+/// chunks).
 fn slot_chunks(
-    ctx: &GpuContext,
+    dev: &Device,
     label: &str,
     what: &str,
     slots: usize,
     slot_bytes: u64,
-) -> Result<(usize, Vec<GpuBuffer>)> {
-    let per_chunk = (ctx.max_binding() / slot_bytes) as usize;
+) -> Result<(usize, Vec<Buffer>)> {
+    let per_chunk = (dev.max_binding() / slot_bytes) as usize;
     if per_chunk == 0 {
         return Err(Error::DoesNotFit(format!(
             "{label}: {what} of {slot_bytes} bytes exceeds the adapter's storage binding limit of {} bytes",
-            ctx.max_binding()
+            dev.max_binding()
         )));
     }
     let per_chunk = per_chunk.min(slots.max(1));
@@ -120,11 +111,7 @@ fn slot_chunks(
     let mut left = slots;
     while left > 0 {
         let n = per_chunk.min(left);
-        chunks.push(ctx.buffer(
-            label,
-            n as u64 * slot_bytes,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-        ));
+        chunks.push(dev.alloc(label, n as u64 * slot_bytes, Usage::Storage)?);
         left -= n;
     }
     Ok((per_chunk, chunks))
@@ -137,7 +124,7 @@ pub struct ExpertPool {
     pub inter: usize,
     pub slots: usize,
     pub slots_per_chunk: usize,
-    pub chunks: Vec<GpuBuffer>,
+    pub chunks: Vec<Buffer>,
 }
 
 impl ExpertPool {
@@ -145,16 +132,10 @@ impl ExpertPool {
         (2 * inter * pad8(hidden) + hidden * pad8(inter)) as u64 * 2
     }
 
-    pub fn new(
-        ctx: &GpuContext,
-        label: &str,
-        slots: usize,
-        hidden: usize,
-        inter: usize,
-    ) -> Result<Self> {
+    pub fn new(dev: &Device, label: &str, slots: usize, hidden: usize, inter: usize) -> Result<Self> {
         let what = format!("one expert (hidden {hidden}, intermediate {inter})");
         let (slots_per_chunk, chunks) =
-            slot_chunks(ctx, label, &what, slots, Self::slot_bytes(hidden, inter))?;
+            slot_chunks(dev, label, &what, slots, Self::slot_bytes(hidden, inter))?;
         Ok(ExpertPool {
             hidden,
             inter,
@@ -174,15 +155,14 @@ impl ExpertPool {
         (Self::slot_bytes(self.hidden, self.inter) / 16) as u32
     }
 
+    /// (first slot, slot count) of chunk `ci`.
+    pub fn chunk_slots(&self, ci: usize) -> (usize, usize) {
+        let first = ci * self.slots_per_chunk;
+        (first, self.slots_per_chunk.min(self.slots - first))
+    }
+
     /// Write one expert: gate, up [inter, hidden] and down [hidden, inter], row-major.
-    pub fn write_slot(
-        &self,
-        ctx: &GpuContext,
-        slot: usize,
-        gate: &[f16],
-        up: &[f16],
-        down: &[f16],
-    ) {
+    pub fn write_slot(&self, dev: &Device, slot: usize, gate: &[f16], up: &[f16], down: &[f16]) -> Result<()> {
         let (h, i) = (self.hidden, self.inter);
         let mut v = Vec::with_capacity((Self::slot_bytes(h, i) / 2) as usize);
         push_padded_rows(&mut v, gate, i, h);
@@ -190,29 +170,24 @@ impl ExpertPool {
         push_padded_rows(&mut v, down, h, i);
         let chunk = slot / self.slots_per_chunk;
         let off = (slot % self.slots_per_chunk) as u64 * Self::slot_bytes(h, i);
-        ctx.write(&self.chunks[chunk], off, bytemuck::cast_slice(&v));
+        dev.write(&self.chunks[chunk], off, bytemuck::cast_slice(&v))
     }
 }
 
-/// Slots of INT4 experts in the packed layout of `crate::quant::Q4SlotLayout`, grouped
-/// into chunks of one storage binding each. Bytes arrive already packed (from the host
-/// source or a converted file) and are copied as they are: nothing is expanded.
+/// Slots of INT4 experts in the packed layout of [`Q4SlotLayout`], grouped into chunks of
+/// one storage binding each. Bytes arrive already packed (from the host source or a
+/// converted file) and are copied as they are: nothing is expanded.
 pub struct Q4Pool {
-    pub layout: crate::quant::Q4SlotLayout,
+    pub layout: Q4SlotLayout,
     pub slots: usize,
     pub slots_per_chunk: usize,
-    pub chunks: Vec<GpuBuffer>,
+    pub chunks: Vec<Buffer>,
 }
 
 impl Q4Pool {
-    pub fn new(
-        ctx: &GpuContext,
-        label: &str,
-        slots: usize,
-        layout: crate::quant::Q4SlotLayout,
-    ) -> Result<Self> {
+    pub fn new(dev: &Device, label: &str, slots: usize, layout: Q4SlotLayout) -> Result<Self> {
         let (slots_per_chunk, chunks) =
-            slot_chunks(ctx, label, "one INT4 expert", slots, layout.bytes as u64)?;
+            slot_chunks(dev, label, "one INT4 expert", slots, layout.bytes as u64)?;
         Ok(Q4Pool {
             layout,
             slots,
@@ -225,6 +200,12 @@ impl Q4Pool {
         (self.layout.bytes / 16) as u32
     }
 
+    /// (first slot, slot count) of chunk `ci`.
+    pub fn chunk_slots(&self, ci: usize) -> (usize, usize) {
+        let first = ci * self.slots_per_chunk;
+        (first, self.slots_per_chunk.min(self.slots - first))
+    }
+
     /// (chunk, byte offset) of a slot.
     pub fn locate(&self, slot: usize) -> (usize, u64) {
         (
@@ -233,13 +214,13 @@ impl Q4Pool {
         )
     }
 
-    pub fn write_slot(&self, ctx: &GpuContext, slot: usize, bytes: &[u8]) {
+    pub fn write_slot(&self, dev: &Device, slot: usize, bytes: &[u8]) -> Result<()> {
         let (c, off) = self.locate(slot);
-        ctx.write(&self.chunks[c], off, bytes);
+        dev.write(&self.chunks[c], off, bytes)
     }
 }
 
-/// Routed experts on the GPU, in the precision they are computed in.
+/// Routed experts on the device, in the precision they are computed in.
 pub enum ExpertStore {
     F16(ExpertPool),
     Int4(Q4Pool),

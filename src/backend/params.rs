@@ -1,0 +1,298 @@
+//! The kernels' parameter structs, each the byte-for-byte twin of the WGSL `Params` struct
+//! of its kernel: same member names in the same order, same offsets (a test compares every
+//! member with naga's layout of the WGSL struct), and the flag bits of `common/flags.wgsl`.
+//! Backend-neutral: a CUDA kernel receives the same bytes.
+
+use bytemuck::{Pod, Zeroable};
+
+/// Member names and byte offsets of a params struct (checked against the WGSL twin).
+pub trait ParamsLayout: Pod {
+    const FIELDS: &'static [(&'static str, usize)];
+}
+
+macro_rules! params {
+    ($( $(#[$m:meta])* pub struct $name:ident { $( $(#[$fm:meta])* pub $f:ident : $t:ty, )* } )*) => {
+        $(
+            $(#[$m])*
+            #[repr(C)]
+            #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+            pub struct $name { $( $(#[$fm])* pub $f: $t, )* }
+
+            impl ParamsLayout for $name {
+                const FIELDS: &'static [(&'static str, usize)] =
+                    &[$( (stringify!($f), core::mem::offset_of!($name, $f)), )*];
+            }
+        )*
+    };
+}
+
+/// Flag bits, one definition each (WGSL twins in `shaders/common/flags.wgsl`).
+pub mod flags {
+    /// rmsnorm, matmul: compute only the step's last token (into output row 0).
+    pub const LAST_TOKEN_ONLY: u32 = 4;
+    pub const MATMUL_BIAS: u32 = 1;
+    pub const MATMUL_ACCUMULATE: u32 = 2;
+    /// ffn_gate_up / ffn_down (f16 SwiGLU): slot 0, not routed (dense MLP, shared expert).
+    pub const FFN_FIXED_SLOT: u32 = 1;
+    /// ffn_down_q4: add the weighted sum over the top-k experts into the residual stream.
+    pub const Q4_FUSED_COMBINE: u32 = 1;
+    pub const COMBINE_ROUTED: u32 = 1;
+    pub const COMBINE_SHARED: u32 = 2;
+    pub const COMBINE_SHARED_GATED: u32 = 4;
+    pub const ROPE_QK_NORM: u32 = 1;
+    pub const ROPE_CLIP: u32 = 2;
+    pub const ARGMAX_LAST_ROW: u32 = 1;
+
+    /// Every flag with its WGSL name, for the cross-check.
+    pub const ALL: &[(&str, u32)] = &[
+        ("LAST_TOKEN_ONLY", LAST_TOKEN_ONLY),
+        ("MATMUL_BIAS", MATMUL_BIAS),
+        ("MATMUL_ACCUMULATE", MATMUL_ACCUMULATE),
+        ("FFN_FIXED_SLOT", FFN_FIXED_SLOT),
+        ("Q4_FUSED_COMBINE", Q4_FUSED_COMBINE),
+        ("COMBINE_ROUTED", COMBINE_ROUTED),
+        ("COMBINE_SHARED", COMBINE_SHARED),
+        ("COMBINE_SHARED_GATED", COMBINE_SHARED_GATED),
+        ("ROPE_QK_NORM", ROPE_QK_NORM),
+        ("ROPE_CLIP", ROPE_CLIP),
+        ("ARGMAX_LAST_ROW", ARGMAX_LAST_ROW),
+    ];
+}
+
+/// Size of the uniform window the one-token and window kernels read activations from
+/// (the WGSL declares `array<vec4<f32>, 4096>`).
+pub const UNIFORM_WINDOW_BYTES: usize = 65536;
+/// Tokens per invocation in matmul.wgsl (`TT`).
+pub const MATMUL_TOKENS_PER_THREAD: u32 = 4;
+/// Tokens one matmul_w.wgsl invocation computes (grid y = ceil(window / this)).
+pub const MATMUL_W_TOKENS_PER_THREAD: u32 = 8;
+/// Tokens one attention_w.wgsl workgroup serves (grid y = ceil(tokens / this)).
+pub const ATTENTION_W_TOKENS: u32 = 8;
+/// attention.wgsl keeps one query head in workgroup memory (`MAX_HEAD_DIM`).
+pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
+/// router_topk.wgsl handles at most this many experts (`MAX_EXPERTS`).
+pub const ROUTER_MAX_EXPERTS: usize = 1024;
+/// Output rows per workgroup of the expert-major down kernel (ffn_down_q4_e.wgsl).
+pub const Q4_DOWN_SORTED_ROWS: usize = 128;
+
+params! {
+    /// Per-submission state shared by all kernels (binding 1): where the tokens of this
+    /// step start in the sequence and how many there are.
+    pub struct Step {
+        pub pos0: u32,
+        pub n_tokens: u32,
+        pub _a: u32,
+        pub _b: u32,
+    }
+
+    pub struct EmbedParams {
+        pub hidden: u32,
+        pub row_start: u32,
+        pub rows: u32,
+        pub words_per_row: u32,
+    }
+
+    pub struct RmsNormParams {
+        pub n: u32,
+        pub x_stride: u32,
+        pub out_stride: u32,
+        pub flags: u32,
+        pub eps: f32,
+        pub _a: u32,
+        pub _b: u32,
+        pub _c: u32,
+    }
+
+    /// matmul.wgsl and matmul_u.wgsl.
+    pub struct MatmulParams {
+        pub k: u32,
+        pub n_rows: u32,
+        pub row_base: u32,
+        pub vec4_per_row: u32,
+        pub x_stride: u32,
+        pub out_stride: u32,
+        pub flags: u32,
+        pub _a: u32,
+    }
+
+    /// matmul_w.wgsl: one window of token rows of x, bound as a uniform at `t0 * k * 4`.
+    pub struct MatmulWindowParams {
+        pub k: u32,
+        pub n_rows: u32,
+        pub row_base: u32,
+        pub vec4_per_row: u32,
+        pub t0: u32,
+        pub out_stride: u32,
+        pub flags: u32,
+        pub tw: u32,
+    }
+
+    pub struct RopeKvParams {
+        pub n_heads: u32,
+        pub n_kv: u32,
+        pub head_dim: u32,
+        pub qkv_stride: u32,
+        pub flags: u32,
+        pub eps: f32,
+        pub clip: f32,
+        pub rope_rows: u32,
+    }
+
+    /// attention.wgsl and attention_w.wgsl.
+    pub struct AttentionParams {
+        pub n_heads: u32,
+        pub n_kv: u32,
+        pub head_dim: u32,
+        pub scratch_stride: u32,
+        pub scale: f32,
+        pub _a: u32,
+        pub _b: u32,
+        pub _c: u32,
+    }
+
+    pub struct RouterTopkParams {
+        pub n_experts: u32,
+        pub top_k: u32,
+        pub logits_stride: u32,
+        pub norm_topk: u32,
+    }
+
+    /// ffn_gate_up.wgsl (f16 SwiGLU, first half).
+    pub struct FfnGateUpParams {
+        pub hidden: u32,
+        pub inter: u32,
+        pub top_k: u32,
+        pub x_stride: u32,
+        pub in_vec4: u32,
+        pub slot_vec4: u32,
+        pub first_slot: u32,
+        pub chunk_slots: u32,
+        pub flags: u32,
+        /// First top-k index served: the per-expert executor serves one index per dispatch.
+        pub j_base: u32,
+        pub _a: u32,
+        pub _b: u32,
+    }
+
+    /// ffn_down.wgsl (f16 SwiGLU, second half).
+    pub struct FfnDownParams {
+        pub hidden: u32,
+        pub inter: u32,
+        pub top_k: u32,
+        pub in_vec4: u32,
+        pub down_vec4: u32,
+        pub slot_vec4: u32,
+        pub first_slot: u32,
+        pub chunk_slots: u32,
+        pub flags: u32,
+        pub j_base: u32,
+        pub _a: u32,
+        pub _b: u32,
+    }
+
+    /// ffn_gate_up_q4.wgsl (every variant). Offsets are inside one slot: nibbles in
+    /// vec4<u32>, scales in u32 words.
+    pub struct Q4GateUpParams {
+        pub hidden: u32,
+        pub inter: u32,
+        pub top_k: u32,
+        pub j_base: u32,
+        pub x_stride: u32,
+        pub slot_vec4: u32,
+        pub first_slot: u32,
+        pub chunk_slots: u32,
+        pub gate_q: u32,
+        pub up_q: u32,
+        pub gate_s: u32,
+        pub up_s: u32,
+        pub _a: u32,
+        pub _b: u32,
+        pub _c: u32,
+        pub _d: u32,
+    }
+
+    /// ffn_down_q4.wgsl (every variant).
+    pub struct Q4DownParams {
+        pub hidden: u32,
+        pub inter: u32,
+        pub top_k: u32,
+        pub j_base: u32,
+        pub slot_vec4: u32,
+        pub first_slot: u32,
+        pub chunk_slots: u32,
+        pub down_q: u32,
+        pub down_s: u32,
+        pub flags: u32,
+        pub _a: u32,
+        pub _b: u32,
+    }
+
+    /// ffn_gate_up_q4_e.wgsl (expert-major, grid y: one workgroup row per expert).
+    pub struct Q4GateUpSortedParams {
+        pub hidden: u32,
+        pub inter: u32,
+        pub top_k: u32,
+        pub pmax: u32,
+        pub x_row4: u32,
+        pub h_row: u32,
+        pub n_experts: u32,
+        pub _a: u32,
+        pub slot_vec4: u32,
+        pub first_slot: u32,
+        pub chunk_slots: u32,
+        pub gate_q: u32,
+        pub up_q: u32,
+        pub gate_s: u32,
+        pub up_s: u32,
+        pub _b: u32,
+    }
+
+    /// ffn_down_q4_e.wgsl (expert-major), writing y [T, k, H].
+    pub struct Q4DownSortedParams {
+        pub hidden: u32,
+        pub inter: u32,
+        pub top_k: u32,
+        pub pmax: u32,
+        pub h_row4: u32,
+        pub n_experts: u32,
+        pub slot_vec4: u32,
+        pub first_slot: u32,
+        pub chunk_slots: u32,
+        pub down_q: u32,
+        pub down_s: u32,
+        pub _a: u32,
+    }
+
+    pub struct MoeSortParams {
+        pub n_experts: u32,
+        pub top_k: u32,
+        pub pmax: u32,
+        pub _a: u32,
+    }
+
+    pub struct MoeGatherParams {
+        pub hidden: u32,
+        pub top_k: u32,
+        pub row_stride: u32,
+        pub _a: u32,
+    }
+
+    pub struct MoeCombineParams {
+        pub hidden: u32,
+        pub top_k: u32,
+        pub flags: u32,
+        pub gate_stride: u32,
+        pub gate_col: u32,
+        pub _a: u32,
+        pub _b: u32,
+        pub _c: u32,
+    }
+
+    pub struct ArgmaxParams {
+        pub n: u32,
+        pub n_suppress: u32,
+        pub row_stride: u32,
+        pub flags: u32,
+        pub suppress: [u32; 4],
+    }
+}

@@ -1,0 +1,168 @@
+//! Programs: backend-neutral descriptions of a sequence of kernel dispatches (kernel key,
+//! parameter bytes, buffer bindings, grid). The model's op builders record them once at
+//! load time; a backend turns each into its own objects once (`Device::prepare`), and a
+//! step only re-issues them with the step's token count, which the grids follow.
+
+use bytemuck::Pod;
+
+use super::kernel::Kernel;
+use super::Buffer;
+
+/// One grid dimension, known at build time or derived from the step's token count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dim {
+    Const(u32),
+    Tokens,
+    /// ceil(tokens / n)
+    TokensDiv(u32),
+    /// 1 while the step has more than `first` items at `per_token` items per token (a
+    /// window starting at item `first` has work), else 0 (the dispatch is skipped).
+    Window { first: u32, per_token: u32 },
+    /// 1 when the step's last token lies in [first, first + len), else 0.
+    LastIn { first: u32, len: u32 },
+}
+
+impl Dim {
+    pub fn eval(self, tokens: u32) -> u32 {
+        match self {
+            Dim::Const(n) => n,
+            Dim::Tokens => tokens,
+            Dim::TokensDiv(n) => tokens.div_ceil(n),
+            Dim::Window { first, per_token } => u32::from(tokens * per_token > first),
+            Dim::LastIn { first, len } => {
+                u32::from(tokens > first && tokens - 1 < first.saturating_add(len))
+            }
+        }
+    }
+}
+
+/// Workgroups needed to cover `n` items with 64-wide workgroups.
+pub fn groups64(n: usize) -> u32 {
+    n.div_ceil(64) as u32
+}
+
+/// What one binding of an op refers to.
+#[derive(Clone, Debug)]
+pub enum Resource {
+    Buffer(Buffer),
+    /// At binding 2 of a kernel that reads its activations from a uniform window: the
+    /// 64 KiB window of the buffer starting at byte `offset` (a multiple of the device's
+    /// uniform offset alignment; the one-token alternative of an op binds offset 0). Any
+    /// other kernel binds the whole buffer.
+    Window { buffer: Buffer, offset: u64 },
+}
+
+/// A binding number (binding 0 is the op's params, 1 the step) and what it refers to.
+#[derive(Clone, Debug)]
+pub struct Bind {
+    pub binding: u32,
+    pub resource: Resource,
+}
+
+/// Buffers bound in order from binding 2, the kernels' common convention.
+pub fn binds(buffers: &[&Buffer]) -> Vec<Bind> {
+    buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| Bind {
+            binding: 2 + i as u32,
+            resource: Resource::Buffer((*b).clone()),
+        })
+        .collect()
+}
+
+/// One dispatch.
+#[derive(Clone, Debug)]
+pub struct Op {
+    pub kernel: Kernel,
+    pub params: Vec<u8>,
+    pub binds: Vec<Bind>,
+    pub grid: [Dim; 3],
+    /// Another kernel of the same parameters and bindings for one-token steps (its
+    /// windows bound at offset 0), with its grid.
+    pub decode: Option<(Kernel, [Dim; 3])>,
+}
+
+impl Op {
+    pub fn new<P: Pod>(kernel: Kernel, params: &P, binds: Vec<Bind>, grid: [Dim; 3]) -> Self {
+        Op {
+            kernel,
+            params: bytemuck::bytes_of(params).to_vec(),
+            binds,
+            grid,
+            decode: None,
+        }
+    }
+
+    pub fn with_decode(mut self, decode: Option<(Kernel, [Dim; 3])>) -> Self {
+        self.decode = decode;
+        self
+    }
+
+    /// The kernel and grid a step of `tokens` tokens dispatches (None: skipped).
+    pub fn dispatch(&self, tokens: u32) -> Option<(Kernel, [u32; 3], bool)> {
+        let (kernel, grid, decode) = match self.decode {
+            Some((k, g)) if tokens == 1 => (k, g, true),
+            _ => (self.kernel, self.grid, false),
+        };
+        let g = grid.map(|d| d.eval(tokens));
+        (!g.contains(&0)).then_some((kernel, g, decode))
+    }
+}
+
+/// A recorded sequence of dispatches sharing one step uniform.
+#[derive(Clone, Debug, Default)]
+pub struct Program {
+    pub ops: Vec<Op>,
+}
+
+impl Program {
+    pub fn push(&mut self, op: Op) {
+        self.ops.push(op);
+    }
+
+    /// Dispatches a step of `tokens` tokens makes.
+    pub fn dispatches(&self, tokens: u32) -> usize {
+        self.ops
+            .iter()
+            .filter(|o| o.dispatch(tokens).is_some())
+            .count()
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Every kernel the program may dispatch (for pipelines built ahead of the first step).
+    pub fn kernels(&self) -> Vec<Kernel> {
+        let mut v: Vec<Kernel> = self
+            .ops
+            .iter()
+            .flat_map(|o| std::iter::once(o.kernel).chain(o.decode.map(|d| d.0)))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dims_follow_the_token_count() {
+        assert_eq!(Dim::TokensDiv(4).eval(9), 3);
+        let w = Dim::Window {
+            first: 16,
+            per_token: 1,
+        };
+        assert_eq!((w.eval(16), w.eval(17)), (0, 1));
+        let l = Dim::LastIn { first: 8, len: 8 };
+        assert_eq!((l.eval(8), l.eval(9), l.eval(16), l.eval(17)), (0, 1, 1, 0));
+    }
+}

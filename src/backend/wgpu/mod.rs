@@ -1,0 +1,433 @@
+//! The wgpu backend (Vulkan, DX12, Metal; lavapipe in CI): the only place that speaks wgpu.
+
+pub mod adapter;
+mod record;
+pub mod shaders;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{
+    Backend, Buffer, DeviceInfo, DeviceRequest, Kernel, KernelTimes, MemTracker,
+    NativeBuffer as SeamBuffer, NativePrepared as SeamPrepared, NativeStaging as SeamStaging,
+    Prepared, Program, Staging, Submitted, Usage, Work,
+};
+use crate::error::{Error, Result};
+
+pub use record::NativePrepared;
+
+pub type NativeBuffer = ::wgpu::Buffer;
+
+/// A staging buffer and where it is in its map/unmap cycle.
+pub struct NativeStaging {
+    buffer: ::wgpu::Buffer,
+    state: Arc<AtomicU8>,
+    /// Counts the buffer in the memory tracker while it lives.
+    _tracked: Buffer,
+}
+
+const MAPPED: u8 = 0;
+const UNMAPPED: u8 = 1;
+const MAPPING: u8 = 2;
+
+/// Every adapter wgpu finds for the request, and the one `open` would pick.
+pub fn list_adapters(req: &DeviceRequest) -> (Vec<DeviceInfo>, Option<usize>) {
+    adapter::list(req)
+}
+
+pub struct WgpuDevice {
+    device: ::wgpu::Device,
+    queue: ::wgpu::Queue,
+    info: DeviceInfo,
+    tracker: Arc<MemTracker>,
+    binding_cap: Option<u64>,
+    errors: Arc<Mutex<Vec<String>>>,
+    pipelines: Mutex<HashMap<Kernel, ::wgpu::ComputePipeline>>,
+    submitted: AtomicU64,
+    completed: Arc<AtomicU64>,
+}
+
+fn poll_error(e: impl std::fmt::Display) -> Error {
+    Error::Gpu(format!("device poll failed: {e}"))
+}
+
+impl WgpuDevice {
+    pub fn open(req: &DeviceRequest) -> Result<Self> {
+        let adapter = adapter::select(req)?;
+        let features = adapter::wanted_features(&adapter);
+        let info = adapter::describe(&adapter, features);
+        let (device, queue) = pollster::block_on(adapter.request_device(&::wgpu::DeviceDescriptor {
+            label: Some("wgmoe"),
+            required_features: features,
+            // The adapter's real limits: the defaults reject a 300 MiB buffer.
+            required_limits: adapter.limits(),
+            ..Default::default()
+        }))
+        .map_err(|e| Error::Gpu(format!("cannot open device on `{}`: {e}", info.name)))?;
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = errors.clone();
+        // Validation or out-of-memory errors are collected and reported by `check`, not
+        // turned into a panic.
+        device.on_uncaptured_error(Arc::new(move |e: ::wgpu::Error| {
+            // Display gives only the kind ("Validation Error"); the description says what.
+            let msg = match &e {
+                ::wgpu::Error::Validation { description, .. } => {
+                    format!("validation: {description}")
+                }
+                ::wgpu::Error::OutOfMemory { .. } => "out of GPU memory".to_string(),
+                other => other.to_string(),
+            };
+            if let Ok(mut v) = sink.lock() {
+                v.push(msg);
+            }
+        }));
+        Ok(WgpuDevice {
+            device,
+            queue,
+            info,
+            tracker: Arc::default(),
+            binding_cap: req.max_binding,
+            errors,
+            pipelines: Mutex::default(),
+            submitted: AtomicU64::new(0),
+            completed: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    pub fn binding_cap(&self) -> Option<u64> {
+        self.binding_cap
+    }
+
+    fn native<'b>(&self, b: &'b Buffer) -> &'b ::wgpu::Buffer {
+        match b.native() {
+            SeamBuffer::Wgpu(n) => n,
+            SeamBuffer::Cuda(n) => match *n {},
+        }
+    }
+
+    fn staging_of<'s>(&self, s: &'s Staging) -> &'s NativeStaging {
+        match &s.0 {
+            SeamStaging::Wgpu(n) => n,
+            SeamStaging::Cuda(n) => match *n {},
+        }
+    }
+
+    /// The pipeline of a kernel variant, built on first use.
+    fn pipeline(&self, k: Kernel) -> Result<::wgpu::ComputePipeline> {
+        if k.needs_subgroups() && !(self.info.subgroup && self.info.subgroup_min_size >= 8) {
+            return Err(Error::Gpu(format!(
+                "kernel {k} needs subgroups of at least 8 lanes, which `{}` does not have",
+                self.info.name
+            )));
+        }
+        if k.needs_f16() && !self.info.shader_f16 {
+            return Err(Error::Gpu(format!(
+                "kernel {k} needs SHADER_F16, which `{}` does not have",
+                self.info.name
+            )));
+        }
+        let mut cache = self
+            .pipelines
+            .lock()
+            .map_err(|_| Error::Gpu("pipeline cache poisoned".into()))?;
+        if let Some(p) = cache.get(&k) {
+            return Ok(p.clone());
+        }
+        let label = k.name();
+        let module = self
+            .device
+            .create_shader_module(::wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: ::wgpu::ShaderSource::Wgsl(shaders::source(k).into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&::wgpu::ComputePipelineDescriptor {
+                label: Some(&label),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        cache.insert(k, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Submit recorded commands; the token completes when the GPU has run them.
+    fn submit_commands(&self, cmd: ::wgpu::CommandBuffer) -> u64 {
+        self.queue.submit([cmd]);
+        let n = self.submitted.fetch_add(1, Ordering::AcqRel) + 1;
+        let done = self.completed.clone();
+        self.queue.on_submitted_work_done(move || {
+            done.fetch_max(n, Ordering::AcqRel);
+        });
+        n
+    }
+
+    fn poll_wait(&self) -> Result<()> {
+        self.device
+            .poll(::wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(poll_error)
+    }
+
+    fn remap(&self, s: &NativeStaging) {
+        s.state.store(MAPPING, Ordering::Release);
+        let flag = s.state.clone();
+        s.buffer
+            .slice(..)
+            .map_async(::wgpu::MapMode::Write, move |r| {
+                flag.store(if r.is_ok() { MAPPED } else { UNMAPPED }, Ordering::Release);
+            });
+    }
+}
+
+impl Backend for WgpuDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn tracker(&self) -> &Arc<MemTracker> {
+        &self.tracker
+    }
+
+    fn alloc(&self, label: &str, bytes: u64, usage: Usage) -> Result<Buffer> {
+        use ::wgpu::BufferUsages as U;
+        // wgpu rejects zero-sized bindings, and any buffer may be viewed as vec4s.
+        let size = bytes.max(16).div_ceil(16) * 16;
+        if size > self.info.limits.max_buffer_size {
+            return Err(Error::DoesNotFit(format!(
+                "{label}: a buffer of {size} bytes exceeds the adapter's max_buffer_size of {}",
+                self.info.limits.max_buffer_size
+            )));
+        }
+        let u = match usage {
+            Usage::Storage => U::STORAGE | U::COPY_DST | U::COPY_SRC,
+            Usage::Window => U::STORAGE | U::UNIFORM | U::COPY_DST | U::COPY_SRC,
+            Usage::Uniform => U::UNIFORM | U::COPY_DST,
+            Usage::Readback => U::MAP_READ | U::COPY_DST,
+            Usage::Staging => {
+                return Err(Error::Other(format!(
+                    "internal: {label}: staging buffers come from `staging`"
+                )))
+            }
+        };
+        let buffer = self.device.create_buffer(&::wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: u,
+            mapped_at_creation: false,
+        });
+        Ok(Buffer::new(size, usage, SeamBuffer::Wgpu(buffer), self.tracker.clone()))
+    }
+
+    fn write(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<()> {
+        let end = offset.checked_add(data.len() as u64);
+        if end.is_none_or(|e| e > buf.size()) {
+            return Err(Error::Other(format!(
+                "internal: write of {} bytes at {offset} into a buffer of {}",
+                data.len(),
+                buf.size()
+            )));
+        }
+        let b = self.native(buf);
+        // queue.write_buffer needs a multiple of 4 bytes.
+        if data.len() % 4 == 0 {
+            self.queue.write_buffer(b, offset, data);
+        } else {
+            let mut v = data.to_vec();
+            v.resize(data.len().div_ceil(4) * 4, 0);
+            self.queue.write_buffer(b, offset, &v);
+        }
+        Ok(())
+    }
+
+    fn read(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let size4 = len.div_ceil(4) * 4;
+        let rb = self.alloc("readback", size4, Usage::Readback)?;
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(self.native(buf), offset, self.native(&rb), 0, size4);
+        self.submit_commands(enc.finish());
+        self.map_read(&rb, len)
+    }
+
+    fn map_read(&self, buf: &Buffer, len: u64) -> Result<Vec<u8>> {
+        let b = self.native(buf);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let slice = b.slice(..);
+        slice.map_async(::wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.poll_wait()?;
+        self.check()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            _ => return Err(Error::Gpu("mapping a readback buffer failed".into())),
+        }
+        let out = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| Error::Gpu(format!("readback: {e}")))?;
+            view[..(len as usize).min(view.len())].to_vec()
+        };
+        b.unmap();
+        Ok(out)
+    }
+
+    fn prepare(&self, program: &Program, step: &Buffer) -> Result<SeamPrepared> {
+        Ok(SeamPrepared::Wgpu(record::prepare(self, program, step)?))
+    }
+
+    fn submit(&self, work: &[Work<'_>]) -> Result<Submitted> {
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        let mut dispatches = 0;
+        let mut i = 0;
+        let mut staged = Vec::new();
+        while i < work.len() {
+            match &work[i] {
+                Work::Run { .. } => {
+                    // Consecutive programs share one compute pass.
+                    let mut pass = enc.begin_compute_pass(&Default::default());
+                    while let Some(Work::Run { program, tokens }) = work.get(i) {
+                        dispatches += record::record(program, &mut pass, *tokens);
+                        i += 1;
+                    }
+                }
+                Work::Copy {
+                    src,
+                    src_offset,
+                    dst,
+                    dst_offset,
+                    bytes,
+                } => {
+                    enc.copy_buffer_to_buffer(
+                        self.native(src),
+                        *src_offset,
+                        self.native(dst),
+                        *dst_offset,
+                        bytes.div_ceil(4) * 4,
+                    );
+                    i += 1;
+                }
+                Work::Upload {
+                    staging,
+                    dst,
+                    dst_offset,
+                    bytes,
+                } => {
+                    let s = self.staging_of(staging);
+                    enc.copy_buffer_to_buffer(
+                        &s.buffer,
+                        0,
+                        self.native(dst),
+                        *dst_offset,
+                        bytes.div_ceil(4) * 4,
+                    );
+                    staged.push(s);
+                    i += 1;
+                }
+            }
+        }
+        let token = self.submit_commands(enc.finish());
+        // The copies read the staging buffers; they map again once those completed.
+        for s in staged {
+            self.remap(s);
+        }
+        Ok(Submitted { token, dispatches })
+    }
+
+    fn is_complete(&self, token: u64) -> bool {
+        self.completed.load(Ordering::Acquire) >= token
+    }
+
+    fn wait(&self, token: u64) -> Result<()> {
+        while !self.is_complete(token) {
+            self.poll_wait()?;
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.poll_wait()?;
+        self.check()
+    }
+
+    fn check(&self) -> Result<()> {
+        let mut errs = self
+            .errors
+            .lock()
+            .map_err(|_| Error::Gpu("error sink poisoned".into()))?;
+        if errs.is_empty() {
+            return Ok(());
+        }
+        let msg = errs.join("; ");
+        errs.clear();
+        Err(Error::Gpu(msg))
+    }
+
+    fn staging(&self, bytes: u64) -> Result<Staging> {
+        let size = bytes.max(16).div_ceil(16) * 16;
+        // Created mapped: the first fill needs no wait.
+        let buffer = self.device.create_buffer(&::wgpu::BufferDescriptor {
+            label: Some("staging"),
+            size,
+            usage: ::wgpu::BufferUsages::MAP_WRITE | ::wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        // Staging counts as runtime GPU memory (device-visible) while it lives.
+        let tracked = Buffer::new(
+            size,
+            Usage::Staging,
+            SeamBuffer::Wgpu(buffer.clone()),
+            self.tracker.clone(),
+        );
+        Ok(Staging(SeamStaging::Wgpu(NativeStaging {
+            buffer,
+            state: Arc::new(AtomicU8::new(MAPPED)),
+            _tracked: tracked,
+        })))
+    }
+
+    fn fill_staging(&self, staging: &Staging, data: &[u8]) -> Result<()> {
+        let s = self.staging_of(staging);
+        loop {
+            match s.state.load(Ordering::Acquire) {
+                MAPPED => break,
+                MAPPING => self.poll_wait()?,
+                _ => {
+                    return Err(Error::Gpu(
+                        "a staging buffer could not be mapped for writing".into(),
+                    ))
+                }
+            }
+        }
+        if data.len() as u64 > s.buffer.size() {
+            return Err(Error::Other(format!(
+                "internal: {} bytes staged into a buffer of {}",
+                data.len(),
+                s.buffer.size()
+            )));
+        }
+        s.buffer
+            .slice(..data.len() as u64)
+            .get_mapped_range_mut()
+            .map_err(|e| Error::Gpu(format!("staging buffer map: {e}")))?
+            .copy_from_slice(data);
+        s.buffer.unmap();
+        s.state.store(UNMAPPED, Ordering::Release);
+        Ok(())
+    }
+
+    fn unstage(&self, staging: &Staging) {
+        let s = self.staging_of(staging);
+        if s.state.load(Ordering::Acquire) == UNMAPPED {
+            self.remap(s);
+        }
+    }
+
+    fn profile(&self, program: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
+        record::profile(self, program, tokens, times)
+    }
+}

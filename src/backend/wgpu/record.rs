@@ -1,0 +1,182 @@
+//! Programs on wgpu: each op's pipeline, parameter uniform and bind group are made once
+//! (`prepare`); a step only sets them and dispatches with the step's grid (`record`).
+
+use std::num::NonZeroU64;
+
+use super::WgpuDevice;
+use crate::backend::params::UNIFORM_WINDOW_BYTES;
+use crate::backend::{
+    Backend, Buffer, KernelTimes, NativeBuffer as SeamBuffer, NativePrepared as SeamPrepared,
+    Op, Prepared, Program, Resource, Usage,
+};
+use crate::error::{Error, Result};
+
+struct Bound {
+    pipeline: ::wgpu::ComputePipeline,
+    bind_group: ::wgpu::BindGroup,
+}
+
+struct NativeOp {
+    main: Bound,
+    decode: Option<Bound>,
+    /// The op's parameter uniform (kept alive with the bind groups).
+    _params: Buffer,
+}
+
+/// A program's wgpu objects, one entry per op.
+pub struct NativePrepared {
+    ops: Vec<NativeOp>,
+}
+
+fn native(b: &Buffer) -> &::wgpu::Buffer {
+    match b.native() {
+        SeamBuffer::Wgpu(n) => n,
+        SeamBuffer::Cuda(n) => match *n {},
+    }
+}
+
+fn bind(
+    dev: &WgpuDevice,
+    op: &Op,
+    kernel: crate::backend::Kernel,
+    params: &Buffer,
+    step: &Buffer,
+    decode: bool,
+) -> Result<Bound> {
+    let pipeline = dev.pipeline(kernel)?;
+    let layout = pipeline.get_bind_group_layout(0);
+    let mut entries = vec![
+        ::wgpu::BindGroupEntry {
+            binding: 0,
+            resource: native(params).as_entire_binding(),
+        },
+        ::wgpu::BindGroupEntry {
+            binding: 1,
+            resource: native(step).as_entire_binding(),
+        },
+    ];
+    for b in &op.binds {
+        let resource = match &b.resource {
+            Resource::Buffer(buf) => native(buf).as_entire_binding(),
+            // A kernel that reads binding 2 as storage sees the whole buffer.
+            Resource::Window { buffer, .. } if !(kernel.uniform_activations() && b.binding == 2) => {
+                native(buffer).as_entire_binding()
+            }
+            Resource::Window { buffer, offset } => {
+                // One-token steps read the window at the start of the buffer.
+                let offset = if decode { 0 } else { *offset };
+                let window = UNIFORM_WINDOW_BYTES as u64;
+                if !buffer.window_capable() || offset + window > buffer.size() {
+                    return Err(Error::Other(format!(
+                        "internal: {kernel}: a uniform window at byte {offset} of a buffer of {} bytes ({:?})",
+                        buffer.size(),
+                        buffer.usage()
+                    )));
+                }
+                ::wgpu::BindingResource::Buffer(::wgpu::BufferBinding {
+                    buffer: native(buffer),
+                    offset,
+                    size: NonZeroU64::new(window),
+                })
+            }
+        };
+        entries.push(::wgpu::BindGroupEntry {
+            binding: b.binding,
+            resource,
+        });
+    }
+    let label = kernel.name();
+    let bind_group = dev.device.create_bind_group(&::wgpu::BindGroupDescriptor {
+        label: Some(&label),
+        layout: &layout,
+        entries: &entries,
+    });
+    Ok(Bound {
+        pipeline,
+        bind_group,
+    })
+}
+
+pub fn prepare(dev: &WgpuDevice, program: &Program, step: &Buffer) -> Result<NativePrepared> {
+    let mut ops = Vec::with_capacity(program.ops.len());
+    for op in &program.ops {
+        let (_, size) = op.kernel.params_layout();
+        if op.params.len() != size {
+            return Err(Error::Other(format!(
+                "internal: {}: {} parameter bytes, the kernel takes {size}",
+                op.kernel,
+                op.params.len()
+            )));
+        }
+        let params = dev.alloc(&op.kernel.name(), op.params.len() as u64, Usage::Uniform)?;
+        dev.write(&params, 0, &op.params)?;
+        let main = bind(dev, op, op.kernel, &params, step, false)?;
+        let decode = match op.decode {
+            Some((k, _)) => Some(bind(dev, op, k, &params, step, true)?),
+            None => None,
+        };
+        ops.push(NativeOp {
+            main,
+            decode,
+            _params: params,
+        });
+    }
+    // Pipeline or bind-group validation errors surface here, not at the first step.
+    dev.check()?;
+    Ok(NativePrepared { ops })
+}
+
+fn native_of(p: &Prepared) -> &NativePrepared {
+    match &p.native {
+        SeamPrepared::Wgpu(n) => n,
+        SeamPrepared::Cuda(n) => match *n {},
+    }
+}
+
+/// Record the step's dispatches into `pass`; returns how many there are.
+pub fn record(p: &Prepared, pass: &mut ::wgpu::ComputePass<'_>, tokens: u32) -> usize {
+    let native = native_of(p);
+    let mut n = 0;
+    for (op, nop) in p.program().ops.iter().zip(&native.ops) {
+        let Some((_, [x, y, z], decode)) = op.dispatch(tokens) else {
+            continue;
+        };
+        let b = match (&nop.decode, decode) {
+            (Some(d), true) => d,
+            _ => &nop.main,
+        };
+        pass.set_pipeline(&b.pipeline);
+        pass.set_bind_group(0, &b.bind_group, &[]);
+        pass.dispatch_workgroups(x, y, z);
+        n += 1;
+    }
+    n
+}
+
+/// Every dispatch of a step alone, one submission each, timed (`WGMOE_PROFILE_KERNELS`).
+pub fn profile(dev: &WgpuDevice, p: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
+    let native = native_of(p);
+    for (op, nop) in p.program().ops.iter().zip(&native.ops) {
+        let Some((kernel, [x, y, z], decode)) = op.dispatch(tokens) else {
+            continue;
+        };
+        let b = match (&nop.decode, decode) {
+            (Some(d), true) => d,
+            _ => &nop.main,
+        };
+        let t = std::time::Instant::now();
+        let mut enc = dev.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&b.pipeline);
+            pass.set_bind_group(0, &b.bind_group, &[]);
+            pass.dispatch_workgroups(x, y, z);
+        }
+        let token = dev.submit_commands(enc.finish());
+        dev.wait(token)?;
+        let e = times.entry(kernel.name()).or_default();
+        e.0 += t.elapsed().as_secs_f64();
+        e.1 += 1;
+    }
+    Ok(())
+}

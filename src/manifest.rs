@@ -1,0 +1,86 @@
+//! The manifest of a model: every tensor its config implies, with its shape, and the
+//! check (reading no data) that a checkpoint holds each with that shape and a readable
+//! dtype, the same checks loading and `quantize` make before they read anything.
+
+use crate::checkpoint::{Checkpoint, ExpertProj};
+use crate::config::{Arch, ModelConfig};
+use crate::error::{Error, Result};
+use crate::format::{experts_tensor, is_converted};
+use crate::quant::Q4SlotLayout;
+
+/// Every non-routed tensor the model needs, with its shape (routed experts excluded: their
+/// layout varies and is checked by `check_tensors`).
+pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+    let q_dim = cfg.num_heads * cfg.head_dim;
+    let kv_dim = cfg.num_kv_heads * cfg.head_dim;
+    let mut t = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        t.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        t.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        t.push((format!("{p}.self_attn.q_proj.weight"), vec![q_dim, h]));
+        t.push((format!("{p}.self_attn.k_proj.weight"), vec![kv_dim, h]));
+        t.push((format!("{p}.self_attn.v_proj.weight"), vec![kv_dim, h]));
+        t.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q_dim]));
+        if cfg.qkv_bias {
+            t.push((format!("{p}.self_attn.q_proj.bias"), vec![q_dim]));
+            t.push((format!("{p}.self_attn.k_proj.bias"), vec![kv_dim]));
+            t.push((format!("{p}.self_attn.v_proj.bias"), vec![kv_dim]));
+        }
+        if cfg.qk_norm {
+            t.push((format!("{p}.self_attn.q_norm.weight"), vec![q_dim]));
+            t.push((format!("{p}.self_attn.k_norm.weight"), vec![kv_dim]));
+        }
+        if cfg.sparse_layers[l] {
+            t.push((format!("{p}.mlp.gate.weight"), vec![cfg.num_experts, h]));
+            if let (Arch::Qwen2Moe, Some(si)) = (cfg.arch, cfg.shared_expert_intermediate) {
+                t.push((format!("{p}.mlp.shared_expert.gate_proj.weight"), vec![si, h]));
+                t.push((format!("{p}.mlp.shared_expert.up_proj.weight"), vec![si, h]));
+                t.push((format!("{p}.mlp.shared_expert.down_proj.weight"), vec![h, si]));
+                t.push((format!("{p}.mlp.shared_expert_gate.weight"), vec![1, h]));
+            }
+        } else {
+            let i = cfg.dense_intermediate;
+            t.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+            t.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+            t.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+        }
+    }
+    t.push(("model.norm.weight".to_string(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        t.push(("lm_head.weight".to_string(), vec![v, h]));
+    }
+    t
+}
+
+/// Check, without reading any data, that the checkpoint holds every tensor the config
+/// implies with the right shape and a readable dtype (the same checks loading makes).
+pub fn check_tensors(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
+    for (name, shape) in expected_tensors(cfg) {
+        if name == "lm_head.weight" && cfg.tie_word_embeddings && !ckpt.contains(&name) {
+            continue;
+        }
+        let info = ckpt.info(&name)?;
+        if info.shape != shape {
+            return Err(Error::BadTensor {
+                path: info.file,
+                name,
+                msg: format!("expected shape {shape:?}, found {:?}", info.shape),
+            });
+        }
+    }
+    let (e, h, i) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate);
+    for l in (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]) {
+        if is_converted(ckpt) {
+            ckpt.raw_u8(&experts_tensor(l), &[e, Q4SlotLayout::new(h, i).bytes])?;
+            continue;
+        }
+        for ex in 0..e {
+            for proj in [ExpertProj::Gate, ExpertProj::Up, ExpertProj::Down] {
+                ckpt.check_expert(l, ex, proj, e, h, i)?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,254 @@
+//! Running steps of the forward pass: one submission per step with every expert
+//! resident, or one per layer (plus expert batches) when the routing must reach the host
+//! (partial residency, profile recording).
+
+use crate::backend::{KernelTimes, Prepared, Work};
+use crate::error::{Error, Result};
+use crate::model::forward::{Forward, Head};
+use crate::model::tensors::ExpertStore;
+use crate::model::weights::Mlp;
+
+/// The programs after the layers for a head.
+fn heads(f: &Forward, head: Head) -> Result<Vec<&Prepared>> {
+    Ok(match head {
+        Head::None => vec![],
+        Head::Last => vec![&f.head_last],
+        Head::LastArgmax => vec![&f.head_last, &f.argmax_last],
+        Head::All => match &f.head_all {
+            Some((h, a)) => vec![h, a],
+            None => return Err(Error::Other("all-position logits were not enabled".into())),
+        },
+    })
+}
+
+impl Forward {
+    /// Process tokens at positions [pos0, pos0 + n). `ids` (if given) are uploaded as the
+    /// step's input; otherwise the input is what the previous argmax wrote.
+    pub fn submit(&mut self, pos0: usize, n: usize, ids: Option<&[u32]>, head: Head) -> Result<()> {
+        if n == 0 || n > self.opts.prefill_chunk {
+            return Err(Error::Other(format!(
+                "step of {n} tokens (chunk {})",
+                self.opts.prefill_chunk
+            )));
+        }
+        if pos0 + n > self.opts.max_context {
+            return Err(Error::option(
+                "--max-new-tokens",
+                format!(
+                    "position {} exceeds the context of {} positions",
+                    pos0 + n,
+                    self.opts.max_context
+                ),
+            ));
+        }
+        if let Some(ids) = ids {
+            self.dev.write(&self.ids, 0, bytemuck::cast_slice(ids))?;
+        }
+        self.dev.write_step(&self.step, pos0, n)?;
+        if self.residency.is_some() || self.record_routing {
+            return self.submit_segmented(n, head);
+        }
+        let heads = heads(self, head)?;
+        let copy_token = matches!(head, Head::LastArgmax | Head::All);
+        if std::env::var_os("WGMOE_PROFILE_KERNELS").is_some() {
+            self.profile_step(n, &heads)?;
+        }
+        // Every expert resident: the whole step is one submission.
+        let t = n as u32;
+        let mut work: Vec<Work> = Vec::new();
+        for l in &self.layers {
+            work.push(Work::Run { program: &l.pre, tokens: t });
+            work.push(Work::Run { program: l.post_for(n), tokens: t });
+        }
+        for p in &heads {
+            work.push(Work::Run { program: p, tokens: t });
+        }
+        if copy_token {
+            work.push(self.token_copy());
+        }
+        let s = self.dev.submit(&work)?;
+        self.counters.dispatches += s.dispatches as u64;
+        self.counters.submissions += 1;
+        Ok(())
+    }
+
+    fn token_copy(&self) -> Work<'_> {
+        Work::Copy {
+            src: &self.ids,
+            src_offset: 0,
+            dst: &self.token_readback,
+            dst_offset: 0,
+            bytes: 4,
+        }
+    }
+
+    /// Developer aid (`WGMOE_PROFILE_KERNELS`): every dispatch alone, timed; a table per
+    /// step on stderr.
+    fn profile_step(&self, n: usize, heads: &[&Prepared]) -> Result<()> {
+        let mut times = KernelTimes::new();
+        let t = n as u32;
+        for l in &self.layers {
+            self.dev.profile(&l.pre, t, &mut times)?;
+            self.dev.profile(l.post_for(n), t, &mut times)?;
+        }
+        for p in heads {
+            self.dev.profile(p, t, &mut times)?;
+        }
+        let total: f64 = times.values().map(|v| v.0).sum();
+        eprintln!(
+            "profile: step of {n} tokens, {:.1} ms in {} dispatches",
+            total * 1e3,
+            times.values().map(|v| v.1).sum::<usize>()
+        );
+        for (k, (s, c)) in &times {
+            eprintln!(
+                "  {k:<34} {:>9.2} ms {:>5} dispatches {:>5.1}%",
+                s * 1e3,
+                c,
+                100.0 * s / total.max(1e-12)
+            );
+        }
+        Ok(())
+    }
+
+    /// One step with the routing of every layer brought to the host: submission l holds
+    /// layer l-1's MLP and layer l's attention and router, then the router's expert ids
+    /// (k per token, a few bytes) are read back, the cache makes them resident (uploads,
+    /// then one table publication), and the next submission reads them.
+    fn submit_segmented(&mut self, n: usize, head: Head) -> Result<()> {
+        let copy_token = matches!(head, Head::LastArgmax | Head::All);
+        let head_programs = heads(self, head)?.len();
+        let k = self.cfg.top_k;
+        let t = n as u32;
+        let dev = self.dev.clone();
+        let mut dispatches = 0;
+        let mut submissions = 0;
+        // Experts the previous submission's successor reads: (layer, wanted).
+        let mut reads: Option<(usize, Vec<u32>)> = None;
+        let layers = self.layers.len();
+        for l in 0..=layers {
+            let routed = l < layers && self.cfg.sparse_layers[l];
+            let mut work: Vec<Work> = Vec::new();
+            if l > 0 {
+                work.push(Work::Run { program: self.layers[l - 1].post_for(n), tokens: t });
+            }
+            if l < layers {
+                work.push(Work::Run { program: &self.layers[l].pre, tokens: t });
+            } else {
+                let hp = [&self.head_last, &self.argmax_last];
+                let all = self.head_all.as_ref().map(|(h, a)| [h, a]);
+                let programs: &[&Prepared] = match head {
+                    Head::All => all.as_ref().map_or(&[], |a| &a[..]),
+                    _ => &hp[..head_programs],
+                };
+                for p in programs {
+                    work.push(Work::Run { program: p, tokens: t });
+                }
+            }
+            if routed {
+                work.push(Work::Copy {
+                    src: &self.topk_ids,
+                    src_offset: 0,
+                    dst: &self.ids_readback,
+                    dst_offset: 0,
+                    bytes: (n * k * 4) as u64,
+                });
+            }
+            if l == layers && copy_token {
+                work.push(self.token_copy());
+            }
+            let s = dev.submit(&work)?;
+            drop(work);
+            dispatches += s.dispatches;
+            submissions += 1;
+            if let (Some(r), Some((rl, wanted))) = (self.residency.as_mut(), reads.take()) {
+                r.mark_read(rl, &wanted, s.token)?;
+            }
+            if !routed {
+                continue;
+            }
+            let bytes = dev.map_read(&self.ids_readback, (n * k * 4) as u64)?;
+            let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+            let mut wanted: Vec<u32> = Vec::new();
+            for &e in &ids {
+                if !wanted.contains(&e) {
+                    wanted.push(e);
+                }
+            }
+            if let Some(p) = self.profile.as_mut() {
+                for g in ids.chunks(k) {
+                    p.record_group(l, g);
+                }
+            }
+            let Some(r) = self.residency.as_mut() else {
+                continue;
+            };
+            let Mlp::Moe {
+                experts: ExpertStore::Int4(pool),
+                slot_of,
+                ..
+            } = &self.weights.layers[l].mlp
+            else {
+                continue;
+            };
+            let batches = match r.caches.get(l) {
+                Some(Some(c)) => {
+                    let cfg = c.config();
+                    crate::residency::expert_batches(
+                        &wanted,
+                        |e| c.table().slot_of(e).is_some(),
+                        cfg.capacity,
+                        cfg.spares,
+                    )
+                }
+                _ => continue,
+            };
+            // More than one plan's worth of experts: all but the last batch run here,
+            // each in its own submission after its uploads; the next submission (this
+            // layer's MLP block) serves the last batch and combines.
+            let Some((last, earlier)) = batches.split_last() else {
+                continue;
+            };
+            if !earlier.is_empty() {
+                let Some(routed) = self.layers[l].routed_only.as_ref() else {
+                    return Err(Error::Other(format!(
+                        "layer {l}: the {} experts routed in one step need {} cache plans, and expert batches were not built",
+                        wanted.len(),
+                        batches.len()
+                    )));
+                };
+                for b in earlier {
+                    r.serve(&dev, l, b, pool, slot_of)?;
+                    let s = dev.submit(&[Work::Run { program: routed, tokens: t }])?;
+                    dispatches += s.dispatches;
+                    submissions += 1;
+                    r.mark_read(l, b, s.token)?;
+                }
+            }
+            r.serve(&dev, l, last, pool, slot_of)?;
+            reads = Some((l, last.clone()));
+        }
+        self.counters.dispatches += dispatches as u64;
+        self.counters.submissions += submissions;
+        Ok(())
+    }
+
+    /// The token id written by the last argmax (blocks until the step finished).
+    pub fn read_token(&self) -> Result<u32> {
+        let b = self.dev.map_read(&self.token_readback, 4)?;
+        match b.as_slice() {
+            [a, b, c, d, ..] => Ok(u32::from_le_bytes([*a, *b, *c, *d])),
+            _ => Err(Error::Gpu("token readback returned no data".into())),
+        }
+    }
+
+    /// Logits rows [0, rows) of the last step (row 0 = last token with `Head::Last*`).
+    pub fn read_logits(&self, rows: usize) -> Result<Vec<f32>> {
+        self.dev.read_f32(&self.logits, rows * self.cfg.vocab_size)
+    }
+
+    /// Overwrite the next step's input token (after host-side sampling).
+    pub fn set_token(&self, id: u32) -> Result<()> {
+        self.dev.write(&self.ids, 0, &id.to_le_bytes())
+    }
+}

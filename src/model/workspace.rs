@@ -1,0 +1,163 @@
+//! The workspace of the forward pass: every activation buffer, the KV cache, the RoPE table
+//! and the readback buffers, as one table. `Forward::new` allocates exactly these rows and
+//! admission control (and `inspect --max-context`) adds them up before anything is
+//! allocated, so the two cannot disagree.
+
+use crate::backend::params::UNIFORM_WINDOW_BYTES;
+use crate::backend::Usage;
+use crate::config::{Arch, ModelConfig};
+use crate::error::{Error, Result};
+
+/// What the workspace is sized for.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkspaceShape {
+    /// Positions the KV cache holds.
+    pub max_context: usize,
+    /// Tokens per submission (after `effective_chunk`).
+    pub chunk: usize,
+    /// Logits of every position of a chunk (tests, evaluation), not only the last.
+    pub all_logits: bool,
+    /// The expert-major prefill buffers (window kernels, INT4, grouped executor). `None`:
+    /// not known yet (no device): counted, as an upper bound.
+    pub expert_major: Option<bool>,
+}
+
+/// One buffer of the workspace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkspaceBuffer {
+    pub name: String,
+    pub bytes: u64,
+    pub usage: Usage,
+}
+
+/// The prefill chunk a forward pass really uses: at least 1, at most the context, and
+/// small enough that a chunk's attention scratch (heads x chunk x context floats) fits one
+/// storage binding of `binding_limit` bytes (when known).
+pub fn effective_chunk(
+    cfg: &ModelConfig,
+    max_context: usize,
+    chunk: usize,
+    binding_limit: Option<u64>,
+) -> usize {
+    let ctxlen = max_context.max(1) as u64;
+    let max_chunk = match binding_limit {
+        Some(b) => (b / (cfg.num_heads as u64 * ctxlen * 4).max(1)).max(1),
+        None => u64::MAX,
+    };
+    (chunk as u64).clamp(1, max_chunk).min(ctxlen) as usize
+}
+
+/// Floats of one router row: the experts, plus Qwen's shared-expert gate logit.
+pub fn router_stride(cfg: &ModelConfig) -> usize {
+    cfg.num_experts
+        + usize::from(cfg.arch == Arch::Qwen2Moe && cfg.shared_expert_intermediate.is_some())
+}
+
+/// Widest SwiGLU intermediate of a step's token: k routed experts, the shared expert or a
+/// dense MLP.
+pub fn intermediate_width(cfg: &ModelConfig) -> usize {
+    (cfg.top_k * cfg.moe_intermediate)
+        .max(cfg.shared_expert_intermediate.unwrap_or(0))
+        .max(cfg.dense_intermediate)
+}
+
+/// Row strides (floats) of the expert-major buffers: hidden and intermediate rounded up to
+/// the kernels' 32-wide vec4 groups.
+pub fn sorted_rows(cfg: &ModelConfig) -> (usize, usize) {
+    (
+        cfg.hidden_size.next_multiple_of(32),
+        cfg.moe_intermediate.next_multiple_of(32),
+    )
+}
+
+/// Bytes reserved for the kernels' parameter uniforms (one small buffer per dispatch).
+pub fn params_allowance(cfg: &ModelConfig) -> u64 {
+    8192 + cfg.num_layers as u64 * 4096
+}
+
+struct Table {
+    rows: Vec<WorkspaceBuffer>,
+}
+
+impl Table {
+    fn add(&mut self, name: impl Into<String>, usage: Usage, factors: &[usize]) -> Result<()> {
+        let name = name.into();
+        let mut bytes: u64 = 4;
+        for &f in factors {
+            bytes = bytes.checked_mul(f as u64).ok_or_else(|| {
+                Error::DoesNotFit(format!("the {name} buffer's size overflows 64 bits"))
+            })?;
+        }
+        if usage == Usage::Window {
+            // Room for a 64 KiB window starting at any row of the data.
+            bytes = bytes.saturating_add(UNIFORM_WINDOW_BYTES as u64);
+        }
+        self.rows.push(WorkspaceBuffer { name, bytes, usage });
+        Ok(())
+    }
+}
+
+/// Every buffer of the workspace (sizes as requested; the device rounds to 16 bytes).
+pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceBuffer>> {
+    let (h, v, k) = (cfg.hidden_size, cfg.vocab_size, cfg.top_k);
+    let q_dim = cfg.num_heads * cfg.head_dim;
+    let kv_dim = cfg.num_kv_heads * cfg.head_dim;
+    let ctxlen = s.max_context.max(1);
+    let t = s.chunk.max(1);
+    let logit_rows = if s.all_logits { t } else { 1 };
+    let mut w = Table { rows: Vec::new() };
+    use Usage::*;
+    w.add("ids", Storage, &[t])?;
+    w.add("x", Storage, &[t, h])?;
+    // Activations the one-token and window kernels bind as uniform windows.
+    w.add("xn", Window, &[t, h])?;
+    w.add("qkv", Storage, &[t, q_dim + 2 * kv_dim])?;
+    w.add("q", Storage, &[t, q_dim])?;
+    w.add("attn_out", Window, &[t, q_dim])?;
+    w.add("attn_scratch", Storage, &[t, cfg.num_heads, ctxlen])?;
+    w.add("router_logits", Storage, &[t, router_stride(cfg)])?;
+    w.add("topk_ids", Storage, &[t, k])?;
+    w.add("topk_weights", Storage, &[t, k])?;
+    w.add("ffn_h", Window, &[t, intermediate_width(cfg)])?;
+    w.add("ffn_y", Storage, &[t, k, h])?;
+    w.add("shared_y", Storage, &[t, h])?;
+    w.add("x_final", Window, &[t, h])?;
+    w.add("logits", Storage, &[logit_rows, v])?;
+    w.add("dummy", Storage, &[4])?;
+    w.add("token_readback", Readback, &[4])?;
+    w.add("ids_readback", Readback, &[t, k])?;
+    // cos/sin per position and rotated pair.
+    w.add("rope", Storage, &[ctxlen, cfg.head_dim])?;
+    for l in 0..cfg.num_layers {
+        w.add(format!("cache_k.{l}"), Storage, &[ctxlen, kv_dim])?;
+        w.add(format!("cache_v.{l}"), Storage, &[ctxlen, kv_dim])?;
+    }
+    if s.expert_major.unwrap_or(true) && t > 1 {
+        let (x_row, h_row) = sorted_rows(cfg);
+        let pmax = t * k;
+        w.add("moe_pairs", Storage, &[2 * pmax + cfg.num_experts])?;
+        w.add("moe_x_sorted", Storage, &[pmax, x_row])?;
+        w.add("moe_h_sorted", Storage, &[pmax, h_row])?;
+    }
+    Ok(w.rows)
+}
+
+/// Bytes of the workspace as the device allocates it (rows rounded to 16 bytes), plus the
+/// parameter uniforms' allowance and the step uniform.
+pub fn workspace_bytes(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<u64> {
+    let rows = workspace(cfg, s)?;
+    let mut total = params_allowance(cfg) + 16;
+    for r in rows {
+        total = total
+            .checked_add(r.bytes.max(16).div_ceil(16) * 16)
+            .ok_or_else(|| Error::DoesNotFit("the workspace's size overflows 64 bits".into()))?;
+    }
+    Ok(total)
+}
+
+/// Find a row of the table by name.
+pub fn row<'a>(rows: &'a [WorkspaceBuffer], name: &str) -> Result<&'a WorkspaceBuffer> {
+    rows.iter()
+        .find(|r| r.name == name)
+        .ok_or_else(|| Error::Other(format!("internal: workspace has no `{name}` buffer")))
+}
