@@ -18,28 +18,11 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read> h: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<f32>;  // h [T, top_k, inter]
 @group(0) @binding(3) var<storage, read> ids: array<u32>;
 @group(0) @binding(4) var<storage, read> slot_of: array<u32>;
 @group(0) @binding(5) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
-
-// One input, 0 past the end: neither padding nor the next row may contribute. (No
-// dynamically indexed private array: llvmpipe gives those scratch memory per dispatch.)
-fn hk(base: u32, k: u32) -> f32 {
-    return select(0.0, h[base + min(k, p.inter - 1u)], k < p.inter);
-}
-
-fn h8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
-    if (k0 + 8u <= p.inter) {
-        let i = base + k0;
-        return array<vec4<f32>, 2>(vec4<f32>(h[i], h[i + 1u], h[i + 2u], h[i + 3u]),
-                                   vec4<f32>(h[i + 4u], h[i + 5u], h[i + 6u], h[i + 7u]));
-    }
-    return array<vec4<f32>, 2>(
-        vec4<f32>(hk(base, k0), hk(base, k0 + 1u), hk(base, k0 + 2u), hk(base, k0 + 3u)),
-        vec4<f32>(hk(base, k0 + 4u), hk(base, k0 + 5u), hk(base, k0 + 6u), hk(base, k0 + 7u)));
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -54,7 +37,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let hb = (t * p.top_k + j) * p.inter;
     var acc = 0.0;
     for (var c = 0u; c < p.down_vec4; c++) {
-        let hv = h8(hb, c * 8u);
+        let hv = act8(hb, c * 8u, p.inter);
         let wv = halves(w[row + c]);
         acc += dot(wv[0], hv[0]) + dot(wv[1], hv[1]);
     }

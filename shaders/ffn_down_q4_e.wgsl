@@ -31,7 +31,7 @@ struct Params {
 // Two rows (weights a0/b0 and a1/b1 of one word each) against 8 pairs' intermediates.
 struct Acc { r0a: vec4<f32>, r0b: vec4<f32>, r1a: vec4<f32>, r1b: vec4<f32> }
 
-fn word(acc: Acc, w0: u32, w1: u32, s0: f32, s1: f32, xa: vec4<f32>, xb: vec4<f32>) -> Acc {
+fn word_rows(acc: Acc, w0: u32, w1: u32, s0: f32, s1: f32, xa: vec4<f32>, xb: vec4<f32>) -> Acc {
     let a0 = lo4(w0, s0);
     let b0 = hi4(w0, s0);
     let a1 = lo4(w1, s1);
@@ -101,10 +101,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                 let w0 = wq[row0 + c];
                 let w1 = wq[row1 + c];
                 let i = r + c * 8u;
-                acc = word(acc, w0.x, w1.x, s0, s1, hu[i], hu[i + 1u]);
-                acc = word(acc, w0.y, w1.y, s0, s1, hu[i + 2u], hu[i + 3u]);
-                acc = word(acc, w0.z, w1.z, s0, s1, hu[i + 4u], hu[i + 5u]);
-                acc = word(acc, w0.w, w1.w, s0, s1, hu[i + 6u], hu[i + 7u]);
+                acc = word_rows(acc, w0.x, w1.x, s0, s1, hu[i], hu[i + 1u]);
+                acc = word_rows(acc, w0.y, w1.y, s0, s1, hu[i + 2u], hu[i + 3u]);
+                acc = word_rows(acc, w0.z, w1.z, s0, s1, hu[i + 4u], hu[i + 5u]);
+                acc = word_rows(acc, w0.w, w1.w, s0, s1, hu[i + 6u], hu[i + 7u]);
             }
         }
         store(m0, g0, q, acc.r0a, acc.r0b);

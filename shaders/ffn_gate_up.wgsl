@@ -27,23 +27,6 @@ struct Params {
 @group(0) @binding(5) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> h_out: array<f32>;
 
-// One input, 0 past the end: neither padding nor the next row may contribute. (No
-// dynamically indexed private array: llvmpipe gives those scratch memory per dispatch.)
-fn xk(base: u32, k: u32) -> f32 {
-    return select(0.0, x[base + min(k, p.hidden - 1u)], k < p.hidden);
-}
-
-fn x8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
-    if (k0 + 8u <= p.hidden) {
-        let i = base + k0;
-        return array<vec4<f32>, 2>(vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]),
-                                   vec4<f32>(x[i + 4u], x[i + 5u], x[i + 6u], x[i + 7u]));
-    }
-    return array<vec4<f32>, 2>(
-        vec4<f32>(xk(base, k0), xk(base, k0 + 1u), xk(base, k0 + 2u), xk(base, k0 + 3u)),
-        vec4<f32>(xk(base, k0 + 4u), xk(base, k0 + 5u), xk(base, k0 + 6u), xk(base, k0 + 7u)));
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let n = gid.x;
@@ -60,7 +43,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var g = 0.0;
     var u = 0.0;
     for (var c = 0u; c < p.in_vec4; c++) {
-        let xv = x8(xb, c * 8u);
+        let xv = act8(xb, c * 8u, p.hidden);
         let gv = halves(w[g_row + c]);
         let uv = halves(w[u_row + c]);
         g += dot(gv[0], xv[0]) + dot(gv[1], xv[1]);

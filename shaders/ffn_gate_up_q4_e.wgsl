@@ -42,7 +42,7 @@ struct Params {
 // j's columns i .. i + 8 as xa, xb), accumulated.
 struct Acc { g0: vec4<f32>, g1: vec4<f32>, u0: vec4<f32>, u1: vec4<f32> }
 
-fn word(acc: Acc, gw: u32, uw: u32, sg: f32, su: f32, xa: vec4<f32>, xb: vec4<f32>) -> Acc {
+fn word_gate_up(acc: Acc, gw: u32, uw: u32, sg: f32, su: f32, xa: vec4<f32>, xb: vec4<f32>) -> Acc {
     let ga = lo4(gw, sg);
     let gb = hi4(gw, sg);
     let ua = lo4(uw, su);
@@ -103,10 +103,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg
                         let gq = wq[g_row + c];
                         let uq = wq[u_row + c];
                         let i = r + c * 8u;
-                        acc = word(acc, gq.x, uq.x, sg, su, xu[i], xu[i + 1u]);
-                        acc = word(acc, gq.y, uq.y, sg, su, xu[i + 2u], xu[i + 3u]);
-                        acc = word(acc, gq.z, uq.z, sg, su, xu[i + 4u], xu[i + 5u]);
-                        acc = word(acc, gq.w, uq.w, sg, su, xu[i + 6u], xu[i + 7u]);
+                        acc = word_gate_up(acc, gq.x, uq.x, sg, su, xu[i], xu[i + 1u]);
+                        acc = word_gate_up(acc, gq.y, uq.y, sg, su, xu[i + 2u], xu[i + 3u]);
+                        acc = word_gate_up(acc, gq.z, uq.z, sg, su, xu[i + 4u], xu[i + 5u]);
+                        acc = word_gate_up(acc, gq.w, uq.w, sg, su, xu[i + 6u], xu[i + 7u]);
                     }
                 }
                 let h0 = silu_mul(acc.g0, acc.u0);

@@ -25,26 +25,6 @@ struct Params {
 
 const TT: u32 = 4u;
 
-fn x8(base: u32, k0: u32) -> array<vec4<f32>, 2> {
-    let i = base + k0;
-    return array<vec4<f32>, 2>(
-        vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]),
-        vec4<f32>(x[i + 4u], x[i + 5u], x[i + 6u], x[i + 7u]));
-}
-
-// The last, partial group of 8 inputs: lanes past k are zero so that neither padding nor
-// the next row's activations contribute. (No dynamically indexed private array: llvmpipe
-// gives those scratch memory per dispatch, and Mesa 22.3 does not free it.)
-fn xk(base: u32, k: u32) -> f32 {
-    return select(0.0, x[base + min(k, p.k - 1u)], k < p.k);
-}
-
-fn x8_tail(base: u32, k0: u32) -> array<vec4<f32>, 2> {
-    return array<vec4<f32>, 2>(
-        vec4<f32>(xk(base, k0), xk(base, k0 + 1u), xk(base, k0 + 2u), xk(base, k0 + 3u)),
-        vec4<f32>(xk(base, k0 + 4u), xk(base, k0 + 5u), xk(base, k0 + 6u), xk(base, k0 + 7u)));
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let n = gid.x;
@@ -70,10 +50,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var c = 0u; c < full; c++) {
         let wv = halves(w[wrow + c]);
         let k0 = c * 8u;
-        let a0 = x8(xb0, k0);
-        let a1 = x8(xb1, k0);
-        let a2 = x8(xb2, k0);
-        let a3 = x8(xb3, k0);
+        let a0 = act8_whole(xb0, k0);
+        let a1 = act8_whole(xb1, k0);
+        let a2 = act8_whole(xb2, k0);
+        let a3 = act8_whole(xb3, k0);
         acc += vec4<f32>(dot(wv[0], a0[0]) + dot(wv[1], a0[1]),
                          dot(wv[0], a1[0]) + dot(wv[1], a1[1]),
                          dot(wv[0], a2[0]) + dot(wv[1], a2[1]),
@@ -82,10 +62,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (full * 8u < p.k) {
         let wv = halves(w[wrow + full]);
         let k0 = full * 8u;
-        let a0 = x8_tail(xb0, k0);
-        let a1 = x8_tail(xb1, k0);
-        let a2 = x8_tail(xb2, k0);
-        let a3 = x8_tail(xb3, k0);
+        let a0 = act8_tail(xb0, k0, p.k);
+        let a1 = act8_tail(xb1, k0, p.k);
+        let a2 = act8_tail(xb2, k0, p.k);
+        let a3 = act8_tail(xb3, k0, p.k);
         acc += vec4<f32>(dot(wv[0], a0[0]) + dot(wv[1], a0[1]),
                          dot(wv[0], a1[0]) + dot(wv[1], a1[1]),
                          dot(wv[0], a2[0]) + dot(wv[1], a2[1]),

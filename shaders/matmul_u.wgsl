@@ -16,18 +16,9 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(2) var<uniform> xu: array<vec4<f32>, 4096>;
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
-
-// Activations 4i .. 4i + 4, 0 past k (padding and stale values must not contribute).
-fn xa(i: u32) -> vec4<f32> {
-    let v = xu[i];
-    let k0 = i * 4u;
-    if (k0 + 4u <= p.k) { return v; }
-    return select(vec4<f32>(0.0), v, vec4<u32>(k0, k0 + 1u, k0 + 2u, k0 + 3u) < vec4<u32>(p.k));
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -40,7 +31,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v = w[wrow + c];
         let a = vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));
         let b = vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w));
-        acc += dot(a, xa(2u * c)) + dot(b, xa(2u * c + 1u));
+        acc += dot(a, xa(0u, 8u * c, p.k)) + dot(b, xa(0u, 8u * c + 4u, p.k));
     }
     let row = p.row_base + n;
     if ((p.flags & MATMUL_BIAS) != 0u) { acc += bias[row]; }

@@ -6,8 +6,9 @@ mod common;
 use common::*;
 use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
 use wgmoe::generate::{generate, prompt_logits, GenerateOptions};
-use wgmoe::gpu::AdapterRequest;
-use wgmoe::model::forward::Executor;
+use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
+use wgmoe::backend::{DeviceRequest, KernelOverrides};
+use wgmoe::model::Executor;
 use wgmoe::sampling::SamplingOptions;
 
 /// Allowed |logit - golden| = LOGIT_ATOL + LOGIT_RTOL * |golden|. Weights are the
@@ -86,19 +87,25 @@ fn load(name: &str, max_context: usize, s: Setup) -> Engine {
 }
 
 fn load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> Engine {
-    init_env();
     let name = dir.display();
+    try_load_dir(dir, max_context, s).unwrap_or_else(|e| panic!("loading {name}: {e}"))
+}
+
+fn try_load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> wgmoe::Result<Engine> {
+    init_env();
     Engine::load(
         dir,
         &EngineOptions {
             residency: Default::default(),
-            adapter: AdapterRequest {
+            adapter: DeviceRequest {
                 max_binding: s.max_binding,
-                portable_kernels: s.portable,
-                uniform_decode: s.uniform_decode,
-                f16_arithmetic: s.f16_arithmetic,
-                window_prefill: s.window_prefill,
                 ..Default::default()
+            },
+            kernels: KernelOverrides {
+                portable: s.portable,
+                decode: s.uniform_decode.map(|u| if u { DecodeKernels::Uniform } else { DecodeKernels::Storage }),
+                prefill: s.window_prefill.map(|w| if w { PrefillKernels::Window } else { PrefillKernels::Storage }),
+                f16_arithmetic: s.f16_arithmetic.map(|f| if f { Switch::On } else { Switch::Off }),
             },
             expert_precision: s.precision,
             executor: s.executor,
@@ -107,7 +114,24 @@ fn load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> Engine {
             all_logits: true,
         },
     )
-    .unwrap_or_else(|e| panic!("loading {name}: {e}"))
+}
+
+/// Whether the adapter's subgroups have at least 8 lanes (the subgroup kernels' need).
+/// lavapipe with LP_NATIVE_VECTOR_WIDTH=128 has subgroups of 4.
+fn subgroup_kernels_available() -> bool {
+    init_env();
+    let dev = wgmoe::backend::Device::open(&DeviceRequest::default()).expect("a GPU adapter (lavapipe in CI)");
+    dev.info().subgroup && dev.info().subgroup_min_size >= 8
+}
+
+/// A setup forcing subgroup kernels is refused, naming the option, where subgroups are
+/// narrower than 8 lanes.
+fn assert_refused(name: &str, s: Setup, option: &str) {
+    let err = match try_load_dir(&fixture(name), 64, s) {
+        Ok(_) => panic!("{name}: {option} must be refused on an adapter with subgroups below 8 lanes"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(option) && err.contains("8 lanes"), "{err}");
 }
 
 /// Compare with the goldens of transformers run on the same expert precision (the INT4
@@ -129,11 +153,11 @@ fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
         .map(|p| p.prompt_ids.len() + p.generated_ids.len())
         .max()
         .unwrap();
-    let engine = load_dir(dir, max_ctx, s);
+    let mut engine = load_dir(dir, max_ctx, s);
     let tol_scale = s.tol_scale;
     for (pi, g) in golden.prompts.iter().enumerate() {
         // Logits at every prompt position.
-        let rows = prompt_logits(&engine.ctx, &engine.fwd, &g.prompt_ids).unwrap();
+        let rows = prompt_logits(&mut engine.fwd, &g.prompt_ids).unwrap();
         assert_eq!(rows.len(), g.prompt_ids.len());
         let mut worst = 0.0f32;
         let mut worst_ratio = 0.0f32;
@@ -145,8 +169,7 @@ fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
         }
         // Greedy decode with per-step logits.
         let out = generate(
-            &engine.ctx,
-            &engine.fwd,
+            &mut engine.fwd,
             &g.prompt_ids,
             &GenerateOptions {
                 max_new_tokens: g.generated_ids.len(),
@@ -255,14 +278,16 @@ fn storage_kernels_match_transformers() {
 /// Window prefill with uniform decode switched off, and the reverse: each path on its own.
 #[test]
 fn window_prefill_and_uniform_decode_each_match_transformers() {
-    check_fixture(
-        "olmoe-tiny",
-        Setup {
-            uniform_decode: Some(false),
-            window_prefill: Some(true),
-            ..INT4
-        },
-    );
+    let window = Setup {
+        uniform_decode: Some(false),
+        window_prefill: Some(true),
+        ..INT4
+    };
+    if subgroup_kernels_available() {
+        check_fixture("olmoe-tiny", window);
+    } else {
+        assert_refused("olmoe-tiny", window, "--prefill-kernels");
+    }
     check_fixture(
         "qwen2moe-tiny",
         Setup {
@@ -286,6 +311,11 @@ fn f16_arithmetic_int4_kernels_match_transformers() {
         tol_scale: F16_ARITH_TOL_SCALE,
         ..INT4
     };
+    if !subgroup_kernels_available() {
+        // The f16 kernels are subgroup kernels.
+        assert_refused("olmoe-tiny", s, "--f16-arithmetic");
+        return;
+    }
     check_fixture("olmoe-tiny", s);
     check_fixture("qwen2moe-tiny", s);
     check_fixture(
@@ -391,7 +421,8 @@ fn converted_model_matches_and_is_validated() {
 
         let opts = |precision| EngineOptions {
             residency: Default::default(),
-            adapter: AdapterRequest::default(),
+            adapter: DeviceRequest::default(),
+            kernels: KernelOverrides::default(),
             expert_precision: precision,
             executor: Executor::Grouped,
             max_context: 8,

@@ -11,8 +11,9 @@ use std::path::PathBuf;
 use common::*;
 use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
 use wgmoe::generate::{generate, GenerateOptions};
-use wgmoe::gpu::AdapterRequest;
-use wgmoe::model::forward::Executor;
+use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
+use wgmoe::backend::{DeviceRequest, KernelOverrides};
+use wgmoe::model::Executor;
 use wgmoe::residency::PolicyKind;
 use wgmoe::sampling::SamplingOptions;
 
@@ -27,7 +28,7 @@ fn load(
         max_context,
         residency,
         executor,
-        AdapterRequest::default(),
+        KernelOverrides::default(),
     )
 }
 
@@ -36,14 +37,15 @@ fn load_on(
     max_context: usize,
     residency: ResidencyOptions,
     executor: Executor,
-    adapter: AdapterRequest,
+    kernels: KernelOverrides,
 ) -> wgmoe::Result<Engine> {
     init_env();
     Engine::load(
         &fixture(name),
         &EngineOptions {
             residency,
-            adapter,
+            adapter: DeviceRequest::default(),
+            kernels,
             expert_precision: ExpertPrecision::Int4,
             executor,
             max_context,
@@ -53,10 +55,9 @@ fn load_on(
     )
 }
 
-fn greedy(e: &Engine, prompt: &[u32], n: usize) -> wgmoe::Result<Vec<u32>> {
+fn greedy(e: &mut Engine, prompt: &[u32], n: usize) -> wgmoe::Result<Vec<u32>> {
     let g = generate(
-        &e.ctx,
-        &e.fwd,
+        &mut e.fwd,
         prompt,
         &GenerateOptions {
             max_new_tokens: n,
@@ -72,7 +73,7 @@ fn greedy(e: &Engine, prompt: &[u32], n: usize) -> wgmoe::Result<Vec<u32>> {
 
 /// Writes a calibration profile for `name` (full residency, routing recorded).
 fn calibrate(name: &str, prompt: &[u32], dir: &std::path::Path) -> PathBuf {
-    let e = load(
+    let mut e = load(
         name,
         64,
         ResidencyOptions {
@@ -82,13 +83,13 @@ fn calibrate(name: &str, prompt: &[u32], dir: &std::path::Path) -> PathBuf {
         Executor::Grouped,
     )
     .unwrap();
-    greedy(&e, prompt, 16).unwrap();
+    greedy(&mut e, prompt, 16).unwrap();
     let path = dir.join(format!("{name}.profile.json"));
     e.fwd
         .profile
         .as_ref()
         .unwrap()
-        .borrow()
+        
         .save(&path)
         .unwrap();
     path
@@ -111,14 +112,14 @@ fn check_policies(name: &str) {
                     profile: Some(profile.clone()),
                     ..Default::default()
                 };
-                let eng = load(name, 64, opts, executor).unwrap();
+                let mut eng = load(name, 64, opts, executor).unwrap();
                 let before = eng
                     .fwd
                     .residency
                     .as_ref()
-                    .map(|r| r.borrow().host.checksum().unwrap());
+                    .map(|r| r.host.checksum().unwrap());
                 for (pi, g) in golden.prompts.iter().enumerate() {
-                    let ids = greedy(&eng, &g.prompt_ids, g.generated_ids.len()).unwrap();
+                    let ids = greedy(&mut eng, &g.prompt_ids, g.generated_ids.len()).unwrap();
                     // A divergence is allowed only at a golden near tie (as tests/parity.rs).
                     for (s, (a, b)) in ids.iter().zip(&g.generated_ids).enumerate() {
                         if a != b {
@@ -129,7 +130,7 @@ fn check_policies(name: &str) {
                 }
                 match eng.fwd.residency.as_ref() {
                     Some(r) => {
-                        let r = r.borrow();
+                        let r = r;
                         let st = r.stats();
                         assert!(n < e);
                         assert_eq!(
@@ -183,7 +184,7 @@ fn batched_prefill_with_storage_kernels_gives_the_int4_golden() {
         let k = wgmoe::config::ModelConfig::from_dir(&fixture(name))
             .unwrap()
             .top_k;
-        let eng = load_on(
+        let mut eng = load_on(
             name,
             64,
             ResidencyOptions {
@@ -191,16 +192,16 @@ fn batched_prefill_with_storage_kernels_gives_the_int4_golden() {
                 ..Default::default()
             },
             Executor::Grouped,
-            AdapterRequest {
-                window_prefill: Some(false),
-                uniform_decode: Some(false),
+            KernelOverrides {
+                prefill: Some(PrefillKernels::Storage),
+                decode: Some(DecodeKernels::Storage),
                 ..Default::default()
             },
         )
         .unwrap();
         for (pi, g) in golden.prompts.iter().enumerate() {
-            let subm0 = eng.fwd.counters.get().1;
-            let ids = greedy(&eng, &g.prompt_ids, g.generated_ids.len()).unwrap();
+            let subm0 = eng.fwd.counters.submissions;
+            let ids = greedy(&mut eng, &g.prompt_ids, g.generated_ids.len()).unwrap();
             for (s, (a, b)) in ids.iter().zip(&g.generated_ids).enumerate() {
                 if a != b {
                     assert!(
@@ -214,11 +215,11 @@ fn batched_prefill_with_storage_kernels_gives_the_int4_golden() {
             let steps = g.generated_ids.len() as u64;
             let layers = eng.cfg.num_layers as u64 + 1;
             assert!(
-                eng.fwd.counters.get().1 - subm0 > steps * layers,
+                eng.fwd.counters.submissions - subm0 > steps * layers,
                 "{name} p{pi}: the prefill must have needed expert batches"
             );
         }
-        let r = eng.fwd.residency.as_ref().unwrap().borrow();
+        let r = eng.fwd.residency.as_ref().unwrap();
         for c in r.caches.iter().flatten() {
             c.check_invariants().unwrap();
         }
@@ -227,7 +228,7 @@ fn batched_prefill_with_storage_kernels_gives_the_int4_golden() {
 
 #[test]
 fn failed_upload_keeps_the_previous_generation() {
-    let eng = load(
+    let mut eng = load(
         "olmoe-tiny",
         64,
         ResidencyOptions {
@@ -238,9 +239,9 @@ fn failed_upload_keeps_the_previous_generation() {
     )
     .unwrap();
     let prompt = [464u32, 1711, 8886];
-    greedy(&eng, &prompt, 4).unwrap();
+    greedy(&mut eng, &prompt, 4).unwrap();
     let snapshot = |eng: &Engine| -> Vec<(u64, Vec<u32>, Vec<u32>)> {
-        let r = eng.fwd.residency.as_ref().unwrap().borrow();
+        let r = eng.fwd.residency.as_ref().unwrap();
         r.caches
             .iter()
             .enumerate()
@@ -248,8 +249,8 @@ fn failed_upload_keeps_the_previous_generation() {
             .map(|(l, c)| {
                 let gpu = match &eng.fwd.weights.layers[l].mlp {
                     wgmoe::model::weights::Mlp::Moe { slot_of, .. } => eng
-                        .ctx
-                        .read_back(slot_of, 0, (c.table().words().len() * 4) as u64)
+                        .dev
+                        .read(slot_of, 0, (c.table().words().len() * 4) as u64)
                         .unwrap(),
                     _ => unreachable!(),
                 };
@@ -266,12 +267,12 @@ fn failed_upload_keeps_the_previous_generation() {
         assert_eq!(words, gpu, "GPU table = published generation");
     }
     {
-        let mut r = eng.fwd.residency.as_ref().unwrap().borrow_mut();
+        let r = eng.fwd.residency.as_mut().unwrap();
         let done = r.stats().expert_misses;
         r.inject.fail_upload = Some(done + 1);
     }
     // A prompt whose routing must miss (N = top_k = 3 of 7): the first upload fails.
-    let err = greedy(&eng, &[12u32, 50000, 7, 99, 1234], 8)
+    let err = greedy(&mut eng, &[12u32, 50000, 7, 99, 1234], 8)
         .expect_err("injected failure must be reported");
     assert!(err.to_string().contains("injected failure"), "{err}");
     let after = snapshot(&eng);
@@ -288,7 +289,7 @@ fn failed_upload_keeps_the_previous_generation() {
         .residency
         .as_ref()
         .unwrap()
-        .borrow()
+        
         .caches
         .iter()
         .flatten()
@@ -339,17 +340,25 @@ fn admission_refuses_what_cannot_fit() {
             vram_budget: Some(0),
             ..Default::default()
         },
-        adapter: AdapterRequest::default(),
+        adapter: DeviceRequest::default(),
+        kernels: KernelOverrides::default(),
         expert_precision: ExpertPrecision::Int4,
         executor: Executor::Grouped,
         max_context: 64,
         prefill_chunk: 64,
         all_logits: false,
     };
-    let need = |n| wgmoe::engine::admission_bytes(&cfg, &opts, true, n);
+    let input = wgmoe::admission::AdmissionInput {
+        int4: true,
+        max_context: opts.max_context,
+        prefill_chunk: opts.prefill_chunk,
+        all_logits: opts.all_logits,
+        staging_buffers: opts.residency.staging_buffers,
+    };
+    let need = |n| wgmoe::admission::admission_bytes(&cfg, &input, n).unwrap();
     let need5 = need(5);
     assert!(need(7) < need5, "spares and staging cost more than 2 slots");
-    let eng = load(
+    let mut eng = load(
         "olmoe-tiny",
         64,
         ResidencyOptions {
@@ -360,11 +369,11 @@ fn admission_refuses_what_cannot_fit() {
     )
     .unwrap();
     assert_eq!(eng.resident_experts, 7);
-    greedy(&eng, &[464, 1711, 8886], 8).unwrap();
-    assert!(eng.ctx.tracker.peak() <= need5);
+    greedy(&mut eng, &[464, 1711, 8886], 8).unwrap();
+    assert!(eng.dev.tracker().peak() <= need5);
     drop(eng);
     // N = 5 (multi-token prefill in expert batches): the runtime stays within its estimate.
-    let eng = load(
+    let mut eng = load(
         "olmoe-tiny",
         64,
         ResidencyOptions {
@@ -374,8 +383,8 @@ fn admission_refuses_what_cannot_fit() {
         Executor::Grouped,
     )
     .unwrap();
-    greedy(&eng, &[464, 1711, 8886, 12, 50000, 7, 99, 1234], 8).unwrap();
-    let peak = eng.ctx.tracker.peak();
+    greedy(&mut eng, &[464, 1711, 8886, 12, 50000, 7, 99, 1234], 8).unwrap();
+    let peak = eng.dev.tracker().peak();
     eprintln!(
         "admission estimate for N=5: {need5} bytes; runtime peak {peak} bytes ({:.2}%)",
         100.0 * peak as f64 / need5 as f64
@@ -413,20 +422,20 @@ fn rss() -> u64 {
 fn soak_2000_tokens_at_top_k_does_not_grow() {
     let prompt = [464u32, 1711, 8886, 13];
     // Per-token RSS growth of the same decode loop with every expert resident.
-    let full = load(
+    let mut full = load(
         "olmoe-tiny",
         512,
         ResidencyOptions::default(),
         Executor::Grouped,
     )
     .unwrap();
-    greedy(&full, &prompt, 100).unwrap();
+    greedy(&mut full, &prompt, 100).unwrap();
     let r0 = rss();
-    let n_full = greedy(&full, &prompt, 400).unwrap().len() as u64;
+    let n_full = greedy(&mut full, &prompt, 400).unwrap().len() as u64;
     let full_rate = rss().saturating_sub(r0) / n_full;
     drop(full);
 
-    let eng = load(
+    let mut eng = load(
         "olmoe-tiny",
         512,
         ResidencyOptions {
@@ -437,14 +446,14 @@ fn soak_2000_tokens_at_top_k_does_not_grow() {
         Executor::Grouped,
     )
     .unwrap();
-    greedy(&eng, &prompt, 100).unwrap();
-    let (gpu0, rss0) = (eng.ctx.tracker.current(), rss());
+    greedy(&mut eng, &prompt, 100).unwrap();
+    let (gpu0, rss0) = (eng.dev.tracker().current(), rss());
     let staging0 = eng
         .fwd
         .residency
         .as_ref()
         .unwrap()
-        .borrow()
+        
         .stats()
         .staging_buffers;
     let mut tokens = 0u64;
@@ -452,18 +461,18 @@ fn soak_2000_tokens_at_top_k_does_not_grow() {
     while tokens < 2000 {
         // Varied prompts so routing keeps changing.
         let p: Vec<u32> = prompt.iter().map(|&t| t + round * 37).collect();
-        tokens += greedy(&eng, &p, 500).unwrap().len() as u64;
+        tokens += greedy(&mut eng, &p, 500).unwrap().len() as u64;
         round += 1;
     }
-    let r = eng.fwd.residency.as_ref().unwrap().borrow();
+    let r = eng.fwd.residency.as_ref().unwrap();
     let st = r.stats();
     let rate = rss().saturating_sub(rss0) / tokens;
     eprintln!(
         "soak: {tokens} tokens, misses {}, evictions {}, GPU bytes {} -> {}, RSS {} -> {} MiB ({rate} B/token; full residency {full_rate} B/token), staging {} (peak in use {})",
-        st.expert_misses, st.expert_evictions, gpu0, eng.ctx.tracker.current(), rss0 >> 20, rss() >> 20, st.staging_buffers, st.staging_peak_in_use
+        st.expert_misses, st.expert_evictions, gpu0, eng.dev.tracker().current(), rss0 >> 20, rss() >> 20, st.staging_buffers, st.staging_peak_in_use
     );
     assert!(st.expert_evictions > 1000, "the soak must thrash");
-    assert_eq!(eng.ctx.tracker.current(), gpu0, "GPU allocations grew");
+    assert_eq!(eng.dev.tracker().current(), gpu0, "GPU allocations grew");
     assert_eq!(st.staging_buffers, staging0);
     assert!(st.staging_peak_in_use <= staging0);
     assert!(

@@ -11,6 +11,8 @@ pub const PIECES: &[(&str, &str)] = &[
     ("step.wgsl", include_str!("../../../shaders/common/step.wgsl")),
     ("flags.wgsl", include_str!("../../../shaders/common/flags.wgsl")),
     ("f16_halves.wgsl", include_str!("../../../shaders/common/f16_halves.wgsl")),
+    ("act8.wgsl", include_str!("../../../shaders/common/act8.wgsl")),
+    ("uniform_window.wgsl", include_str!("../../../shaders/common/uniform_window.wgsl")),
     ("q4_unpack.wgsl", include_str!("../../../shaders/common/q4_unpack.wgsl")),
     ("q4_dot_f32.wgsl", include_str!("../../../shaders/common/q4_dot_f32.wgsl")),
     ("q4_dot_f16.wgsl", include_str!("../../../shaders/common/q4_dot_f16.wgsl")),
@@ -64,7 +66,10 @@ fn body(family: &str) -> &'static str {
 pub fn pieces(k: Kernel) -> Vec<&'static str> {
     let mut v = vec!["step.wgsl", "flags.wgsl"];
     match k {
-        Kernel::Matmul | Kernel::FfnGateUp | Kernel::FfnDown => v.push("f16_halves.wgsl"),
+        Kernel::Matmul | Kernel::FfnGateUp | Kernel::FfnDown => {
+            v.extend(["f16_halves.wgsl", "act8.wgsl"]);
+        }
+        Kernel::MatmulUniform | Kernel::MatmulWindow => v.push("uniform_window.wgsl"),
         Kernel::Q4GateUpSorted | Kernel::Q4DownSorted => v.push("q4_unpack.wgsl"),
         Kernel::Q4GateUp(q) | Kernel::Q4Down(q) => {
             v.push("q4_unpack.wgsl");
@@ -73,10 +78,10 @@ pub fn pieces(k: Kernel) -> Vec<&'static str> {
                 Arith::F16 => "q4_dot_f16.wgsl",
             });
             v.push("q4_act32.wgsl");
-            v.push(match q.act {
-                Activations::Storage => "q4_act_storage.wgsl",
-                Activations::Uniform => "q4_act_uniform.wgsl",
-            });
+            match q.act {
+                Activations::Storage => v.push("q4_act_storage.wgsl"),
+                Activations::Uniform => v.extend(["uniform_window.wgsl", "q4_act_uniform.wgsl"]),
+            }
             v.push(match q.lanes {
                 Lanes::One => "lanes_1.wgsl",
                 Lanes::Eight => "lanes_8.wgsl",

@@ -1,0 +1,437 @@
+//! rope_kv, attention and the window attention (attention_w.wgsl, multi-token steps on CPU
+//! adapters) against their CPU references (`wgmoe::cpu_ref`), through the forward pass's
+//! op builders (`wgmoe::model::ops::{rope_kv, attention}`), with the kernel plan choosing
+//! the attention kernel. Runs on lavapipe in CI; a missing adapter is a failure, never a
+//! skip. Differences are measured as described in tests/common/check.rs.
+
+mod common;
+
+use common::check::check;
+use common::gpu::*;
+use common::rng::Rng;
+use wgmoe::backend::params::*;
+use wgmoe::backend::plan::PrefillKernels;
+use wgmoe::backend::{Device, Kernel, KernelOverrides, KernelPlan, Program};
+use wgmoe::cpu_ref::{self, Heads, QkNorm};
+use wgmoe::model::ops::{self, rope_table, AttentionBuffers, OpEnv};
+use wgmoe::model::tensors::upload_f16_vec;
+
+/// RMSNorm of q/k (reduction order) then two products per rotated element.
+const ROPE_TOL: f32 = 1e-5;
+/// Score dot products, exp and the softmax sum, in a different order.
+const ATTENTION_TOL: f32 = 1e-5;
+
+struct AttnCase {
+    heads: Heads,
+    t: usize,
+    pos0: usize,
+    flags: u32,
+}
+
+const ROPE_THETA: f64 = 10000.0;
+const CLIP: f32 = 0.75;
+
+/// The plan whose attention kernel is the one-workgroup-per-(head, token) kernel.
+fn storage_plan(dev: &Device) -> KernelPlan {
+    plan(
+        dev,
+        &KernelOverrides {
+            prefill: Some(PrefillKernels::Storage),
+            ..Default::default()
+        },
+    )
+}
+
+fn attention_params(heads: Heads, positions: usize) -> AttentionParams {
+    AttentionParams {
+        n_heads: heads.n_heads as u32,
+        n_kv: heads.n_kv as u32,
+        head_dim: heads.head_dim as u32,
+        scratch_stride: positions as u32,
+        scale: (heads.head_dim as f32).powf(-0.5),
+        ..Default::default()
+    }
+}
+
+fn rope_case(dev: &Device, seed: u64, c: &AttnCase) {
+    let AttnCase {
+        heads,
+        t,
+        pos0,
+        flags,
+    } = *c;
+    let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
+    let positions = pos0 + t + 2;
+    let mut rng = Rng::new(seed);
+    let qkv = rng.vec(t * heads.qkv_dim(), 2.0);
+    let q_norm_w = rng.f16_range(q_dim, 0.5, 1.5);
+    let k_norm_w = rng.f16_range(kv_dim, 0.5, 1.5);
+    // Rows of the caches other than the step's must survive untouched.
+    let cache_k0 = rng.vec(positions * kv_dim, 1.0);
+    let cache_v0 = rng.vec(positions * kv_dim, 1.0);
+    let eps = 1e-6;
+    let table = rope_table(ROPE_THETA, hd, positions);
+    let norm = flags & flags::ROPE_QK_NORM != 0;
+    let clip = flags & flags::ROPE_CLIP != 0;
+
+    let step = dev.step_buffer(pos0, t).unwrap();
+    let qkv_b = f32_buf(dev, &qkv);
+    let qn = upload_f16_vec(dev, "q_norm", &q_norm_w).unwrap();
+    let kn = upload_f16_vec(dev, "k_norm", &k_norm_w).unwrap();
+    let d = dummy(dev);
+    let rope = f32_buf(dev, &table);
+    let q_out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);
+    let ck = f32_buf(dev, &cache_k0);
+    let cv = f32_buf(dev, &cache_v0);
+    let plan = storage_plan(dev);
+    let env = OpEnv {
+        plan: &plan,
+        chunk: t,
+        dummy: &d,
+    };
+    let mut prog = Program::default();
+    ops::rope_kv(
+        &mut prog,
+        &env,
+        &RopeKvParams {
+            n_heads: heads.n_heads as u32,
+            n_kv: heads.n_kv as u32,
+            head_dim: hd as u32,
+            qkv_stride: heads.qkv_dim() as u32,
+            flags,
+            eps,
+            clip: if clip { CLIP } else { 0.0 },
+            rope_rows: positions as u32,
+        },
+        &AttentionBuffers {
+            qkv: &qkv_b,
+            q_norm: norm.then_some(&qn),
+            k_norm: norm.then_some(&kn),
+            rope: &rope,
+            q: &q_out,
+            cache_k: &ck,
+            cache_v: &cv,
+            scratch: &d,
+            out: &d,
+        },
+    );
+    run(dev, prog, &step, t);
+
+    let (mut want_k, mut want_v) = (cache_k0.clone(), cache_v0.clone());
+    let qk = norm.then_some(QkNorm {
+        q: &q_norm_w,
+        k: &k_norm_w,
+        eps,
+    });
+    let want_q = cpu_ref::rope_kv(
+        &qkv,
+        heads,
+        qk,
+        clip.then_some(CLIP),
+        &table,
+        pos0,
+        &mut want_k,
+        &mut want_v,
+    )
+    .unwrap();
+    let what = format!(
+        "rope_kv heads {}/{} dim {hd} T {t} pos0 {pos0} flags {flags:#b}",
+        heads.n_heads, heads.n_kv
+    );
+    check(
+        &format!("{what} q"),
+        &read_f32(dev, &q_out, t * q_dim),
+        &want_q,
+        ROPE_TOL,
+    );
+    check(
+        &format!("{what} cache_k"),
+        &read_f32(dev, &ck, positions * kv_dim),
+        &want_k,
+        ROPE_TOL,
+    );
+    check(
+        &format!("{what} cache_v"),
+        &read_f32(dev, &cv, positions * kv_dim),
+        &want_v,
+        ROPE_TOL,
+    );
+}
+
+fn attn_cases() -> Vec<AttnCase> {
+    use flags::{ROPE_CLIP as CLIP, ROPE_QK_NORM as QK_NORM};
+    let h = |n_heads, n_kv, head_dim| Heads {
+        n_heads,
+        n_kv,
+        head_dim,
+    };
+    vec![
+        AttnCase {
+            heads: h(6, 2, 6),
+            t: 5,
+            pos0: 0,
+            flags: 0,
+        },
+        AttnCase {
+            heads: h(4, 4, 80),
+            t: 3,
+            pos0: 7,
+            flags: QK_NORM,
+        },
+        AttnCase {
+            heads: h(6, 2, 128),
+            t: 1,
+            pos0: 70,
+            flags: QK_NORM | CLIP,
+        },
+        AttnCase {
+            heads: h(2, 1, 8),
+            t: 9,
+            pos0: 100,
+            flags: CLIP,
+        },
+        AttnCase {
+            heads: h(4, 4, 6),
+            t: 1,
+            pos0: 0,
+            flags: QK_NORM,
+        },
+        AttnCase {
+            heads: h(8, 2, 64),
+            t: 6,
+            pos0: 3,
+            flags: 0,
+        },
+        AttnCase {
+            heads: h(16, 16, 128),
+            t: 2,
+            pos0: 300,
+            flags: QK_NORM | CLIP,
+        },
+    ]
+}
+
+#[test]
+fn rope_kv_matches_cpu() {
+    let dev = device(None);
+    for (i, c) in attn_cases().iter().enumerate() {
+        rope_case(&dev, 400 + i as u64, c);
+    }
+}
+
+/// `ops::attention` under `plan` for a chunk of `chunk` tokens, run on the case's step;
+/// the plan must pick `kernel`.
+fn attention_run(
+    dev: &Device,
+    plan: &KernelPlan,
+    chunk: usize,
+    kernel: Kernel,
+    seed: u64,
+    c: &AttnCase,
+) {
+    let AttnCase { heads, t, pos0, .. } = *c;
+    let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
+    let positions = pos0 + t + 2;
+    let mut rng = Rng::new(seed);
+    // Large enough scores that the softmax is far from uniform.
+    let q = rng.vec(t * q_dim, 3.0);
+    let mut cache_k = rng.vec(positions * kv_dim, 1.0);
+    let cache_v = rng.vec(positions * kv_dim, 1.0);
+    // Rows past the last visible key are poison: causality must never read them.
+    cache_k[(pos0 + t) * kv_dim..].fill(f32::NAN);
+    let mut cache_v_gpu = cache_v.clone();
+    cache_v_gpu[(pos0 + t) * kv_dim..].fill(f32::NAN);
+
+    let step = dev.step_buffer(pos0, t).unwrap();
+    let qb = f32_buf(dev, &q);
+    let ck = f32_buf(dev, &cache_k);
+    let cv = f32_buf(dev, &cache_v_gpu);
+    let scratch = f32_buf(dev, &vec![0.0; t * heads.n_heads * positions]);
+    let out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);
+    let d = dummy(dev);
+    let env = OpEnv {
+        plan,
+        chunk,
+        dummy: &d,
+    };
+    let mut prog = Program::default();
+    ops::attention(
+        &mut prog,
+        &env,
+        &attention_params(heads, positions),
+        &AttentionBuffers {
+            qkv: &d,
+            q_norm: None,
+            k_norm: None,
+            rope: &d,
+            q: &qb,
+            cache_k: &ck,
+            cache_v: &cv,
+            scratch: &scratch,
+            out: &out,
+        },
+    );
+    assert_eq!(prog.len(), 1);
+    assert_eq!(prog.ops[0].kernel, kernel, "the plan's attention kernel");
+    run(dev, prog, &step, t);
+
+    let visible = (pos0 + t) * kv_dim;
+    let want =
+        cpu_ref::attention(&q, heads, &cache_k[..visible], &cache_v[..visible], pos0).unwrap();
+    let what = format!(
+        "{} heads {}/{} dim {hd} T {t} pos0 {pos0}",
+        kernel.name(),
+        heads.n_heads,
+        heads.n_kv
+    );
+    check(&what, &read_f32(dev, &out, t * q_dim), &want, ATTENTION_TOL);
+}
+
+fn attention_case(dev: &Device, seed: u64, c: &AttnCase) {
+    attention_run(dev, &storage_plan(dev), c.t, Kernel::Attention, seed, c);
+}
+
+#[test]
+fn attention_matches_cpu() {
+    let dev = device(None);
+    for (i, c) in attn_cases().iter().enumerate() {
+        attention_case(&dev, 500 + i as u64, c);
+    }
+}
+
+/// Prefill of 5 tokens then a decode step at pos0 = 5 through rope_kv + attention in one
+/// program each, sharing the caches, against the reference chained the same way.
+#[test]
+fn rope_then_attention_prefill_then_decode_matches_cpu() {
+    let dev = device(None);
+    let heads = Heads {
+        n_heads: 6,
+        n_kv: 2,
+        head_dim: 80,
+    };
+    let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
+    let positions = 8;
+    let mut rng = Rng::new(600);
+    let table = rope_table(ROPE_THETA, hd, positions);
+    let rope = f32_buf(&dev, &table);
+    let ck = f32_buf(&dev, &vec![0.0; positions * kv_dim]);
+    let cv = f32_buf(&dev, &vec![0.0; positions * kv_dim]);
+    let (mut want_k, mut want_v) = (vec![0.0; positions * kv_dim], vec![0.0; positions * kv_dim]);
+    let d = dummy(&dev);
+    let plan = storage_plan(&dev);
+    for (pos0, t) in [(0, 5), (5, 1)] {
+        let qkv = rng.vec(t * heads.qkv_dim(), 2.0);
+        let step = dev.step_buffer(pos0, t).unwrap();
+        let qkv_b = f32_buf(&dev, &qkv);
+        let q = f32_buf(&dev, &vec![0.0; t * q_dim]);
+        let scratch = f32_buf(&dev, &vec![0.0; t * heads.n_heads * positions]);
+        let out = f32_buf(&dev, &vec![0.0; t * q_dim]);
+        let env = OpEnv {
+            plan: &plan,
+            chunk: 5,
+            dummy: &d,
+        };
+        let ab = AttentionBuffers {
+            qkv: &qkv_b,
+            q_norm: None,
+            k_norm: None,
+            rope: &rope,
+            q: &q,
+            cache_k: &ck,
+            cache_v: &cv,
+            scratch: &scratch,
+            out: &out,
+        };
+        let mut prog = Program::default();
+        ops::rope_kv(
+            &mut prog,
+            &env,
+            &RopeKvParams {
+                n_heads: heads.n_heads as u32,
+                n_kv: heads.n_kv as u32,
+                head_dim: hd as u32,
+                qkv_stride: heads.qkv_dim() as u32,
+                flags: 0,
+                eps: 1e-6,
+                clip: 0.0,
+                rope_rows: positions as u32,
+            },
+            &ab,
+        );
+        ops::attention(&mut prog, &env, &attention_params(heads, positions), &ab);
+        assert_eq!(prog.ops[1].kernel, Kernel::Attention);
+        run(&dev, prog, &step, t);
+        let want_q = cpu_ref::rope_kv(
+            &qkv,
+            heads,
+            None,
+            None,
+            &table,
+            pos0,
+            &mut want_k,
+            &mut want_v,
+        )
+        .unwrap();
+        let n = (pos0 + t) * kv_dim;
+        let want = cpu_ref::attention(&want_q, heads, &want_k[..n], &want_v[..n], pos0).unwrap();
+        check(
+            &format!("rope+attention pos0 {pos0} T {t}"),
+            &read_f32(&dev, &out, t * q_dim),
+            &want,
+            ATTENTION_TOL,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Window attention (multi-token steps on CPU adapters; one-token steps too)
+
+/// The window kernel through `ops::attention` with the window-prefill plan, recorded for a
+/// chunk of at least 8 tokens (as the forward pass records it, one-token steps included).
+fn attention_w_case(dev: &Device, plan: &KernelPlan, seed: u64, c: &AttnCase) {
+    let chunk = c.t.max(ATTENTION_W_TOKENS as usize);
+    attention_run(dev, plan, chunk, Kernel::AttentionWindow, seed, c);
+}
+
+#[test]
+fn attention_window_matches_cpu() {
+    let dev = device(None);
+    if !subgroup_kernels(&dev, Kernel::AttentionWindow) {
+        return;
+    }
+    let plan = plan(
+        &dev,
+        &KernelOverrides {
+            prefill: Some(PrefillKernels::Window),
+            ..Default::default()
+        },
+    );
+    let h = |n_heads, n_kv, head_dim| Heads {
+        n_heads,
+        n_kv,
+        head_dim,
+    };
+    let mut cases: Vec<AttnCase> = attn_cases()
+        .into_iter()
+        .filter(|c| c.heads.head_dim % 4 == 0)
+        .collect();
+    // Token groups of 8 with a partial last one, more than 64 keys (several key passes),
+    // head dims above 64 (several dim passes) and GQA.
+    for (heads, t, pos0) in [
+        (h(4, 2, 64), 20, 0),
+        (h(2, 2, 132), 9, 60),
+        (h(3, 1, 16), 70, 0),
+        (h(16, 16, 64), 64, 5),
+        (h(2, 1, 4), 17, 130),
+    ] {
+        cases.push(AttnCase {
+            heads,
+            t,
+            pos0,
+            flags: 0,
+        });
+    }
+    for (i, c) in cases.iter().enumerate() {
+        attention_w_case(&dev, &plan, 1700 + i as u64, c);
+    }
+}
