@@ -155,7 +155,7 @@ struct BufferInner {
 
 #[doc(hidden)]
 pub enum NativeBuffer {
-    Wgpu(wgpu::NativeBuffer),
+    Wgpu(self::wgpu::NativeBuffer),
     #[allow(dead_code)]
     Cuda(cuda::NativeBuffer),
 }
@@ -208,7 +208,7 @@ pub struct Staging(pub(crate) NativeStaging);
 
 #[doc(hidden)]
 pub enum NativeStaging {
-    Wgpu(wgpu::NativeStaging),
+    Wgpu(self::wgpu::NativeStaging),
     #[allow(dead_code)]
     Cuda(cuda::NativeStaging),
 }
@@ -221,7 +221,7 @@ pub struct Prepared {
 
 #[doc(hidden)]
 pub enum NativePrepared {
-    Wgpu(wgpu::NativePrepared),
+    Wgpu(self::wgpu::NativePrepared),
     #[allow(dead_code)]
     Cuda(cuda::NativePrepared),
 }
@@ -303,7 +303,7 @@ pub trait Backend {
 /// A compute device of one of the backends. Cheap to clone (shared).
 #[derive(Clone)]
 pub enum Device {
-    Wgpu(Arc<wgpu::WgpuDevice>),
+    Wgpu(Arc<self::wgpu::WgpuDevice>),
     #[allow(dead_code)]
     Cuda(Arc<cuda::CudaDevice>),
 }
@@ -322,7 +322,7 @@ impl Device {
     pub fn open(req: &DeviceRequest) -> Result<Self> {
         match req.backend {
             Some(BackendChoice::Cuda) => Ok(Device::Cuda(Arc::new(cuda::CudaDevice::open(req)?))),
-            _ => Ok(Device::Wgpu(Arc::new(wgpu::WgpuDevice::open(req)?))),
+            _ => Ok(Device::Wgpu(Arc::new(self::wgpu::WgpuDevice::open(req)?))),
         }
     }
 
@@ -330,7 +330,7 @@ impl Device {
     pub fn list(req: &DeviceRequest) -> Result<(Vec<DeviceInfo>, Option<usize>)> {
         match req.backend {
             Some(BackendChoice::Cuda) => cuda::CudaDevice::list(req),
-            _ => Ok(wgpu::list_adapters(req)),
+            _ => Ok(self::wgpu::list_adapters(req)),
         }
     }
 

@@ -1,0 +1,192 @@
+//! The module graph reads bottom-up and has no cycle, and no code outside the wgpu backend
+//! folder names wgpu: the seam is the only way to a device.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// `src/model/forward.rs` -> ["model", "forward"]; `src/backend/mod.rs` -> ["backend"].
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut m: Vec<String> = rel.iter().map(|c| c.to_string_lossy().to_string()).collect();
+    if m.last().is_some_and(|l| l == "mod" || l == "lib" || l == "main") {
+        m.pop();
+    }
+    m
+}
+
+/// Strip `//` comments (doc comments mention other modules in prose).
+fn code(text: &str) -> String {
+    text.lines()
+        .map(|l| match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The module paths a file refers to through `crate::` and `super::`.
+fn references(module: &[String], text: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let t = code(text);
+    let bytes = t.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut i = 0;
+    while i < t.len() {
+        let rest = &t[i..];
+        let (base, skip): (Vec<String>, usize) = if rest.starts_with("crate::") && (i == 0 || !ident(bytes[i - 1])) {
+            (Vec::new(), 7)
+        } else if rest.starts_with("super::") && (i == 0 || !ident(bytes[i - 1])) {
+            let mut b = module.to_vec();
+            let mut s = 7;
+            b.pop();
+            while t[i + s..].starts_with("super::") {
+                b.pop();
+                s += 7;
+            }
+            (b, s)
+        } else {
+            i += 1;
+            continue;
+        };
+        let mut path = base;
+        let mut j = i + skip;
+        loop {
+            let start = j;
+            while j < t.len() && ident(bytes[j]) {
+                j += 1;
+            }
+            if j == start {
+                break;
+            }
+            path.push(t[start..j].to_string());
+            if t[j..].starts_with("::") {
+                j += 2;
+            } else {
+                break;
+            }
+        }
+        out.push(path);
+        i = j.max(i + 1);
+    }
+    out
+}
+
+#[test]
+fn the_module_graph_has_no_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let modules: BTreeMap<Vec<String>, PathBuf> =
+        files.iter().map(|f| (module_of(&src, f), f.clone())).collect();
+    // A reference names the longest module that exists along its path.
+    let resolve = |path: &[String]| -> Option<Vec<String>> {
+        (1..=path.len()).rev().map(|n| path[..n].to_vec()).find(|p| modules.contains_key(p))
+    };
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (m, f) in &modules {
+        if m.is_empty() || m == &["main".to_string()] || m.first().is_some_and(|c| c == "cli") {
+            continue; // the crate root and the binary sit above everything
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        for r in references(m, &text) {
+            if let Some(t) = resolve(&r) {
+                // A module using its own children or parent's items is not a dependency
+                // between concepts.
+                if &t != m && !t.starts_with(m) && !m.starts_with(&t) {
+                    edges.entry(m.clone()).or_default().insert(t);
+                }
+            }
+        }
+    }
+    // Depth-first search for a cycle.
+    fn visit(
+        n: &Vec<String>,
+        edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        state: &mut BTreeMap<Vec<String>, u8>,
+        stack: &mut Vec<Vec<String>>,
+    ) -> Option<Vec<Vec<String>>> {
+        match state.get(n) {
+            Some(1) => {
+                let i = stack.iter().position(|s| s == n).unwrap_or(0);
+                let mut c = stack[i..].to_vec();
+                c.push(n.clone());
+                return Some(c);
+            }
+            Some(2) => return None,
+            _ => {}
+        }
+        state.insert(n.clone(), 1);
+        stack.push(n.clone());
+        for t in edges.get(n).into_iter().flatten() {
+            if let Some(c) = visit(t, edges, state, stack) {
+                return Some(c);
+            }
+        }
+        stack.pop();
+        state.insert(n.clone(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for n in edges.keys() {
+        if let Some(c) = visit(n, &edges, &mut state, &mut Vec::new()) {
+            let names: Vec<String> = c.iter().map(|p| p.join("::")).collect();
+            panic!("import cycle: {}", names.join(" -> "));
+        }
+    }
+    // The layers: nothing below the backend seam uses it or anything above it.
+    let below = ["config", "checkpoint", "tokenizer", "quant", "format", "manifest", "residency"];
+    let above = ["backend", "model", "engine", "admission", "generate", "bench", "eval", "synth"];
+    for (m, ts) in &edges {
+        if below.contains(&m[0].as_str()) {
+            for t in ts {
+                assert!(!above.contains(&t[0].as_str()), "{} (a lower layer) uses {}", m.join("::"), t.join("::"));
+            }
+        }
+        if m[0] == "backend" {
+            for t in ts {
+                assert!(
+                    !["model", "engine", "admission", "generate", "bench", "eval", "synth"].contains(&t[0].as_str()),
+                    "the backend uses {}",
+                    t.join("::")
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn no_wgpu_outside_the_wgpu_backend() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let allowed = root.join("src/backend/wgpu");
+    let mut files = Vec::new();
+    for d in ["src", "tests", "benches"] {
+        rust_files(&root.join(d), &mut files);
+    }
+    let this = root.join("tests/layering.rs");
+    for f in files.iter().filter(|f| !f.starts_with(&allowed) && **f != this) {
+        let text = code(&std::fs::read_to_string(f).unwrap());
+        for (n, line) in text.lines().enumerate() {
+            let mut s = line;
+            while let Some(i) = s.find("wgpu::") {
+                let before = &s[..i];
+                // `backend::wgpu::...` names our own backend module, not the crate.
+                if !before.ends_with("backend::") && !before.ends_with("self::") {
+                    panic!("{}:{}: `{}` names wgpu outside src/backend/wgpu", f.display(), n + 1, line.trim());
+                }
+                s = &s[i + 6..];
+            }
+        }
+    }
+}
