@@ -2,6 +2,8 @@
 //! tools/make_fixtures.py with transformers.
 #![allow(dead_code)]
 
+pub mod cli;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 
