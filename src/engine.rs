@@ -83,16 +83,74 @@ pub fn eos_ids(cfg: &ModelConfig, gen: Option<&GenerationConfig>) -> Vec<u32> {
     v
 }
 
+/// A model path must be a directory with a config.json; say plainly what it is instead.
+pub fn check_model_dir(dir: &Path) -> Result<()> {
+    const WHAT: &str = "wgmoe takes a Hugging Face model directory (config.json, tokenizer.json and *.safetensors weights)";
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::bad_file(dir, "model directory not found"))
+        }
+        Err(e) => Err(Error::io(dir, e)),
+        Ok(m) if !m.is_dir() => {
+            let gguf = dir
+                .extension()
+                .is_some_and(|x| x.eq_ignore_ascii_case("gguf"));
+            let hint = if gguf {
+                "; GGUF files are not supported: use the model's Hugging Face checkpoint (safetensors)"
+            } else {
+                match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    Some(p) if p.join("config.json").is_file() => {
+                        return Err(Error::bad_file(
+                            dir,
+                            format!("is a file, not a model directory: {WHAT}; pass the directory that holds it, {}", p.display()),
+                        ))
+                    }
+                    _ => "",
+                }
+            };
+            Err(Error::bad_file(
+                dir,
+                format!("is a file, not a model directory: {WHAT}{hint}"),
+            ))
+        }
+        Ok(_) => {
+            let cfg = dir.join("config.json");
+            if cfg.exists() {
+                return Ok(());
+            }
+            let empty = std::fs::read_dir(dir)
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false);
+            Err(Error::bad_file(
+                cfg,
+                format!(
+                    "missing: {}{WHAT}",
+                    if empty {
+                        "the directory is empty; "
+                    } else {
+                        ""
+                    }
+                ),
+            ))
+        }
+    }
+}
+
 impl Engine {
     /// Everything but the GPU: cheap checks that must fail before any GPU work.
     pub fn open_host(
         dir: &Path,
     ) -> Result<(ModelConfig, Option<GenerationConfig>, Option<Tokenizer>)> {
-        if !dir.is_dir() {
-            return Err(Error::bad_file(dir, "model directory not found"));
-        }
+        check_model_dir(dir)?;
         let cfg = ModelConfig::from_dir(dir)?;
         let generation = GenerationConfig::from_dir(dir)?;
+        if let Some(g) = &generation {
+            crate::config::check_eos_in_vocab(
+                &g.eos_token_ids,
+                cfg.vocab_size,
+                &dir.join("generation_config.json"),
+            )?;
+        }
         let tokenizer = if dir.join("tokenizer.json").exists() {
             Some(Tokenizer::from_dir(dir)?)
         } else {
@@ -116,12 +174,14 @@ impl Engine {
             ));
         }
         let ckpt = Arc::new(Checkpoint::open(dir)?);
+        // Counts against the real tensors, then every tensor's shape (headers only), before
+        // anything sized by the config is computed or allocated.
+        let capacity = check_host(&cfg, &ckpt, opts)?;
         if crate::convert::is_converted(&ckpt) {
             crate::convert::validate_converted(&ckpt, &cfg)?;
         }
         let int4 = opts.expert_precision == ExpertPrecision::Int4;
         let r = &opts.residency;
-        let capacity = admit(&cfg, opts, int4)?;
         let partial = capacity < cfg.num_experts;
         let ctx = GpuContext::new(&opts.adapter)?;
         let slots = partial.then_some(capacity + cfg.top_k);
@@ -200,9 +260,6 @@ impl Engine {
     }
 }
 
-/// Admission control: the expert slots per layer, fixed before any allocation. A
-/// configuration outside the valid range, or over `--vram-budget`, is refused with what
-/// would fit.
 /// One short prefill and one decode step, discarded: a device's first submission and each
 /// kernel's first dispatch pay one-time costs (llvmpipe compiles a shader variant on first
 /// use; lavapipe's first submission took 0.4 s here), which belong to loading, not to the
@@ -223,6 +280,117 @@ fn warm_up(ctx: &GpuContext, fwd: &Forward) -> Result<()> {
     Ok(())
 }
 
+/// Every check `Engine::load` makes before it touches the GPU that needs the checkpoint:
+/// the config's counts against the tensors, every tensor's shape, and the admission of
+/// the expert residency (`bench` runs it for every configuration before measuring).
+pub fn check_host(cfg: &ModelConfig, ckpt: &Checkpoint, opts: &EngineOptions) -> Result<usize> {
+    crate::limits::check_checkpoint(cfg, ckpt)?;
+    crate::model::weights::check_tensors(cfg, ckpt)?;
+    if opts.expert_precision == ExpertPrecision::F16 && crate::convert::is_converted(ckpt) {
+        return Err(Error::option(
+            "--expert-precision",
+            format!("{} holds INT4 experts (converted by `wgmoe quantize`); f16 experts need the original checkpoint", ckpt.dir().display()),
+        ));
+    }
+    admit(cfg, opts, opts.expert_precision == ExpertPrecision::Int4)
+}
+
+/// GPU bytes with `n` experts resident per layer, from parts computed once: admission is
+/// closed-form in `n` (the cost is affine in it on each side of full residency).
+#[derive(Clone, Copy, Debug)]
+pub struct AdmissionCost {
+    /// Non-routed weights, KV cache and workspace.
+    pub fixed: u64,
+    /// One expert slot in every MoE layer.
+    pub per_slot: u64,
+    /// Below full residency only: top_k spare slots per MoE layer and the staging buffers.
+    pub partial_extra: u64,
+    pub num_experts: usize,
+    pub top_k: usize,
+}
+
+impl AdmissionCost {
+    pub fn new(cfg: &ModelConfig, opts: &EngineOptions, int4: bool) -> Result<Self> {
+        let (e, k) = (cfg.num_experts, cfg.top_k);
+        crate::limits::check_context(cfg, opts.max_context, opts.prefill_chunk)?;
+        let overflow = |what: &str| {
+            Error::DoesNotFit(format!(
+                "{what}: the byte count overflows 64 bits ({} experts per layer, {} MoE layers)",
+                e,
+                cfg.num_sparse_layers()
+            ))
+        };
+        let sparse = cfg.num_sparse_layers() as u64;
+        let slot = if int4 {
+            Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64
+        } else {
+            crate::gpu::tensor::ExpertPool::slot_bytes(cfg.hidden_size, cfg.moe_intermediate)
+        };
+        let ws = crate::model::forward::workspace_bytes(
+            cfg,
+            opts.max_context,
+            opts.prefill_chunk,
+            opts.all_logits,
+        );
+        let fixed = dense_gpu_bytes(cfg)
+            .checked_add(ws)
+            .ok_or_else(|| overflow("weights and workspace"))?;
+        let per_slot = sparse
+            .checked_mul(slot)
+            .ok_or_else(|| overflow("expert slots"))?;
+        let staging = (opts.residency.staging_buffers as u64)
+            .checked_mul(slot)
+            .ok_or_else(|| overflow("--staging-buffers"))?;
+        let partial_extra = per_slot
+            .checked_mul(k as u64)
+            .and_then(|s| s.checked_add(staging))
+            .ok_or_else(|| overflow("spare slots and staging"))?;
+        let c = AdmissionCost {
+            fixed,
+            per_slot,
+            partial_extra,
+            num_experts: e,
+            top_k: k,
+        };
+        // The largest counts must be countable, so `bytes` never overflows.
+        per_slot
+            .checked_mul(e as u64)
+            .and_then(|x| x.checked_add(fixed))
+            .and_then(|x| x.checked_add(partial_extra))
+            .ok_or_else(|| overflow("all experts"))?;
+        Ok(c)
+    }
+
+    /// GPU bytes with `n` (<= num_experts) experts resident per layer.
+    pub fn bytes(&self, n: usize) -> u64 {
+        let extra = if n < self.num_experts {
+            self.partial_extra
+        } else {
+            0
+        };
+        self.fixed + self.per_slot * n.min(self.num_experts) as u64 + extra
+    }
+
+    /// The most experts per layer (top_k..=num_experts) whose bytes fit `budget`.
+    pub fn most_within(&self, budget: u64) -> Option<usize> {
+        let (e, k) = (self.num_experts, self.top_k);
+        if self.bytes(e) <= budget {
+            return Some(e);
+        }
+        let avail = budget.checked_sub(self.fixed + self.partial_extra)?;
+        let n = match avail.checked_div(self.per_slot) {
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            // No MoE layer: every n costs the same.
+            None => usize::MAX,
+        };
+        let n = n.min(e.saturating_sub(1));
+        (n >= k && self.bytes(n) <= budget).then_some(n)
+    }
+}
+
+/// Admission control: the expert slots per layer, fixed before any allocation. A
+/// configuration outside the valid range, or over `--vram-budget`, is refused with what
+/// would fit.
 fn admit(cfg: &ModelConfig, opts: &EngineOptions, int4: bool) -> Result<usize> {
     let r = &opts.residency;
     let (e, k) = (cfg.num_experts, cfg.top_k);
@@ -234,47 +402,37 @@ fn admit(cfg: &ModelConfig, opts: &EngineOptions, int4: bool) -> Result<usize> {
             ));
         }
     }
-    let sparse = cfg.sparse_layers.iter().filter(|&&s| s).count() as u64;
-    let slot = if int4 {
-        Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64
-    } else {
-        crate::gpu::tensor::ExpertPool::slot_bytes(cfg.hidden_size, cfg.moe_intermediate)
-    };
-    let budget = r.vram_budget;
-    let n = match (r.resident_experts, budget) {
-        (Some(n), _) => n,
+    if r.staging_buffers == 0 || r.staging_buffers > MAX_STAGING_BUFFERS {
+        return Err(Error::option(
+            "--staging-buffers",
+            format!("{} is outside 1..={MAX_STAGING_BUFFERS}", r.staging_buffers),
+        ));
+    }
+    let cost = AdmissionCost::new(cfg, opts, int4)?;
+    let human = crate::inspect::human;
+    let n = match (r.resident_experts, r.vram_budget) {
         (None, None) => e,
-        (None, Some(_)) => e,
-    };
-    let fixed = admission_bytes(cfg, opts, int4, k)
-        - sparse * (2 * k) as u64 * slot
-        - r.staging_buffers as u64 * slot;
-    let need = |n: usize| admission_bytes(cfg, opts, int4, n);
-    let _ = n;
-    let n = match (r.resident_experts, budget) {
-        (None, Some(b)) => {
-            // The most experts per layer the budget holds.
-            let best = (k..=e).rev().find(|&n| need(n) <= b);
-            match best {
-                Some(n) => n,
-                None => {
-                    return Err(Error::DoesNotFit(format!(
-                        "--vram-budget {}: even {k} experts per layer (top_k) need {}; non-expert weights, KV cache and workspace alone take {}",
-                        crate::inspect::human(b), crate::inspect::human(need(k)), crate::inspect::human(fixed)
-                    )))
-                }
+        (Some(n), None) => n,
+        (None, Some(b)) => cost.most_within(b).ok_or_else(|| {
+            Error::DoesNotFit(format!(
+                "--vram-budget {}: even {k} experts per layer (top_k) need {}; non-expert weights, KV cache and workspace alone take {}",
+                human(b),
+                human(cost.bytes(k)),
+                human(cost.fixed)
+            ))
+        })?,
+        (Some(n), Some(b)) => {
+            if cost.bytes(n) > b {
+                return Err(Error::DoesNotFit(format!(
+                    "{n} experts per layer need {}; the --vram-budget of {} fits {}",
+                    human(cost.bytes(n)),
+                    human(b),
+                    cost.most_within(b)
+                        .map_or("none (not even top_k)".to_string(), |m| m.to_string())
+                )));
             }
+            n
         }
-        (Some(n), Some(b)) if need(n) > b => {
-            let fits = (k..=e).rev().find(|&m| need(m) <= b);
-            return Err(Error::DoesNotFit(format!(
-                "{n} experts per layer need {}; the --vram-budget of {} fits {}",
-                crate::inspect::human(need(n)),
-                crate::inspect::human(b),
-                fits.map_or("none (not even top_k)".to_string(), |m| m.to_string())
-            )));
-        }
-        _ => n,
     };
     if n < e && !int4 {
         return Err(Error::option(
@@ -285,42 +443,32 @@ fn admit(cfg: &ModelConfig, opts: &EngineOptions, int4: bool) -> Result<usize> {
     Ok(n)
 }
 
+/// Most mapped staging buffers for expert uploads.
+pub const MAX_STAGING_BUFFERS: usize = 1024;
+
 /// GPU bytes the runtime allocates with `n` experts resident per layer: non-routed
 /// weights, expert slots (plus top_k spares and the staging buffers below full
-/// residency), KV cache and workspace. An upper bound of what the tracker will show.
+/// residency), KV cache and workspace. An upper bound of what the tracker will show
+/// (`u64::MAX` for a configuration whose bytes cannot be counted).
 pub fn admission_bytes(cfg: &ModelConfig, opts: &EngineOptions, int4: bool, n: usize) -> u64 {
-    let (e, k) = (cfg.num_experts, cfg.top_k);
-    let sparse = cfg.sparse_layers.iter().filter(|&&s| s).count() as u64;
-    let slot = if int4 {
-        Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64
-    } else {
-        crate::gpu::tensor::ExpertPool::slot_bytes(cfg.hidden_size, cfg.moe_intermediate)
-    };
-    let partial = n < e;
-    let chunk = opts.prefill_chunk;
-    let spares = if partial { k } else { 0 };
-    let staging = if partial {
-        opts.residency.staging_buffers as u64 * slot
-    } else {
-        0
-    };
-    dense_gpu_bytes(cfg)
-        + crate::model::forward::workspace_bytes(cfg, opts.max_context, chunk, opts.all_logits)
-        + sparse * (n + spares) as u64 * slot
-        + staging
+    AdmissionCost::new(cfg, opts, int4).map_or(u64::MAX, |c| c.bytes(n))
 }
 
 /// Bytes of every non-routed weight as the GPU holds it (f16, rows padded to 8 halves),
 /// with the shared experts and dense MLPs in their slot layout.
 pub fn dense_gpu_bytes(cfg: &ModelConfig) -> u64 {
-    let mut total = 0u64;
+    let mut total = 0u128;
     for (name, shape) in crate::model::weights::expected_tensors(cfg) {
-        let n: usize = match shape.as_slice() {
-            [rows, cols] => rows * crate::gpu::tensor::pad8(*cols),
-            other => crate::gpu::tensor::pad8(other.iter().product::<usize>()),
+        let n: u128 = match shape.as_slice() {
+            [rows, cols] => *rows as u128 * crate::gpu::tensor::pad8(*cols) as u128,
+            other => other
+                .iter()
+                .map(|&d| d as u128)
+                .product::<u128>()
+                .next_multiple_of(8),
         };
         // Biases are kept as f32.
-        total += n as u64 * if name.ends_with(".bias") { 4 } else { 2 };
+        total += n * if name.ends_with(".bias") { 4 } else { 2 };
     }
-    total
+    u64::try_from(total).unwrap_or(u64::MAX)
 }

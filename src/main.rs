@@ -43,9 +43,15 @@ enum Cmd {
     Quantize {
         /// Hugging Face checkpoint directory.
         model: PathBuf,
-        /// Output directory.
+        /// Output directory: new, empty, or an earlier wgmoe output (never the input
+        /// directory, or one inside or around it).
         #[arg(short, long)]
         out: PathBuf,
+        /// Write into a non-empty output directory that holds no earlier wgmoe output,
+        /// replacing the model files there (weights, config and tokenizer files; other
+        /// files are kept).
+        #[arg(long)]
+        force: bool,
     },
     /// Print a checkpoint's tensors by class, with element counts, bytes per format and the
     /// weights resident on the GPU.
@@ -296,7 +302,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Devices { gpu, json } => devices(&gpu, json),
         Cmd::Run(args) => run(args),
-        Cmd::Quantize { model, out } => quantize(&model, &out),
+        Cmd::Quantize { model, out, force } => quantize(&model, &out, force),
         Cmd::Inspect {
             model,
             json,
@@ -309,6 +315,10 @@ fn main() -> ExitCode {
     };
     match r {
         Ok(()) | Err(Error::StdoutClosed) => ExitCode::SUCCESS,
+        Err(e @ Error::Interrupted) => {
+            eprintln!("error: {e}");
+            ExitCode::from(wgmoe::interrupt::EXIT_CODE)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
@@ -584,7 +594,8 @@ fn run(a: RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn quantize(model: &std::path::Path, out: &std::path::Path) -> Result<()> {
+fn quantize(model: &std::path::Path, out: &std::path::Path, force: bool) -> Result<()> {
+    wgmoe::interrupt::install()?;
     let pb =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
     if let Ok(style) =
@@ -593,11 +604,14 @@ fn quantize(model: &std::path::Path, out: &std::path::Path) -> Result<()> {
         pb.set_style(style);
     }
     let t0 = std::time::Instant::now();
-    let summary = wgmoe::convert::write_converted(model, out, &mut |done, total| {
+    let summary = wgmoe::convert::write_converted_to(model, out, force, &mut |done, total| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
     })?;
     pb.finish_and_clear();
+    if let Some(r) = &summary.replaced {
+        eprintln!("replaced {r} in {}", out.display());
+    }
     eprintln!(
         "wrote {} ({}: {} f16 non-routed + {} int4 experts) in {:.1}s",
         summary.out_file,
@@ -740,9 +754,13 @@ struct SynthArgs {
     /// Architecture whose real config.json gives the default shape.
     #[arg(long, value_enum)]
     arch: wgmoe::synth::SynthArch,
-    /// Output directory.
+    /// Output directory: new, empty, or an earlier wgmoe output.
     #[arg(short, long)]
     out: PathBuf,
+    /// Write into a non-empty output directory that holds no earlier wgmoe output,
+    /// replacing the model files there (other files are kept).
+    #[arg(long)]
+    force: bool,
     /// Weights: converted INT4 (f16 non-routed, packed INT4 experts) or a bf16 HF checkpoint.
     #[arg(long, value_enum, default_value = "converted")]
     format: wgmoe::synth::SynthFormat,
@@ -863,11 +881,15 @@ fn synth(a: SynthArgs) -> Result<()> {
         pb.set_style(style);
     }
     let t0 = std::time::Instant::now();
-    let s = wgmoe::synth::write_synthetic(&opts, &a.out, &mut |done, total| {
+    wgmoe::interrupt::install()?;
+    let s = wgmoe::synth::write_synthetic_to(&opts, &a.out, a.force, &mut |done, total| {
         pb.set_length(total);
         pb.set_position(done);
     })?;
     pb.finish_and_clear();
+    if let Some(r) = &s.replaced {
+        eprintln!("replaced {r} in {}", a.out.display());
+    }
     let sh = &s.shape;
     eprintln!(
         "wrote {} ({}, {}): hidden {}, {} layers, {}/{} heads, {} experts top-{}, expert intermediate {}{}, vocab {}, max positions {}, seed {}",

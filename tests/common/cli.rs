@@ -214,3 +214,58 @@ pub fn rewrite_safetensors(path: &Path, edit: impl Fn(&str, &[usize]) -> Option<
 pub fn s(p: &Path) -> String {
     p.display().to_string()
 }
+
+/// Runs `args` with `dir` as the working directory.
+pub fn wgmoe_in<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> Run {
+    let args: Vec<std::ffi::OsString> = args.iter().map(|a| a.as_ref().to_os_string()).collect();
+    let cmd = format!(
+        "(cd {} && wgmoe {})",
+        dir.display(),
+        args.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let out = command()
+        .args(&args)
+        .current_dir(dir)
+        .output()
+        .expect("spawn wgmoe");
+    Run {
+        cmd,
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Overwrites element `index` of tensor `name` in the safetensors file `path` with `value`,
+/// in the tensor's own dtype (BF16 by truncation, F16, F32), in place.
+pub fn set_element(path: &Path, name: &str, index: usize, value: f32) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let t = &header[name];
+    let start = t["data_offsets"][0]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no tensor {name}"));
+    let (size, le): (usize, Vec<u8>) = match t["dtype"].as_str().unwrap() {
+        "BF16" => (2, ((value.to_bits() >> 16) as u16).to_le_bytes().to_vec()),
+        "F16" => (2, half::f16::from_f32(value).to_le_bytes().to_vec()),
+        "F32" => (4, value.to_le_bytes().to_vec()),
+        other => panic!("{name}: dtype {other}"),
+    };
+    let at = 8 + n + start as usize + index * size;
+    bytes[at..at + size].copy_from_slice(&le);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// The names of the entries of `dir`, sorted.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
