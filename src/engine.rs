@@ -176,7 +176,7 @@ impl Engine {
         let ckpt = Arc::new(Checkpoint::open(dir)?);
         // Counts against the real tensors, then every tensor's shape (headers only), before
         // anything sized by the config is computed or allocated.
-        let capacity = check_host(&cfg, &ckpt, opts)?;
+        let (capacity, profile) = check_host(&cfg, &ckpt, opts)?;
         if crate::convert::is_converted(&ckpt) {
             crate::convert::validate_converted(&ckpt, &cfg)?;
         }
@@ -203,20 +203,6 @@ impl Engine {
         )?;
         warm_up(&ctx, &fwd)?;
         if let Some(host) = host {
-            let profile = match &r.profile {
-                Some(p) => {
-                    let pr = Profile::load(p)?;
-                    pr.check_matches(cfg.num_layers, cfg.num_experts)
-                        .map_err(|e| {
-                            Error::option("--profile", format!("{}: {}", p.display(), e.0))
-                        })?;
-                    Some(pr)
-                }
-                None => None,
-            };
-            if r.policy == PolicyKind::Profile && profile.is_none() {
-                return Err(Error::option("--cache-policy", "profile needs --profile FILE (written by `wgmoe run ... --write-profile FILE`)"));
-            }
             let policy = build_policy(r.policy, r.decay, profile.as_ref(), capacity)
                 .map_err(|e| Error::option("--cache-policy", e.0))?;
             let res = crate::model::residency::Residency::new(
@@ -283,7 +269,14 @@ fn warm_up(ctx: &GpuContext, fwd: &Forward) -> Result<()> {
 /// Every check `Engine::load` makes before it touches the GPU that needs the checkpoint:
 /// the config's counts against the tensors, every tensor's shape, and the admission of
 /// the expert residency (`bench` runs it for every configuration before measuring).
-pub fn check_host(cfg: &ModelConfig, ckpt: &Checkpoint, opts: &EngineOptions) -> Result<usize> {
+///
+/// Returns the expert slots per layer and, below full residency, the expert profile the
+/// cache policy reads (loaded and checked against the model).
+pub fn check_host(
+    cfg: &ModelConfig,
+    ckpt: &Checkpoint,
+    opts: &EngineOptions,
+) -> Result<(usize, Option<Profile>)> {
     crate::limits::check_checkpoint(cfg, ckpt)?;
     crate::model::weights::check_tensors(cfg, ckpt)?;
     if opts.expert_precision == ExpertPrecision::F16 && crate::convert::is_converted(ckpt) {
@@ -292,7 +285,29 @@ pub fn check_host(cfg: &ModelConfig, ckpt: &Checkpoint, opts: &EngineOptions) ->
             format!("{} holds INT4 experts (converted by `wgmoe quantize`); f16 experts need the original checkpoint", ckpt.dir().display()),
         ));
     }
-    admit(cfg, opts, opts.expert_precision == ExpertPrecision::Int4)
+    let capacity = admit(cfg, opts, opts.expert_precision == ExpertPrecision::Int4)?;
+    let r = &opts.residency;
+    if capacity >= cfg.num_experts {
+        return Ok((capacity, None));
+    }
+    let profile = match &r.profile {
+        Some(p) => {
+            let pr = Profile::load(p)?;
+            pr.check_matches(cfg.num_layers, cfg.num_experts)
+                .map_err(|e| Error::option("--profile", format!("{}: {}", p.display(), e.0)))?;
+            Some(pr)
+        }
+        None => None,
+    };
+    if r.policy == PolicyKind::Profile && profile.is_none() {
+        return Err(Error::option(
+            "--cache-policy",
+            "profile needs --profile FILE (written by `wgmoe run ... --write-profile FILE`)",
+        ));
+    }
+    build_policy(r.policy, r.decay, profile.as_ref(), capacity)
+        .map_err(|e| Error::option("--cache-policy", e.0))?;
+    Ok((capacity, profile))
 }
 
 /// GPU bytes with `n` experts resident per layer, from parts computed once: admission is

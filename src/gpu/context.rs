@@ -179,6 +179,29 @@ fn preference(info: &wgpu::AdapterInfo) -> (u8, u8) {
     (backend, ty)
 }
 
+/// Index in `infos` of the adapter `GpuContext::new(req)` picks: the most preferred of
+/// those whose name contains `req.adapter`, the first of equals.
+pub fn pick(infos: &[wgpu::AdapterInfo], req: &AdapterRequest) -> Option<usize> {
+    let sub = req.adapter.as_ref().map(|s| s.to_lowercase());
+    infos
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| {
+            sub.as_ref()
+                .is_none_or(|s| i.name.to_lowercase().contains(s.as_str()))
+        })
+        .min_by_key(|(_, i)| preference(i))
+        .map(|(k, _)| k)
+}
+
+/// Index in `list_adapters(req)` of the adapter `GpuContext::new(req)` picks.
+pub fn default_adapter(req: &AdapterRequest) -> Option<usize> {
+    let backends = requested_backends(req);
+    let adapters = pollster::block_on(instance(backends).enumerate_adapters(backends));
+    let infos: Vec<wgpu::AdapterInfo> = adapters.iter().map(|a| a.get_info()).collect();
+    pick(&infos, req)
+}
+
 pub struct GpuContext {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
@@ -200,19 +223,16 @@ impl GpuContext {
         let backends = requested_backends(req);
         let inst = instance(backends);
         let mut adapters = pollster::block_on(inst.enumerate_adapters(backends));
-        if let Some(sub) = &req.adapter {
-            let s = sub.to_lowercase();
-            let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
-            adapters.retain(|a| a.get_info().name.to_lowercase().contains(&s));
-            if adapters.is_empty() {
-                return Err(Error::option(
-                    "--adapter",
-                    format!("no adapter name contains `{sub}`; available: {names:?}"),
-                ));
-            }
+        let infos: Vec<wgpu::AdapterInfo> = adapters.iter().map(|a| a.get_info()).collect();
+        let chosen = pick(&infos, req);
+        if let (Some(sub), None, false) = (&req.adapter, chosen, adapters.is_empty()) {
+            let names: Vec<String> = infos.iter().map(|i| i.name.clone()).collect();
+            return Err(Error::option(
+                "--adapter",
+                format!("no adapter name contains `{sub}`; available: {names:?}"),
+            ));
         }
-        adapters.sort_by_key(|a| preference(&a.get_info()));
-        let adapter = adapters.into_iter().next().ok_or_else(|| match req.backend {
+        let adapter = chosen.map(|k| adapters.swap_remove(k)).ok_or_else(|| match req.backend {
             Some(b) if !list_adapters(&AdapterRequest::default()).is_empty() => Error::option(
                 "--backend",
                 format!("no {b:?} adapter on this machine; `wgmoe devices` lists the adapters there are"),
