@@ -235,7 +235,7 @@ impl Tokenizer {
         env.set_unknown_method_callback(python_methods);
         let tmpl = env.template_from_str(template).map_err(|e| {
             Error::Tokenizer(format!(
-                "{source}: cannot parse chat template: {}",
+                "{source}: cannot parse chat_template: {}",
                 jinja_error(&e)
             ))
         })?;
