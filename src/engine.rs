@@ -257,8 +257,10 @@ fn warm_up(ctx: &GpuContext, fwd: &Forward) -> Result<()> {
         return Ok(());
     }
     fwd.submit(ctx, 0, n, Some(&vec![0u32; n]), Head::LastArgmax)?;
-    fwd.read_token(ctx)?;
-    if n < fwd.opts.max_context {
+    // A non-finite row (flagged by the argmax) is reported by the first real step; the
+    // flag is no token to feed a decode step.
+    let flagged = fwd.read_token(ctx)? == crate::generate::NON_FINITE_TOKEN;
+    if n < fwd.opts.max_context && !flagged {
         fwd.submit(ctx, n, 1, None, Head::LastArgmax)?;
         fwd.read_token(ctx)?;
     }

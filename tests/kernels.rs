@@ -1378,7 +1378,12 @@ fn argmax_case(
     );
     run(ctx, &prog, rows);
     let got = read_u32(ctx, &token, 1)[0];
-    let want = cpu_ref::argmax(row, suppress);
+    // A row holding NaN or ±inf is flagged with u32::MAX (the host reports the step).
+    let want = if row.iter().any(|x| !x.is_finite()) {
+        u32::MAX
+    } else {
+        cpu_ref::argmax(row, suppress)
+    };
     eprintln!("argmax {what}: gpu {got} cpu {want}");
     assert_eq!(
         got, want,
@@ -1456,19 +1461,40 @@ fn argmax_ties_and_suppression() {
     );
 }
 
-/// Logits that are all -inf (or NaN, from an overflowing model) outside the suppressed ids:
-/// torch.argmax and the CPU path still return an index in [0, n); the kernel must too,
-/// since the next step's embedding reads it.
+/// A row holding NaN or ±inf (the model's numbers broke down) must not yield a token:
+/// the kernel writes u32::MAX, which the host turns into an error naming the step (and it
+/// never submits a step after it). A finite row with a suppressed best id still gives the
+/// best unsuppressed one.
 #[test]
-fn argmax_of_non_finite_rows_is_a_valid_index() {
+fn argmax_flags_non_finite_rows() {
     let ctx = gpu(None);
     let neg = vec![f32::NEG_INFINITY; 300];
     argmax_case(&ctx, "all -inf", &neg, 300, false, &[]);
     argmax_case(&ctx, "all -inf, first suppressed", &neg, 300, false, &[0]);
-    let mut one = vec![f32::NEG_INFINITY; 300];
+    let mut one = vec![0.5f32; 300];
     one[0] = 1.0;
-    argmax_case(&ctx, "-inf except a suppressed id", &one, 300, false, &[0]);
+    assert_eq!(
+        argmax_case(&ctx, "finite, best suppressed", &one, 300, false, &[0]),
+        1
+    );
     argmax_case(&ctx, "all NaN", &[f32::NAN; 300], 300, false, &[]);
+    for (bad, at) in [
+        (f32::NAN, 299usize),
+        (f32::INFINITY, 7),
+        (f32::NEG_INFINITY, 128),
+    ] {
+        let mut row = vec![0.25f32; 300];
+        row[at] = bad;
+        let got = argmax_case(&ctx, &format!("{bad} at {at}"), &row, 300, false, &[]);
+        assert_eq!(got, u32::MAX);
+    }
+    // Only the row read counts (the last of 3).
+    let mut rows = vec![f32::NAN; 600];
+    rows.extend((0..300).map(|i| i as f32));
+    assert_eq!(
+        argmax_case(&ctx, "NaN rows before the last", &rows, 300, true, &[]),
+        299
+    );
 }
 
 /// The one-token matmul (x in a 64 KiB uniform window, matmul_u.wgsl) computes exactly what
