@@ -312,7 +312,7 @@ fn ctrl_c_stops_run_with_the_text_and_the_summary() {
         .and_then(|p| p.split(' ').next())
         .and_then(|x| x.parse().ok())
         .unwrap_or_else(|| panic!("{summary}"));
-    assert!(n >= 1 && n < 8000, "{summary}");
+    assert!((1..8000).contains(&n), "{summary}");
     assert!(!err.contains("panicked"), "{err}");
     // JSON mode: the object, marked interrupted.
     let mut json = base.clone();
@@ -405,6 +405,43 @@ fn bench_checks_everything_before_measuring() {
         nothing_measured(&r);
         assert!(!missing.exists());
     }
+}
+
+#[test]
+fn run_checks_write_profile_before_loading() {
+    let (t, dir) = copy_fixture(OLMOE);
+    let bad = t.path().join("missing/profile.json");
+    let r = run_untouched(
+        &dir,
+        &[
+            "run",
+            &s(&dir),
+            "--prompt-ids",
+            "1",
+            "-n",
+            "2",
+            "--write-profile",
+            &s(&bad),
+        ],
+    );
+    assert_error(&r, &["--write-profile", "does not exist"]);
+    assert!(
+        !r.stderr.contains("loaded "),
+        "checked only after loading:\n{r}"
+    );
+    let good = t.path().join("profile.json");
+    let r = wgmoe([
+        "run",
+        &s(&dir),
+        "--prompt-ids",
+        "1",
+        "-n",
+        "2",
+        "--write-profile",
+        &s(&good),
+    ]);
+    assert_ok(&r);
+    assert!(good.is_file(), "{r}");
 }
 
 #[test]

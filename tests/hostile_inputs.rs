@@ -264,3 +264,51 @@ fn eos_outside_the_vocabulary_is_refused() {
         assert_error(&r, &["generation_config.json", "eos_token_id", "5000"]);
     }
 }
+
+/// Admission with `--vram-budget` is closed-form: the most experts per layer it grants
+/// is exactly the largest count whose bytes fit, found by trying every count (which the
+/// runtime no longer does).
+#[test]
+fn admission_in_closed_form_matches_trying_every_count() {
+    use wgmoe::engine::{AdmissionCost, EngineOptions, ExpertPrecision};
+    for fixture in [OLMOE, QWEN] {
+        // The fixture's shapes with 64 experts, so that many counts are partial residency.
+        let path = common::fixture(fixture).join("config.json");
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        v["num_experts"] = 64.into();
+        let cfg = wgmoe::config::ModelConfig::from_json(&v.to_string(), &path).unwrap();
+        let opts = EngineOptions {
+            residency: wgmoe::engine::ResidencyOptions {
+                staging_buffers: 2,
+                ..Default::default()
+            },
+            adapter: Default::default(),
+            expert_precision: ExpertPrecision::Int4,
+            executor: wgmoe::model::forward::Executor::Grouped,
+            max_context: 100,
+            prefill_chunk: 64,
+            all_logits: false,
+        };
+        let c = AdmissionCost::new(&cfg, &opts, true).unwrap();
+        let (k, e) = (cfg.top_k, cfg.num_experts);
+        let lo = c.bytes(k).saturating_sub(1000);
+        let hi = c.bytes(e) + 1000;
+        let step = ((hi - lo) / 500).max(1);
+        let mut granted = std::collections::BTreeSet::new();
+        for b in (lo..=hi)
+            .step_by(step as usize)
+            .chain([c.bytes(k), c.bytes(e), c.bytes(e) - 1])
+        {
+            let brute = (k..=e).rev().find(|&n| c.bytes(n) <= b);
+            assert_eq!(c.most_within(b), brute, "{fixture}: budget {b}");
+            if let Some(n) = brute {
+                granted.insert(n);
+            }
+        }
+        assert!(granted.len() > 20, "{fixture}: budgets spanned {granted:?}");
+        assert_eq!(
+            wgmoe::engine::admission_bytes(&cfg, &opts, true, e),
+            c.bytes(e)
+        );
+    }
+}
