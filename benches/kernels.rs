@@ -14,13 +14,23 @@ use std::sync::OnceLock;
 
 use divan::counter::{BytesCount, ItemsCount};
 use half::f16;
-use wgmoe::gpu::kernels::*;
-use wgmoe::gpu::program::{groups64, Dim, Program};
-use wgmoe::gpu::tensor::{ExpertStore, F16Matrix, Q4Pool};
-use wgmoe::gpu::{AdapterRequest, GpuBuffer, GpuContext};
-use wgmoe::model::forward::Executor;
-use wgmoe::model::moe::MoeDispatch;
+use wgmoe::backend::params::*;
+use wgmoe::backend::plan::PrefillKernels;
+use wgmoe::backend::{Buffer, Device, KernelOverrides, Prepared, Program, Usage, Work};
+use wgmoe::model::moe::{Executor, MoeDispatch};
+use wgmoe::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
+use wgmoe::model::tensors::{ExpertStore, F16Matrix, Q4Pool};
 use wgmoe::quant::Q4SlotLayout;
+
+#[allow(dead_code)]
+#[path = "../tests/common/gpu.rs"]
+mod gpu;
+#[allow(dead_code)]
+#[path = "../tests/common/rng.rs"]
+mod rng;
+
+use gpu::Gpu;
+use rng::Rng;
 
 fn reps() -> usize {
     std::env::var("WGMOE_BENCH_REPS")
@@ -29,30 +39,32 @@ fn reps() -> usize {
         .unwrap_or(16)
 }
 
+fn portable() -> bool {
+    std::env::var_os("WGMOE_PORTABLE_KERNELS").is_some()
+}
+
 fn main() {
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        std::env::set_var("XDG_RUNTIME_DIR", "/tmp");
-    }
+    gpu::init_env();
+    let info = dev().info();
     eprintln!(
         "adapter: {} ({}, {}); subgroup kernels: {}",
-        ctx().adapter_name(),
-        ctx().backend_name(),
-        ctx().driver(),
-        ctx().kernels.uses_subgroups()
+        info.name,
+        info.backend,
+        info.driver_string(),
+        g().plan.subgroups
     );
     divan::main();
 }
 
-fn ctx() -> &'static GpuContext {
-    static CTX: OnceLock<GpuContext> = OnceLock::new();
-    let portable = std::env::var_os("WGMOE_PORTABLE_KERNELS").is_some();
-    CTX.get_or_init(|| {
-        GpuContext::new(&AdapterRequest {
-            portable_kernels: portable,
-            ..Default::default()
-        })
-        .expect("no GPU adapter")
-    })
+/// The device and kernel plan of the kernel benches (`WGMOE_PORTABLE_KERNELS`: no
+/// subgroup kernels).
+fn g() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| Gpu::portable(None, portable()))
+}
+
+fn dev() -> &'static Device {
+    &g().dev
 }
 
 /// A bench argument that prints as `<adapter> | <value>`, so that every bench id says which
@@ -62,7 +74,7 @@ struct On<T>(T);
 
 impl<T: std::fmt::Debug> std::fmt::Display for On<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} | {:?}", ctx().adapter_name(), self.0)
+        write!(f, "{} | {:?}", dev().info().name, self.0)
     }
 }
 
@@ -70,52 +82,50 @@ fn on<T: Copy, const N: usize>(args: [T; N]) -> Vec<On<T>> {
     args.iter().map(|&a| On(a)).collect()
 }
 
-/// Deterministic pseudo-random bytes / values (xorshift).
+/// Deterministic pseudo-random words (tests/common/rng.rs).
 fn noise(n: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u32
-        })
-        .collect()
+    let mut r = Rng::new(seed);
+    (0..n).map(|_| r.next_u64() as u32).collect()
 }
 
-fn storage(label: &str, data: &[u8]) -> GpuBuffer {
-    ctx().storage_with(label, data)
+fn storage(label: &str, data: &[u8]) -> Buffer {
+    dev().upload(label, data, Usage::Storage).expect("upload")
 }
 
-fn step_buf(n_tokens: u32) -> GpuBuffer {
-    step_at(0, n_tokens)
-}
-
-fn step_at(pos0: u32, n_tokens: u32) -> GpuBuffer {
-    let s = Step {
-        pos0,
-        n_tokens,
-        _pad: [0; 2],
-    };
-    ctx().uniform_with("step", bytemuck::bytes_of(&s))
+/// A buffer the one-token kernels may bind as a 64 KiB uniform window, holding `data`.
+fn window(label: &str, data: &[f32]) -> Buffer {
+    let b = dev()
+        .alloc(
+            label,
+            (data.len() * 4).max(UNIFORM_WINDOW_BYTES) as u64,
+            Usage::Window,
+        )
+        .expect("alloc");
+    dev()
+        .write(&b, 0, bytemuck::cast_slice(data))
+        .expect("write");
+    b
 }
 
 fn uniform_noise(n: usize, seed: u64, amp: f32) -> Vec<f32> {
-    noise(n, seed)
-        .iter()
-        .map(|&r| ((r as f32 / u32::MAX as f32) - 0.5) * 2.0 * amp)
-        .collect()
+    Rng::new(seed).vec(n, amp)
 }
 
-fn run(prog: &Program) {
-    let c = ctx();
-    let mut enc = c.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        prog.record(c, &mut pass, 1);
-    }
-    c.queue.submit([enc.finish()]);
-    c.sync().expect("gpu error");
+/// A program prepared for steps at `pos0` (one token each).
+fn prepare(prog: Program, pos0: usize) -> Prepared {
+    let step = dev().step_buffer(pos0, 1).expect("step");
+    dev().prepare(prog, &step).expect("prepare")
+}
+
+/// One submission of a one-token step of the program, and a wait.
+fn run(p: &Prepared) {
+    dev()
+        .submit(&[Work::Run {
+            program: p,
+            tokens: 1,
+        }])
+        .expect("submit");
+    dev().sync().expect("gpu error");
 }
 
 /// (in, out) of the expert matrices: OLMoE gate/up 2048->1024, down 1024->2048; Qwen
@@ -136,7 +146,7 @@ fn matvec_w4a16_decode(bencher: divan::Bencher, On(shape): On<(usize, usize)>) {
 fn w4a16_matvec(bencher: divan::Bencher, (inp, out): (usize, usize), decode: bool) {
     // A one-slot pool whose down matrix is [out, in].
     let layout = Q4SlotLayout::new(out, inp);
-    let pool = Q4Pool::new(ctx(), "bench", 1, layout).expect("pool");
+    let pool = Q4Pool::new(dev(), "bench", 1, layout).expect("pool");
     let mut slot = vec![0u8; layout.bytes];
     let w: Vec<f32> = noise(3 * inp * out, 1)
         .iter()
@@ -148,96 +158,60 @@ fn w4a16_matvec(bencher: divan::Bencher, (inp, out): (usize, usize), decode: boo
         &w[2 * inp * out..],
         &mut slot,
     );
-    pool.write_slot(ctx(), 0, &slot);
-    let h = ctx().buffer(
-        "h",
-        (inp * 4).max(UNIFORM_ACTIVATION_BYTES) as u64,
-        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-    );
-    ctx().write(&h, 0, bytemuck::cast_slice(&vec![0.5f32; inp]));
+    pool.write_slot(dev(), 0, &slot).expect("write slot");
+    let h = window("h", &vec![0.5f32; inp]);
     let zero = storage("ids", bytemuck::cast_slice(&[0u32; 4]));
     let ones = storage("w", bytemuck::cast_slice(&[1.0f32; 4]));
     let y = storage("y", &vec![0u8; out * 4]);
-    let step = step_buf(1);
-    let kernel = if decode {
-        Kernel::FfnDownQ4U
-    } else {
-        ctx().kernels.q4_down()
+    let dummy = storage("dummy", &[0u8; 16]);
+    // The down projection of expert slot 0 for one token into y: the decode kernel
+    // (activations in a uniform window) or the plan's storage kernel.
+    let moe = MoeDispatch {
+        plan: &g().plan,
+        sorted: None,
+        fuse_combine: false,
+        decode_uniform: decode,
+        hidden: out,
+        top_k: 1,
+        dummy: &dummy,
+        xn: &dummy,
+        topk_ids: &zero,
+        topk_w: &ones,
+        hbuf: &h,
+        y: &y,
+        x: &dummy,
     };
-    let mut binds: Vec<&wgpu::Buffer> = vec![
-        &h,
-        &zero,
-        &zero,
-        &pool.chunks[0],
-        &pool.chunks[0],
-        &ones,
-        &y,
-    ];
-    if !kernel.uniform_activation() {
-        binds.push(&h);
-    }
     let mut prog = Program::default();
     for _ in 0..reps() {
-        prog.push(
-            ctx(),
-            kernel,
-            &FfnQ4Params {
-                hidden: out as u32,
-                inter: inp as u32,
-                top_k: 1,
-                slot_vec4: pool.slot_vec4(),
-                chunk_slots: 1,
-                a_q: (layout.down_q / 16) as u32,
-                a_s: (layout.down_s / 4) as u32,
-                ..Default::default()
-            },
-            &step,
-            &binds,
-            [
-                Dim::Const(out.div_ceil(kernel.rows_per_workgroup()) as u32),
-                Dim::Const(1),
-                Dim::Const(1),
-            ],
-        );
+        moe.q4_down(&mut prog, &pool, &zero, Some((0, 1)));
     }
+    let prog = prepare(prog, 0);
     run(&prog);
     let bytes = (layout.down.q_bytes() + layout.down.scale_bytes()) * reps();
     bencher.counter(BytesCount::new(bytes)).bench(|| run(&prog));
 }
 
+/// The storage matmul of one token (`ops::matmul`, x in storage).
 #[divan::bench(args = on(SHAPES), sample_count = 20)]
 fn matvec_f16(bencher: divan::Bencher, On((inp, out)): On<(usize, usize)>) {
     let w: Vec<f16> = noise(inp * out, 2)
         .iter()
         .map(|&r| f16::from_f32((r as f32 / u32::MAX as f32) - 0.5))
         .collect();
-    let m = F16Matrix::upload(ctx(), "w", out, inp, &w).expect("upload");
+    let m = F16Matrix::upload(dev(), "w", out, inp, &w).expect("upload");
     let x = storage("x", bytemuck::cast_slice(&vec![0.5f32; inp]));
     let dummy = storage("dummy", &[0u8; 16]);
     let y = storage("y", &vec![0u8; out * 4]);
-    let step = step_buf(1);
+    let env = OpEnv {
+        plan: &g().plan,
+        chunk: 1,
+        dummy: &dummy,
+    };
     let mut prog = Program::default();
     for _ in 0..reps() {
-        for c in &m.chunks {
-            prog.push(
-                ctx(),
-                Kernel::Matmul,
-                &MatmulParams {
-                    k: inp as u32,
-                    n_rows: c.rows as u32,
-                    row_base: c.row_start as u32,
-                    vec4_per_row: m.vec4_per_row(),
-                    x_stride: inp as u32,
-                    out_stride: out as u32,
-                    flags: 0,
-                    _pad: 0,
-                },
-                &step,
-                &[&x, &c.buffer, &dummy, &y],
-                [Dim::Const(groups64(c.rows)), Dim::Const(1), Dim::Const(1)],
-            );
-        }
+        ops::matmul(&mut prog, &env, &m, &x, None, &y, out, 0);
     }
+    let prog = prepare(prog, 0);
     run(&prog);
     bencher
         .counter(BytesCount::new(inp * out * 2 * reps()))
@@ -269,44 +243,28 @@ fn memory_read(bencher: divan::Bencher, On(threads): On<usize>) {
 fn moe_layer_olmoe_int4(bencher: divan::Bencher, On(executor): On<Executor>) {
     let (h, i, e, k) = (2048usize, 1024usize, 64usize, 8usize);
     let layout = Q4SlotLayout::new(h, i);
-    let pool = Q4Pool::new(ctx(), "experts", e, layout).expect("pool");
+    let pool = Q4Pool::new(dev(), "experts", e, layout).expect("pool");
     let slot: Vec<u8> = bytemuck::cast_slice(&noise(layout.bytes / 4, 3)).to_vec();
     for s in 0..e {
-        pool.write_slot(ctx(), s, &slot);
+        pool.write_slot(dev(), s, &slot).expect("write slot");
     }
     let store = ExpertStore::Int4(pool);
     let ids: Vec<u32> = (0..k as u32).map(|j| j * 7 % e as u32).collect();
     let slot_of: Vec<u32> = (0..e as u32).collect();
-    let (_, x) = (
-        storage("xn", bytemuck::cast_slice(&vec![0.1f32; h])),
-        storage("x", &vec![0u8; h * 4]),
-    );
+    let x = storage("x", &vec![0u8; h * 4]);
     let topk_ids = storage("ids", bytemuck::cast_slice(&ids));
     let topk_w = storage("w", bytemuck::cast_slice(&vec![0.125f32; k]));
     let slot_buf = storage("slot_of", bytemuck::cast_slice(&slot_of));
-    // Uniform-capable activations: one-token steps use the decode kernels, as the runtime.
-    let uni = |label: &str, bytes: usize| {
-        let b = ctx().buffer(
-            label,
-            bytes.max(UNIFORM_ACTIVATION_BYTES) as u64,
-            wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::UNIFORM
-                | wgpu::BufferUsages::COPY_DST,
-        );
-        ctx().write(&b, 0, bytemuck::cast_slice(&vec![0.1f32; bytes / 4]));
-        b
-    };
-    let hbuf = uni("h", k * i * 4);
-    let xn = uni("xn", h * 4);
+    // Window-capable activations: one-token steps use the decode kernels, as the runtime.
+    let hbuf = window("h", &vec![0.1f32; k * i]);
+    let xn = window("xn", &vec![0.1f32; h]);
     let y = storage("y", &vec![0u8; k * h * 4]);
     let dummy = storage("dummy", &[0u8; 16]);
-    let step = step_buf(1);
     let moe = MoeDispatch {
+        plan: &g().plan,
         sorted: None,
         fuse_combine: true,
         decode_uniform: true,
-        ctx: ctx(),
-        step: &step,
         hidden: h,
         top_k: k,
         dummy: &dummy,
@@ -320,21 +278,25 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, On(executor): On<Executor>) {
     let mut prog = Program::default();
     let flags = moe.routed(&mut prog, executor, &store, &slot_buf);
     if flags != 0 {
-        prog.push(
-            ctx(),
-            Kernel::MoeCombine,
+        ops::moe_combine(
+            &mut prog,
             &MoeCombineParams {
                 hidden: h as u32,
                 top_k: k as u32,
                 flags,
                 ..Default::default()
             },
-            &step,
-            &[&y, &topk_w, &dummy, &dummy, &x],
-            [Dim::Const(groups64(h)), Dim::Const(1), Dim::Const(1)],
+            &CombineBuffers {
+                y: &y,
+                weights: &topk_w,
+                shared_y: &dummy,
+                router: &dummy,
+                x: &x,
+            },
         );
     }
     eprintln!("moe layer {executor:?}: {} dispatches", prog.len());
+    let prog = prepare(prog, 0);
     run(&prog);
     bencher
         .counter(BytesCount::new(k * layout.bytes))
@@ -342,8 +304,10 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, On(executor): On<Executor>) {
 }
 
 /// Decode attention of one token over a KV cache of `context` positions: 16 heads of 128
-/// (OLMoE-1B-7B / Qwen1.5-MoE-A2.7B), no GQA, params as src/model/forward.rs builds them.
-/// Counter: bytes of K and V read.
+/// (OLMoE-1B-7B / Qwen1.5-MoE-A2.7B), no GQA, params as src/model/forward.rs builds them;
+/// `ops::attention` recorded for one-token chunks, so the one-workgroup-per-(head, token)
+/// kernel (a model prefilling longer chunks on a CPU adapter decodes with the window
+/// kernel). Counter: bytes of K and V read.
 #[divan::bench(args = on([512usize, 2048]), sample_count = 10)]
 fn attention_16x128_decode(bencher: divan::Bencher, On(context): On<usize>) {
     let (nh, nkv, hd) = (16usize, 16usize, 128usize);
@@ -353,26 +317,41 @@ fn attention_16x128_decode(bencher: divan::Bencher, On(context): On<usize>) {
     let cv = storage("cache_v", bytemuck::cast_slice(&uniform_noise(kv, 6, 1.0)));
     let scratch = storage("scratch", &vec![0u8; nh * context * 4]);
     let attn = storage("attn", &vec![0u8; nh * hd * 4]);
-    // The token at the last position sees the whole cache.
-    let step = step_at(context as u32 - 1, 1);
+    let dummy = storage("dummy", &[0u8; 16]);
+    let env = OpEnv {
+        plan: &g().plan,
+        chunk: 1,
+        dummy: &dummy,
+    };
+    let ab = AttentionBuffers {
+        qkv: &dummy,
+        q_norm: None,
+        k_norm: None,
+        rope: &dummy,
+        q: &q,
+        cache_k: &ck,
+        cache_v: &cv,
+        scratch: &scratch,
+        out: &attn,
+    };
     let mut prog = Program::default();
     for _ in 0..reps() {
-        prog.push(
-            ctx(),
-            Kernel::Attention,
+        ops::attention(
+            &mut prog,
+            &env,
             &AttentionParams {
                 n_heads: nh as u32,
                 n_kv: nkv as u32,
                 head_dim: hd as u32,
                 scratch_stride: context as u32,
                 scale: (hd as f32).powf(-0.5),
-                _pad: [0; 3],
+                ..Default::default()
             },
-            &step,
-            &[&q, &ck, &cv, &scratch, &attn],
-            [Dim::Const(nh as u32), Dim::Const(1), Dim::Const(1)],
+            &ab,
         );
     }
+    // The token at the last position sees the whole cache.
+    let prog = prepare(prog, context - 1);
     run(&prog);
     bencher
         .counter(BytesCount::new(2 * kv * 4 * reps()))
@@ -380,9 +359,9 @@ fn attention_16x128_decode(bencher: divan::Bencher, On(context): On<usize>) {
 }
 
 /// The router of one decoded token: the f16 router matmul (hidden 2048 -> experts, plus
-/// Qwen's shared-expert gate row) and softmax/top-k, as src/model/forward.rs records them.
-/// Args: (experts, top-k, logit rows): OLMoE 64 top-8; Qwen1.5-MoE 60 top-4 (61 rows).
-/// Counter: bytes of router weights read.
+/// Qwen's shared-expert gate row) and softmax/top-k, as src/model/forward.rs records them
+/// (`ops::matmul`, `ops::router_topk`). Args: (experts, top-k, logit rows): OLMoE 64
+/// top-8; Qwen1.5-MoE 60 top-4 (61 rows). Counter: bytes of router weights read.
 #[divan::bench(args = on([(64usize, 8usize, 64usize), (60, 4, 61)]), sample_count = 20)]
 fn router_f16_topk_h2048(
     bencher: divan::Bencher,
@@ -393,48 +372,34 @@ fn router_f16_topk_h2048(
         .into_iter()
         .map(f16::from_f32)
         .collect();
-    let m = F16Matrix::upload(ctx(), "router", rows, h, &w).expect("upload");
+    let m = F16Matrix::upload(dev(), "router", rows, h, &w).expect("upload");
     let xn = storage("xn", bytemuck::cast_slice(&uniform_noise(h, 8, 1.0)));
     let dummy = storage("dummy", &[0u8; 16]);
     let logits = storage("router_logits", &vec![0u8; rows * 4]);
     let ids = storage("topk_ids", &vec![0u8; top_k * 4]);
     let wts = storage("topk_w", &vec![0u8; top_k * 4]);
-    let step = step_buf(1);
+    let env = OpEnv {
+        plan: &g().plan,
+        chunk: 1,
+        dummy: &dummy,
+    };
     let mut prog = Program::default();
     for _ in 0..reps() {
-        for c in &m.chunks {
-            prog.push(
-                ctx(),
-                Kernel::Matmul,
-                &MatmulParams {
-                    k: h as u32,
-                    n_rows: c.rows as u32,
-                    row_base: c.row_start as u32,
-                    vec4_per_row: m.vec4_per_row(),
-                    x_stride: h as u32,
-                    out_stride: rows as u32,
-                    flags: 0,
-                    _pad: 0,
-                },
-                &step,
-                &[&xn, &c.buffer, &dummy, &logits],
-                [Dim::Const(groups64(c.rows)), Dim::Const(1), Dim::Const(1)],
-            );
-        }
-        prog.push(
-            ctx(),
-            Kernel::RouterTopk,
+        ops::matmul(&mut prog, &env, &m, &xn, None, &logits, rows, 0);
+        ops::router_topk(
+            &mut prog,
             &RouterTopkParams {
                 n_experts: experts as u32,
                 top_k: top_k as u32,
                 logits_stride: rows as u32,
                 norm_topk: 0,
             },
-            &step,
-            &[&logits, &ids, &wts],
-            [Dim::Const(1), Dim::Const(1), Dim::Const(1)],
+            &logits,
+            &ids,
+            &wts,
         );
     }
+    let prog = prepare(prog, 0);
     run(&prog);
     bencher
         .counter(BytesCount::new(rows * h * 2 * reps()))
@@ -488,14 +453,15 @@ fn synth_model() -> &'static std::path::Path {
 #[divan::bench(args = on([Executor::Grouped, Executor::PerExpert]), sample_count = 20)]
 fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(executor): On<Executor>) {
     use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
-    use wgmoe::model::forward::Head;
+    use wgmoe::model::Head;
     let prompt: Vec<u32> = (0..16u32).map(|i| 10 + i * 37 % 4000).collect();
-    let engine = Engine::load(
+    let mut engine = Engine::load(
         synth_model(),
         &EngineOptions {
             residency: ResidencyOptions::default(),
-            adapter: AdapterRequest {
-                portable_kernels: std::env::var_os("WGMOE_PORTABLE_KERNELS").is_some(),
+            adapter: Default::default(),
+            kernels: KernelOverrides {
+                portable: portable(),
                 ..Default::default()
             },
             expert_precision: ExpertPrecision::Int4,
@@ -506,22 +472,22 @@ fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(executor): On<Exe
         },
     )
     .expect("load the synthetic model");
-    let (c, fwd) = (&engine.ctx, &engine.fwd);
     // (Printing here would interleave with divan's table; the adapter is printed first.)
     assert_eq!(
-        c.adapter_name(),
-        ctx().adapter_name(),
+        engine.dev.info().name,
+        dev().info().name,
         "same adapter as the kernel benches"
     );
-    fwd.submit(c, 0, prompt.len(), Some(&prompt), Head::LastArgmax)
+    let fwd = &mut engine.fwd;
+    fwd.submit(0, prompt.len(), Some(&prompt), Head::LastArgmax)
         .expect("prefill");
-    fwd.read_token(c).expect("read");
+    fwd.read_token().expect("read");
     let pos = prompt.len();
-    // The engine is not Sync (RefCell counters): bench on this thread.
+    // A step takes the forward pass mutably (its counters): bench on this thread.
     bencher.counter(ItemsCount::new(1usize)).bench_local(|| {
-        fwd.submit(c, pos, 1, None, Head::LastArgmax)
+        fwd.submit(pos, 1, None, Head::LastArgmax)
             .expect("decode step");
-        fwd.read_token(c).expect("read token")
+        fwd.read_token().expect("read token")
     });
 }
 
@@ -531,15 +497,20 @@ fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(executor): On<Exe
 #[divan::bench(args = on(["window", "storage"]), sample_count = 10)]
 fn prefill_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(kernels): On<&str>) {
     use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
-    use wgmoe::model::forward::Head;
+    use wgmoe::model::Head;
     let n = 64usize;
     let prompt: Vec<u32> = (0..n as u32).map(|i| 10 + i * 37 % 4000).collect();
-    let engine = Engine::load(
+    let mut engine = Engine::load(
         synth_model(),
         &EngineOptions {
             residency: ResidencyOptions::default(),
-            adapter: AdapterRequest {
-                window_prefill: Some(kernels == "window"),
+            adapter: Default::default(),
+            kernels: KernelOverrides {
+                prefill: Some(if kernels == "window" {
+                    PrefillKernels::Window
+                } else {
+                    PrefillKernels::Storage
+                }),
                 ..Default::default()
             },
             expert_precision: ExpertPrecision::Int4,
@@ -550,10 +521,10 @@ fn prefill_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(kernels): On<&st
         },
     )
     .expect("load the synthetic model");
-    let (c, fwd) = (&engine.ctx, &engine.fwd);
+    let fwd = &mut engine.fwd;
     bencher.counter(ItemsCount::new(n)).bench_local(|| {
-        fwd.submit(c, 0, n, Some(&prompt), Head::LastArgmax)
+        fwd.submit(0, n, Some(&prompt), Head::LastArgmax)
             .expect("prefill step");
-        fwd.read_token(c).expect("read token")
+        fwd.read_token().expect("read token")
     });
 }

@@ -2,6 +2,8 @@
 // ties (as torch.argmax), with up to four token ids suppressed (EOS when it must not end
 // the response). Writes the id where the next step's embedding reads it, so a decode step
 // needs no CPU round trip; the host reads back these 4 bytes only to stream text.
+// A row holding a non-finite value (NaN or +-inf: the model's numbers broke down) yields
+// the id 0xffffffff instead, which the host turns into an error naming the step.
 
 struct Params {
     n: u32,
@@ -18,6 +20,8 @@ struct Params {
 const WG: u32 = 256u;
 var<workgroup> best_v: array<f32, 256>;
 var<workgroup> best_i: array<u32, 256>;
+// Set when any value of the row is NaN or infinite (workgroup memory starts zeroed).
+var<workgroup> non_finite: atomic<u32>;
 
 fn suppressed(i: u32) -> bool {
     for (var s = 0u; s < p.n_suppress; s++) {
@@ -34,6 +38,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
     var bi = 0xffffffffu;
     for (var i = lid.x; i < p.n; i += WG) {
         let v = logits[row + i];
+        // Exponent bits all ones: inf or NaN (a bit test, which no fast-math can drop).
+        if ((bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u) { atomicOr(&non_finite, 1u); }
         // The first candidate is taken whatever its value, so a row of -inf or NaN still
         // yields a valid id (as sampling::argmax on the host).
         if ((bi == 0xffffffffu || v > bv) && !suppressed(i)) { bv = v; bi = i; }
@@ -54,5 +60,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
         }
         workgroupBarrier();
     }
-    if (lid.x == 0u) { token[0] = best_i[0]; }
+    if (lid.x == 0u) {
+        if (atomicLoad(&non_finite) != 0u) {
+            token[0] = 0xffffffffu;
+        } else {
+            token[0] = best_i[0];
+        }
+    }
 }

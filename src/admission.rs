@@ -1,14 +1,19 @@
 //! Admission control: the expert slots per layer, fixed before any allocation from the
 //! same arithmetic the allocations follow (weights, expert slots with spares and staging,
 //! the workspace table). A configuration outside the valid range, or over
-//! `--vram-budget`, is refused with what would fit.
+//! `--vram-budget`, is refused with what would fit. The cost is affine in the slot count on
+//! each side of full residency, so the largest count a budget holds is found in closed
+//! form, with checked arithmetic throughout.
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::inspect::human;
 use crate::model::tensors::{pad8, ExpertPool};
-use crate::model::workspace::{workspace_bytes, WorkspaceShape};
+use crate::model::workspace::{effective_chunk, workspace_bytes, WorkspaceShape};
 use crate::quant::Q4SlotLayout;
+
+/// Most mapped staging buffers for expert uploads.
+pub const MAX_STAGING_BUFFERS: usize = 1024;
 
 /// What admission needs to know of a run.
 #[derive(Clone, Copy, Debug)]
@@ -31,74 +36,115 @@ pub fn slot_bytes(cfg: &ModelConfig, int4: bool) -> u64 {
 
 /// Bytes of every non-routed weight as the device holds it (f16, rows padded to 8 halves;
 /// biases f32), with the shared experts and dense MLPs in their slot layout, and the
-/// per-layer expert->slot tables.
+/// per-layer expert->slot tables (`u64::MAX` when they cannot be counted).
 pub fn dense_gpu_bytes(cfg: &ModelConfig) -> u64 {
-    let mut total = 0u64;
+    let mut total = 0u128;
     for (name, shape) in crate::manifest::expected_tensors(cfg) {
-        let n: u64 = match shape.as_slice() {
-            [rows, cols] => *rows as u64 * pad8(*cols) as u64,
-            other => pad8(other.iter().product::<usize>()) as u64,
+        let n: u128 = match shape.as_slice() {
+            [rows, cols] => *rows as u128 * pad8(*cols) as u128,
+            other => other
+                .iter()
+                .map(|&d| d as u128)
+                .product::<u128>()
+                .next_multiple_of(8),
         };
-        total = total.saturating_add(n.saturating_mul(if name.ends_with(".bias") { 4 } else { 2 }));
+        total += n * if name.ends_with(".bias") { 4 } else { 2 };
     }
-    let tables = cfg.num_sparse_layers() as u64 * (cfg.num_experts as u64 * 4).max(16).div_ceil(16) * 16;
-    total.saturating_add(tables)
+    let table = (cfg.num_experts as u128 * 4).max(16).next_multiple_of(16);
+    total += cfg.num_sparse_layers() as u128 * table;
+    u64::try_from(total).unwrap_or(u64::MAX)
 }
 
-/// The bytes that do not depend on the resident expert count: non-routed weights and the
-/// workspace.
-pub fn fixed_bytes(cfg: &ModelConfig, a: &AdmissionInput) -> Result<u64> {
-    let ws = workspace_bytes(
-        cfg,
-        &WorkspaceShape {
-            max_context: a.max_context,
-            chunk: crate::model::workspace::effective_chunk(cfg, a.max_context, a.prefill_chunk, None),
-            all_logits: a.all_logits,
-            expert_major: None,
-        },
-    )?;
-    Ok(dense_gpu_bytes(cfg).saturating_add(ws))
+/// Device bytes with `n` experts resident per layer, from parts computed once.
+#[derive(Clone, Copy, Debug)]
+pub struct AdmissionCost {
+    /// Non-routed weights, KV cache and workspace.
+    pub fixed: u64,
+    /// One expert slot in every MoE layer.
+    pub per_slot: u64,
+    /// Below full residency only: top_k spare slots per MoE layer and the staging buffers.
+    pub partial_extra: u64,
+    pub num_experts: usize,
+    pub top_k: usize,
 }
 
-/// Device bytes the runtime allocates with `n` experts resident per layer: the fixed
-/// bytes, the expert slots (plus top_k spares and the staging buffers below full
-/// residency). An upper bound of what the tracker will show.
+impl AdmissionCost {
+    pub fn new(cfg: &ModelConfig, a: &AdmissionInput) -> Result<Self> {
+        let (e, k) = (cfg.num_experts, cfg.top_k);
+        crate::model::workspace::check_context(cfg, a.max_context, a.prefill_chunk)?;
+        let overflow = |what: &str| {
+            Error::DoesNotFit(format!(
+                "{what}: the byte count overflows 64 bits ({e} experts per layer, {} MoE layers)",
+                cfg.num_sparse_layers()
+            ))
+        };
+        let ws = workspace_bytes(
+            cfg,
+            &WorkspaceShape {
+                max_context: a.max_context,
+                chunk: effective_chunk(cfg, a.max_context, a.prefill_chunk, None),
+                all_logits: a.all_logits,
+                // Not known before the device: counted, as an upper bound.
+                expert_major: None,
+            },
+        )?;
+        let slot = slot_bytes(cfg, a.int4);
+        let fixed = dense_gpu_bytes(cfg)
+            .checked_add(ws)
+            .ok_or_else(|| overflow("weights and workspace"))?;
+        let per_slot = (cfg.num_sparse_layers() as u64)
+            .checked_mul(slot)
+            .ok_or_else(|| overflow("expert slots"))?;
+        let staging = (a.staging_buffers as u64)
+            .checked_mul(slot)
+            .ok_or_else(|| overflow("--staging-buffers"))?;
+        let partial_extra = per_slot
+            .checked_mul(k as u64)
+            .and_then(|s| s.checked_add(staging))
+            .ok_or_else(|| overflow("spare slots and staging"))?;
+        // The largest counts must be countable, so `bytes` never overflows.
+        per_slot
+            .checked_mul(e as u64)
+            .and_then(|x| x.checked_add(fixed))
+            .and_then(|x| x.checked_add(partial_extra))
+            .ok_or_else(|| overflow("all experts"))?;
+        Ok(AdmissionCost {
+            fixed,
+            per_slot,
+            partial_extra,
+            num_experts: e,
+            top_k: k,
+        })
+    }
+
+    /// Device bytes with `n` (<= num_experts) experts resident per layer.
+    pub fn bytes(&self, n: usize) -> u64 {
+        let extra = if n < self.num_experts { self.partial_extra } else { 0 };
+        self.fixed + self.per_slot * n.min(self.num_experts) as u64 + extra
+    }
+
+    /// The most experts per layer (top_k..=num_experts) whose bytes fit `budget`.
+    pub fn most_within(&self, budget: u64) -> Option<usize> {
+        let (e, k) = (self.num_experts, self.top_k);
+        if self.bytes(e) <= budget {
+            return Some(e);
+        }
+        let avail = budget.checked_sub(self.fixed + self.partial_extra)?;
+        let n = match avail.checked_div(self.per_slot) {
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            // No MoE layer: every n costs the same.
+            None => usize::MAX,
+        };
+        let n = n.min(e.saturating_sub(1));
+        (n >= k && self.bytes(n) <= budget).then_some(n)
+    }
+}
+
+/// Device bytes the runtime allocates with `n` experts resident per layer: non-routed
+/// weights, expert slots (plus top_k spares and the staging buffers below full
+/// residency), KV cache and workspace. An upper bound of what the tracker will show.
 pub fn admission_bytes(cfg: &ModelConfig, a: &AdmissionInput, n: usize) -> Result<u64> {
-    Ok(fixed_bytes(cfg, a)?.saturating_add(expert_bytes(cfg, a, n)))
-}
-
-/// The part of `admission_bytes` that depends on `n`.
-fn expert_bytes(cfg: &ModelConfig, a: &AdmissionInput, n: usize) -> u64 {
-    let (e, k) = (cfg.num_experts, cfg.top_k);
-    let slot = slot_bytes(cfg, a.int4);
-    let sparse = cfg.num_sparse_layers() as u64;
-    let partial = n < e;
-    let spares = if partial { k } else { 0 };
-    let staging = if partial { a.staging_buffers as u64 * slot } else { 0 };
-    sparse
-        .saturating_mul((n + spares) as u64)
-        .saturating_mul(slot)
-        .saturating_add(staging)
-}
-
-/// The most experts per layer `budget` holds (None when not even top_k fit), in closed
-/// form: full residency, else the largest partial count.
-pub fn max_resident(cfg: &ModelConfig, a: &AdmissionInput, budget: u64) -> Result<Option<usize>> {
-    let (e, k) = (cfg.num_experts, cfg.top_k);
-    let fixed = fixed_bytes(cfg, a)?;
-    if fixed.saturating_add(expert_bytes(cfg, a, e)) <= budget {
-        return Ok(Some(e));
-    }
-    let sparse = cfg.num_sparse_layers() as u64;
-    let slot = slot_bytes(cfg, a.int4);
-    let staging = a.staging_buffers as u64 * slot;
-    let Some(room) = budget.checked_sub(fixed.saturating_add(staging)) else {
-        return Ok(None);
-    };
-    // sparse * (n + k) * slot <= room
-    let per_n = sparse.saturating_mul(slot).max(1);
-    let n = (room / per_n).saturating_sub(k as u64).min(e.saturating_sub(1) as u64) as usize;
-    Ok((n >= k).then_some(n))
+    Ok(AdmissionCost::new(cfg, a)?.bytes(n))
 }
 
 /// The expert slots per layer of a run: `--resident-experts` if given (checked against the
@@ -118,29 +164,36 @@ pub fn admit(
             ));
         }
     }
+    if a.staging_buffers == 0 || a.staging_buffers > MAX_STAGING_BUFFERS {
+        return Err(Error::option(
+            "--staging-buffers",
+            format!("{} is outside 1..={MAX_STAGING_BUFFERS}", a.staging_buffers),
+        ));
+    }
+    let cost = AdmissionCost::new(cfg, a)?;
     let n = match (resident_experts, vram_budget) {
-        (None, Some(b)) => match max_resident(cfg, a, b)? {
-            Some(n) => n,
-            None => {
-                return Err(Error::DoesNotFit(format!(
-                    "--vram-budget {}: even {k} experts per layer (top_k) need {}; non-expert weights, KV cache and workspace alone take {}",
-                    human(b),
-                    human(admission_bytes(cfg, a, k)?),
-                    human(fixed_bytes(cfg, a)?)
-                )))
-            }
-        },
-        (Some(n), Some(b)) if admission_bytes(cfg, a, n)? > b => {
-            let fits = max_resident(cfg, a, b)?;
-            return Err(Error::DoesNotFit(format!(
-                "{n} experts per layer need {}; the --vram-budget of {} fits {}",
-                human(admission_bytes(cfg, a, n)?),
-                human(b),
-                fits.map_or("none (not even top_k)".to_string(), |m| m.to_string())
-            )));
-        }
-        (Some(n), _) => n,
         (None, None) => e,
+        (Some(n), None) => n,
+        (None, Some(b)) => cost.most_within(b).ok_or_else(|| {
+            Error::DoesNotFit(format!(
+                "--vram-budget {}: even {k} experts per layer (top_k) need {}; non-expert weights, KV cache and workspace alone take {}",
+                human(b),
+                human(cost.bytes(k)),
+                human(cost.fixed)
+            ))
+        })?,
+        (Some(n), Some(b)) => {
+            if cost.bytes(n) > b {
+                return Err(Error::DoesNotFit(format!(
+                    "{n} experts per layer need {}; the --vram-budget of {} fits {}",
+                    human(cost.bytes(n)),
+                    human(b),
+                    cost.most_within(b)
+                        .map_or("none (not even top_k)".to_string(), |m| m.to_string())
+                )));
+            }
+            n
+        }
     };
     if n < e && !a.int4 {
         return Err(Error::option(

@@ -122,6 +122,9 @@ pub struct BenchRecord {
     pub synthetic: bool,
     pub note: Option<String>,
     pub adapter: String,
+    /// The device type of the adapter: DiscreteGpu, IntegratedGpu, VirtualGpu, Cpu
+    /// (software, e.g. lavapipe) or Other.
+    pub adapter_type: String,
     pub backend: String,
     pub driver: String,
     // The configuration.
@@ -342,7 +345,93 @@ fn check_options(o: &BenchOptions, available: usize) -> Result<()> {
     if o.prefill_chunk == 0 {
         return Err(Error::option("--prefill-chunk", "must be at least 1"));
     }
+    o.blocks
+        .checked_mul(o.prompts)
+        .and_then(|n| n.checked_add(o.warmup))
+        .ok_or_else(|| {
+            Error::option(
+                "--blocks",
+                format!(
+                    "{} blocks x {} prompts + {} warm-up responses overflow",
+                    o.blocks, o.prompts, o.warmup
+                ),
+            )
+        })?;
     Ok(())
+}
+
+/// The engine options of one configuration.
+fn engine_options(o: &BenchOptions, c: &BenchConfig, max_context: usize) -> EngineOptions {
+    EngineOptions {
+        residency: crate::engine::ResidencyOptions {
+            resident_experts: c.resident_experts,
+            vram_budget: None,
+            policy: c.cache_policy,
+            decay: o.decay,
+            profile: o.profile.clone(),
+            staging_buffers: o.staging_buffers,
+            record_profile: false,
+        },
+        adapter: o.adapter.clone(),
+        kernels: o.kernels,
+        expert_precision: c.expert_precision,
+        executor: c.executor,
+        max_context,
+        prefill_chunk: o.prefill_chunk,
+        all_logits: false,
+    }
+}
+
+/// Every configuration of a sweep checked as far as it can be without the GPU
+/// (the checkpoint against the config, admission, the cache policy and its profile), so
+/// that a sweep never fails on an option after minutes of measuring.
+fn validate(o: &BenchOptions, cfg: &crate::config::ModelConfig, max_context: usize) -> Result<()> {
+    let ckpt = crate::checkpoint::Checkpoint::open(&o.model)?;
+    for c in sweep(o, cfg) {
+        crate::engine::check_host(cfg, &ckpt, &engine_options(o, &c, max_context)).map_err(
+            |e| {
+                Error::Other(format!(
+                    "configuration `{}` cannot run (nothing was measured): {e}",
+                    describe(&c)
+                ))
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// "int4/grouped/resident 2/lru".
+fn describe(c: &BenchConfig) -> String {
+    format!(
+        "--expert-precision {} --executor {}{}",
+        name_of(&c.expert_precision),
+        name_of(&c.executor),
+        c.resident_experts
+            .map(|n| format!(
+                " --resident-experts {n} --cache-policy {}",
+                c.cache_policy.as_str()
+            ))
+            .unwrap_or_default()
+    )
+}
+
+/// The configurations to measure: a cache policy only matters below full residency, so
+/// there is one full-residency configuration per (precision, executor).
+fn sweep(o: &BenchOptions, cfg: &crate::config::ModelConfig) -> Vec<BenchConfig> {
+    let mut configs: Vec<BenchConfig> = Vec::new();
+    for c in configurations(o) {
+        let full = c.resident_experts.is_none_or(|n| n >= cfg.num_experts);
+        let dup = full
+            && configs.iter().any(|d| {
+                d.expert_precision == c.expert_precision
+                    && d.executor == c.executor
+                    && d.resident_experts.is_none_or(|n| n >= cfg.num_experts)
+            });
+        if !dup {
+            configs.push(c);
+        }
+    }
+    configs
 }
 
 /// What one measured response contributes.
@@ -381,6 +470,7 @@ pub fn run_bench(
     let tp = tokenize_prompts(&o.model, prompts, cfg.vocab_size, limit)?;
     let longest = tp.ids.iter().map(Vec::len).max().unwrap_or(1);
     let max_context = longest + o.new_tokens;
+    validate(o, &cfg, max_context)?;
     let synthetic = is_synthetic(&o.model);
     let mut notes = tp.notes.clone();
     if synthetic {
@@ -394,43 +484,10 @@ pub fn run_bench(
     }
     let git = git_revision();
     let mut records = Vec::new();
-    // A cache policy only matters below full residency: one configuration per capacity there.
-    let mut configs: Vec<BenchConfig> = Vec::new();
-    for c in configurations(o) {
-        let full = c.resident_experts.is_none_or(|n| n >= cfg.num_experts);
-        let dup = full
-            && configs.iter().any(|d| {
-                d.expert_precision == c.expert_precision
-                    && d.executor == c.executor
-                    && d.resident_experts.is_none_or(|n| n >= cfg.num_experts)
-            });
-        if !dup {
-            configs.push(c);
-        }
-    }
-    for c in configs {
+    for c in sweep(o, &cfg) {
         let rss_reset = reset_peak_rss();
-        let mut engine = Engine::load(
-            &o.model,
-            &EngineOptions {
-                residency: crate::engine::ResidencyOptions {
-                    resident_experts: c.resident_experts,
-                    vram_budget: None,
-                    policy: c.cache_policy,
-                    decay: o.decay,
-                    profile: o.profile.clone(),
-                    staging_buffers: o.staging_buffers,
-                    record_profile: false,
-                },
-                adapter: o.adapter.clone(),
-                kernels: o.kernels,
-                expert_precision: c.expert_precision,
-                executor: c.executor,
-                max_context,
-                prefill_chunk: o.prefill_chunk,
-                all_logits: false,
-            },
-        )?;
+        let mut engine = Engine::load(&o.model, &engine_options(o, &c, max_context))
+            .map_err(|e| Error::Other(format!("configuration {}: {e}", describe(&c))))?;
         let gen_opts = GenerateOptions {
             max_new_tokens: o.new_tokens,
             sampling: SamplingOptions::greedy(),
@@ -597,6 +654,7 @@ fn record(
         synthetic: x.synthetic,
         note: (!x.notes.is_empty()).then(|| x.notes.join("; ")),
         adapter: engine.dev.info().name.clone(),
+        adapter_type: format!("{:?}", engine.dev.info().device_type),
         backend: engine.dev.info().backend.clone(),
         driver: engine.dev.info().driver_string(),
         expert_precision: c.expert_precision,

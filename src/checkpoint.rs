@@ -211,6 +211,11 @@ impl Checkpoint {
         self.tensors.contains_key(name)
     }
 
+    /// The shape of a tensor of any dtype, as its header declares it.
+    pub fn shape_of(&self, name: &str) -> Option<&[usize]> {
+        self.tensors.get(name).map(|e| e.shape.as_slice())
+    }
+
     /// All tensor names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)
@@ -301,16 +306,18 @@ impl Checkpoint {
     }
 
     /// The whole tensor as f16 (BF16 and F32 rounded to nearest-even; F16 copied), after
-    /// checking that its shape is exactly `expected_shape`.
+    /// checking that its shape is exactly `expected_shape`. A NaN or infinite value, or
+    /// one beyond the f16 range, is an error naming the tensor, the element and the value.
     pub fn read_f16(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f16>> {
         let (e, dt) = self.checked(name, expected_shape)?;
-        Ok(convert_f16(dt, self.bytes(e)))
+        convert_f16(dt, self.bytes(e)).map_err(|b| self.bad(e, name, b.describe(0)))
     }
 
-    /// The whole tensor as f32 (exact for BF16 and F16), after checking its shape.
+    /// The whole tensor as f32 (exact for BF16 and F16), after checking its shape. A NaN or
+    /// infinite value is an error naming the tensor, the element and the value.
     pub fn read_f32(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f32>> {
         let (e, dt) = self.checked(name, expected_shape)?;
-        Ok(convert_f32(dt, self.bytes(e)))
+        convert_f32(dt, self.bytes(e)).map_err(|b| self.bad(e, name, b.describe(0)))
     }
 
     /// Rows `[row_start, row_start + rows)` of the tensor viewed as 2-D
@@ -326,7 +333,8 @@ impl Checkpoint {
     ) -> Result<Vec<f32>> {
         let (e, dt) = self.checked(name, expected_shape)?;
         let bytes = self.row_bytes(e, dt, name, row_start, rows)?;
-        Ok(convert_f32(dt, bytes))
+        let at = row_start * e.shape.last().copied().unwrap_or(1);
+        convert_f32(dt, bytes).map_err(|b| self.bad(e, name, b.describe(at)))
     }
 
     /// Like `read_rows_f32`, converted to f16.
@@ -339,7 +347,8 @@ impl Checkpoint {
     ) -> Result<Vec<f16>> {
         let (e, dt) = self.checked(name, expected_shape)?;
         let bytes = self.row_bytes(e, dt, name, row_start, rows)?;
-        Ok(convert_f16(dt, bytes))
+        let at = row_start * e.shape.last().copied().unwrap_or(1);
+        convert_f16(dt, bytes).map_err(|b| self.bad(e, name, b.describe(at)))
     }
 
     fn row_bytes(
@@ -410,6 +419,28 @@ impl Checkpoint {
         let (name, shape, _, _) =
             self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
         self.checked(&name, &shape).map(|_| ())
+    }
+
+    /// The tensor holding one expert projection, and the flat index of the expert's first
+    /// element in it (0 for per-expert tensors), for messages about its values.
+    pub fn expert_source(
+        &self,
+        layer: usize,
+        expert: usize,
+        proj: ExpertProj,
+        num_experts: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<(String, PathBuf, usize)> {
+        let (name, shape, row_start, _) =
+            self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
+        let e = self.entry(&name)?;
+        let row_len = shape.last().copied().unwrap_or(1);
+        Ok((
+            name,
+            self.shards[e.shard].path.clone(),
+            row_start.unwrap_or(0) * row_len,
+        ))
     }
 
     /// Like `read_expert_f32`, converted to f16.
@@ -546,14 +577,47 @@ fn shard_entries(shard: &Shard, id: usize) -> Result<Vec<(String, Entry)>> {
 
 // Conversions. Tensor data in a mapping need not be 2- or 4-byte aligned, so elements are
 // assembled from little-endian bytes; chunks_exact keeps the loops free of bounds checks.
+// Every value is checked as it is converted (it is read anyway): a NaN or ±inf weight, or
+// one the f16 conversion would turn into ±inf, is an error naming its flat index.
 
-fn convert_f32(dt: DType, bytes: &[u8]) -> Vec<f32> {
-    match dt {
+/// The first bad value of a conversion: its index in the converted range, and the value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BadValue {
+    NonFinite {
+        index: usize,
+        value: f32,
+    },
+    /// Finite in the source, beyond f16's ±65504.
+    OutOfF16Range {
+        index: usize,
+        value: f32,
+    },
+}
+
+impl BadValue {
+    /// The message, with the index shifted by `offset` (the range's start in the tensor).
+    pub fn describe(self, offset: usize) -> String {
+        match self {
+            BadValue::NonFinite { index, value } => format!(
+                "element {} is {value}: wgmoe refuses non-finite (NaN or infinite) weights; the checkpoint is corrupt or was saved from a diverged model",
+                offset + index
+            ),
+            BadValue::OutOfF16Range { index, value } => format!(
+                "element {} is {value}, outside the f16 range (|x| <= 65504): wgmoe stores non-routed weights (and f16 experts) as f16, where it would become infinite, and refuses such a checkpoint",
+                offset + index
+            ),
+        }
+    }
+}
+
+fn bf16_at(c: &[u8]) -> f32 {
+    f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)
+}
+
+fn convert_f32(dt: DType, bytes: &[u8]) -> std::result::Result<Vec<f32>, BadValue> {
+    let v: Vec<f32> = match dt {
         // bf16 is the top half of an f32: widening is a shift, exact.
-        DType::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
-            .collect(),
+        DType::BF16 => bytes.chunks_exact(2).map(bf16_at).collect(),
         DType::F16 => bytes
             .chunks_exact(2)
             .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
@@ -562,13 +626,20 @@ fn convert_f32(dt: DType, bytes: &[u8]) -> Vec<f32> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
+    };
+    match v.iter().position(|x| !x.is_finite()) {
+        Some(index) => Err(BadValue::NonFinite {
+            index,
+            value: v[index],
+        }),
+        None => Ok(v),
     }
 }
 
-fn convert_f16(dt: DType, bytes: &[u8]) -> Vec<f16> {
-    match dt {
-        // bf16 -> f32 is exact, so this rounds once (to nearest even); values beyond the f16
-        // range become ±inf, tiny ones f16 subnormals or zero.
+fn convert_f16(dt: DType, bytes: &[u8]) -> std::result::Result<Vec<f16>, BadValue> {
+    let v: Vec<f16> = match dt {
+        // bf16 -> f32 is exact, so this rounds once (to nearest even); tiny values become
+        // f16 subnormals or zero, values beyond the f16 range ±inf (refused below).
         DType::BF16 => bytes
             .chunks_exact(2)
             .map(|c| f16::from_f32(bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
@@ -581,5 +652,75 @@ fn convert_f16(dt: DType, bytes: &[u8]) -> Vec<f16> {
             .chunks_exact(4)
             .map(|c| f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
             .collect(),
+    };
+    let Some(index) = v.iter().position(|x| !x.is_finite()) else {
+        return Ok(v);
+    };
+    // The source value, to tell a non-finite weight from an overflow.
+    let value = match dt {
+        DType::BF16 => bf16_at(&bytes[2 * index..]),
+        DType::F16 => v[index].to_f32(),
+        DType::F32 => {
+            let c = &bytes[4 * index..];
+            f32::from_le_bytes([c[0], c[1], c[2], c[3]])
+        }
+    };
+    Err(if value.is_finite() {
+        BadValue::OutOfF16Range { index, value }
+    } else {
+        BadValue::NonFinite { index, value }
+    })
+}
+
+/// A model path must be a directory with a config.json; say plainly what it is instead.
+pub fn check_model_dir(dir: &Path) -> Result<()> {
+    const WHAT: &str = "wgmoe takes a Hugging Face model directory (config.json, tokenizer.json and *.safetensors weights)";
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::bad_file(dir, "model directory not found"))
+        }
+        Err(e) => Err(Error::io(dir, e)),
+        Ok(m) if !m.is_dir() => {
+            let gguf = dir
+                .extension()
+                .is_some_and(|x| x.eq_ignore_ascii_case("gguf"));
+            let hint = if gguf {
+                "; GGUF files are not supported: use the model's Hugging Face checkpoint (safetensors)"
+            } else {
+                match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    Some(p) if p.join("config.json").is_file() => {
+                        return Err(Error::bad_file(
+                            dir,
+                            format!("is a file, not a model directory: {WHAT}; pass the directory that holds it, {}", p.display()),
+                        ))
+                    }
+                    _ => "",
+                }
+            };
+            Err(Error::bad_file(
+                dir,
+                format!("is a file, not a model directory: {WHAT}{hint}"),
+            ))
+        }
+        Ok(_) => {
+            let cfg = dir.join("config.json");
+            if cfg.exists() {
+                return Ok(());
+            }
+            let empty = std::fs::read_dir(dir)
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false);
+            Err(Error::bad_file(
+                cfg,
+                format!(
+                    "missing: {}{WHAT}",
+                    if empty {
+                        "the directory is empty; "
+                    } else {
+                        ""
+                    }
+                ),
+            ))
+        }
     }
 }

@@ -187,6 +187,7 @@ impl ModelConfig {
         let rope_theta = parse_rope(&f)?;
         let bos_token_id = f.opt_u32("bos_token_id")?;
         let eos_token_ids = f.id_list("eos_token_id")?;
+        check_eos_in_vocab(&eos_token_ids, vocab_size, path)?;
 
         let (moe_intermediate, shared_expert_intermediate, dense_intermediate, sparse_layers);
         let (qk_norm, qkv_bias, clip_qkv);
@@ -409,6 +410,21 @@ fn check_default_rope(f: &Fields, key: &str, m: &Map<String, Value>) -> Result<(
     Ok(())
 }
 
+/// An `eos_token_id` the model can never produce (outside the vocabulary) would let
+/// generation never stop at EOS: refused, naming the field and the file.
+pub fn check_eos_in_vocab(ids: &[u32], vocab_size: usize, path: &Path) -> Result<()> {
+    match ids.iter().find(|&&id| id as usize >= vocab_size) {
+        Some(&bad) => Err(Error::field(
+            path,
+            "eos_token_id",
+            format!(
+                "{bad} is outside the vocabulary (vocab_size {vocab_size}): generation could never stop at it"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Settings from `generation_config.json` (all optional in the file).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GenerationConfig {
@@ -524,11 +540,20 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// A dimension: present and > 0.
+    /// A dimension: present, > 0, and within the bound `crate::limits` sets for it (so
+    /// nothing sized by it can be absurd).
     fn opt_pos(&self, key: &str) -> Result<Option<usize>> {
         match self.opt_usize(key)? {
             Some(0) => Err(Error::field(self.path, key, "must be greater than 0")),
-            other => Ok(other),
+            Some(v) => match crate::limits::max_of(key) {
+                Some(max) if v > max => Err(Error::field(
+                    self.path,
+                    key,
+                    format!("{v} is larger than wgmoe supports ({max}; published models are far below it)"),
+                )),
+                _ => Ok(Some(v)),
+            },
+            None => Ok(None),
         }
     }
 

@@ -97,6 +97,23 @@ pub fn validate_converted(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<()> {
                 ),
             });
         }
+        // The scales must be finite (a checksum says nothing about how the file was made).
+        for (ex, slot) in bytes.chunks_exact(layout.bytes).enumerate() {
+            let scales = &slot[layout.gate_s..];
+            if let Some(c) = scales
+                .chunks_exact(2)
+                .find(|c| !half::f16::from_le_bytes([c[0], c[1]]).is_finite())
+            {
+                return Err(Error::BadTensor {
+                    path: file.clone(),
+                    name,
+                    msg: format!(
+                        "expert {ex} has an f16 scale of {}: wgmoe refuses non-finite weights",
+                        half::f16::from_le_bytes([c[0], c[1]])
+                    ),
+                });
+            }
+        }
     }
     Ok(())
 }
@@ -119,9 +136,26 @@ pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Res
                 s.spawn(move || -> Result<()> {
                     for (k, slot) in part.chunks_mut(layout.bytes).enumerate() {
                         let ex = ti * per + k;
-                        let gate = ckpt.read_expert_f32(layer, ex, ExpertProj::Gate, e, h, i)?;
-                        let up = ckpt.read_expert_f32(layer, ex, ExpertProj::Up, e, h, i)?;
-                        let down = ckpt.read_expert_f32(layer, ex, ExpertProj::Down, e, h, i)?;
+                        let read = |proj: ExpertProj, inp: usize| -> Result<Vec<f32>> {
+                            let w = ckpt.read_expert_f32(layer, ex, proj, e, h, i)?;
+                            if let Some((k, v)) = crate::quant::first_unscalable(&w, inp) {
+                                let (name, path, at) =
+                                    ckpt.expert_source(layer, ex, proj, e, h, i)?;
+                                return Err(Error::BadTensor {
+                                    path,
+                                    name,
+                                    msg: format!(
+                                        "element {} is {v}: its INT4 block's f16 scale (max|w| / 7) would be infinite; routed experts hold at most {} in magnitude",
+                                        at + k,
+                                        crate::quant::MAX_ABS
+                                    ),
+                                });
+                            }
+                            Ok(w)
+                        };
+                        let gate = read(ExpertProj::Gate, h)?;
+                        let up = read(ExpertProj::Up, h)?;
+                        let down = read(ExpertProj::Down, i)?;
                         layout.pack_expert(&gate, &up, &down, slot);
                     }
                     Ok(())
@@ -170,6 +204,8 @@ pub struct ConvertSummary {
     pub bytes: u64,
     pub dense_f16_bytes: u64,
     pub expert_int4_bytes: u64,
+    /// The earlier wgmoe output the new one replaced, if any.
+    pub replaced: Option<String>,
 }
 
 /// One tensor of a safetensors file written by `SafetensorsStream`.
@@ -389,15 +425,15 @@ pub struct ConvertedModelWriter {
 }
 
 impl ConvertedModelWriter {
-    /// `dense`: every non-routed tensor (name, shape), in write order. `extra_meta`: more
-    /// metadata (e.g. `wgmoe.source_files`), added to the format's own.
+    /// `out_file`: the file to write (a staged name of an `OutputDir`); `dense`: every
+    /// non-routed tensor (name, shape), in write order. `extra_meta`: more metadata (e.g.
+    /// `wgmoe.source_files`), added to the format's own.
     pub fn create(
-        out_dir: &Path,
+        out_file: &Path,
         cfg: &ModelConfig,
         dense: Vec<(String, Vec<usize>)>,
         extra_meta: BTreeMap<String, String>,
     ) -> Result<Self> {
-        std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
         let layout = Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate);
         let mut plan: Vec<PlannedTensor> = dense
             .into_iter()
@@ -422,7 +458,7 @@ impl ConvertedModelWriter {
             "wgmoe.expert_checksums".into(),
             serde_json::to_string(&sums).unwrap_or_default(),
         );
-        let st = SafetensorsStream::create(&out_dir.join("model.safetensors"), plan, meta)?;
+        let st = SafetensorsStream::create(out_file, plan, meta)?;
         Ok(ConvertedModelWriter {
             st,
             layout,
@@ -498,16 +534,32 @@ impl ConvertedModelWriter {
             bytes,
             dense_f16_bytes: self.dense,
             expert_int4_bytes: self.experts,
+            replaced: None,
         })
     }
 }
 
-/// `wgmoe quantize`: write a converted model to `out_dir`, streaming tensor by tensor.
+/// `wgmoe quantize`: write a converted model to `out_dir`, streaming tensor by tensor (an
+/// existing non-empty `out_dir` must hold an earlier wgmoe output; see `write_converted_to`).
 pub fn write_converted(
     src: &Path,
     out_dir: &Path,
     on_progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ConvertSummary> {
+    write_converted_to(src, out_dir, false, on_progress)
+}
+
+/// `wgmoe quantize [--force]`. The output directory is checked and written as
+/// `crate::output_dir` describes: never the input (or inside it, or around it), a
+/// non-empty directory only if it holds an earlier wgmoe output or with `force`, every file
+/// under a temporary name until all are complete.
+pub fn write_converted_to(
+    src: &Path,
+    out_dir: &Path,
+    force: bool,
+    on_progress: &mut dyn FnMut(usize, usize),
+) -> Result<ConvertSummary> {
+    crate::checkpoint::check_model_dir(src)?;
     let cfg = ModelConfig::from_dir(src)?;
     let ckpt = Checkpoint::open(src)?;
     if is_converted(&ckpt) {
@@ -516,9 +568,10 @@ pub fn write_converted(
             "is already a converted INT4 model",
         ));
     }
-    // The same tensor and shape checks as loading, before anything is written.
+    // The same size, tensor and shape checks as loading, before anything is written.
+    crate::manifest::check_checkpoint(&cfg, &ckpt)?;
     crate::manifest::check_tensors(&cfg, &ckpt)?;
-    std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
+    let mut out = crate::output_dir::OutputDir::prepare(out_dir, Some(src), force)?;
 
     let mut dense = Vec::new();
     for name in ckpt.names().filter(|n| !is_routed_expert(n)) {
@@ -538,11 +591,13 @@ pub fn write_converted(
         "wgmoe.source_files".to_string(),
         serde_json::Value::Array(sources).to_string(),
     );
-    let mut w = ConvertedModelWriter::create(out_dir, &cfg, dense, extra)?;
+    let weights = out.stage("model.safetensors");
+    let mut w = ConvertedModelWriter::create(&weights, &cfg, dense, extra)?;
     let plan: Vec<PlannedTensor> = w.stream().plan().to_vec();
     let total = plan.len();
     for (k, p) in plan.iter().enumerate() {
         on_progress(k, total);
+        crate::interrupt::check()?;
         if p.dtype == "F16" {
             let v = ckpt.read_f16(&p.name, &p.shape)?;
             w.write_dense(&p.name, &v)?;
@@ -562,11 +617,20 @@ pub fn write_converted(
     for name in FILES_TO_COPY {
         let s = src.join(name);
         if s.is_file() {
-            std::fs::copy(&s, out_dir.join(name)).map_err(|e| Error::io(&s, e))?;
+            out.copy(&s, name)?;
         }
     }
-    let bytes = std::fs::metadata(&summary.out_file)
-        .map_err(|e| Error::io(&summary.out_file, e))?
+    crate::interrupt::check()?;
+    let final_file = out.path().join("model.safetensors");
+    let replaced = out.replaces().map(|e| e.describe().to_string());
+    out.commit()?;
+    let bytes = std::fs::metadata(&final_file)
+        .map_err(|e| Error::io(&final_file, e))?
         .len();
-    Ok(ConvertSummary { bytes, ..summary })
+    Ok(ConvertSummary {
+        bytes,
+        out_file: final_file.display().to_string(),
+        replaced,
+        ..summary
+    })
 }

@@ -85,16 +85,22 @@ pub fn eos_ids(cfg: &ModelConfig, gen: Option<&GenerationConfig>) -> Vec<u32> {
     v
 }
 
+
 impl Engine {
     /// Everything but the GPU: cheap checks that must fail before any GPU work.
     pub fn open_host(
         dir: &Path,
     ) -> Result<(ModelConfig, Option<GenerationConfig>, Option<Tokenizer>)> {
-        if !dir.is_dir() {
-            return Err(Error::bad_file(dir, "model directory not found"));
-        }
+        crate::checkpoint::check_model_dir(dir)?;
         let cfg = ModelConfig::from_dir(dir)?;
         let generation = GenerationConfig::from_dir(dir)?;
+        if let Some(g) = &generation {
+            crate::config::check_eos_in_vocab(
+                &g.eos_token_ids,
+                cfg.vocab_size,
+                &dir.join("generation_config.json"),
+            )?;
+        }
         let tokenizer = if dir.join("tokenizer.json").exists() {
             Some(Tokenizer::from_dir(dir)?)
         } else {
@@ -118,23 +124,14 @@ impl Engine {
             ));
         }
         let ckpt = Arc::new(Checkpoint::open(dir)?);
+        // Counts against the real tensors, then every tensor's shape (headers only), before
+        // anything sized by the config is computed or allocated.
+        let (capacity, profile) = check_host(&cfg, &ckpt, opts)?;
         if crate::convert::is_converted(&ckpt) {
             crate::convert::validate_converted(&ckpt, &cfg)?;
         }
         let int4 = opts.expert_precision == ExpertPrecision::Int4;
         let r = &opts.residency;
-        let capacity = admit(
-            &cfg,
-            &AdmissionInput {
-                int4,
-                max_context: opts.max_context,
-                prefill_chunk: opts.prefill_chunk,
-                all_logits: opts.all_logits,
-                staging_buffers: r.staging_buffers,
-            },
-            r.resident_experts,
-            r.vram_budget,
-        )?;
         let partial = capacity < cfg.num_experts;
         let dev = Device::open(&opts.adapter)?;
         let plan = KernelPlan::decide(dev.info(), &opts.kernels)?;
@@ -158,20 +155,6 @@ impl Engine {
         )?;
         warm_up(&mut fwd)?;
         if let Some(host) = host {
-            let profile = match &r.profile {
-                Some(p) => {
-                    let pr = Profile::load(p)?;
-                    pr.check_matches(cfg.num_layers, cfg.num_experts)
-                        .map_err(|e| {
-                            Error::option("--profile", format!("{}: {}", p.display(), e.0))
-                        })?;
-                    Some(pr)
-                }
-                None => None,
-            };
-            if r.policy == PolicyKind::Profile && profile.is_none() {
-                return Err(Error::option("--cache-policy", "profile needs --profile FILE (written by `wgmoe run ... --write-profile FILE`)"));
-            }
             let policy = build_policy(r.policy, r.decay, profile.as_ref(), capacity)
                 .map_err(|e| Error::option("--cache-policy", e.0))?;
             let res = crate::model::residency::Residency::new(
@@ -222,11 +205,68 @@ fn warm_up(fwd: &mut Forward) -> Result<()> {
         return Ok(());
     }
     fwd.submit(0, n, Some(&vec![0u32; n]), Head::LastArgmax)?;
-    fwd.read_token()?;
-    if n < fwd.opts.max_context {
+    // A non-finite row (flagged by the argmax) is reported by the first real step; the
+    // flag is no token to feed a decode step.
+    let flagged = fwd.read_token()? == crate::generate::NON_FINITE_TOKEN;
+    if n < fwd.opts.max_context && !flagged {
         fwd.submit(n, 1, None, Head::LastArgmax)?;
         fwd.read_token()?;
     }
     fwd.counters = Default::default();
     Ok(())
+}
+
+/// Every check `Engine::load` makes before it touches the GPU that needs the checkpoint:
+/// the config's counts against the tensors, every tensor's shape, and the admission of
+/// the expert residency (`bench` runs it for every configuration before measuring).
+///
+/// Returns the expert slots per layer and, below full residency, the expert profile the
+/// cache policy reads (loaded and checked against the model).
+pub fn check_host(
+    cfg: &ModelConfig,
+    ckpt: &Checkpoint,
+    opts: &EngineOptions,
+) -> Result<(usize, Option<Profile>)> {
+    crate::manifest::check_checkpoint(cfg, ckpt)?;
+    crate::manifest::check_tensors(cfg, ckpt)?;
+    if opts.expert_precision == ExpertPrecision::F16 && crate::convert::is_converted(ckpt) {
+        return Err(Error::option(
+            "--expert-precision",
+            format!("{} holds INT4 experts (converted by `wgmoe quantize`); f16 experts need the original checkpoint", ckpt.dir().display()),
+        ));
+    }
+    let r = &opts.residency;
+    let capacity = admit(
+        cfg,
+        &AdmissionInput {
+            int4: opts.expert_precision == ExpertPrecision::Int4,
+            max_context: opts.max_context,
+            prefill_chunk: opts.prefill_chunk,
+            all_logits: opts.all_logits,
+            staging_buffers: r.staging_buffers,
+        },
+        r.resident_experts,
+        r.vram_budget,
+    )?;
+    if capacity >= cfg.num_experts {
+        return Ok((capacity, None));
+    }
+    let profile = match &r.profile {
+        Some(p) => {
+            let pr = Profile::load(p)?;
+            pr.check_matches(cfg.num_layers, cfg.num_experts)
+                .map_err(|e| Error::option("--profile", format!("{}: {}", p.display(), e.0)))?;
+            Some(pr)
+        }
+        None => None,
+    };
+    if r.policy == PolicyKind::Profile && profile.is_none() {
+        return Err(Error::option(
+            "--cache-policy",
+            "profile needs --profile FILE (written by `wgmoe run ... --write-profile FILE`)",
+        ));
+    }
+    build_policy(r.policy, r.decay, profile.as_ref(), capacity)
+        .map_err(|e| Error::option("--cache-policy", e.0))?;
+    Ok((capacity, profile))
 }

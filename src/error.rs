@@ -42,6 +42,9 @@ pub enum Error {
     DoesNotFit(String),
     #[error("{0}")]
     Other(String),
+    /// Ctrl-C stopped the command.
+    #[error("interrupted (Ctrl-C)")]
+    Interrupted,
     /// stdout was closed by the reader (e.g. `| head`): not a failure of the command.
     #[error("stdout closed")]
     StdoutClosed,

@@ -13,15 +13,23 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
     logits.iter().map(|&x| x as f64 - lse).collect()
 }
 
-/// KL(p || q) for the distributions softmax(p_logits), softmax(q_logits), in nats.
+/// KL(p || q) for the distributions softmax(p_logits), softmax(q_logits), in nats. NaN
+/// when either row holds a NaN (or an infinity that makes the softmax undefined): a broken
+/// distribution is never reported as a perfect match.
 pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
     let lp = log_softmax(p_logits);
     let lq = log_softmax(q_logits);
-    lp.iter()
+    let kl = lp
+        .iter()
         .zip(&lq)
         .map(|(a, b)| a.exp() * (a - b))
-        .sum::<f64>()
-        .max(0.0)
+        .sum::<f64>();
+    // Rounding can make an exact match slightly negative; NaN stays NaN (NaN < 0 is false).
+    if kl < 0.0 {
+        0.0
+    } else {
+        kl
+    }
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -44,7 +52,10 @@ pub fn fidelity(reference: &[Vec<f32>], candidate: &[Vec<f32>]) -> Fidelity {
     for (r, c) in reference.iter().zip(candidate).take(n) {
         let kl = kl_divergence(r, c);
         sum += kl;
-        max = max.max(kl);
+        // f64::max would drop a NaN; a NaN position makes the maximum NaN.
+        if kl.is_nan() || kl > max {
+            max = kl;
+        }
         if crate::sampling::argmax(r, &[]) == crate::sampling::argmax(c, &[]) {
             agree += 1;
         }
@@ -60,6 +71,22 @@ pub fn fidelity(reference: &[Vec<f32>], candidate: &[Vec<f32>]) -> Fidelity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nan_is_nan_not_a_perfect_match() {
+        let a = [1.0, 2.0, 3.0];
+        let nan = [1.0, f32::NAN, 3.0];
+        assert!(kl_divergence(&a, &nan).is_nan());
+        assert!(kl_divergence(&nan, &a).is_nan());
+        assert!(kl_divergence(&a, &[1.0, f32::INFINITY, 3.0]).is_nan());
+        let f = fidelity(&[a.to_vec(), a.to_vec()], &[a.to_vec(), nan.to_vec()]);
+        assert!(f.mean_kl.is_nan() && f.max_kl.is_nan(), "{f:?}");
+        let f = fidelity(&[a.to_vec(), a.to_vec()], &[nan.to_vec(), a.to_vec()]);
+        assert!(
+            f.max_kl.is_nan(),
+            "a NaN first position stays the max: {f:?}"
+        );
+    }
 
     #[test]
     fn kl_is_zero_for_equal_and_positive_for_different() {

@@ -27,6 +27,8 @@ pub struct Generation {
     pub decode_s: f64,
     pub prefill_s: f64,
     pub stopped_by_eos: bool,
+    /// Ctrl-C stopped the generation (what was generated until then is kept).
+    pub interrupted: bool,
     pub dispatches: u64,
     pub submissions: u64,
 }
@@ -41,6 +43,25 @@ impl Generation {
             n as f64 / self.decode_s
         }
     }
+}
+
+/// What `argmax.wgsl` writes for a row holding NaN or ±inf.
+pub const NON_FINITE_TOKEN: u32 = u32::MAX;
+
+/// The error for a non-finite logits row: `step` 0 is the prefill (the first token), k > 0
+/// the k-th decode step; `pos` the position whose logits they are.
+pub fn non_finite_error(step: usize, pos: usize) -> Error {
+    let at = if step == 0 {
+        format!("the prefill step (first generated token, position {pos})")
+    } else {
+        format!(
+            "decode step {step} (generated token {}, position {pos})",
+            step + 1
+        )
+    };
+    Error::Other(format!(
+        "non-finite logits (NaN or infinite) at {at}: the model's numbers broke down (overflow in the activations, or broken weights); no token was chosen"
+    ))
 }
 
 /// Generate from `prompt` with the KV cache starting empty. `on_token` sees each token as
@@ -90,14 +111,24 @@ pub fn generate(
         )?;
         pos += n;
     }
-    let mut next = |fwd: &mut Forward, out: &mut Generation| -> Result<u32> {
+    // `step` 0: the token chosen from the prefill's last row; k: the k-th decode step.
+    let mut next = |fwd: &mut Forward, out: &mut Generation, step: usize| -> Result<u32> {
+        let pos = prompt.len() + step - 1;
         let logits = if opts.record_logits || !greedy {
-            Some(fwd.read_logits(1)?)
+            let l = fwd.read_logits(1)?;
+            if l.iter().any(|x| !x.is_finite()) {
+                return Err(non_finite_error(step, pos));
+            }
+            Some(l)
         } else {
             None
         };
         let id = if greedy {
-            fwd.read_token()?
+            let id = fwd.read_token()?;
+            if id == NON_FINITE_TOKEN {
+                return Err(non_finite_error(step, pos));
+            }
+            id
         } else {
             let l = logits.as_deref().unwrap_or(&[]);
             let id = sample(l, &opts.sampling, &suppress, &mut rng);
@@ -109,7 +140,7 @@ pub fn generate(
         }
         Ok(id)
     };
-    let mut id = next(fwd, &mut out)?;
+    let mut id = next(fwd, &mut out, 0)?;
     fwd.dev.check()?;
     out.ttft_s = t0.elapsed().as_secs_f64();
     out.prefill_s = out.ttft_s;
@@ -124,9 +155,14 @@ pub fn generate(
         if out.generated_ids.len() >= opts.max_new_tokens {
             break;
         }
+        if crate::interrupt::requested() {
+            out.interrupted = true;
+            break;
+        }
         fwd.submit(pos, 1, None, head)?;
         pos += 1;
-        id = next(fwd, &mut out)?;
+        let step = out.generated_ids.len();
+        id = next(fwd, &mut out, step)?;
     }
     fwd.dev.check()?;
     out.decode_s = t1.elapsed().as_secs_f64();
@@ -145,6 +181,12 @@ pub fn prompt_logits(fwd: &mut Forward, prompt: &[u32]) -> Result<Vec<Vec<f32>>>
         let n = chunk.min(prompt.len() - pos);
         fwd.submit(pos, n, Some(&prompt[pos..pos + n]), Head::All)?;
         let l = fwd.read_logits(n)?;
+        if let Some(bad) = l.iter().position(|x| !x.is_finite()) {
+            return Err(Error::Other(format!(
+                "non-finite logits (NaN or infinite) at prompt position {}: the model's numbers broke down",
+                pos + bad / v.max(1)
+            )));
+        }
         rows.extend(l.chunks(v).map(|r| r.to_vec()));
         pos += n;
     }

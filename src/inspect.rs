@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::convert::is_converted;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::tensors::ExpertPool;
 use crate::quant::Q4SlotLayout;
 
@@ -79,25 +79,38 @@ pub struct Inspection {
 
 impl Inspection {
     /// Fill the context-dependent fields (the arithmetic admission control uses).
-    pub fn add_workspace(&mut self, cfg: &ModelConfig, max_context: usize, chunk: usize) -> Result<()> {
+    /// Fails (naming `--max-context`) when the context cannot be held or its bytes cannot
+    /// be counted in 64 bits.
+    pub fn add_workspace(
+        &mut self,
+        cfg: &ModelConfig,
+        max_context: usize,
+        chunk: usize,
+    ) -> Result<()> {
+        let option = |e: Error| Error::option("--max-context", e.to_string());
+        crate::model::workspace::check_context(cfg, max_context, chunk).map_err(option)?;
         let shape = crate::model::workspace::WorkspaceShape {
             max_context,
             chunk: crate::model::workspace::effective_chunk(cfg, max_context, chunk, None),
             all_logits: false,
             expert_major: None,
         };
-        let total = crate::model::workspace::workspace_bytes(cfg, &shape)?;
+        let total = crate::model::workspace::workspace_bytes(cfg, &shape).map_err(option)?;
         // The workspace table holds the KV cache too; report it apart.
-        let kv: u64 = crate::model::workspace::workspace(cfg, &shape)?
+        let kv: u64 = crate::model::workspace::workspace(cfg, &shape)
+            .map_err(option)?
             .iter()
             .filter(|r| r.name.starts_with("cache_"))
             .map(|r| r.bytes.max(16).div_ceil(16) * 16)
             .sum();
-        let ws = total - kv;
         self.max_context = Some(max_context);
         self.kv_cache_bytes = Some(kv);
-        self.workspace_bytes = Some(ws);
-        self.total_gpu_bytes_int4 = Some(self.gpu_weight_bytes_int4.saturating_add(total));
+        self.workspace_bytes = Some(total - kv);
+        self.total_gpu_bytes_int4 = Some(
+            self.gpu_weight_bytes_int4
+                .checked_add(total)
+                .ok_or_else(|| Error::option("--max-context", "the byte count overflows 64 bits"))?,
+        );
         Ok(())
     }
 }
@@ -108,27 +121,36 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
     let n_sparse = cfg.sparse_layers.iter().filter(|&&s| s).count();
     let routed_count = n_sparse * cfg.num_experts;
     let layout = Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate);
-    let per_expert_elems = 3 * cfg.hidden_size * cfg.moe_intermediate;
+    let per_expert_elems = 3 * cfg.hidden_size as u64 * cfg.moe_intermediate as u64;
+    let overflow = |what: &str| Error::Other(format!("inspect: {what} overflow 64 bits"));
+    let mul = |a: u64, b: u64, what: &str| a.checked_mul(b).ok_or_else(|| overflow(what));
     for name in ckpt.names() {
         let class = classify(name);
         let st = classes.entry(class).or_default();
         st.tensors += 1;
         if converted && class == TensorClass::RoutedExperts {
             let info = ckpt.raw_u8(name, &[cfg.num_experts, layout.bytes])?;
-            st.elements += (cfg.num_experts * per_expert_elems) as u64;
+            let elems = mul(cfg.num_experts as u64, per_expert_elems, "expert elements")?;
+            st.elements += elems;
             st.stored_bytes += info.len() as u64;
-            st.f16_bytes += (cfg.num_experts * per_expert_elems * 2) as u64;
+            st.f16_bytes += mul(elems, 2, "expert bytes")?;
             st.int4_bytes += info.len() as u64;
             continue;
         }
         let info = ckpt.info(name)?;
-        let n: u64 = info.shape.iter().product::<usize>() as u64;
+        // The shape's product is bounded by the file: safetensors checked the data length.
+        let n: u64 = info.shape.iter().map(|&d| d as u64).product();
         st.elements += n;
         st.stored_bytes += n * info.dtype.size() as u64;
         st.f16_bytes += n * 2;
     }
+    let int4_all = mul(
+        routed_count as u64,
+        layout.bytes as u64,
+        "int4 expert bytes",
+    )?;
     if let Some(st) = classes.get_mut(&TensorClass::RoutedExperts) {
-        st.int4_bytes = (routed_count * layout.bytes) as u64;
+        st.int4_bytes = int4_all;
     }
     let dense_f16: u64 = classes
         .iter()
@@ -142,11 +164,16 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
         routed_expert_count: routed_count,
         int4_bytes_per_expert: layout.bytes as u64,
         f16_bytes_per_expert: f16_per_expert,
-        gpu_weight_bytes_int4: dense_f16 + (routed_count * layout.bytes) as u64,
+        gpu_weight_bytes_int4: dense_f16 + int4_all,
         gpu_weight_bytes_f16: (!converted)
-            .then_some(dense_f16 + routed_count as u64 * f16_per_expert),
-        kv_cache_bytes_per_position: (cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4)
-            as u64,
+            .then(|| mul(routed_count as u64, f16_per_expert, "f16 expert bytes"))
+            .transpose()?
+            .map(|b| dense_f16 + b),
+        kv_cache_bytes_per_position: mul(
+            cfg.num_layers as u64 * 2,
+            cfg.num_kv_heads as u64 * cfg.head_dim as u64 * 4,
+            "KV cache bytes",
+        )?,
         max_context: None,
         kv_cache_bytes: None,
         workspace_bytes: None,

@@ -1,26 +1,22 @@
 //! The `wgmoe` command line.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use serde_json::json;
 
-use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
+use wgmoe::engine::ExpertPrecision;
 use wgmoe::error::{Error, Result};
-use wgmoe::generate::{generate, GenerateOptions};
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
-use wgmoe::backend::{BackendChoice, Device, DeviceRequest, KernelOverrides};
+use wgmoe::backend::{BackendChoice, DeviceRequest, KernelOverrides};
 use wgmoe::model::Executor;
-use wgmoe::sampling::SamplingOptions;
-use wgmoe::tokenizer::TextStream;
 
 #[derive(Parser)]
 #[command(
     name = "wgmoe",
     version,
-    about = "Mixture-of-Experts inference on wgpu compute shaders"
+    about = "Mixture-of-Experts inference on wgpu compute shaders",
+    arg_required_else_help = true
 )]
 struct Cli {
     #[command(subcommand)]
@@ -44,14 +40,22 @@ enum Cmd {
     Quantize {
         /// Hugging Face checkpoint directory.
         model: PathBuf,
-        /// Output directory.
+        /// Output directory: new, empty, or an earlier wgmoe output (never the input
+        /// directory, or one inside or around it).
         #[arg(short, long)]
         out: PathBuf,
+        /// Write into a non-empty output directory that holds no earlier wgmoe output,
+        /// replacing the model files there (weights, config and tokenizer files; other
+        /// files are kept).
+        #[arg(long)]
+        force: bool,
     },
     /// Print a checkpoint's tensors by class, with element counts, bytes per format and the
     /// weights resident on the GPU.
     Inspect {
+        /// Model directory (a Hugging Face checkpoint or a converted one).
         model: PathBuf,
+        /// Print the numbers as one JSON object instead of a table.
         #[arg(long)]
         json: bool,
         /// Also print the KV cache and workspace for this many positions, and the total GPU
@@ -77,15 +81,22 @@ enum Cmd {
 struct EvalArgs {
     /// Hugging Face checkpoint directory (f16 experts need the original weights).
     model: PathBuf,
-    #[arg(short, long, conflicts_with = "prompt_ids")]
+    /// Prompt text the comparison starts from (`-` reads it from stdin).
+    #[arg(short, long, conflicts_with_all = ["prompt_ids", "file"])]
     prompt: Option<String>,
+    /// Read the prompt text from FILE.
+    #[arg(short = 'f', long, value_name = "FILE", conflicts_with = "prompt_ids")]
+    file: Option<PathBuf>,
+    /// Prompt as comma-separated token ids, bypassing the tokenizer.
     #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
     /// Tokens decoded (greedy, FP16 experts) and compared.
     #[arg(short = 'n', long, default_value_t = 24)]
     max_new_tokens: usize,
+    /// How routed experts are dispatched.
     #[arg(long, value_enum, default_value = "grouped")]
     executor: Executor,
+    /// Print one JSON object instead of a line.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -218,9 +229,12 @@ impl GpuArgs {
 struct RunArgs {
     /// Model directory (config.json, tokenizer.json, *.safetensors).
     model: PathBuf,
-    /// Prompt text.
-    #[arg(short, long, conflicts_with = "prompt_ids")]
+    /// Prompt text (`-` reads it from stdin).
+    #[arg(short, long, conflicts_with_all = ["prompt_ids", "file"])]
     prompt: Option<String>,
+    /// Read the prompt text from FILE (one trailing newline is dropped, as with stdin).
+    #[arg(short = 'f', long, value_name = "FILE", conflicts_with = "prompt_ids")]
+    file: Option<PathBuf>,
     /// Prompt as comma-separated token ids, bypassing the tokenizer.
     #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
@@ -233,14 +247,20 @@ struct RunArgs {
     /// Greedy decoding (the default unless --temperature, --top-k or --top-p is given).
     #[arg(long)]
     greedy: bool,
+    /// Sample with this temperature (> 0; 0 is greedy). Default: generation_config.json's,
+    /// else 1 when --top-k or --top-p is given.
     #[arg(long, allow_negative_numbers = true)]
     temperature: Option<f32>,
-    #[arg(long)]
+    /// Sample only among the K most likely tokens (0: no limit; 1 is greedy).
+    #[arg(long, value_name = "K")]
     top_k: Option<usize>,
-    #[arg(long, allow_negative_numbers = true)]
+    /// Sample only among the most likely tokens whose probabilities sum to P (0 < P <= 1).
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
     top_p: Option<f32>,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Seed of the sampling RNG (default: a random one, printed in the summary and the
+    /// JSON so the run can be repeated).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Do not stop at EOS, and never sample it.
     #[arg(long)]
     ignore_eos: bool,
@@ -271,6 +291,8 @@ macro_rules! out {
     }};
 }
 
+mod cli;
+
 fn stdout_error(e: std::io::Error) -> Error {
     if e.kind() == std::io::ErrorKind::BrokenPipe {
         Error::StdoutClosed
@@ -280,41 +302,29 @@ fn stdout_error(e: std::io::Error) -> Error {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) if !e.use_stderr() => {
-            // --help, --version
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            // One line, like every other error; the usage hint is on --help.
-            let msg = e.to_string();
-            let first = msg
-                .lines()
-                .next()
-                .unwrap_or("invalid arguments")
-                .trim_start_matches("error: ");
-            eprintln!("error: {first} (see --help)");
-            return ExitCode::from(2);
-        }
-    };
+    // clap prints its own errors (with the usage, suggestions and valid values) and help,
+    // and exits (2 for errors, 0 for --help/--version); bare `wgmoe` prints the help.
+    let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Devices { gpu, json } => devices(&gpu, json),
-        Cmd::Run(args) => run(args),
-        Cmd::Quantize { model, out } => quantize(&model, &out),
+        Cmd::Devices { gpu, json } => cli::tools::devices(&gpu, json),
+        Cmd::Run(args) => cli::run::run(args),
+        Cmd::Quantize { model, out, force } => cli::tools::quantize(&model, &out, force),
         Cmd::Inspect {
             model,
             json,
             max_context,
             prefill_chunk,
-        } => inspect(&model, json, max_context, prefill_chunk),
-        Cmd::Eval(args) => eval(args),
-        Cmd::Synth(args) => synth(args),
-        Cmd::Bench(args) => bench(args),
+        } => cli::tools::inspect(&model, json, max_context, prefill_chunk),
+        Cmd::Eval(args) => cli::tools::eval(args),
+        Cmd::Synth(args) => cli::tools::synth(args),
+        Cmd::Bench(args) => cli::bench::bench(args),
     };
     match r {
         Ok(()) | Err(Error::StdoutClosed) => ExitCode::SUCCESS,
+        Err(e @ Error::Interrupted) => {
+            eprintln!("error: {e}");
+            ExitCode::from(wgmoe::interrupt::EXIT_CODE)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
@@ -322,458 +332,49 @@ fn main() -> ExitCode {
     }
 }
 
-/// Peak resident set size of this process (Linux: VmHWM), if the OS tells.
-fn peak_rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
-    let (list, pick) = Device::list(&gpu.request())?;
-    if as_json {
-        out!(
-            "{}",
-            serde_json::to_string_pretty(&list).map_err(|e| Error::Other(e.to_string()))?
-        );
-        return Ok(());
-    }
-    if list.is_empty() {
-        // Reuse the device's message, which says how to get a driver.
-        return Device::open(&gpu.request()).map(|_| ());
-    }
-    for (i, a) in list.iter().enumerate() {
-        let mark = if pick == Some(i) { "  <- used by run" } else { "" };
-        out!("[{i}] {} ({}, {:?}){mark}", a.name, a.backend, a.device_type);
-        out!("    driver: {} {}", a.driver, a.driver_info);
-        out!(
-            "    features: shader_f16={} subgroup={} (sizes {}..{}) timestamp_query={}",
-            a.shader_f16,
-            a.subgroup,
-            a.subgroup_min_size,
-            a.subgroup_max_size,
-            a.timestamp_query
-        );
-        out!(
-            "    limits: max_buffer_size={} max_storage_buffer_binding_size={} storage_buffers_per_stage={} workgroup_storage={} invocations_per_workgroup={} storage_offset_alignment={}",
-            a.limits.max_buffer_size,
-            a.limits.max_storage_buffer_binding_size,
-            a.limits.max_storage_buffers_per_shader_stage,
-            a.limits.max_compute_workgroup_storage_size,
-            a.limits.max_compute_invocations_per_workgroup,
-            a.limits.min_storage_buffer_offset_alignment
-        );
-    }
-    Ok(())
-}
-
-fn sampling_options(
-    a: &RunArgs,
-    gen: Option<&wgmoe::config::GenerationConfig>,
-) -> Result<SamplingOptions> {
-    let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
-    if a.greedy && sampled {
-        return Err(Error::option(
-            "--greedy",
-            "conflicts with --temperature/--top-k/--top-p",
-        ));
-    }
-    if !sampled {
-        return Ok(SamplingOptions {
-            seed: a.seed,
-            ..SamplingOptions::greedy()
-        });
-    }
-    let temperature = a
-        .temperature
-        .or(gen.and_then(|g| g.temperature))
-        .unwrap_or(1.0);
-    if !(temperature >= 0.0 && temperature.is_finite()) {
-        return Err(Error::option(
-            "--temperature",
-            format!("{temperature} is not a finite value >= 0"),
-        ));
-    }
-    let top_p = a.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(Error::option(
-            "--top-p",
-            format!("{top_p} is not in (0, 1]"),
-        ));
-    }
-    Ok(SamplingOptions {
-        temperature,
-        top_k: a.top_k.unwrap_or(0),
-        top_p,
-        seed: a.seed,
-    })
-}
-
-fn run(a: RunArgs) -> Result<()> {
-    let (cfg, gen, tok) = Engine::open_host(&a.model)?;
-    let sampling = sampling_options(&a, gen.as_ref())?;
-    let prompt_ids: Vec<u32> = match (&a.prompt, &a.prompt_ids) {
-        (_, Some(ids)) => ids.clone(),
-        (Some(text), None) => {
-            let tok = tok.as_ref().ok_or_else(|| {
-                Error::bad_file(
-                    a.model.join("tokenizer.json"),
-                    "missing: needed to encode --prompt (or pass --prompt-ids)",
-                )
-            })?;
-            let text = if a.chat {
-                tok.apply_chat_template(&[("user".to_string(), text.clone())], true)?
-            } else {
-                text.clone()
-            };
-            tok.encode(&text, true)?
-        }
-        (None, None) => {
-            return Err(Error::option(
-                "--prompt",
-                "give a prompt with -p TEXT or --prompt-ids 1,2,3",
-            ))
-        }
-    };
-    if prompt_ids.is_empty() {
-        return Err(Error::option("--prompt", "the prompt encodes to no tokens"));
-    }
-    if let Some(&bad) = prompt_ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-        return Err(Error::option(
-            "--prompt-ids",
-            format!(
-                "token id {bad} is outside the vocabulary (vocab_size {})",
-                cfg.vocab_size
-            ),
-        ));
-    }
-    if prompt_ids.len() > cfg.max_position_embeddings {
-        return Err(Error::option(
-            if a.prompt_ids.is_some() {
-                "--prompt-ids"
-            } else {
-                "--prompt"
-            },
-            format!(
-                "{} prompt tokens exceed max_position_embeddings = {} of {}",
-                prompt_ids.len(),
-                cfg.max_position_embeddings,
-                a.model.join("config.json").display()
-            ),
-        ));
-    }
-    if a.prefill_chunk == 0 {
-        return Err(Error::option("--prefill-chunk", "must be at least 1"));
-    }
-    let max_context = (prompt_ids.len() + a.max_new_tokens).min(cfg.max_position_embeddings);
-    let max_new = max_context - prompt_ids.len();
-    if max_new < a.max_new_tokens {
-        eprintln!(
-            "note: generating at most {max_new} tokens: max_position_embeddings is {}",
-            cfg.max_position_embeddings
-        );
-    }
-    let mut engine = Engine::load(
-        &a.model,
-        &EngineOptions {
-            residency: a.residency.options()?,
-            adapter: a.gpu.request(),
-            kernels: a.gpu.kernels(),
-            expert_precision: a.expert_precision,
-            executor: a.executor,
-            max_context,
-            prefill_chunk: a.prefill_chunk,
-            all_logits: false,
-        },
-    )?;
-    eprintln!(
-        "loaded {} in {:.2}s on {} ({}, {})",
-        a.model.display(),
-        engine.load_s,
-        engine.dev.info().name,
-        engine.dev.info().backend,
-        engine.dev.info().driver_string()
-    );
-    let opts = GenerateOptions {
-        max_new_tokens: max_new,
-        sampling,
-        eos_ids: engine.eos_ids(),
-        ignore_eos: a.ignore_eos,
-        record_logits: false,
-    };
-    let mut stream = TextStream::new();
-    let stdout = std::io::stdout();
-    let json_mode = a.json;
-    let tokr = engine.tokenizer.take();
-    let tokr = tokr.as_ref();
-    let mut on_token = |id: u32| -> Result<()> {
-        if json_mode {
-            return Ok(());
-        }
-        let mut out = stdout.lock();
-        match tokr {
-            Some(t) => {
-                let s = stream.push(t, id)?;
-                out.write_all(s.as_bytes())
-                    .and_then(|_| out.flush())
-                    .map_err(stdout_error)?;
-            }
-            None => writeln!(out, "{id}").map_err(stdout_error)?,
-        }
-        Ok(())
-    };
-    let g = generate(&mut engine.fwd, &prompt_ids, &opts, &mut on_token)?;
-    let text = match tokr {
-        Some(t) => t.decode(&g.generated_ids)?,
-        None => String::new(),
-    };
-    let n = g.generated_ids.len().max(1) as f64;
-    let (rs, host_sum) = match engine.fwd.residency.as_ref() {
-        Some(r) => (r.stats(), Some(r.host.checksum()?)),
-        None => (Default::default(), None),
-    };
-    if let (Some(path), Some(p)) = (&a.residency.write_profile, engine.fwd.profile.as_ref()) {
-        p.save(path)?;
-        eprintln!("wrote expert profile {}", path.display());
-    }
-    if json_mode {
-        let obj = json!({
-            "model": a.model.display().to_string(),
-            "prompt_ids": prompt_ids,
-            "generated_ids": g.generated_ids,
-            "text": text,
-            "stopped_by_eos": g.stopped_by_eos,
-            "metrics": {
-                "ttft_s": g.ttft_s,
-                "decode_tokens_per_s": g.decode_tokens_per_s(),
-                "decode_s": g.decode_s,
-                "prompt_tokens": prompt_ids.len(),
-                "generated_tokens": g.generated_ids.len(),
-                "prefill_tokens_per_s": prompt_ids.len() as f64 / g.prefill_s.max(1e-9),
-                "load_s": engine.load_s,
-                "adapter": engine.dev.info().name,
-                "backend": engine.dev.info().backend,
-                "driver": engine.dev.info().driver_string(),
-                "expert_precision": a.expert_precision,
-                "executor": a.executor,
-                "dispatches_per_decode_step": engine.fwd.dispatches_per_decode_step(),
-                "submissions_per_token": g.submissions as f64 / n,
-                "dispatches_per_token": g.dispatches as f64 / n,
-                "peak_gpu_bytes": engine.dev.tracker().peak(),
-                "peak_rss_bytes": peak_rss_bytes(),
-                "resident_experts_per_layer": engine.resident_experts,
-                "cache_policy": if engine.resident_experts < engine.cfg.num_experts { Some(a.residency.cache_policy.as_str()) } else { None },
-                "expert_hits": rs.expert_hits,
-                "expert_misses": rs.expert_misses,
-                "expert_evictions": rs.expert_evictions,
-                "h2d_bytes": rs.h2d_bytes,
-                "upload_seconds": rs.upload_seconds,
-                "expert_hits_per_layer": rs.hits_per_layer,
-                "expert_misses_per_layer": rs.misses_per_layer,
-                "expert_evictions_per_layer": rs.evictions_per_layer,
-                "host_source_checksum": host_sum.map(|h| format!("{h:016x}")),
-            }
-        });
-        out!("{obj}");
-    } else {
-        if let Some(t) = tokr {
-            let tail = stream.finish(t)?;
-            out!("{tail}");
-        }
-        eprintln!(
-            "{} prompt tokens, {} generated; TTFT {:.3}s, decode {:.2} tok/s",
-            prompt_ids.len(),
-            g.generated_ids.len(),
-            g.ttft_s,
-            g.decode_tokens_per_s()
-        );
-    }
-    Ok(())
-}
-
-fn quantize(model: &std::path::Path, out: &std::path::Path) -> Result<()> {
-    let pb =
-        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("quantizing {bar:30} {pos}/{len} tensors {elapsed}")
-    {
-        pb.set_style(style);
-    }
-    let t0 = std::time::Instant::now();
-    let summary = wgmoe::convert::write_converted(model, out, &mut |done, total| {
-        pb.set_length(total as u64);
-        pb.set_position(done as u64);
-    })?;
-    pb.finish_and_clear();
-    eprintln!(
-        "wrote {} ({}: {} f16 non-routed + {} int4 experts) in {:.1}s",
-        summary.out_file,
-        wgmoe::inspect::human(summary.bytes),
-        wgmoe::inspect::human(summary.dense_f16_bytes),
-        wgmoe::inspect::human(summary.expert_int4_bytes),
-        t0.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
-fn inspect(
-    model: &std::path::Path,
-    as_json: bool,
-    max_context: Option<usize>,
-    prefill_chunk: usize,
-) -> Result<()> {
-    let (cfg, _, _) = Engine::open_host(model)?;
-    let ckpt = wgmoe::checkpoint::Checkpoint::open(model)?;
-    let mut i = wgmoe::inspect::inspect(&cfg, &ckpt)?;
-    if let Some(n) = max_context {
-        if n == 0 || prefill_chunk == 0 {
-            return Err(Error::option(
-                "--max-context",
-                "--max-context and --prefill-chunk must be at least 1",
-            ));
-        }
-        i.add_workspace(&cfg, n, prefill_chunk)?;
-    }
-    if as_json {
-        out!(
-            "{}",
-            serde_json::to_string_pretty(&i).map_err(|e| Error::Other(e.to_string()))?
-        );
-    } else {
-        out!(
-            "{}: {:?}, {} layers, hidden {}, {} experts top-{}, expert intermediate {}, vocab {}",
-            model.display(),
-            cfg.arch,
-            cfg.num_layers,
-            cfg.hidden_size,
-            cfg.num_experts,
-            cfg.top_k,
-            cfg.moe_intermediate,
-            cfg.vocab_size
-        );
-        let missing = wgmoe::manifest::check_tensors(&cfg, &ckpt).err();
-        out!("{}", wgmoe::inspect::table(&i));
-        if let Some(e) = missing {
-            out!("warning: this checkpoint cannot be loaded: {e}");
-        }
-    }
-    Ok(())
-}
-
-fn eval(a: EvalArgs) -> Result<()> {
-    let (cfg, _, tok) = Engine::open_host(&a.model)?;
-    let prompt_ids: Vec<u32> = match (&a.prompt, &a.prompt_ids) {
-        (_, Some(ids)) => ids.clone(),
-        (Some(text), None) => tok
-            .as_ref()
-            .ok_or_else(|| {
-                Error::bad_file(
-                    a.model.join("tokenizer.json"),
-                    "missing: needed to encode --prompt",
-                )
-            })?
-            .encode(text, true)?,
-        (None, None) => {
-            return Err(Error::option(
-                "--prompt",
-                "give a prompt with -p TEXT or --prompt-ids 1,2,3",
-            ))
-        }
-    };
-    let max_context = prompt_ids.len() + a.max_new_tokens;
-    if max_context > cfg.max_position_embeddings {
-        return Err(Error::option(
-            "--max-new-tokens",
-            format!(
-                "{max_context} positions exceed max_position_embeddings = {}",
-                cfg.max_position_embeddings
-            ),
-        ));
-    }
-    let opts = |precision| EngineOptions {
-        residency: Default::default(),
-        adapter: a.gpu.request(),
-        kernels: a.gpu.kernels(),
-        expert_precision: precision,
-        executor: a.executor,
-        max_context,
-        prefill_chunk: 64,
-        all_logits: true,
-    };
-    // Reference: greedy decode with FP16 experts, keeping each step's logits.
-    let mut f16 = Engine::load(&a.model, &opts(ExpertPrecision::F16))?;
-    let g = generate(
-        &mut f16.fwd,
-        &prompt_ids,
-        &GenerateOptions {
-            max_new_tokens: a.max_new_tokens,
-            sampling: SamplingOptions::greedy(),
-            eos_ids: vec![],
-            ignore_eos: true,
-            record_logits: true,
-        },
-        &mut |_| Ok(()),
-    )?;
-    let adapter = f16.dev.info().name.clone();
-    drop(f16);
-    // Candidate: INT4 experts on the same sequence, teacher-forced.
-    let mut int4 = Engine::load(&a.model, &opts(ExpertPrecision::Int4))?;
-    let mut seq = prompt_ids.clone();
-    seq.extend_from_slice(&g.generated_ids[..g.generated_ids.len().saturating_sub(1)]);
-    let rows = wgmoe::generate::prompt_logits(&mut int4.fwd, &seq)?;
-    let cand = &rows[prompt_ids.len() - 1..];
-    let f = wgmoe::eval::fidelity(&g.step_logits, cand);
-    if a.json {
-        out!(
-            "{}",
-            json!({"model": a.model.display().to_string(), "adapter": adapter, "prompt_ids": prompt_ids, "reference_ids": g.generated_ids, "int4_vs_f16": f})
-        );
-    } else {
-        out!(
-            "{}: INT4 vs FP16 experts over {} positions (greedy FP16 decode, teacher-forced): mean KL {:.3e} nats, max KL {:.3e}, top-1 agreement {:.1}% [{}]",
-            a.model.display(),
-            f.positions,
-            f.mean_kl,
-            f.max_kl,
-            100.0 * f.top1_agreement,
-            adapter
-        );
-    }
-    Ok(())
-}
-
 #[derive(Args)]
 struct SynthArgs {
     /// Architecture whose real config.json gives the default shape.
     #[arg(long, value_enum)]
     arch: wgmoe::synth::SynthArch,
-    /// Output directory.
+    /// Output directory: new, empty, or an earlier wgmoe output.
     #[arg(short, long)]
     out: PathBuf,
+    /// Write into a non-empty output directory that holds no earlier wgmoe output,
+    /// replacing the model files there (other files are kept).
+    #[arg(long)]
+    force: bool,
     /// Weights: converted INT4 (f16 non-routed, packed INT4 experts) or a bf16 HF checkpoint.
     #[arg(long, value_enum, default_value = "converted")]
     format: wgmoe::synth::SynthFormat,
+    /// hidden_size (default: the architecture's).
     #[arg(long)]
     hidden: Option<usize>,
+    /// num_hidden_layers.
     #[arg(long)]
     layers: Option<usize>,
+    /// num_attention_heads.
     #[arg(long)]
     heads: Option<usize>,
     /// Default: --heads (both presets have as many KV heads as heads).
     #[arg(long)]
     kv_heads: Option<usize>,
+    /// num_experts (routed experts per MoE layer).
     #[arg(long)]
     experts: Option<usize>,
+    /// num_experts_per_tok.
     #[arg(long)]
     top_k: Option<usize>,
+    /// Routed expert intermediate size.
     #[arg(long)]
     expert_intermediate: Option<usize>,
     /// Qwen1.5-MoE only.
     #[arg(long)]
     shared_expert_intermediate: Option<usize>,
+    /// vocab_size.
     #[arg(long)]
     vocab: Option<usize>,
+    /// max_position_embeddings.
     #[arg(long)]
     max_position_embeddings: Option<usize>,
     /// Seed of the random weights (same seed and shape, same bytes).
@@ -824,176 +425,15 @@ struct BenchArgs {
     /// Cache policies to sweep below full residency: lru,lfu-decay,profile.
     #[arg(long, value_delimiter = ',', default_value = "lru")]
     cache_policy: Vec<String>,
+    /// Per-step decay of the LFU access counter (0, 1] (lfu-decay policy).
     #[arg(long, default_value_t = wgmoe::residency::LfuDecay::DEFAULT_DECAY)]
     decay: f64,
     /// Expert-frequency profile for the profile policy.
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// Mapped staging buffers for expert uploads (partial residency).
     #[arg(long, default_value_t = 4)]
     staging_buffers: usize,
     #[command(flatten)]
     gpu: GpuArgs,
-}
-
-fn synth(a: SynthArgs) -> Result<()> {
-    use wgmoe::inspect::human;
-    use wgmoe::synth::{ShapeOverrides, SynthOptions, SynthShape};
-    let shape = SynthShape::resolve(
-        a.arch,
-        &ShapeOverrides {
-            hidden: a.hidden,
-            layers: a.layers,
-            heads: a.heads,
-            kv_heads: a.kv_heads,
-            experts: a.experts,
-            top_k: a.top_k,
-            expert_intermediate: a.expert_intermediate,
-            shared_expert_intermediate: a.shared_expert_intermediate,
-            vocab: a.vocab,
-            max_position_embeddings: a.max_position_embeddings,
-        },
-    )?;
-    if a.max_shard_bytes == 0 {
-        return Err(Error::option("--max-shard-bytes", "must be greater than 0"));
-    }
-    let opts = SynthOptions {
-        arch: a.arch,
-        shape,
-        seed: a.seed,
-        format: a.format,
-        max_shard_bytes: a.max_shard_bytes,
-    };
-    let pb =
-        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "synth {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} {elapsed}",
-    ) {
-        pb.set_style(style);
-    }
-    let t0 = std::time::Instant::now();
-    let s = wgmoe::synth::write_synthetic(&opts, &a.out, &mut |done, total| {
-        pb.set_length(total);
-        pb.set_position(done);
-    })?;
-    pb.finish_and_clear();
-    let sh = &s.shape;
-    eprintln!(
-        "wrote {} ({}, {}): hidden {}, {} layers, {}/{} heads, {} experts top-{}, expert intermediate {}{}, vocab {}, max positions {}, seed {}",
-        s.dir,
-        a.arch.name(),
-        match a.format {
-            wgmoe::synth::SynthFormat::Converted => "converted INT4",
-            wgmoe::synth::SynthFormat::Hf => "bf16 Hugging Face",
-        },
-        sh.hidden,
-        sh.layers,
-        sh.heads,
-        sh.kv_heads,
-        sh.experts,
-        sh.top_k,
-        sh.expert_intermediate,
-        sh.shared_expert_intermediate.map(|i| format!(", shared expert {i}")).unwrap_or_default(),
-        sh.vocab,
-        sh.max_position_embeddings,
-        s.seed
-    );
-    let params = |n: u64| {
-        if n >= 1_000_000_000 {
-            format!("{:.3} B", n as f64 / 1e9)
-        } else {
-            format!("{:.3} M", n as f64 / 1e6)
-        }
-    };
-    eprintln!(
-        "parameters: {} total, {} routed experts, {} active per token",
-        params(s.params_total),
-        params(s.params_routed),
-        params(s.params_active)
-    );
-    for f in &s.files {
-        eprintln!("  {} {}", f.file, human(f.bytes));
-    }
-    eprintln!(
-        "weights: {} ({} non-routed + {} routed experts) in {:.1}s",
-        human(s.weight_bytes),
-        human(s.dense_bytes),
-        human(s.expert_bytes),
-        t0.elapsed().as_secs_f64()
-    );
-    eprintln!("note: {}", wgmoe::synth::NOTE_UNIFORM_ROUTING);
-    if a.json {
-        out!(
-            "{}",
-            serde_json::to_string_pretty(&s).map_err(|e| Error::Other(e.to_string()))?
-        );
-    }
-    Ok(())
-}
-
-fn bench(a: BenchArgs) -> Result<()> {
-    let opts = wgmoe::bench::BenchOptions {
-        model: a.model.clone(),
-        prompts: a.prompts,
-        blocks: a.blocks,
-        new_tokens: a.max_new_tokens,
-        warmup: a.warmup,
-        executors: a.executor.clone(),
-        expert_precisions: a.expert_precision.clone(),
-        prefill_chunk: a.prefill_chunk,
-        adapter: a.gpu.request(),
-        kernels: a.gpu.kernels(),
-        resident_experts: a.resident_experts.iter().map(|&n| Some(n)).collect(),
-        cache_policies: a
-            .cache_policy
-            .iter()
-            .map(|p| {
-                p.parse().map_err(|e: wgmoe::residency::ConfigError| {
-                    Error::option("--cache-policy", e.0)
-                })
-            })
-            .collect::<Result<Vec<_>>>()?,
-        decay: a.decay,
-        profile: a.profile.clone(),
-        staging_buffers: a.staging_buffers,
-    };
-    let write = |records: &[wgmoe::bench::BenchRecord]| -> Result<()> {
-        if let Some(path) = &a.json_out {
-            let text =
-                serde_json::to_string_pretty(records).map_err(|e| Error::Other(e.to_string()))?;
-            std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))?;
-        }
-        if let Some(path) = &a.plot {
-            std::fs::write(path, wgmoe::bench::plot_svg(records))
-                .map_err(|e| Error::io(path, e))?;
-        }
-        Ok(())
-    };
-    let mut done: Vec<wgmoe::bench::BenchRecord> = Vec::new();
-    let mut write_err = None;
-    let records = wgmoe::bench::run_bench(&opts, &mut |r| {
-        eprintln!(
-            "{}: decode {:.2} tok/s, TTFT {:.3}s, prefill {:.1} tok/s",
-            wgmoe::bench::config_label(r),
-            r.decode_tokens_per_s,
-            r.ttft_s_mean,
-            r.prefill_tokens_per_s
-        );
-        done.push(r.clone());
-        // Keep what is measured if a later configuration fails.
-        if let Err(e) = write(&done) {
-            write_err.get_or_insert(e);
-        }
-    })?;
-    if let Some(e) = write_err {
-        return Err(e);
-    }
-    write(&records)?;
-    out!("{}", wgmoe::bench::table(&records).trim_end());
-    if let Some(p) = &a.json_out {
-        eprintln!("wrote {}", p.display());
-    }
-    if let Some(p) = &a.plot {
-        eprintln!("wrote {}", p.display());
-    }
-    Ok(())
 }

@@ -2,7 +2,9 @@
 //! check (reading no data) that a checkpoint holds each with that shape and a readable
 //! dtype, the same checks loading and `quantize` make before they read anything.
 
-use crate::checkpoint::{Checkpoint, ExpertProj};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::checkpoint::{Checkpoint, ExpertLayout, ExpertProj};
 use crate::config::{Arch, ModelConfig};
 use crate::error::{Error, Result};
 use crate::format::{experts_tensor, is_converted};
@@ -83,4 +85,109 @@ pub fn check_tensors(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `model.layers.{N}.rest` -> (N, rest).
+fn layer_of(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (n, rest) = rest.split_once('.')?;
+    Some((n.parse().ok()?, rest))
+}
+
+/// Check the config's counts against the checkpoint's tensors: `num_hidden_layers`
+/// against the layers the checkpoint holds, `num_experts` against each MoE layer's experts,
+/// `vocab_size` and `hidden_size` against `model.embed_tokens.weight`. Reads headers only;
+/// the work is proportional to the number of tensors in the files, never to a count in
+/// the config.
+pub fn check_checkpoint(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
+    let config = ckpt.dir().join("config.json");
+    // Per layer index: the expert ids of the hub's per-expert tensor names.
+    let mut layers: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+    for name in ckpt.names() {
+        if let Some((l, rest)) = layer_of(name) {
+            let experts = layers.entry(l).or_default();
+            if let Some(e) = rest
+                .strip_prefix("mlp.experts.")
+                .and_then(|r| r.split_once('.'))
+                .and_then(|(e, _)| e.parse::<usize>().ok())
+            {
+                experts.insert(e);
+            }
+        }
+    }
+    let held = layers.len();
+    if cfg.num_layers > held {
+        let range = match (layers.keys().next(), layers.keys().next_back()) {
+            (Some(a), Some(b)) => format!(" (model.layers.{a} .. model.layers.{b})"),
+            _ => String::new(),
+        };
+        return Err(Error::field(
+            &config,
+            "num_hidden_layers",
+            format!(
+                "{} layers, but the checkpoint holds tensors of {held} layers{range}",
+                cfg.num_layers
+            ),
+        ));
+    }
+    for l in (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]) {
+        let Some(per_expert) = layers.get(&l) else {
+            return Err(Error::field(
+                &config,
+                "num_hidden_layers",
+                format!(
+                    "{} layers, but the checkpoint has no tensors of layer {l} (model.layers.{l}.*)",
+                    cfg.num_layers
+                ),
+            ));
+        };
+        let held = if is_converted(ckpt) {
+            first_dim(ckpt, &experts_tensor(l))
+        } else {
+            match ckpt.expert_layout(l) {
+                Ok(ExpertLayout::Fused) => {
+                    first_dim(ckpt, &format!("model.layers.{l}.mlp.experts.gate_up_proj"))
+                }
+                Ok(ExpertLayout::PerExpert) => Some(per_expert.len()),
+                // Missing or ambiguous expert tensors: check_tensors names them.
+                Err(_) => None,
+            }
+        };
+        if let Some(held) = held {
+            if cfg.num_experts > held {
+                return Err(Error::field(
+                    &config,
+                    "num_experts",
+                    format!(
+                        "{} experts, but layer {l} of the checkpoint holds {held}",
+                        cfg.num_experts
+                    ),
+                ));
+            }
+        }
+    }
+    if let Ok(info) = ckpt.info("model.embed_tokens.weight") {
+        if let [rows, cols] = info.shape[..] {
+            for (field, want, got, what) in [
+                ("vocab_size", cfg.vocab_size, rows, "rows"),
+                ("hidden_size", cfg.hidden_size, cols, "columns"),
+            ] {
+                if want != got {
+                    return Err(Error::field(
+                        &config,
+                        field,
+                        format!(
+                            "{want}, but model.embed_tokens.weight in {} has {got} {what}",
+                            info.file.display()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn first_dim(ckpt: &Checkpoint, name: &str) -> Option<usize> {
+    ckpt.shape_of(name).and_then(|s| s.first().copied())
 }

@@ -53,6 +53,27 @@ pub fn quantize_row(w: &[f32]) -> (Vec<u8>, Vec<f16>) {
     (q, scales)
 }
 
+/// The largest magnitude an INT4 block can hold: its f16 scale max|w| / 7 must be finite.
+pub const MAX_ABS: f32 = 65504.0 * 7.0;
+
+/// The first element of `w` (rows of `inp` values, finite) whose block's scale
+/// `f16(max|w| / 7)` would overflow f16, and its value: such a block cannot be stored.
+pub fn first_unscalable(w: &[f32], inp: usize) -> Option<(usize, f32)> {
+    if inp == 0 {
+        return None;
+    }
+    for (r, row) in w.chunks(inp).enumerate() {
+        for (b, block) in row.chunks(BLOCK).enumerate() {
+            let amax = block.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+            if !f16::from_f32(amax / 7.0).is_finite() {
+                let k = block.iter().position(|x| x.abs() == amax).unwrap_or(0);
+                return Some((r * inp + b * BLOCK + k, block[k]));
+            }
+        }
+    }
+    None
+}
+
 /// Byte layout of one packed [out, in] matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Q4Matrix {
@@ -243,6 +264,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn blocks_whose_scale_overflows_f16_are_found() {
+        let mut w = vec![0.5f32; 2 * 300];
+        assert_eq!(first_unscalable(&w, 300), None);
+        w[300 + 260] = -1e6;
+        assert_eq!(first_unscalable(&w, 300), Some((560, -1e6)));
+        // 7 * 65504 still has a finite scale.
+        w[560] = MAX_ABS;
+        assert_eq!(first_unscalable(&w, 300), None);
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //! cache. Real routers are skewed; measure caching on real checkpoints.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use half::{bf16, f16};
 use serde_json::{json, Value};
@@ -644,6 +644,7 @@ fn generate_float(
                 });
             }
         });
+        crate::interrupt::check()?;
         sink(bytes)?;
         p += group;
     }
@@ -733,65 +734,62 @@ pub struct SynthSummary {
     pub dense_bytes: u64,
     /// Routed experts (packed INT4 in `converted`, bf16 in `hf`).
     pub expert_bytes: u64,
+    /// The earlier wgmoe output this one replaced, if any.
+    pub replaced: Option<String>,
     pub params_total: u64,
     pub params_routed: u64,
     /// Parameters used per token: non-routed + top_k / experts of the routed ones.
     pub params_active: u64,
 }
 
-fn write_json(path: &Path, v: &Value) -> Result<()> {
+fn json_bytes(v: &Value) -> Result<Vec<u8>> {
     let text = serde_json::to_string_pretty(v).map_err(|e| Error::Other(e.to_string()))?;
-    std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))
+    Ok((text + "\n").into_bytes())
 }
 
-/// Weight files a previous run may have left (removed first so the directory holds one
-/// model: `Checkpoint::open` prefers model.safetensors over an index).
-fn remove_old_weights(dir: &Path) -> Result<()> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Ok(());
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        let ours = name == "model.safetensors"
-            || name == "model.safetensors.index.json"
-            || name == "model.safetensors.partial"
-            || (name.starts_with("model-")
-                && (name.ends_with(".safetensors") || name.ends_with(".safetensors.partial"))
-                && name.contains("-of-"));
-        if ours {
-            std::fs::remove_file(e.path()).map_err(|err| Error::io(e.path(), err))?;
-        }
-    }
-    Ok(())
-}
-
-/// Write a synthetic model to `out_dir`. `on_progress(bytes_done, bytes_total)` follows the
+/// Write a synthetic model to `out_dir` (which must be new, empty, or an earlier wgmoe
+/// output: see `write_synthetic_to`). `on_progress(bytes_done, bytes_total)` follows the
 /// weight bytes.
 pub fn write_synthetic(
     opts: &SynthOptions,
     out_dir: &Path,
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SynthSummary> {
+    write_synthetic_to(opts, out_dir, false, on_progress)
+}
+
+/// `wgmoe synth [--force]`: the output directory is checked and written as
+/// `crate::output_dir` describes (a non-empty directory only if it holds an earlier wgmoe
+/// output, or with `force`; every file under a temporary name until all are complete; the
+/// model files of an earlier output that this one does not replace removed at the end).
+pub fn write_synthetic_to(
+    opts: &SynthOptions,
+    out_dir: &Path,
+    force: bool,
+    on_progress: &mut dyn FnMut(u64, u64),
+) -> Result<SynthSummary> {
     let (arch, shape) = (opts.arch, &opts.shape);
-    std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
-    remove_old_weights(out_dir)?;
     let cfg_value = config_json(arch, shape, opts.seed);
-    let cfg_path = out_dir.join("config.json");
-    write_json(&cfg_path, &cfg_value)?;
+    let cfg_text = json_bytes(&cfg_value)?;
     // The loader's own parse: what it refuses is refused here, naming the field.
-    let cfg = ModelConfig::from_dir(out_dir)?;
-    write_json(
-        &out_dir.join("generation_config.json"),
-        &generation_config_json(arch, shape),
+    let cfg = ModelConfig::from_json(
+        std::str::from_utf8(&cfg_text).map_err(|e| Error::Other(e.to_string()))?,
+        &out_dir.join("config.json"),
+    )?;
+    let mut out = crate::output_dir::OutputDir::prepare(out_dir, None, force)?;
+    out.write("config.json", &cfg_text)?;
+    out.write(
+        "generation_config.json",
+        &json_bytes(&generation_config_json(arch, shape))?,
     )?;
     let (tokens, sp) = vocabulary(arch, shape.vocab);
-    write_json(
-        &out_dir.join("tokenizer.json"),
-        &tokenizer_json(&tokens, &sp),
+    out.write(
+        "tokenizer.json",
+        &json_bytes(&tokenizer_json(&tokens, &sp))?,
     )?;
-    write_json(
-        &out_dir.join("tokenizer_config.json"),
-        &tokenizer_config_json(arch, shape, &tokens, &sp),
+    out.write(
+        "tokenizer_config.json",
+        &json_bytes(&tokenizer_config_json(arch, shape, &tokens, &sp))?,
     )?;
 
     let dense = crate::manifest::expected_tensors(&cfg);
@@ -804,9 +802,14 @@ pub fn write_synthetic(
     let params_routed = n_sparse * cfg.num_experts as u64 * per_expert;
 
     let (files, dense_bytes, expert_bytes) = match opts.format {
-        SynthFormat::Converted => write_converted_weights(opts, &cfg, dense, out_dir, on_progress)?,
-        SynthFormat::Hf => write_hf_weights(opts, &cfg, dense, out_dir, on_progress)?,
+        SynthFormat::Converted => {
+            write_converted_weights(opts, &cfg, dense, &mut out, on_progress)?
+        }
+        SynthFormat::Hf => write_hf_weights(opts, &cfg, dense, &mut out, on_progress)?,
     };
+    crate::interrupt::check()?;
+    let replaced = out.replaces().map(|e| e.describe().to_string());
+    out.commit()?;
     Ok(SynthSummary {
         dir: out_dir.display().to_string(),
         arch,
@@ -817,6 +820,7 @@ pub fn write_synthetic(
         files,
         dense_bytes,
         expert_bytes,
+        replaced,
         params_total: dense_params + params_routed,
         params_routed,
         params_active: dense_params + n_sparse * cfg.top_k as u64 * per_expert,
@@ -827,7 +831,7 @@ fn write_converted_weights(
     opts: &SynthOptions,
     cfg: &ModelConfig,
     dense: Vec<(String, Vec<usize>)>,
-    out_dir: &Path,
+    out: &mut crate::output_dir::OutputDir,
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(Vec<SynthFile>, u64, u64)> {
     let mut extra = BTreeMap::new();
@@ -837,7 +841,8 @@ fn write_converted_weights(
         json!({"arch": opts.arch.name(), "seed": opts.seed, "note": NOTE_UNIFORM_ROUTING})
             .to_string(),
     );
-    let mut w = ConvertedModelWriter::create(out_dir, cfg, dense.clone(), extra)?;
+    let mut w =
+        ConvertedModelWriter::create(&out.stage("model.safetensors"), cfg, dense.clone(), extra)?;
     let total = w.stream().data_bytes();
     let mut done = 0u64;
     on_progress(0, total);
@@ -871,6 +876,7 @@ fn write_converted_weights(
                     });
                 }
             });
+            crate::interrupt::check()?;
             w.write_experts(l, part)?;
             done += part.len() as u64;
             on_progress(done, total);
@@ -878,13 +884,9 @@ fn write_converted_weights(
         }
     }
     let s = w.finish()?;
-    let file = PathBuf::from(&s.out_file);
     Ok((
         vec![SynthFile {
-            file: file
-                .file_name()
-                .map(|f| f.to_string_lossy().to_string())
-                .unwrap_or_default(),
+            file: "model.safetensors".to_string(),
             bytes: s.bytes,
         }],
         s.dense_f16_bytes,
@@ -896,7 +898,7 @@ fn write_hf_weights(
     opts: &SynthOptions,
     cfg: &ModelConfig,
     dense: Vec<(String, Vec<usize>)>,
-    out_dir: &Path,
+    out: &mut crate::output_dir::OutputDir,
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(Vec<SynthFile>, u64, u64)> {
     let (h, i) = (cfg.hidden_size, cfg.moe_intermediate);
@@ -959,7 +961,7 @@ fn write_hf_weights(
         let mut meta = BTreeMap::new();
         meta.insert("format".to_string(), "pt".to_string());
         let plan: Vec<PlannedTensor> = shard.iter().map(|(p, _)| p.clone()).collect();
-        let mut st = SafetensorsStream::create(&out_dir.join(&fname), plan, meta)?;
+        let mut st = SafetensorsStream::create(&out.stage(&fname), plan, meta)?;
         for (p, is_expert) in &shard {
             weight_map.insert(p.name.clone(), json!(fname));
             let n: usize = p.shape.iter().product();
@@ -980,7 +982,7 @@ fn write_hf_weights(
     }
     if n_shards > 1 {
         let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-        write_json(&out_dir.join("model.safetensors.index.json"), &index)?;
+        out.write("model.safetensors.index.json", &json_bytes(&index)?)?;
     }
     Ok((files, dense_bytes, expert_bytes))
 }

@@ -15,6 +15,12 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 
+/// Template instructions one chat rendering may execute (published templates need a few
+/// thousand per message).
+pub const CHAT_TEMPLATE_FUEL: u64 = 20_000_000;
+/// Nesting depth of macro calls and includes in a chat template.
+pub const CHAT_TEMPLATE_RECURSION: usize = 100;
+
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     bos_token: Option<String>,
@@ -216,6 +222,10 @@ impl Tokenizer {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        // A template is code from the checkpoint: bound its work and its recursion, so a
+        // template with an unbounded loop fails instead of hanging `run --chat`.
+        env.set_fuel(Some(CHAT_TEMPLATE_FUEL));
+        env.set_recursion_limit(CHAT_TEMPLATE_RECURSION);
         env.add_function(
             "raise_exception",
             |msg: String| -> std::result::Result<JValue, minijinja::Error> {
@@ -225,7 +235,7 @@ impl Tokenizer {
         env.set_unknown_method_callback(python_methods);
         let tmpl = env.template_from_str(template).map_err(|e| {
             Error::Tokenizer(format!(
-                "{source}: cannot parse chat template: {}",
+                "{source}: cannot parse chat_template: {}",
                 jinja_error(&e)
             ))
         })?;
@@ -245,10 +255,13 @@ impl Tokenizer {
             eos_token => self.eos_token.clone().unwrap_or_default(),
         };
         tmpl.render(ctx).map_err(|e| {
-            Error::Tokenizer(format!(
-                "{source}: rendering chat template failed: {}",
-                jinja_error(&e)
-            ))
+            let what = match e.kind() {
+                ErrorKind::OutOfFuel => format!(
+                    "did not finish within {CHAT_TEMPLATE_FUEL} template steps (an unbounded loop?)"
+                ),
+                _ => format!("rendering failed: {}", jinja_error(&e)),
+            };
+            Error::Tokenizer(format!("{source}: chat_template {what}"))
         })
     }
 }

@@ -321,8 +321,15 @@ fn matmul_case(dev: &Device, seed: u64, c: MatmulCase, min_chunks: usize) -> f32
     push_matmul(&mut prog, &env, &m, &x, b.as_ref(), &out, out_stride, flags);
     assert_eq!(prog.len(), m.chunks.len(), "matmul: one op per chunk");
     for op in &mut prog.ops {
-        assert_eq!(op.kernel, Kernel::Matmul, "x in storage: the storage matmul");
-        assert!(op.decode.is_none(), "x in storage: no one-token alternative");
+        assert_eq!(
+            op.kernel,
+            Kernel::Matmul,
+            "x in storage: the storage matmul"
+        );
+        assert!(
+            op.decode.is_none(),
+            "x in storage: no one-token alternative"
+        );
         if x_stride != k {
             patch_params(op, |p: &mut MatmulParams| p.x_stride = x_stride as u32);
         }

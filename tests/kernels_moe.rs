@@ -143,7 +143,15 @@ impl Swiglu<'_> {
     /// executor serves one per dispatch): gate_up reads x and writes h, down reads h and
     /// writes `out`; then only the ops of `keep` (None: all). An x row stride other than
     /// hidden, which the builder does not expose, is set in the recorded gate_up ops.
-    fn push(&self, prog: &mut Program, js: (usize, usize), x: &Buffer, h: &Buffer, out: &Buffer, keep: Option<Kernel>) {
+    fn push(
+        &self,
+        prog: &mut Program,
+        js: (usize, usize),
+        x: &Buffer,
+        h: &Buffer,
+        out: &Buffer,
+        keep: Option<Kernel>,
+    ) {
         let d = MoeDispatch {
             plan: self.plan,
             sorted: None,
@@ -162,15 +170,23 @@ impl Swiglu<'_> {
         let mut p = Program::default();
         d.swiglu_f16(&mut p, self.pool, self.slot_of, js, out);
         let chunks = self.pool.chunks.len();
-        assert_eq!(p.len(), 2 * chunks, "swiglu_f16: gate_up and down per pool chunk");
-        assert!(p.ops[..chunks].iter().all(|o| o.kernel == Kernel::FfnGateUp));
+        assert_eq!(
+            p.len(),
+            2 * chunks,
+            "swiglu_f16: gate_up and down per pool chunk"
+        );
+        assert!(p.ops[..chunks]
+            .iter()
+            .all(|o| o.kernel == Kernel::FfnGateUp));
         assert!(p.ops[chunks..].iter().all(|o| o.kernel == Kernel::FfnDown));
         if let Some(k) = keep {
             keep_ops(&mut p, |_, o| o.kernel == k);
         }
         for op in &mut p.ops {
             if op.kernel == Kernel::FfnGateUp && self.x_stride != self.hidden {
-                patch_params(op, |p: &mut FfnGateUpParams| p.x_stride = self.x_stride as u32);
+                patch_params(op, |p: &mut FfnGateUpParams| {
+                    p.x_stride = self.x_stride as u32
+                });
             }
         }
         prog.ops.extend(p.ops);
@@ -407,7 +423,9 @@ fn combine_case(
     gate_stride: usize,
     gate_col: usize,
 ) {
-    use flags::{COMBINE_ROUTED as ROUTED, COMBINE_SHARED as SHARED, COMBINE_SHARED_GATED as SHARED_GATED};
+    use flags::{
+        COMBINE_ROUTED as ROUTED, COMBINE_SHARED as SHARED, COMBINE_SHARED_GATED as SHARED_GATED,
+    };
     let mut rng = Rng::new(seed);
     let x0 = rng.vec(t * hid, 2.0);
     let y = rng.vec(t * top_k * hid, 2.0);
@@ -472,7 +490,9 @@ fn combine_case(
 
 #[test]
 fn moe_combine_matches_cpu() {
-    use flags::{COMBINE_ROUTED as ROUTED, COMBINE_SHARED as SHARED, COMBINE_SHARED_GATED as SHARED_GATED};
+    use flags::{
+        COMBINE_ROUTED as ROUTED, COMBINE_SHARED as SHARED, COMBINE_SHARED_GATED as SHARED_GATED,
+    };
     let dev = device(None);
     combine_case(&dev, 900, 5, 13, 3, ROUTED, 7, 0);
     combine_case(&dev, 901, 7, 100, 8, ROUTED | SHARED | SHARED_GATED, 61, 60);
@@ -522,7 +542,12 @@ fn argmax_case(
     );
     run(dev, prog, &step, rows);
     let got = read_u32(dev, &token, 1)[0];
-    let want = cpu_ref::argmax(row, suppress);
+    // A row holding NaN or ±inf is flagged with u32::MAX (the host reports the step).
+    let want = if row.iter().any(|x| !x.is_finite()) {
+        u32::MAX
+    } else {
+        cpu_ref::argmax(row, suppress)
+    };
     eprintln!("argmax {what}: gpu {got} cpu {want}");
     assert_eq!(
         got, want,
@@ -600,17 +625,38 @@ fn argmax_ties_and_suppression() {
     );
 }
 
-/// Logits that are all -inf (or NaN, from an overflowing model) outside the suppressed ids:
-/// torch.argmax and the CPU path still return an index in [0, n); the kernel must too,
-/// since the next step's embedding reads it.
+/// A row holding NaN or ±inf (the model's numbers broke down) must not yield a token:
+/// the kernel writes u32::MAX, which the host turns into an error naming the step (and it
+/// never submits a step after it). A finite row with a suppressed best id still gives the
+/// best unsuppressed one.
 #[test]
-fn argmax_of_non_finite_rows_is_a_valid_index() {
+fn argmax_flags_non_finite_rows() {
     let dev = device(None);
     let neg = vec![f32::NEG_INFINITY; 300];
     argmax_case(&dev, "all -inf", &neg, 300, false, &[]);
     argmax_case(&dev, "all -inf, first suppressed", &neg, 300, false, &[0]);
-    let mut one = vec![f32::NEG_INFINITY; 300];
+    let mut one = vec![0.5f32; 300];
     one[0] = 1.0;
-    argmax_case(&dev, "-inf except a suppressed id", &one, 300, false, &[0]);
+    assert_eq!(
+        argmax_case(&dev, "finite, best suppressed", &one, 300, false, &[0]),
+        1
+    );
     argmax_case(&dev, "all NaN", &[f32::NAN; 300], 300, false, &[]);
+    for (bad, at) in [
+        (f32::NAN, 299usize),
+        (f32::INFINITY, 7),
+        (f32::NEG_INFINITY, 128),
+    ] {
+        let mut row = vec![0.25f32; 300];
+        row[at] = bad;
+        let got = argmax_case(&dev, &format!("{bad} at {at}"), &row, 300, false, &[]);
+        assert_eq!(got, u32::MAX);
+    }
+    // Only the row read counts (the last of 3).
+    let mut rows = vec![f32::NAN; 600];
+    rows.extend((0..300).map(|i| i as f32));
+    assert_eq!(
+        argmax_case(&dev, "NaN rows before the last", &rows, 300, true, &[]),
+        299
+    );
 }

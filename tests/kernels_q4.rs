@@ -42,9 +42,9 @@ const DEQUANT_TOL: f32 = 2e-5;
 #[test]
 fn w4a16_gate_up_matches_cpu() {
     for portable in VARIANTS {
-        let ctx = gpu(None, portable);
+        let g = Gpu::portable(None, portable);
         for (i, &c) in SHAPES.iter().enumerate() {
-            let s = Setup::random(&ctx, 100 + i as u64, c);
+            let s = Setup::random(&g, 100 + i as u64, c);
             let got = s.gpu_gate_up(&s.all_chunks());
             check(
                 &format!("ffn_gate_up_q4 {}", s.what()),
@@ -62,9 +62,9 @@ fn w4a16_gate_up_matches_cpu() {
 #[test]
 fn w4a16_down_matches_cpu() {
     for portable in VARIANTS {
-        let ctx = gpu(None, portable);
+        let g = Gpu::portable(None, portable);
         for (i, &c) in SHAPES.iter().enumerate() {
-            let s = Setup::random(&ctx, 200 + i as u64, c);
+            let s = Setup::random(&g, 200 + i as u64, c);
             let all = s.all_chunks();
             let what = s.what();
             check(
@@ -99,8 +99,8 @@ fn w4a16_split_pool_matches_cpu() {
         ];
         for (i, &(c, per_chunk)) in cases.iter().enumerate() {
             let bytes = Q4SlotLayout::new(c.hidden, c.inter).bytes as u64;
-            let ctx = gpu(Some(per_chunk * bytes), portable);
-            let s = Setup::random(&ctx, 300 + i as u64, c);
+            let g = Gpu::portable(Some(per_chunk * bytes), portable);
+            let s = Setup::random(&g, 300 + i as u64, c);
             let n_chunks = c.slots.div_ceil(per_chunk as usize);
             assert_eq!(s.pool().chunks.len(), n_chunks, "Q4Pool chunks");
             assert_eq!(s.pool().slots_per_chunk, per_chunk as usize);
@@ -190,16 +190,16 @@ fn w4a16_split_pool_matches_cpu() {
 /// indices, then the fused combine), both recorded by `MoeDispatch::routed` as the forward
 /// pass records them.
 fn per_expert_case(s: &Setup) {
-    let (c, ctx) = (s.c, s.ctx);
+    let (c, dev) = (s.c, &s.g.dev);
     let (k, t) = (c.top_k, c.t);
     let what = s.what();
     let nh = t * k * c.inter;
     let ny = t * k * c.hidden;
 
     // Grouped: h and the fused combine; then, for comparison, y per slot from that h.
-    let hg = f32_buf(ctx, &vec![f32::NAN; nh]);
-    let yg = f32_buf(ctx, &vec![f32::NAN; ny]);
-    let xg = f32_buf(ctx, &s.x0);
+    let hg = f32_buf(dev, &vec![f32::NAN; nh]);
+    let yg = f32_buf(dev, &vec![f32::NAN; ny]);
+    let xg = f32_buf(dev, &s.x0);
     let mut grouped = Program::default();
     let flags =
         s.moe(&s.x_b, &hg, &yg, &xg)
@@ -208,47 +208,50 @@ fn per_expert_case(s: &Setup) {
         flags, 0,
         "grouped INT4: the combine is fused, nothing left for moe_combine"
     );
-    run(ctx, &grouped, t);
+    s.run(grouped);
     let mut ys = Program::default();
     s.moe(&s.x_b, &hg, &yg, &xg)
         .q4_down(&mut ys, s.pool(), &s.slot_b, Some((0, k)));
-    run(ctx, &ys, t);
+    s.run(ys);
 
     // Per expert: one top-k index per dispatch, gate_up and down interleaved on one h
     // (NaN where not written yet), then moe_combine.
-    let hp = f32_buf(ctx, &vec![f32::NAN; nh]);
-    let yp = f32_buf(ctx, &vec![f32::NAN; ny]);
-    let xp = f32_buf(ctx, &s.x0);
+    let hp = f32_buf(dev, &vec![f32::NAN; nh]);
+    let yp = f32_buf(dev, &vec![f32::NAN; ny]);
+    let xp = f32_buf(dev, &s.x0);
     let mut per = Program::default();
     let flags =
         s.moe(&s.x_b, &hp, &yp, &xp)
             .routed(&mut per, Executor::PerExpert, &s.store, &s.slot_b);
-    assert_eq!(flags, combine_flags::ROUTED);
+    assert_eq!(flags, flags::COMBINE_ROUTED);
     assert_eq!(
         per.ops.len(),
         2 * k * s.pool().chunks.len(),
         "per expert: gate_up and down per j and chunk"
     );
-    per.push(
-        ctx,
-        Kernel::MoeCombine,
+    ops::moe_combine(
+        &mut per,
         &MoeCombineParams {
             hidden: c.hidden as u32,
             top_k: k as u32,
             flags,
             ..Default::default()
         },
-        &s.step,
-        &[&yp, &s.w_b, &s.dummy, &s.dummy, &xp],
-        [Dim::Const(groups64(c.hidden)), Dim::Tokens, Dim::Const(1)],
+        &CombineBuffers {
+            y: &yp,
+            weights: &s.w_b,
+            shared_y: &s.dummy,
+            router: &s.dummy,
+            x: &xp,
+        },
     );
-    run(ctx, &per, t);
+    s.run(per);
 
-    let (hg, hp) = (read_f32(ctx, &hg, nh), read_f32(ctx, &hp, nh));
-    let (yg, yp) = (read_f32(ctx, &yg, ny), read_f32(ctx, &yp, ny));
+    let (hg, hp) = (read_f32(dev, &hg, nh), read_f32(dev, &hp, nh));
+    let (yg, yp) = (read_f32(dev, &yg, ny), read_f32(dev, &yp, ny));
     let (xg, xp) = (
-        read_f32(ctx, &xg, t * c.hidden),
-        read_f32(ctx, &xp, t * c.hidden),
+        read_f32(dev, &xg, t * c.hidden),
+        read_f32(dev, &xp, t * c.hidden),
     );
     assert_eq!(SPLIT_TOL, 0.0);
     check_bits(
@@ -285,7 +288,7 @@ fn per_expert_case(s: &Setup) {
 #[test]
 fn w4a16_per_expert_dispatch_equals_grouped() {
     for portable in VARIANTS {
-        let ctx = gpu(None, portable);
+        let g = Gpu::portable(None, portable);
         for (i, c) in [
             case(300, 65, 7, 9, 4, 5),
             case(2056, 96, 8, 8, 8, 5),
@@ -294,14 +297,14 @@ fn w4a16_per_expert_dispatch_equals_grouped() {
         .into_iter()
         .enumerate()
         {
-            per_expert_case(&Setup::random(&ctx, 400 + i as u64, c));
+            per_expert_case(&Setup::random(&g, 400 + i as u64, c));
         }
         let c = case(257, 100, 7, 10, 6, 5);
-        let ctx = gpu(
+        let g = Gpu::portable(
             Some(3 * Q4SlotLayout::new(c.hidden, c.inter).bytes as u64),
             portable,
         );
-        let s = Setup::random(&ctx, 410, c);
+        let s = Setup::random(&g, 410, c);
         assert_eq!(s.pool().chunks.len(), 4);
         per_expert_case(&s);
     }
@@ -389,7 +392,7 @@ fn quantise_expert(l: &Q4SlotLayout, w: [&[f32]; 3]) -> (Vec<u8>, Dequant) {
 #[test]
 fn w4a16_quantised_realish_weights_match_dequantised_reference() {
     for portable in VARIANTS {
-        let ctx = gpu(None, portable);
+        let g = Gpu::portable(None, portable);
         let c = case(576, 300, 5, 6, 3, 5); // in-dims 2 blocks + 64 and 1 block + 44
         let (hid, inter) = (c.hidden, c.inter);
         let l = Q4SlotLayout::new(hid, inter);
@@ -420,7 +423,7 @@ fn w4a16_quantised_realish_weights_match_dequantised_reference() {
             orig.push([gate, up, down]);
         }
         // Activations with a few outlier channels, as residual streams have.
-        let mut s = Setup::with_slots(&ctx, &mut rng, c, host, 1.0);
+        let mut s = Setup::with_slots(&g, &mut rng, c, host, 1.0);
         let mut xs = s.xs.clone();
         for t in 0..c.t {
             xs[t * hid + 5] *= 20.0;
@@ -428,8 +431,8 @@ fn w4a16_quantised_realish_weights_match_dequantised_reference() {
         }
         s.set_x(xs.clone());
         let (k, t) = (c.top_k, c.t);
-        let h = f32_buf(&ctx, &vec![f32::NAN; t * k * inter]);
-        let x = f32_buf(&ctx, &s.x0);
+        let h = f32_buf(&g.dev, &vec![f32::NAN; t * k * inter]);
+        let x = f32_buf(&g.dev, &s.x0);
         let mut prog = Program::default();
         let flags = s.moe(&s.x_b, &h, &s.dummy, &x).routed(
             &mut prog,
@@ -438,9 +441,9 @@ fn w4a16_quantised_realish_weights_match_dequantised_reference() {
             &s.slot_b,
         );
         assert_eq!(flags, 0);
-        run(&ctx, &prog, t);
-        let got_h = read_f32(&ctx, &h, t * k * inter);
-        let got_x = read_f32(&ctx, &x, t * hid);
+        s.run(prog);
+        let got_h = s.read(&h, t * k * inter);
+        let got_x = s.read(&x, t * hid);
 
         // Dense references: with the dequantised weights (the kernel must match), and with the
         // original ones (the quantisation error, printed for information).
@@ -536,7 +539,7 @@ fn w4a16_quantised_realish_weights_match_dequantised_reference() {
 #[test]
 fn w4a16_subnormal_scales_match_cpu() {
     for portable in VARIANTS {
-        let ctx = gpu(None, portable);
+        let g = Gpu::portable(None, portable);
         let c = case(300, 260, 3, 4, 2, 5);
         let (hid, inter) = (c.hidden, c.inter);
         let l = Q4SlotLayout::new(hid, inter);
@@ -560,7 +563,7 @@ fn w4a16_subnormal_scales_match_cpu() {
             host.push(slot);
         }
         assert!(subnormal > 0, "no subnormal scale: the test lost its point");
-        let s = Setup::with_slots(&ctx, &mut rng, c, host, 1000.0);
+        let s = Setup::with_slots(&g, &mut rng, c, host, 1000.0);
         let all = s.all_chunks();
         let what = format!("{}, {subnormal} subnormal scales", s.what());
         let got_h = s.gpu_gate_up(&all);
@@ -590,4 +593,3 @@ fn w4a16_subnormal_scales_match_cpu() {
         );
     }
 }
-

@@ -557,24 +557,30 @@ fn sharded_checkpoint() {
 fn dtype_conversions_known_values() {
     let dir = TempDir::new().unwrap();
     // bf16 bit patterns and the f16 bit patterns they must become (round to nearest even).
-    let cases: [(u16, u16); 9] = [
+    let cases: [(u16, u16); 8] = [
         (0x3F80, 0x3C00), // 1.0
         (0xC000, 0xC000), // -2.0
         (0x4049, 0x4248), // 3.140625 (exact in f16)
         (0x0000, 0x0000), // +0
         (0x8000, 0x8000), // -0
-        (0x4780, 0x7C00), // 65536 → +inf (beyond f16 max 65504)
+        (0x477F, 0x7BF8), // 65280, the largest bf16 below f16's max 65504
         (0x3380, 0x0001), // 2^-24 → smallest f16 subnormal
         (0x33C0, 0x0002), // 1.5 * 2^-24 → tie, rounds to even (2 * 2^-24)
-        (0x3300, 0x0000), // 2^-25 → tie between 0 and 2^-24, rounds to even (0)
     ];
-    let bf: Vec<u16> = cases.iter().map(|c| c.0).collect();
+    let mut bf: Vec<u16> = cases.iter().map(|c| c.0).collect();
+    bf.push(0x3300); // 2^-25 → tie between 0 and 2^-24, rounds to even (0)
     write_st(
         &dir.path().join("model.safetensors"),
         &[
             t_bf16_bits("bf", &bf),
-            t_f32("f32", &[4], &[0.1, 65504.0, -1.0e-3, 1.0e6]),
-            t_f16_bits("f16", &[0x3555, 0x7BFF, 0x0001, 0xFC00]),
+            t_f32("f32", &[3], &[0.1, 65504.0, -1.0e-3]),
+            t_f16_bits("f16", &[0x3555, 0x7BFF, 0x0001, 0x8001]),
+            // 65536 (beyond f16), then 999424 (the norm weight).
+            t_bf16_bits("big", &[0x3F80, 0x4780, 0x4974]),
+            t_f32("big32", &[2], &[1.0, 1.0e6]),
+            t_f16_bits("inf16", &[0x3C00, 0x3C00, 0xFC00]),
+            t_bf16_bits("nan", &[0x3F80, 0x7FC0]),
+            t_f32("rows", &[3, 2], &[1.0, 1.0, 1.0, 1.0, 1.0, f32::INFINITY]),
         ],
     );
     let ck = Checkpoint::open(dir.path()).unwrap();
@@ -584,29 +590,27 @@ fn dtype_conversions_known_values() {
         .iter()
         .map(|h| h.to_bits())
         .collect();
-    let want: Vec<u16> = cases.iter().map(|c| c.1).collect();
+    let mut want: Vec<u16> = cases.iter().map(|c| c.1).collect();
+    want.push(0x0000);
     assert_eq!(got, want);
     // bf16 → f32 is exact (the bits are the top half of the f32).
     let f = ck.read_f32("bf", &[bf.len()]).unwrap();
     assert_eq!(&f[..3], &[1.0, -2.0, 3.140625]);
-    assert_eq!(f[5], 65536.0);
+    assert_eq!(f[5], 65280.0);
     assert_eq!(f[6], 2f32.powi(-24));
     // f32 → f16.
     let h: Vec<u16> = ck
-        .read_f16("f32", &[4])
+        .read_f16("f32", &[3])
         .unwrap()
         .iter()
         .map(|h| h.to_bits())
         .collect();
-    assert_eq!(
-        h,
-        vec![0x2E66, 0x7BFF, f16::from_f32(-1.0e-3).to_bits(), 0x7C00]
-    );
+    assert_eq!(h, vec![0x2E66, 0x7BFF, f16::from_f32(-1.0e-3).to_bits()]);
     // f16 → f32 is exact; f16 → f16 is a copy.
     let f = ck.read_f32("f16", &[4]).unwrap();
     assert_eq!(
         f,
-        vec![1365.0 / 4096.0, 65504.0, 2f32.powi(-24), f32::NEG_INFINITY]
+        vec![1365.0 / 4096.0, 65504.0, 2f32.powi(-24), -(2f32.powi(-24))]
     );
     let h: Vec<u16> = ck
         .read_f16("f16", &[4])
@@ -614,7 +618,40 @@ fn dtype_conversions_known_values() {
         .iter()
         .map(|h| h.to_bits())
         .collect();
-    assert_eq!(h, vec![0x3555, 0x7BFF, 0x0001, 0xFC00]);
+    assert_eq!(h, vec![0x3555, 0x7BFF, 0x0001, 0x8001]);
+    // Values beyond the f16 range are refused as f16 (never a silent inf), naming the
+    // tensor, the first bad element and its value; as f32 they are exact.
+    let e = err_string(ck.read_f16("big", &[3]));
+    for part in ["`big`", "element 1 ", "65536", "f16 range"] {
+        assert!(e.contains(part), "{e}");
+    }
+    assert_eq!(ck.read_f32("big", &[3]).unwrap()[2], 999424.0);
+    let e = err_string(ck.read_f16("big32", &[2]));
+    assert!(e.contains("element 1 ") && e.contains("1000000"), "{e}");
+    // Non-finite values are refused by every read, rows included (the index is the flat
+    // index in the tensor).
+    for e in [
+        err_string(ck.read_f16("inf16", &[3])),
+        err_string(ck.read_f32("inf16", &[3])),
+        err_string(ck.read_rows_f16("inf16", &[3], 0, 1)),
+    ] {
+        assert!(
+            e.contains("`inf16`") && e.contains("element 2 ") && e.contains("-inf"),
+            "{e}"
+        );
+    }
+    for e in [
+        err_string(ck.read_rows_f32("rows", &[3, 2], 2, 1)),
+        err_string(ck.read_rows_f16("rows", &[3, 2], 1, 2)),
+    ] {
+        assert!(e.contains("element 5 ") && e.contains("inf"), "{e}");
+    }
+    assert_eq!(
+        ck.read_rows_f32("rows", &[3, 2], 1, 1).unwrap(),
+        vec![1.0, 1.0]
+    );
+    let e = err_string(ck.read_f32("nan", &[2]));
+    assert!(e.contains("element 1 ") && e.contains("NaN"), "{e}");
 }
 
 #[test]

@@ -3,7 +3,6 @@
 //! packed experts kept in host memory as the source), Qwen's shared expert and dense MLPs
 //! as single-slot pools so the same SwiGLU kernels serve them.
 
-use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::checkpoint::{Checkpoint, ExpertProj};
@@ -51,10 +50,6 @@ pub struct ModelWeights {
     pub final_norm: Buffer,
     /// None when the embeddings are tied (`tie_word_embeddings`).
     pub lm_head: Option<F16Matrix>,
-}
-
-fn to_f16(v: &[f32]) -> Vec<f16> {
-    v.iter().map(|&x| f16::from_f32(x)).collect()
 }
 
 fn progress(total: u64) -> ProgressBar {
@@ -110,12 +105,12 @@ impl ModelWeights {
             qkv.extend(ckpt.read_f16(&format!("{p}.self_attn.v_proj.weight"), &[kv_dim, h])?);
             let qkv = F16Matrix::upload(dev, "qkv_proj", q_dim + 2 * kv_dim, h, &qkv)?;
             let qkv_bias = if cfg.qkv_bias {
-                let mut b = ckpt.read_f32(&format!("{p}.self_attn.q_proj.bias"), &[q_dim])?;
-                b.extend(ckpt.read_f32(&format!("{p}.self_attn.k_proj.bias"), &[kv_dim])?);
-                b.extend(ckpt.read_f32(&format!("{p}.self_attn.v_proj.bias"), &[kv_dim])?);
+                let mut b = ckpt.read_f16(&format!("{p}.self_attn.q_proj.bias"), &[q_dim])?;
+                b.extend(ckpt.read_f16(&format!("{p}.self_attn.k_proj.bias"), &[kv_dim])?);
+                b.extend(ckpt.read_f16(&format!("{p}.self_attn.v_proj.bias"), &[kv_dim])?);
                 // The bias is added in f32 after an f16-weight matmul; keep it f16-rounded
                 // like every other weight so GPU and CPU reference agree on the values.
-                let b: Vec<f32> = b.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+                let b: Vec<f32> = b.iter().map(|x| x.to_f32()).collect();
                 Some(upload_f32_vec(dev, "qkv_bias", &b)?)
             } else {
                 None
@@ -253,9 +248,9 @@ fn load_moe(
     } else {
         let pool = ExpertPool::new(dev, "experts", e, h, i)?;
         for ex in 0..e {
-            let gate = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Gate, e, h, i)?);
-            let up = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Up, e, h, i)?);
-            let down = to_f16(&ckpt.read_expert_f32(l, ex, ExpertProj::Down, e, h, i)?);
+            let gate = ckpt.read_expert_f16(l, ex, ExpertProj::Gate, e, h, i)?;
+            let up = ckpt.read_expert_f16(l, ex, ExpertProj::Up, e, h, i)?;
+            let down = ckpt.read_expert_f16(l, ex, ExpertProj::Down, e, h, i)?;
             pool.write_slot(dev, ex, &gate, &up, &down)?;
         }
         ExpertStore::F16(pool)

@@ -161,3 +161,46 @@ pub fn row<'a>(rows: &'a [WorkspaceBuffer], name: &str) -> Result<&'a WorkspaceB
         .find(|r| r.name == name)
         .ok_or_else(|| Error::Other(format!("internal: workspace has no `{name}` buffer")))
 }
+
+/// Refuse a context (KV-cache positions) and prefill chunk whose KV cache and workspace
+/// would not even be countable: an upper bound of every term of
+/// `workspace_bytes`, in u128, must stay below 2^62 bytes, so that function's
+/// arithmetic cannot overflow. (Whether the bytes fit the adapter is admission's job.)
+pub fn check_context(cfg: &ModelConfig, max_context: usize, chunk: usize) -> Result<()> {
+    let c = max_context.max(1) as u128;
+    let t = (chunk as u128).clamp(1, c);
+    let (h, v, k, e) = (
+        cfg.hidden_size as u128,
+        cfg.vocab_size as u128,
+        cfg.top_k as u128,
+        cfg.num_experts as u128,
+    );
+    let hd = cfg.head_dim as u128;
+    let q = cfg.num_heads as u128 * hd;
+    let kv = cfg.num_kv_heads as u128 * hd;
+    let layers = cfg.num_layers as u128;
+    let inter = (cfg.moe_intermediate as u128)
+        .max(cfg.shared_expert_intermediate.unwrap_or(0) as u128)
+        .max(cfg.dense_intermediate as u128);
+    let per_token = 4 * h
+        + 3 * q
+        + 2 * kv
+        + cfg.num_heads as u128 * c
+        + e
+        + 2 * k
+        + 2
+        + k * (inter + h)
+        + inter
+        + v;
+    // Expert-major prefill buffers: per (token, top-k) pair an input and an output row.
+    let sorted = t * k * (2 * h + 2 * inter + 1024) + e;
+    let floats = t * per_token + c * hd + layers * 2 * c * kv + sorted + layers * (e + 4096);
+    let bytes = floats * 4 + (1 << 22);
+    if bytes >= 1 << 62 {
+        return Err(Error::DoesNotFit(format!(
+            "a context of {max_context} positions (prefill chunk {chunk}) needs about {} bytes of KV cache and workspace (more than 2^62)",
+            bytes
+        )));
+    }
+    Ok(())
+}

@@ -67,7 +67,10 @@ impl Gpu {
 pub fn subgroup_kernels(dev: &Device, kernel: Kernel) -> bool {
     let info = dev.info();
     if info.name.contains("llvmpipe") && info.backend == "vulkan" {
-        assert!(info.subgroup, "lavapipe has subgroups: {kernel} must be built");
+        assert!(
+            info.subgroup,
+            "lavapipe has subgroups: {kernel} must be built"
+        );
     }
     let wide = info.subgroup && info.subgroup_min_size >= 8;
     let default_plan = plan(dev, &KernelOverrides::default());
@@ -93,7 +96,10 @@ pub fn subgroup_kernels(dev: &Device, kernel: Kernel) -> bool {
         });
         let step = dev.step_buffer(0, 1).unwrap();
         let e = match dev.prepare(prog, &step) {
-            Ok(_) => panic!("{kernel} was built on subgroups of {} lanes", info.subgroup_min_size),
+            Ok(_) => panic!(
+                "{kernel} was built on subgroups of {} lanes",
+                info.subgroup_min_size
+            ),
             Err(e) => e.to_string(),
         };
         assert!(e.contains("8 lanes"), "{kernel}: {e}");

@@ -2,6 +2,12 @@
 //! tools/make_fixtures.py with transformers.
 #![allow(dead_code)]
 
+pub mod check;
+pub mod cli;
+pub mod gpu;
+pub mod q4;
+pub mod rng;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 

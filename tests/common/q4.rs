@@ -209,7 +209,13 @@ impl<'a> Setup<'a> {
     }
 
     /// `host[s]` = the bytes of pool slot s; activations uniform in [-x_scale, x_scale).
-    pub fn with_slots(g: &'a Gpu, rng: &mut Rng, c: Case, host: Vec<Vec<u8>>, x_scale: f32) -> Self {
+    pub fn with_slots(
+        g: &'a Gpu,
+        rng: &mut Rng,
+        c: Case,
+        host: Vec<Vec<u8>>,
+        x_scale: f32,
+    ) -> Self {
         let dev = &g.dev;
         let layout = Q4SlotLayout::new(c.hidden, c.inter);
         assert_eq!(host.len(), c.slots);

@@ -1,0 +1,111 @@
+//! `wgmoe bench`.
+
+use std::io::Write;
+
+use wgmoe::bench::BenchRecord;
+use wgmoe::error::{Error, Result};
+
+use super::{check_output_file, write_atomic};
+use crate::{stdout_error, BenchArgs};
+
+pub fn bench(a: BenchArgs) -> Result<()> {
+    // Every output path and option is checked before the first measurement (the sweep
+    // itself checks every configuration against the model before measuring any).
+    if let Some(p) = &a.json_out {
+        check_output_file("--json-out", p)?;
+    }
+    if let Some(p) = &a.plot {
+        check_output_file("--plot", p)?;
+    }
+    let opts = wgmoe::bench::BenchOptions {
+        model: a.model.clone(),
+        prompts: a.prompts,
+        blocks: a.blocks,
+        new_tokens: a.max_new_tokens,
+        warmup: a.warmup,
+        executors: a.executor.clone(),
+        expert_precisions: a.expert_precision.clone(),
+        prefill_chunk: a.prefill_chunk,
+        adapter: a.gpu.request(),
+        kernels: a.gpu.kernels(),
+        resident_experts: a.resident_experts.iter().map(|&n| Some(n)).collect(),
+        cache_policies: a
+            .cache_policy
+            .iter()
+            .map(|p| {
+                p.parse().map_err(|e: wgmoe::residency::ConfigError| {
+                    Error::option("--cache-policy", e.0)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
+        decay: a.decay,
+        profile: a.profile.clone(),
+        staging_buffers: a.staging_buffers,
+    };
+    let write = |records: &[BenchRecord]| -> Result<()> {
+        if let Some(path) = &a.json_out {
+            let text =
+                serde_json::to_string_pretty(records).map_err(|e| Error::Other(e.to_string()))?;
+            write_atomic(path, (text + "\n").as_bytes())?;
+        }
+        if let Some(path) = &a.plot {
+            write_atomic(path, wgmoe::bench::plot_svg(records).as_bytes())?;
+        }
+        Ok(())
+    };
+    let mut done: Vec<BenchRecord> = Vec::new();
+    let mut write_err = None;
+    let mut noted = false;
+    let result = wgmoe::bench::run_bench(&opts, &mut |r| {
+        if !noted && r.adapter_type == "Cpu" && a.gpu.adapter.is_none() {
+            eprintln!(
+                "note: no GPU adapter found; running on the software adapter {} (on the CPU, much slower); {}",
+                r.adapter,
+                super::SOFTWARE_HINT
+            );
+            noted = true;
+        }
+        eprintln!(
+            "{}: decode {:.2} tok/s, TTFT {:.3}s, prefill {:.1} tok/s",
+            wgmoe::bench::config_label(r),
+            r.decode_tokens_per_s,
+            r.ttft_s_mean,
+            r.prefill_tokens_per_s
+        );
+        done.push(r.clone());
+        // Keep what is measured if a later configuration fails.
+        if let Err(e) = write(&done) {
+            write_err.get_or_insert(e);
+        }
+    });
+    let records = match result {
+        Ok(r) => r,
+        Err(e) => {
+            // The table of the configurations that finished, then the error.
+            if !done.is_empty() {
+                out!("{}", wgmoe::bench::table(&done).trim_end());
+                eprintln!(
+                    "{} of the sweep's configurations finished before this error; their records are above{}",
+                    done.len(),
+                    match (&a.json_out, &a.plot) {
+                        (None, None) => String::new(),
+                        _ => " and in the --json-out / --plot files".to_string(),
+                    }
+                );
+            }
+            return Err(e);
+        }
+    };
+    if let Some(e) = write_err {
+        return Err(e);
+    }
+    write(&records)?;
+    out!("{}", wgmoe::bench::table(&records).trim_end());
+    if let Some(p) = &a.json_out {
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &a.plot {
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! The commands of the `wgmoe` binary (their arguments are in main.rs), and what several
+//! of them share: the prompt from `-p`/`-f`/stdin, the seed, output paths checked before
+//! any work, the note on a software adapter.
+
+pub mod bench;
+pub mod run;
+pub mod tools;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use wgmoe::error::{Error, Result};
+use wgmoe::backend::{Device, DeviceRequest, DeviceType};
+
+/// The prompt text of `-p TEXT`, `-p -` (stdin) or `-f FILE`; None when neither is given.
+/// From stdin or a file one trailing newline is dropped (as llama.cpp does), since editors
+/// and `echo` add one.
+pub fn prompt_text(prompt: Option<&str>, file: Option<&Path>) -> Result<Option<String>> {
+    let (text, what) = match (prompt, file) {
+        (Some("-"), _) => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| Error::io("<stdin>", e))?;
+            (buf, PathBuf::from("<stdin>"))
+        }
+        (Some(t), _) => return Ok(Some(t.to_string())),
+        (None, Some(f)) => (
+            std::fs::read(f).map_err(|e| Error::io(f, e))?,
+            f.to_path_buf(),
+        ),
+        (None, None) => return Ok(None),
+    };
+    let mut text = String::from_utf8(text).map_err(|e| {
+        Error::bad_file(
+            &what,
+            format!(
+                "the prompt is not UTF-8 text (byte {})",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })?;
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    Ok(Some(text))
+}
+
+/// A seed for `--seed` when none is given: std's per-process random hasher keys mixed with
+/// the time, so two runs differ.
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// An output file an option names must be writable before the command does any work: its
+/// directory must exist and accept a new file, and the path must not be a directory.
+pub fn check_output_file(option: &str, path: &Path) -> Result<()> {
+    if path.is_dir() {
+        return Err(Error::option(
+            option,
+            format!("{} is a directory; give a file name", path.display()),
+        ));
+    }
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return Err(Error::option(
+            option,
+            format!(
+                "{}: the directory {} does not exist",
+                path.display(),
+                dir.display()
+            ),
+        ));
+    }
+    // Probe with a new file rather than trusting permission bits (read-only mounts, ACLs).
+    let probe = dir.join(format!(".wgmoe-write-test-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+        }
+        Err(e) => {
+            return Err(Error::option(
+                option,
+                format!("{}: cannot write in {}: {e}", path.display(), dir.display()),
+            ))
+        }
+    }
+    if path.exists() {
+        let ro = std::fs::metadata(path).is_ok_and(|m| m.permissions().readonly());
+        let writable = !ro && std::fs::OpenOptions::new().append(true).open(path).is_ok();
+        if !writable {
+            return Err(Error::option(
+                option,
+                format!("{} exists and is not writable", path.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Write `bytes` to `path` through a temporary file in the same directory renamed into
+/// place, so a reader never sees a half-written file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.wgmoe-tmp-{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}
+
+/// The hint for a machine whose only adapter is a software one.
+pub const SOFTWARE_HINT: &str = "for a GPU, install its Vulkan (Linux, Windows), DX12 (Windows) or Metal (macOS) driver; `wgmoe devices` lists the adapters wgmoe sees";
+
+/// Say so on stderr when the adapter is a software one (lavapipe, WARP...) that was picked
+/// because no GPU was found (not asked for with --adapter).
+pub fn software_note(dev: &Device, req: &DeviceRequest) {
+    if dev.info().device_type == DeviceType::Cpu && req.adapter.is_none() {
+        eprintln!(
+            "note: no GPU adapter found; running on the software adapter {} (on the CPU, much slower); {SOFTWARE_HINT}",
+            dev.info().name
+        );
+    }
+}
+
+/// Peak resident set size of this process (Linux: VmHWM), if the OS tells.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

@@ -1,0 +1,270 @@
+//! `wgmoe run`.
+
+use std::io::Write;
+
+use serde_json::json;
+
+use wgmoe::engine::{Engine, EngineOptions};
+use wgmoe::error::{Error, Result};
+use wgmoe::generate::{generate, GenerateOptions};
+use wgmoe::sampling::SamplingOptions;
+use wgmoe::tokenizer::TextStream;
+
+use super::{peak_rss_bytes, prompt_text, software_note};
+use crate::{stdout_error, RunArgs};
+
+fn sampling_options(
+    a: &RunArgs,
+    gen: Option<&wgmoe::config::GenerationConfig>,
+    seed: u64,
+) -> Result<SamplingOptions> {
+    let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
+    if a.greedy && sampled {
+        return Err(Error::option(
+            "--greedy",
+            "conflicts with --temperature/--top-k/--top-p",
+        ));
+    }
+    if !sampled {
+        return Ok(SamplingOptions {
+            seed,
+            ..SamplingOptions::greedy()
+        });
+    }
+    let temperature = a
+        .temperature
+        .or(gen.and_then(|g| g.temperature))
+        .unwrap_or(1.0);
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        return Err(Error::option(
+            "--temperature",
+            format!("{temperature} is not a finite value >= 0"),
+        ));
+    }
+    let top_p = a.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(Error::option(
+            "--top-p",
+            format!("{top_p} is not in (0, 1]"),
+        ));
+    }
+    Ok(SamplingOptions {
+        temperature,
+        top_k: a.top_k.unwrap_or(0),
+        top_p,
+        seed,
+    })
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let (cfg, gen, tok) = Engine::open_host(&a.model)?;
+    let seed = a.seed.unwrap_or_else(super::random_seed);
+    let sampling = sampling_options(&a, gen.as_ref(), seed)?;
+    let text = prompt_text(a.prompt.as_deref(), a.file.as_deref())?;
+    let prompt_ids: Vec<u32> = match (&text, &a.prompt_ids) {
+        (_, Some(ids)) => ids.clone(),
+        (Some(text), None) => {
+            let tok = tok.as_ref().ok_or_else(|| {
+                Error::bad_file(
+                    a.model.join("tokenizer.json"),
+                    "missing: needed to encode --prompt (or pass --prompt-ids)",
+                )
+            })?;
+            let text = if a.chat {
+                tok.apply_chat_template(&[("user".to_string(), text.clone())], true)?
+            } else {
+                text.clone()
+            };
+            tok.encode(&text, true)?
+        }
+        (None, None) => {
+            return Err(Error::option(
+                "--prompt",
+                "give a prompt with -p TEXT, -p - (stdin), -f FILE or --prompt-ids 1,2,3",
+            ))
+        }
+    };
+    if prompt_ids.is_empty() {
+        return Err(Error::option("--prompt", "the prompt encodes to no tokens"));
+    }
+    if let Some(&bad) = prompt_ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(Error::option(
+            "--prompt-ids",
+            format!(
+                "token id {bad} is outside the vocabulary (vocab_size {})",
+                cfg.vocab_size
+            ),
+        ));
+    }
+    if prompt_ids.len() > cfg.max_position_embeddings {
+        return Err(Error::option(
+            if a.prompt_ids.is_some() {
+                "--prompt-ids"
+            } else {
+                "--prompt"
+            },
+            format!(
+                "{} prompt tokens exceed max_position_embeddings = {} of {}",
+                prompt_ids.len(),
+                cfg.max_position_embeddings,
+                a.model.join("config.json").display()
+            ),
+        ));
+    }
+    if a.prefill_chunk == 0 {
+        return Err(Error::option("--prefill-chunk", "must be at least 1"));
+    }
+    // Saturating: `-n 18446744073709551615` means "as many as fit".
+    let max_context = prompt_ids
+        .len()
+        .saturating_add(a.max_new_tokens)
+        .min(cfg.max_position_embeddings);
+    let max_new = max_context - prompt_ids.len();
+    if max_new < a.max_new_tokens {
+        eprintln!(
+            "note: generating at most {max_new} tokens: max_position_embeddings is {}",
+            cfg.max_position_embeddings
+        );
+    }
+    if let Some(p) = &a.residency.write_profile {
+        super::check_output_file("--write-profile", p)?;
+    }
+    let mut engine = Engine::load(
+        &a.model,
+        &EngineOptions {
+            residency: a.residency.options()?,
+            adapter: a.gpu.request(),
+            kernels: a.gpu.kernels(),
+            expert_precision: a.expert_precision,
+            executor: a.executor,
+            max_context,
+            prefill_chunk: a.prefill_chunk,
+            all_logits: false,
+        },
+    )?;
+    eprintln!(
+        "loaded {} in {:.2}s on {} ({}, {})",
+        a.model.display(),
+        engine.load_s,
+        engine.dev.info().name,
+        engine.dev.info().backend,
+        engine.dev.info().driver_string()
+    );
+    software_note(&engine.dev, &a.gpu.request());
+    let opts = GenerateOptions {
+        max_new_tokens: max_new,
+        sampling,
+        eos_ids: engine.eos_ids(),
+        ignore_eos: a.ignore_eos,
+        record_logits: false,
+    };
+    let mut stream = TextStream::new();
+    let stdout = std::io::stdout();
+    let json_mode = a.json;
+    let tokr = engine.tokenizer.take();
+    let tokr = tokr.as_ref();
+    let mut on_token = |id: u32| -> Result<()> {
+        if json_mode {
+            return Ok(());
+        }
+        let mut out = stdout.lock();
+        match tokr {
+            Some(t) => {
+                let s = stream.push(t, id)?;
+                out.write_all(s.as_bytes())
+                    .and_then(|_| out.flush())
+                    .map_err(stdout_error)?;
+            }
+            None => writeln!(out, "{id}").map_err(stdout_error)?,
+        }
+        Ok(())
+    };
+    // From here on, Ctrl-C stops generating: what was generated is printed with the
+    // summary, and the exit status is 130.
+    wgmoe::interrupt::install()?;
+    let g = generate(&mut engine.fwd, &prompt_ids, &opts, &mut on_token)?;
+    let text = match tokr {
+        Some(t) => t.decode(&g.generated_ids)?,
+        None => String::new(),
+    };
+    let n = g.generated_ids.len().max(1) as f64;
+    let (rs, host_sum) = match engine.fwd.residency.as_ref() {
+        Some(r) => {
+
+            (r.stats(), Some(r.host.checksum()?))
+        }
+        None => (Default::default(), None),
+    };
+    if let (Some(path), Some(p)) = (&a.residency.write_profile, engine.fwd.profile.as_ref()) {
+        p.save(path)?;
+        eprintln!("wrote expert profile {}", path.display());
+    }
+    if json_mode {
+        let obj = json!({
+            "model": a.model.display().to_string(),
+            "prompt_ids": prompt_ids,
+            "generated_ids": g.generated_ids,
+            "text": text,
+            "stopped_by_eos": g.stopped_by_eos,
+            "interrupted": g.interrupted,
+            "seed": seed,
+            "metrics": {
+                "ttft_s": g.ttft_s,
+                "decode_tokens_per_s": g.decode_tokens_per_s(),
+                "decode_s": g.decode_s,
+                "prompt_tokens": prompt_ids.len(),
+                "generated_tokens": g.generated_ids.len(),
+                "prefill_tokens_per_s": prompt_ids.len() as f64 / g.prefill_s.max(1e-9),
+                "load_s": engine.load_s,
+                "adapter": engine.dev.info().name,
+                "backend": engine.dev.info().backend,
+                "driver": engine.dev.info().driver_string(),
+                "expert_precision": a.expert_precision,
+                "executor": a.executor,
+                "dispatches_per_decode_step": engine.fwd.dispatches_per_decode_step(),
+                "submissions_per_token": g.submissions as f64 / n,
+                "dispatches_per_token": g.dispatches as f64 / n,
+                "peak_gpu_bytes": engine.dev.tracker().peak(),
+                "peak_rss_bytes": peak_rss_bytes(),
+                "resident_experts_per_layer": engine.resident_experts,
+                "cache_policy": if engine.resident_experts < engine.cfg.num_experts { Some(a.residency.cache_policy.as_str()) } else { None },
+                "expert_hits": rs.expert_hits,
+                "expert_misses": rs.expert_misses,
+                "expert_evictions": rs.expert_evictions,
+                "h2d_bytes": rs.h2d_bytes,
+                "upload_seconds": rs.upload_seconds,
+                "expert_hits_per_layer": rs.hits_per_layer,
+                "expert_misses_per_layer": rs.misses_per_layer,
+                "expert_evictions_per_layer": rs.evictions_per_layer,
+                "host_source_checksum": host_sum.map(|h| format!("{h:016x}")),
+            }
+        });
+        out!("{obj}");
+    } else {
+        if let Some(t) = tokr {
+            let tail = stream.finish(t)?;
+            out!("{tail}");
+        }
+        eprintln!(
+            "{} prompt tokens, {} generated{}; TTFT {:.3}s, decode {:.2} tok/s{}",
+            prompt_ids.len(),
+            g.generated_ids.len(),
+            if g.interrupted {
+                " (stopped by Ctrl-C)"
+            } else {
+                ""
+            },
+            g.ttft_s,
+            g.decode_tokens_per_s(),
+            if opts.sampling.is_greedy() {
+                String::new()
+            } else {
+                format!("; seed {seed} (--seed {seed} repeats this run)")
+            }
+        );
+    }
+    if g.interrupted {
+        return Err(Error::Interrupted);
+    }
+    Ok(())
+}

@@ -1,0 +1,515 @@
+//! The command line as a new user meets it: clap's own errors and help, help for every
+//! option, plain messages for a file or an empty directory given as the model, the prompt
+//! from a file or stdin, a random (printed, repeatable) seed, Ctrl-C during `run`, `bench`
+//! checking everything before it measures, and the software-adapter note.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::Stdio;
+
+use common::cli::*;
+use serde_json::Value;
+
+const HELLO: &str = "Hello, world";
+
+#[test]
+fn clap_prints_its_own_errors_and_help() {
+    let r = wgmoe(["run"]);
+    assert_eq!(r.code, Some(2), "{r}");
+    assert!(
+        r.stderr.contains("<MODEL>") && r.stderr.contains("Usage: wgmoe run"),
+        "{r}"
+    );
+    let r = wgmoe(["run", "m", "--temp", "0.5"]);
+    assert_eq!(r.code, Some(2), "{r}");
+    assert!(
+        r.stderr
+            .contains("a similar argument exists: '--temperature'"),
+        "{r}"
+    );
+    let r = wgmoe(["run", "m", "--executor", "fast"]);
+    assert_eq!(r.code, Some(2), "{r}");
+    assert!(
+        r.stderr.contains("[possible values: per-expert, grouped]"),
+        "{r}"
+    );
+    let r = wgmoe(["run", "m", "-p", "x", "-f", "y"]);
+    assert_eq!(r.code, Some(2), "{r}");
+    assert!(r.stderr.contains("cannot be used with"), "{r}");
+    // Bare `wgmoe`: the help, listing the commands.
+    let r = wgmoe(Vec::<String>::new());
+    assert_eq!(r.code, Some(2), "{r}");
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        all.contains("Usage: wgmoe <COMMAND>") && all.contains("Commands:"),
+        "{r}"
+    );
+    assert!(all.contains("quantize") && all.contains("bench"), "{r}");
+    let r = wgmoe(["--help"]);
+    assert_ok(&r);
+    assert!(r.stdout.contains("Commands:"), "{r}");
+    // wgmoe's own errors keep the one-line form.
+    let r = wgmoe(["run", "/no/such/model", "-p", "x"]);
+    assert_error(&r, &["/no/such/model", "model directory not found"]);
+}
+
+#[test]
+fn every_option_has_a_help_line() {
+    let mut empty = Vec::new();
+    for sub in [
+        "devices", "run", "quantize", "inspect", "eval", "synth", "bench",
+    ] {
+        let r = wgmoe([sub, "--help"]);
+        assert_ok(&r);
+        let lines: Vec<&str> = r.stdout.lines().collect();
+        let mut options = 0;
+        for (i, l) in lines.iter().enumerate() {
+            let is_option = l.starts_with("  -") || l.starts_with("      --");
+            if !is_option {
+                continue;
+            }
+            options += 1;
+            let spec = l.trim_start();
+            // Same-line help: the flag, two or more spaces, then the text.
+            let same_line = spec
+                .split_once("  ")
+                .is_some_and(|(_, rest)| !rest.trim().is_empty());
+            // Next-line help: the next line is indented text (not only a default).
+            let next = lines.get(i + 1).copied().unwrap_or("");
+            let next_line = next.starts_with("          ")
+                && !next.trim().is_empty()
+                && !next.trim_start().starts_with('[');
+            if !(same_line || next_line) {
+                empty.push(format!("{sub}: {spec}"));
+            }
+        }
+        assert!(options > 1, "{sub}: no options parsed:\n{r}");
+    }
+    assert!(
+        empty.is_empty(),
+        "options without help:\n{}",
+        empty.join("\n")
+    );
+}
+
+#[test]
+fn a_file_or_an_empty_directory_is_explained() {
+    let (t, dir) = copy_fixture(OLMOE);
+    let file = dir.join("model.safetensors");
+    let gguf = t.path().join("model-q4_0.gguf");
+    std::fs::write(&gguf, b"GGUF").unwrap();
+    let empty = t.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let out = t.path().join("out");
+    for sub in ["run", "inspect", "quantize", "bench"] {
+        let args = |m: &Path| -> Vec<String> {
+            let mut v = vec![sub.to_string(), s(m)];
+            match sub {
+                "run" => v.extend(["-p".into(), "hi".into()]),
+                "quantize" => v.extend(["-o".into(), s(&out)]),
+                _ => {}
+            }
+            v
+        };
+        let r = run_untouched(&dir, &args(&file));
+        assert_error(
+            &r,
+            &[
+                "model.safetensors",
+                "is a file",
+                "Hugging Face model directory",
+                "pass the directory that holds it",
+            ],
+        );
+        let r = wgmoe(args(&gguf));
+        assert_error(&r, &["is a file", "GGUF files are not supported"]);
+        let r = wgmoe(args(&empty));
+        assert_error(&r, &["config.json", "missing", "the directory is empty"]);
+        assert!(!out.exists());
+    }
+}
+
+fn run_json(dir: &Path, extra: &[&str]) -> Value {
+    let mut args = vec!["run".to_string(), s(dir), "--json".into()];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    json_of(&wgmoe(args))
+}
+
+#[test]
+fn the_prompt_comes_from_p_f_or_stdin() {
+    let (t, dir) = copy_fixture(OLMOE);
+    let want = ids(&run_json(&dir, &["-p", HELLO, "-n", "2"]), "prompt_ids");
+    let file = t.path().join("prompt.txt");
+    std::fs::write(&file, format!("{HELLO}\n")).unwrap();
+    let v = run_json(&dir, &["-f", &s(&file), "-n", "2"]);
+    assert_eq!(ids(&v, "prompt_ids"), want);
+    // `-p -` reads stdin.
+    let mut child = command()
+        .args(["run", &s(&dir), "-p", "-", "-n", "2", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{HELLO}\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ids(&v, "prompt_ids"), want);
+    // eval takes the same.
+    let r = wgmoe(["eval", &s(&dir), "-f", &s(&file), "-n", "2", "--json"]);
+    assert_eq!(ids(&json_of(&r), "prompt_ids"), want);
+    let missing = t.path().join("nope.txt");
+    let r = run_untouched(&dir, &["run", &s(&dir), "-f", &s(&missing)]);
+    assert_error(&r, &["nope.txt"]);
+}
+
+#[test]
+fn the_seed_is_random_printed_and_repeatable() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let sample = [
+        "-p",
+        HELLO,
+        "-n",
+        "12",
+        "--temperature",
+        "1.5",
+        "--ignore-eos",
+    ];
+    let a = run_json(&dir, &sample);
+    let b = run_json(&dir, &sample);
+    let (sa, sb) = (a["seed"].as_u64().unwrap(), b["seed"].as_u64().unwrap());
+    assert_ne!(sa, sb, "two runs without --seed drew the same seed");
+    let mut again = sample.to_vec();
+    let seed = sa.to_string();
+    again.extend(["--seed", &seed]);
+    let c = run_json(&dir, &again);
+    assert_eq!(c["seed"].as_u64(), Some(sa));
+    assert_eq!(
+        ids(&c, "generated_ids"),
+        ids(&a, "generated_ids"),
+        "--seed repeats"
+    );
+    // The text summary names it.
+    let mut args = vec!["run".to_string(), s(&dir)];
+    args.extend(again.iter().map(|x| x.to_string()));
+    let r = wgmoe(args);
+    assert_ok(&r);
+    assert!(
+        r.stderr
+            .contains(&format!("seed {sa} (--seed {sa} repeats this run)")),
+        "{r}"
+    );
+}
+
+/// `wgmoe run` interrupted with SIGINT once `ready` says so (it sees stderr lines and
+/// stdout bytes as they come).
+fn interrupted_run(
+    args: &[String],
+    ready: impl Fn(&str, usize) -> bool,
+) -> (Option<i32>, String, String) {
+    let mut child = command()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<(Option<String>, usize)>();
+    let mut stdout = child.stdout.take().unwrap();
+    let tx_out = tx.clone();
+    let out_thread = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+            let _ = tx_out.send((None, all.len()));
+        }
+        String::from_utf8_lossy(&all).into_owned()
+    });
+    let stderr = child.stderr.take().unwrap();
+    let err_thread = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = tx.send((Some(line), 0));
+        }
+        all
+    });
+    let mut out_bytes = 0;
+    let mut last_err = String::new();
+    let t0 = std::time::Instant::now();
+    while t0.elapsed().as_secs() < 120 {
+        match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+            Ok((Some(l), _)) => last_err = l,
+            Ok((None, n)) => out_bytes = n,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => break,
+        }
+        if ready(&last_err, out_bytes) {
+            break;
+        }
+    }
+    // Past `ready`, the handler is installed (it is before the first token).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    (
+        status.code(),
+        out_thread.join().unwrap(),
+        err_thread.join().unwrap(),
+    )
+}
+
+#[test]
+fn ctrl_c_stops_run_with_the_text_and_the_summary() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    // Room for more tokens than any adapter makes in the test's time.
+    edit_config(&dir, |c| {
+        c.insert("max_position_embeddings".into(), 8192.into());
+    });
+    let base: Vec<String> = [
+        "run",
+        &s(&dir),
+        "--prompt-ids",
+        "1,2",
+        "-n",
+        "8000",
+        "--ignore-eos",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    // Text mode: interrupted once some text is out.
+    let (code, out, err) = interrupted_run(&base, |_, bytes| bytes > 0);
+    assert_eq!(code, Some(130), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(!out.trim().is_empty() && out.ends_with('\n'), "{out:?}");
+    let summary = err
+        .lines()
+        .find(|l| l.contains("stopped by Ctrl-C"))
+        .unwrap_or_else(|| panic!("no summary:\n{err}"));
+    let n: usize = summary
+        .split(", ")
+        .nth(1)
+        .and_then(|p| p.split(' ').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert!((1..8000).contains(&n), "{summary}");
+    assert!(!err.contains("panicked"), "{err}");
+    // JSON mode: the object, marked interrupted.
+    let mut json = base.clone();
+    json.push("--json".into());
+    let (code, out, err) = interrupted_run(&json, |l, _| l.starts_with("loaded "));
+    assert_eq!(code, Some(130), "stdout:\n{out}\nstderr:\n{err}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["interrupted"], Value::Bool(true), "{v}");
+    let gen = ids(&v, "generated_ids");
+    assert!(!gen.is_empty() && gen.len() < 8000, "{v}");
+}
+
+fn bench_args(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "bench",
+        &s(dir),
+        "--prompts",
+        "1",
+        "--blocks",
+        "1",
+        "-n",
+        "2",
+        "--warmup",
+        "0",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    v.extend(extra.iter().map(|a| a.to_string()));
+    v
+}
+
+/// No configuration was measured: bench prints one line per finished configuration.
+fn nothing_measured(r: &Run) {
+    assert!(!r.stderr.contains("tok/s"), "measured before failing:\n{r}");
+    assert!(r.stdout.trim().is_empty(), "{r}");
+}
+
+#[test]
+fn bench_checks_everything_before_measuring() {
+    let (t, dir) = copy_fixture(OLMOE);
+    let missing = t.path().join("no/such/dir/out.json");
+    let json = s(&missing);
+    let svg = s(&t.path().join("nope/plot.svg"));
+    let profile = s(&t.path().join("profile.json"));
+    let tdir = s(t.path());
+    for (extra, names) in [
+        (
+            vec!["--json-out", &json],
+            vec!["--json-out", "does not exist"],
+        ),
+        (vec!["--plot", &svg], vec!["--plot", "does not exist"]),
+        (
+            vec!["--json-out", &tdir],
+            vec!["--json-out", "is a directory"],
+        ),
+        (
+            vec!["--expert-precision", "int4,f16", "--resident-experts", "4"],
+            vec![
+                "--expert-precision f16",
+                "partial residency needs --expert-precision int4",
+            ],
+        ),
+        (
+            vec!["--resident-experts", "4", "--cache-policy", "profile"],
+            vec!["--cache-policy", "--profile FILE"],
+        ),
+        (
+            vec![
+                "--resident-experts",
+                "4",
+                "--cache-policy",
+                "profile",
+                "--profile",
+                &profile,
+            ],
+            vec!["profile.json"],
+        ),
+        (
+            vec!["--resident-experts", "5,99"],
+            vec!["--resident-experts", "99", "3..=7"],
+        ),
+        (
+            vec!["--cache-policy", "fifo"],
+            vec!["--cache-policy", "fifo"],
+        ),
+    ] {
+        let r = run_untouched(&dir, &bench_args(&dir, &extra));
+        assert_error(&r, &names);
+        nothing_measured(&r);
+        assert!(!missing.exists());
+    }
+}
+
+#[test]
+fn run_checks_write_profile_before_loading() {
+    let (t, dir) = copy_fixture(OLMOE);
+    let bad = t.path().join("missing/profile.json");
+    let r = run_untouched(
+        &dir,
+        &[
+            "run",
+            &s(&dir),
+            "--prompt-ids",
+            "1",
+            "-n",
+            "2",
+            "--write-profile",
+            &s(&bad),
+        ],
+    );
+    assert_error(&r, &["--write-profile", "does not exist"]);
+    assert!(
+        !r.stderr.contains("loaded "),
+        "checked only after loading:\n{r}"
+    );
+    let good = t.path().join("profile.json");
+    let r = wgmoe([
+        "run",
+        &s(&dir),
+        "--prompt-ids",
+        "1",
+        "-n",
+        "2",
+        "--write-profile",
+        &s(&good),
+    ]);
+    assert_ok(&r);
+    assert!(good.is_file(), "{r}");
+}
+
+#[test]
+fn bench_keeps_the_finished_configurations_when_a_later_one_fails() {
+    // An expert weight of 10^5 is fine as INT4 but refused as an f16 expert: the int4
+    // configuration is measured, the f16 one fails when it loads.
+    let (t, dir) = copy_fixture(OLMOE);
+    let expert = "model.layers.1.mlp.experts.5.gate_proj.weight";
+    set_element(&dir.join("model.safetensors"), expert, 10, 100000.0);
+    let json = t.path().join("sweep.json");
+    let r = wgmoe(bench_args(
+        &dir,
+        &["--expert-precision", "int4,f16", "--json-out", &s(&json)],
+    ));
+    assert_error(
+        &r,
+        &["--expert-precision f16", expert, "outside the f16 range"],
+    );
+    assert!(
+        r.stdout.contains("int4/grouped"),
+        "the finished table:\n{r}"
+    );
+    assert!(!r.stdout.contains("f16/grouped"), "{r}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let recs = v.as_array().unwrap();
+    assert_eq!(recs.len(), 1, "{v}");
+    assert_eq!(recs[0]["expert_precision"], "int4");
+    assert!(recs[0]["adapter_type"].is_string(), "{v}");
+}
+
+#[test]
+fn software_adapters_are_named_and_devices_marks_the_default() {
+    let v = json_of(&wgmoe(["devices", "--json"]));
+    let list = v.as_array().unwrap();
+    let defaults: Vec<&Value> = list
+        .iter()
+        .filter(|a| a["default"] == Value::Bool(true))
+        .collect();
+    assert_eq!(defaults.len(), 1, "exactly one default adapter: {v}");
+    let software = defaults[0]["device_type"] == "Cpu";
+    let r = wgmoe(["devices"]);
+    assert_ok(&r);
+    let marked: Vec<&str> = r
+        .stdout
+        .lines()
+        .filter(|l| l.contains("<- default"))
+        .collect();
+    assert_eq!(marked.len(), 1, "{r}");
+    assert!(
+        marked[0].contains(defaults[0]["name"].as_str().unwrap()),
+        "{r}"
+    );
+    assert_eq!(r.stdout.contains("software"), software, "{r}");
+
+    let (_t, dir) = copy_fixture(OLMOE);
+    let args = ["run", &s(&dir), "--prompt-ids", "1", "-n", "2"];
+    let r = wgmoe(args);
+    assert_ok(&r);
+    let note = "note: no GPU adapter found; running on the software adapter";
+    assert_eq!(r.stderr.contains(note), software, "{r}");
+    if software {
+        assert!(r.stderr.contains("`wgmoe devices`"), "{r}");
+    }
+    // Asked for by name, it is no fallback.
+    let name = defaults[0]["name"].as_str().unwrap();
+    let mut named = args.to_vec();
+    named.extend(["--adapter", name]);
+    let r = wgmoe(named);
+    assert_ok(&r);
+    assert!(!r.stderr.contains(note), "{r}");
+}
