@@ -1,0 +1,360 @@
+//! `wgmoe bench`: the measurement contract.
+//!
+//! A fixed prompt set shipped in the repository (`bench/prompts.json`, 12 prompts: prose,
+//! code, math and chat, short, medium and long), repeated in blocks, a fixed number of new
+//! tokens, greedy decoding with EOS suppressed (every response has exactly `n` tokens),
+//! warm-up responses excluded, concurrency 1. Sweep options are lists: each combination is
+//! one configuration, with its own engine (and GPU context, so its GPU peak is its own).
+//!
+//! Per configuration the pooled decode rate is sum(tokens - 1) / sum(decode time after the
+//! first token), not a mean of rates. A benchmark measures; it never asserts a time.
+
+mod host;
+mod plot;
+mod prompts;
+mod record;
+mod table;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::backend::{DeviceRequest, KernelOverrides};
+use crate::engine::{Engine, EngineOptions, ExpertPrecision};
+use crate::error::{Error, Result};
+use crate::generate::{generate, GenerateOptions};
+use crate::model::Executor;
+use crate::sampling::SamplingOptions;
+
+pub use host::{git_revision, is_synthetic, peak_rss_bytes, reset_peak_rss, rfc3339_utc};
+pub use plot::{plot_series, plot_svg, PlotSeries};
+pub use prompts::{prompt_set, BenchPrompt};
+pub use record::{config_label, BenchRecord};
+use prompts::tokenize_prompts;
+use record::{name_of, record, RecordContext};
+pub use table::table;
+
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub model: PathBuf,
+    /// The first `prompts` prompts of the set.
+    pub prompts: usize,
+    pub blocks: usize,
+    pub new_tokens: usize,
+    /// Responses run before measuring, per configuration.
+    pub warmup: usize,
+    pub executors: Vec<Executor>,
+    pub expert_precisions: Vec<ExpertPrecision>,
+    pub prefill_chunk: usize,
+    pub adapter: DeviceRequest,
+    pub kernels: KernelOverrides,
+    /// Expert slots per layer to sweep (None = all experts resident).
+    pub resident_experts: Vec<Option<usize>>,
+    /// Cache policies to sweep (used below full residency).
+    pub cache_policies: Vec<crate::residency::PolicyKind>,
+    pub decay: f64,
+    pub profile: Option<PathBuf>,
+    pub staging_buffers: usize,
+}
+
+/// One point of the sweep.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchConfig {
+    pub expert_precision: ExpertPrecision,
+    pub executor: Executor,
+    pub resident_experts: Option<usize>,
+    pub cache_policy: crate::residency::PolicyKind,
+}
+
+/// Every combination of the sweep lists, in the order given (precision outermost).
+pub fn configurations(o: &BenchOptions) -> Vec<BenchConfig> {
+    let mut v = Vec::new();
+    let residents: Vec<Option<usize>> = if o.resident_experts.is_empty() {
+        vec![None]
+    } else {
+        o.resident_experts.clone()
+    };
+    let policies = if o.cache_policies.is_empty() {
+        vec![crate::residency::PolicyKind::Lru]
+    } else {
+        o.cache_policies.clone()
+    };
+    for &expert_precision in &o.expert_precisions {
+        for &executor in &o.executors {
+            for &resident_experts in &residents {
+                for &cache_policy in &policies {
+                    v.push(BenchConfig {
+                        expert_precision,
+                        executor,
+                        resident_experts,
+                        cache_policy,
+                    });
+                }
+            }
+        }
+    }
+    v
+}
+
+pub(super) fn check_options(o: &BenchOptions, available: usize) -> Result<()> {
+    if o.prompts == 0 || o.prompts > available {
+        return Err(Error::option(
+            "--prompts",
+            format!(
+                "{} is not in 1..={available} (the prompt set has {available})",
+                o.prompts
+            ),
+        ));
+    }
+    if o.blocks == 0 {
+        return Err(Error::option("--blocks", "must be at least 1"));
+    }
+    if o.new_tokens < 2 {
+        return Err(Error::option(
+            "--max-new-tokens",
+            "must be at least 2 (the decode rate counts the tokens after the first)",
+        ));
+    }
+    if o.executors.is_empty() {
+        return Err(Error::option("--executor", "give at least one executor"));
+    }
+    if o.expert_precisions.is_empty() {
+        return Err(Error::option(
+            "--expert-precision",
+            "give at least one precision",
+        ));
+    }
+    if o.prefill_chunk == 0 {
+        return Err(Error::option("--prefill-chunk", "must be at least 1"));
+    }
+    o.blocks
+        .checked_mul(o.prompts)
+        .and_then(|n| n.checked_add(o.warmup))
+        .ok_or_else(|| {
+            Error::option(
+                "--blocks",
+                format!(
+                    "{} blocks x {} prompts + {} warm-up responses overflow",
+                    o.blocks, o.prompts, o.warmup
+                ),
+            )
+        })?;
+    Ok(())
+}
+
+/// The engine options of one configuration.
+pub(super) fn engine_options(o: &BenchOptions, c: &BenchConfig, max_context: usize) -> EngineOptions {
+    EngineOptions {
+        residency: crate::engine::ResidencyOptions {
+            resident_experts: c.resident_experts,
+            vram_budget: None,
+            policy: c.cache_policy,
+            decay: o.decay,
+            profile: o.profile.clone(),
+            staging_buffers: o.staging_buffers,
+            record_profile: false,
+        },
+        adapter: o.adapter.clone(),
+        kernels: o.kernels,
+        expert_precision: c.expert_precision,
+        executor: c.executor,
+        max_context,
+        prefill_chunk: o.prefill_chunk,
+        all_logits: false,
+    }
+}
+
+/// Every configuration of a sweep checked as far as it can be without the GPU
+/// (the checkpoint against the config, admission, the cache policy and its profile), so
+/// that a sweep never fails on an option after minutes of measuring.
+pub(super) fn validate(o: &BenchOptions, cfg: &crate::config::ModelConfig, max_context: usize) -> Result<()> {
+    let ckpt = crate::checkpoint::Checkpoint::open(&o.model)?;
+    for c in sweep(o, cfg) {
+        crate::engine::check_host(cfg, &ckpt, &engine_options(o, &c, max_context)).map_err(
+            |e| {
+                Error::Other(format!(
+                    "configuration `{}` cannot run (nothing was measured): {e}",
+                    describe(&c)
+                ))
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// "int4/grouped/resident 2/lru".
+pub(super) fn describe(c: &BenchConfig) -> String {
+    format!(
+        "--expert-precision {} --executor {}{}",
+        name_of(&c.expert_precision),
+        name_of(&c.executor),
+        c.resident_experts
+            .map(|n| format!(
+                " --resident-experts {n} --cache-policy {}",
+                c.cache_policy.as_str()
+            ))
+            .unwrap_or_default()
+    )
+}
+
+/// The configurations to measure: a cache policy only matters below full residency, so
+/// there is one full-residency configuration per (precision, executor).
+pub(super) fn sweep(o: &BenchOptions, cfg: &crate::config::ModelConfig) -> Vec<BenchConfig> {
+    let mut configs: Vec<BenchConfig> = Vec::new();
+    for c in configurations(o) {
+        let full = c.resident_experts.is_none_or(|n| n >= cfg.num_experts);
+        let dup = full
+            && configs.iter().any(|d| {
+                d.expert_precision == c.expert_precision
+                    && d.executor == c.executor
+                    && d.resident_experts.is_none_or(|n| n >= cfg.num_experts)
+            });
+        if !dup {
+            configs.push(c);
+        }
+    }
+    configs
+}
+
+/// What one measured response contributes.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Response {
+    pub(super) block: usize,
+    pub(super) prompt_tokens: usize,
+    pub(super) tokens: usize,
+    pub(super) ttft_s: f64,
+    pub(super) decode_s: f64,
+    pub(super) response_s: f64,
+    pub(super) dispatches: u64,
+    pub(super) submissions: u64,
+}
+
+/// Run the whole sweep. `on_record` sees each configuration's record as soon as it is done
+/// (to print progress); errors end the sweep.
+pub fn run_bench(
+    o: &BenchOptions,
+    on_record: &mut dyn FnMut(&BenchRecord),
+) -> Result<Vec<BenchRecord>> {
+    let (set_name, all) = prompt_set()?;
+    check_options(o, all.len())?;
+    let prompts = &all[..o.prompts];
+    let (cfg, _, _) = Engine::open_host(&o.model)?;
+    if o.new_tokens >= cfg.max_position_embeddings {
+        return Err(Error::option(
+            "--max-new-tokens",
+            format!(
+                "{} new tokens leave no room for a prompt: max_position_embeddings = {}",
+                o.new_tokens, cfg.max_position_embeddings
+            ),
+        ));
+    }
+    let limit = cfg.max_position_embeddings - o.new_tokens;
+    let tp = tokenize_prompts(&o.model, prompts, cfg.vocab_size, limit)?;
+    let longest = tp.ids.iter().map(Vec::len).max().unwrap_or(1);
+    let max_context = longest + o.new_tokens;
+    validate(o, &cfg, max_context)?;
+    let synthetic = is_synthetic(&o.model);
+    let mut notes = tp.notes.clone();
+    if synthetic {
+        notes.insert(
+            0,
+            format!(
+                "synthetic model (wgmoe synth): {}",
+                crate::synth::NOTE_UNIFORM_ROUTING
+            ),
+        );
+    }
+    let git = git_revision();
+    let mut records = Vec::new();
+    for c in sweep(o, &cfg) {
+        let rss_reset = reset_peak_rss();
+        let mut engine = Engine::load(&o.model, &engine_options(o, &c, max_context))
+            .map_err(|e| Error::Other(format!("configuration {}: {e}", describe(&c))))?;
+        let gen_opts = GenerateOptions {
+            max_new_tokens: o.new_tokens,
+            sampling: SamplingOptions::greedy(),
+            eos_ids: engine.eos_ids(),
+            ignore_eos: true,
+            record_logits: false,
+        };
+        let total = o.warmup + o.blocks * prompts.len();
+        let pb = indicatif::ProgressBar::with_draw_target(
+            Some(total as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "bench {prefix} {bar:30} {pos}/{len} responses {elapsed} {msg}",
+        ) {
+            pb.set_style(style);
+        }
+        pb.set_prefix(format!(
+            "{}/{}/{}",
+            name_of(&c.expert_precision),
+            name_of(&c.executor),
+            c.resident_experts
+                .map_or("all".to_string(), |n| n.to_string())
+        ));
+        let mut responses = Vec::new();
+        for k in 0..total {
+            let p = &tp.ids[k % prompts.len()];
+            let t0 = Instant::now();
+            let g = generate(&mut engine.fwd, p, &gen_opts, &mut |_| Ok(()))?;
+            let response_s = t0.elapsed().as_secs_f64();
+            if g.generated_ids.len() != o.new_tokens {
+                return Err(Error::Other(format!(
+                    "internal: a bench response has {} tokens, expected {} (EOS is suppressed)",
+                    g.generated_ids.len(),
+                    o.new_tokens
+                )));
+            }
+            if k >= o.warmup {
+                let r = Response {
+                    block: (k - o.warmup) / prompts.len(),
+                    prompt_tokens: p.len(),
+                    tokens: g.generated_ids.len(),
+                    ttft_s: g.ttft_s,
+                    decode_s: g.decode_s,
+                    response_s,
+                    dispatches: g.dispatches,
+                    submissions: g.submissions,
+                };
+                pb.set_message(format!("{:.2} tok/s", g.decode_tokens_per_s()));
+                responses.push(r);
+            } else {
+                pb.set_message("warm-up");
+            }
+            if k + 1 == o.warmup {
+                // Residency counters cover the measured responses only.
+                if let Some(r) = engine.fwd.residency.as_mut() {
+                    r.reset_stats();
+                }
+            }
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        let rec = record(
+            o,
+            &c,
+            &engine,
+            &responses,
+            RecordContext {
+                set_name: &set_name,
+                prompts,
+                prompt_tokens: tp.ids.iter().map(Vec::len).collect(),
+                max_context,
+                synthetic,
+                notes: &notes,
+                git: &git,
+                rss_scope: if rss_reset {
+                    "configuration"
+                } else {
+                    "process"
+                },
+            },
+        );
+        on_record(&rec);
+        records.push(rec);
+        drop(engine);
+    }
+    Ok(records)
+}
+

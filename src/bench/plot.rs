@@ -1,0 +1,327 @@
+//! The SVG plot of a sweep: decode rate and H2D bytes against resident experts per layer.
+
+use super::record::{name_of, BenchRecord};
+
+/// One line of the plot: a (precision, executor, policy) combination.
+#[derive(Clone, Debug)]
+pub struct PlotSeries {
+    pub label: String,
+    /// (resident experts per layer, decode tok/s, H2D bytes), sorted by residency.
+    pub points: Vec<(f64, f64, Option<u64>)>,
+}
+
+/// The records grouped into plot series, one per (precision, executor, cache policy).
+/// A full-residency record has no policy: its point joins every policy series of the same
+/// precision and executor (the end of each curve), or stands alone when there is none.
+pub fn plot_series(records: &[BenchRecord]) -> Vec<PlotSeries> {
+    let pe = |r: &BenchRecord| format!("{}/{}", name_of(&r.expert_precision), name_of(&r.executor));
+    let point = |r: &BenchRecord| {
+        (
+            r.resident_experts_per_layer.unwrap_or(r.num_experts) as f64,
+            r.decode_tokens_per_s,
+            r.h2d_bytes,
+        )
+    };
+    let mut series: Vec<PlotSeries> = Vec::new();
+    let mut push = |label: String, pt: (f64, f64, Option<u64>)| match series
+        .iter_mut()
+        .find(|s| s.label == label)
+    {
+        Some(s) => s.points.push(pt),
+        None => series.push(PlotSeries {
+            label,
+            points: vec![pt],
+        }),
+    };
+    // Series in the order their first record appears.
+    for r in records {
+        let base = pe(r);
+        match &r.cache_policy {
+            Some(p) => push(format!("{base} {p}"), point(r)),
+            None => {
+                let policies: Vec<&String> = records
+                    .iter()
+                    .filter(|q| pe(q) == base)
+                    .filter_map(|q| q.cache_policy.as_ref())
+                    .collect();
+                if policies.is_empty() {
+                    push(base, point(r));
+                } else {
+                    let mut seen: Vec<&String> = Vec::new();
+                    for p in policies {
+                        if !seen.contains(&p) {
+                            seen.push(p);
+                            push(format!("{base} {p}"), point(r));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for s in &mut series {
+        s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    series
+}
+
+pub(super) fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// About `n` round tick values covering [lo, hi] (steps of 1, 2 or 5 times a power of ten).
+pub(super) fn nice_ticks(lo: f64, hi: f64, n: usize, integer: bool) -> Vec<f64> {
+    let span = (hi - lo).max(f64::MIN_POSITIVE);
+    let raw = span / n.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let mut step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|&s| s >= raw)
+        .unwrap_or(10.0 * mag);
+    if integer {
+        step = step.max(1.0).round();
+    }
+    let first = (lo / step).ceil() * step;
+    let mut v = Vec::new();
+    let mut t = first;
+    while t <= hi + step * 1e-9 && v.len() < 50 {
+        v.push(if t.abs() < step * 1e-9 { 0.0 } else { t });
+        t += step;
+    }
+    v
+}
+
+pub(super) fn tick_label(v: f64) -> String {
+    if v == v.round() && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// Bytes unit for an axis whose values reach `max`: (divisor, name).
+pub(super) fn byte_unit(max: f64) -> (f64, &'static str) {
+    const UNITS: [(f64, &str); 4] = [
+        (1024.0 * 1024.0 * 1024.0, "GiB"),
+        (1024.0 * 1024.0, "MiB"),
+        (1024.0, "KiB"),
+        (1.0, "bytes"),
+    ];
+    UNITS
+        .iter()
+        .copied()
+        .find(|(d, _)| max >= *d)
+        .unwrap_or((1.0, "bytes"))
+}
+
+pub(super) const PLOT_COLORS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
+
+/// `wgmoe bench --plot`: a self-contained SVG of decode rate (top panel) and H2D bytes
+/// (bottom panel) against resident experts per layer, one polyline with markers per
+/// (precision, executor, cache policy) series, axes with ticks and labels, a legend and a
+/// title naming the model, adapter and date. One configuration is one marker.
+pub fn plot_svg(records: &[BenchRecord]) -> String {
+    use std::fmt::Write;
+    let series = plot_series(records);
+    let (w, h) = (880.0, 660.0);
+    let (left, right) = (90.0, 640.0); // plot area x range; the legend is to the right
+    let panels = [(85.0, 330.0), (400.0, 600.0)]; // (top, bottom) of each panel
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(o, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let (title, subtitle) = match records.first() {
+        Some(r) => (
+            format!(
+                "wgmoe bench: {} ({}{})",
+                r.model_dir,
+                r.model_type,
+                if r.synthetic { ", synthetic" } else { "" }
+            ),
+            format!(
+                "adapter {} ({}, {})\n{} prompts x {} blocks, {} new tokens; {}; wgmoe {} {}",
+                r.adapter,
+                r.backend,
+                r.driver,
+                r.prompts,
+                r.blocks,
+                r.new_tokens,
+                r.date_utc,
+                r.wgmoe_version,
+                r.git_revision
+            ),
+        ),
+        None => ("wgmoe bench: no configurations".to_string(), String::new()),
+    };
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{}</text>"#,
+        w / 2.0,
+        xml_escape(&title)
+    );
+    for (i, line) in subtitle.lines().enumerate() {
+        let _ = writeln!(
+            o,
+            r##"<text x="{}" y="{}" text-anchor="middle" font-size="11" fill="#444">{}</text>"##,
+            w / 2.0,
+            42 + 15 * i,
+            xml_escape(line)
+        );
+    }
+    // Shared x axis: resident experts per layer.
+    let xs: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .collect();
+    let (mut x0, mut x1) = xs
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+            (a.min(x), b.max(x))
+        });
+    if !x0.is_finite() {
+        (x0, x1) = (0.0, 1.0);
+    }
+    if x1 - x0 < 1.0 {
+        (x0, x1) = (x0 - 1.0, x1 + 1.0);
+    }
+    let pad = (x1 - x0) * 0.05;
+    let (x0, x1) = ((x0 - pad).max(0.0), x1 + pad);
+    let sx = |x: f64| left + (x - x0) / (x1 - x0) * (right - left);
+    let xticks = nice_ticks(x0, x1, 8, true);
+    let h2d_max = series
+        .iter()
+        .flat_map(|s| s.points.iter().filter_map(|p| p.2))
+        .max()
+        .unwrap_or(0) as f64;
+    let (unit_div, unit) = byte_unit(h2d_max);
+    for (pi, &(top, bottom)) in panels.iter().enumerate() {
+        let value = |p: &(f64, f64, Option<u64>)| -> Option<f64> {
+            if pi == 0 {
+                Some(p.1)
+            } else {
+                p.2.map(|b| b as f64 / unit_div)
+            }
+        };
+        let ymax = series
+            .iter()
+            .flat_map(|s| s.points.iter().filter_map(value))
+            .fold(0.0f64, f64::max);
+        let ymax = if ymax > 0.0 { ymax * 1.1 } else { 1.0 };
+        let sy = |y: f64| bottom - y / ymax * (bottom - top);
+        let ylabel = if pi == 0 {
+            "decode tok/s".to_string()
+        } else {
+            format!("H2D {unit}")
+        };
+        let _ = writeln!(
+            o,
+            r#"<g class="panel" data-panel="{}">"#,
+            if pi == 0 { "decode" } else { "h2d" }
+        );
+        for t in nice_ticks(0.0, ymax, 5, false) {
+            let y = sy(t);
+            let _ = writeln!(
+                o,
+                r##"<line x1="{left}" y1="{y:.1}" x2="{right}" y2="{y:.1}" stroke="#e4e4e4"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+                left - 6.0,
+                y + 4.0,
+                tick_label(t)
+            );
+        }
+        for &t in &xticks {
+            let x = sx(t);
+            let _ = writeln!(
+                o,
+                r##"<line x1="{x:.1}" y1="{bottom}" x2="{x:.1}" y2="{:.1}" stroke="#333"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                bottom + 5.0,
+                bottom + 18.0,
+                tick_label(t)
+            );
+        }
+        let _ = writeln!(
+            o,
+            r##"<rect x="{left}" y="{top}" width="{}" height="{}" fill="none" stroke="#333"/>"##,
+            right - left,
+            bottom - top
+        );
+        let _ = writeln!(
+            o,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" transform="rotate(-90 {:.1} {:.1})">{}</text>"#,
+            left - 55.0,
+            (top + bottom) / 2.0,
+            left - 55.0,
+            (top + bottom) / 2.0,
+            xml_escape(&ylabel)
+        );
+        let _ = writeln!(
+            o,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">resident experts per layer</text>"#,
+            (left + right) / 2.0,
+            bottom + 36.0
+        );
+        for (si, s) in series.iter().enumerate() {
+            let color = PLOT_COLORS[si % PLOT_COLORS.len()];
+            let pts: Vec<(f64, f64)> = s
+                .points
+                .iter()
+                .filter_map(|p| value(p).map(|v| (sx(p.0), sy(v))))
+                .collect();
+            let label = xml_escape(&s.label);
+            if pts.len() >= 2 {
+                let list: Vec<String> = pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+                let _ = writeln!(
+                    o,
+                    r#"<polyline data-series="{label}" fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+                    list.join(" ")
+                );
+            }
+            for (x, y) in pts {
+                let _ = writeln!(
+                    o,
+                    r#"<circle data-series="{label}" cx="{x:.1}" cy="{y:.1}" r="4" fill="{color}"/>"#
+                );
+            }
+        }
+        let _ = writeln!(o, "</g>");
+    }
+    // Legend.
+    let lx = right + 20.0;
+    let _ = writeln!(
+        o,
+        r#"<text x="{lx}" y="{}" font-weight="bold">precision/executor policy</text>"#,
+        panels[0].0 + 10.0
+    );
+    for (si, s) in series.iter().enumerate() {
+        let y = panels[0].0 + 30.0 + 20.0 * si as f64;
+        let color = PLOT_COLORS[si % PLOT_COLORS.len()];
+        let _ = writeln!(
+            o,
+            r#"<g class="legend"><line x1="{lx}" y1="{y}" x2="{}" y2="{y}" stroke="{color}" stroke-width="2"/><circle cx="{}" cy="{y}" r="4" fill="{color}"/><text x="{}" y="{}">{}</text></g>"#,
+            lx + 24.0,
+            lx + 12.0,
+            lx + 30.0,
+            y + 4.0,
+            xml_escape(&s.label)
+        );
+    }
+    if records.iter().any(|r| r.synthetic) {
+        let _ = writeln!(
+            o,
+            r##"<text x="{lx}" y="{}" font-size="10" fill="#666">synthetic: uniform routing</text>"##,
+            panels[0].0 + 40.0 + 20.0 * series.len() as f64
+        );
+    }
+    o.push_str("</svg>\n");
+    o
+}
+

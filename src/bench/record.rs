@@ -1,0 +1,203 @@
+//! One configuration's record: what was measured, on what, with which settings.
+
+use super::host::{peak_rss_bytes, rfc3339_utc};
+use super::prompts::BenchPrompt;
+use super::{BenchConfig, BenchOptions, Response};
+use crate::engine::{Engine, ExpertPrecision};
+use crate::model::Executor;
+
+/// One configuration's measurements. Field names are stable (documented in README.md,
+/// "## Benchmarks"); `None` serialises as null.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchRecord {
+    // Identity of the run.
+    pub wgmoe_version: String,
+    pub git_revision: String,
+    pub date_utc: String,
+    pub model_dir: String,
+    pub model_type: String,
+    pub config_hash: String,
+    pub synthetic: bool,
+    pub note: Option<String>,
+    pub adapter: String,
+    /// The device type of the adapter: DiscreteGpu, IntegratedGpu, VirtualGpu, Cpu
+    /// (software, e.g. lavapipe) or Other.
+    pub adapter_type: String,
+    pub backend: String,
+    pub driver: String,
+    // The configuration.
+    pub expert_precision: ExpertPrecision,
+    pub executor: Executor,
+    pub resident_experts_per_layer: Option<usize>,
+    pub cache_policy: Option<String>,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub num_layers: usize,
+    // The protocol.
+    pub prompt_set: String,
+    pub prompts: usize,
+    pub prompt_names: Vec<String>,
+    pub prompt_tokens: Vec<usize>,
+    pub blocks: usize,
+    pub new_tokens: usize,
+    pub warmup: usize,
+    pub responses: usize,
+    pub concurrency: usize,
+    pub greedy: bool,
+    pub ignore_eos: bool,
+    pub max_context: usize,
+    pub prefill_chunk: usize,
+    // Results.
+    pub generated_tokens: u64,
+    pub decode_tokens: u64,
+    pub decode_s: f64,
+    pub decode_tokens_per_s: f64,
+    pub block_decode_tokens_per_s: Vec<f64>,
+    pub block_rate_spread: f64,
+    pub ttft_s_mean: f64,
+    pub response_s_mean: f64,
+    pub prefill_tokens: u64,
+    pub prefill_tokens_per_s: f64,
+    pub load_s: f64,
+    pub peak_gpu_bytes: u64,
+    pub peak_rss_bytes: Option<u64>,
+    pub peak_rss_scope: Option<String>,
+    pub dispatches_per_token: f64,
+    pub submissions_per_token: f64,
+    pub dispatches_per_decode_step: usize,
+    // Residency counters (filled by the residency work; null until then).
+    pub h2d_bytes: Option<u64>,
+    pub expert_hits: Option<u64>,
+    pub expert_misses: Option<u64>,
+    pub expert_evictions: Option<u64>,
+    pub upload_seconds_per_miss: Option<f64>,
+    pub expert_misses_per_token: f64,
+}
+
+/// "int4/grouped": a configuration's label in tables and logs.
+pub fn config_label(r: &BenchRecord) -> String {
+    let res = match (r.resident_experts_per_layer, &r.cache_policy) {
+        (Some(n), Some(p)) if n < r.num_experts => format!("/{n}of{} {p}", r.num_experts),
+        _ => String::new(),
+    };
+    format!(
+        "{}/{}{res}",
+        name_of(&r.expert_precision),
+        name_of(&r.executor)
+    )
+}
+
+pub(super) fn name_of<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+pub(super) struct RecordContext<'a> {
+    pub(super) set_name: &'a str,
+    pub(super) prompts: &'a [BenchPrompt],
+    pub(super) prompt_tokens: Vec<usize>,
+    pub(super) max_context: usize,
+    pub(super) synthetic: bool,
+    pub(super) notes: &'a [String],
+    pub(super) git: &'a str,
+    pub(super) rss_scope: &'static str,
+}
+
+pub(super) fn record(
+    o: &BenchOptions,
+    c: &BenchConfig,
+    engine: &Engine,
+    rs: &[Response],
+    x: RecordContext,
+) -> BenchRecord {
+    let n = rs.len().max(1) as f64;
+    let decode_tokens: u64 = rs.iter().map(|r| r.tokens.saturating_sub(1) as u64).sum();
+    let decode_s: f64 = rs.iter().map(|r| r.decode_s).sum();
+    let generated: u64 = rs.iter().map(|r| r.tokens as u64).sum();
+    let prefill_tokens: u64 = rs.iter().map(|r| r.prompt_tokens as u64).sum();
+    let ttft_sum: f64 = rs.iter().map(|r| r.ttft_s).sum();
+    let rate = |t: u64, s: f64| if s > 0.0 { t as f64 / s } else { 0.0 };
+    let blocks: Vec<f64> = (0..o.blocks)
+        .map(|b| {
+            let it = rs.iter().filter(|r| r.block == b);
+            let t: u64 = it.clone().map(|r| r.tokens.saturating_sub(1) as u64).sum();
+            rate(t, it.map(|r| r.decode_s).sum())
+        })
+        .collect();
+    let mean = blocks.iter().sum::<f64>() / blocks.len().max(1) as f64;
+    let (lo, hi) = blocks.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &r| {
+        (lo.min(r), hi.max(r))
+    });
+    let spread = if mean > 0.0 { (hi - lo) / mean } else { 0.0 };
+    let dispatches: u64 = rs.iter().map(|r| r.dispatches).sum();
+    let submissions: u64 = rs.iter().map(|r| r.submissions).sum();
+    let cfg = &engine.cfg;
+    let res = engine
+        .fwd
+        .residency
+        .as_ref()
+        .map(|r| r.stats())
+        .unwrap_or_default();
+    let partial = engine.resident_experts < cfg.num_experts;
+    BenchRecord {
+        wgmoe_version: env!("CARGO_PKG_VERSION").to_string(),
+        git_revision: x.git.to_string(),
+        date_utc: rfc3339_utc(std::time::SystemTime::now()),
+        model_dir: engine.dir.display().to_string(),
+        model_type: cfg.arch.model_type().to_string(),
+        config_hash: cfg.source_hash.clone(),
+        synthetic: x.synthetic,
+        note: (!x.notes.is_empty()).then(|| x.notes.join("; ")),
+        adapter: engine.dev.info().name.clone(),
+        adapter_type: format!("{:?}", engine.dev.info().device_type),
+        backend: engine.dev.info().backend.clone(),
+        driver: engine.dev.info().driver_string(),
+        expert_precision: c.expert_precision,
+        executor: c.executor,
+        resident_experts_per_layer: Some(engine.resident_experts),
+        cache_policy: partial.then(|| c.cache_policy.as_str().to_string()),
+        num_experts: cfg.num_experts,
+        top_k: cfg.top_k,
+        num_layers: cfg.num_layers,
+        prompt_set: x.set_name.to_string(),
+        prompts: x.prompts.len(),
+        prompt_names: x.prompts.iter().map(|p| p.id.clone()).collect(),
+        prompt_tokens: x.prompt_tokens,
+        blocks: o.blocks,
+        new_tokens: o.new_tokens,
+        warmup: o.warmup,
+        responses: rs.len(),
+        concurrency: 1,
+        greedy: true,
+        ignore_eos: true,
+        max_context: x.max_context,
+        prefill_chunk: o.prefill_chunk,
+        generated_tokens: generated,
+        decode_tokens,
+        decode_s,
+        decode_tokens_per_s: rate(decode_tokens, decode_s),
+        block_decode_tokens_per_s: blocks,
+        block_rate_spread: spread,
+        ttft_s_mean: ttft_sum / n,
+        response_s_mean: rs.iter().map(|r| r.response_s).sum::<f64>() / n,
+        prefill_tokens,
+        prefill_tokens_per_s: rate(prefill_tokens, ttft_sum),
+        load_s: engine.load_s,
+        peak_gpu_bytes: engine.dev.tracker().peak(),
+        peak_rss_bytes: peak_rss_bytes(),
+        peak_rss_scope: peak_rss_bytes().map(|_| x.rss_scope.to_string()),
+        dispatches_per_token: dispatches as f64 / generated.max(1) as f64,
+        submissions_per_token: submissions as f64 / generated.max(1) as f64,
+        dispatches_per_decode_step: engine.fwd.dispatches_per_decode_step(),
+        h2d_bytes: Some(res.h2d_bytes),
+        expert_hits: Some(res.expert_hits),
+        expert_misses: Some(res.expert_misses),
+        expert_evictions: Some(res.expert_evictions),
+        upload_seconds_per_miss: (res.expert_misses > 0)
+            .then(|| res.upload_seconds / res.expert_misses as f64),
+        expert_misses_per_token: res.expert_misses as f64 / generated.max(1) as f64,
+    }
+}
+
