@@ -7,6 +7,7 @@ pub mod cli;
 pub mod gpu;
 pub mod q4;
 pub mod rng;
+pub mod st;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
