@@ -1,6 +1,8 @@
-// Per token: optional clip of q/k/v, optional RMSNorm of q and k over the whole projection
-// (OLMoE: `query_states = self.q_norm(self.q_proj(hidden_states))`, with q_norm over
-// num_heads*head_dim and k_norm over num_kv_heads*head_dim), then rotary embedding
+// Per token: optional RMSNorm of q and k, over the whole projection (ROPE_QK_NORM; OLMoE:
+// `query_states = self.q_norm(self.q_proj(hidden_states))`, q_norm over num_heads*head_dim
+// and k_norm over num_kv_heads*head_dim) or over each head (ROPE_QK_NORM_PER_HEAD; Qwen3:
+// `self.q_norm(self.q_proj(hidden_states).view(hidden_shape))`, one head_dim weight vector
+// for every head), optional clip of q/k/v, then rotary embedding
 // (rotate_half style, cos/sin from a table computed on the host in f32 like
 // transformers' inv_freq), then q goes to q_out and k, v are stored into the layer's KV
 // cache at position pos0 + t. One workgroup per token.
@@ -28,6 +30,10 @@ struct Params {
 const WG: u32 = 64u;
 var<workgroup> red_q: array<f32, 64>;
 var<workgroup> red_k: array<f32, 64>;
+// Per-head norm: 1 / rms of each query head, then of each KV head (ROPE_MAX_NORM_HEADS on
+// the host bounds n_heads + n_kv).
+const MAX_NORM_HEADS: u32 = 512u;
+var<workgroup> inv_head: array<f32, 512>;
 
 fn f16_at(buf_is_q: bool, i: u32) -> f32 {
     if (buf_is_q) { return unpack2x16float(q_norm_w[i / 2u])[i % 2u]; }
@@ -49,6 +55,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let base = t * p.qkv_stride;
     let half = p.head_dim / 2u;
     let norm = (p.flags & ROPE_QK_NORM) != 0u;
+    let per_head = (p.flags & ROPE_QK_NORM_PER_HEAD) != 0u;
+    if (per_head) {
+        // One lane per head: a head's head_dim squares summed in order, no barrier per head.
+        for (var hh = lid.x; hh < min(p.n_heads + p.n_kv, MAX_NORM_HEADS); hh += WG) {
+            var off = hh * p.head_dim;
+            if (hh >= p.n_heads) { off = q_dim + (hh - p.n_heads) * p.head_dim; }
+            var s = 0.0;
+            for (var i = 0u; i < p.head_dim; i++) { let v = qkv[base + off + i]; s += v * v; }
+            inv_head[hh] = inverseSqrt(s / f32(p.head_dim) + p.eps);
+        }
+    }
 
     var inv_q = 1.0;
     var inv_k = 1.0;
@@ -85,6 +102,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         if (norm) {
             a = f16_at(true, ia) * (a * inv_q);
             b = f16_at(true, ib) * (b * inv_q);
+        } else if (per_head) {
+            a = f16_at(true, i) * (a * inv_head[h]);
+            b = f16_at(true, i + half) * (b * inv_head[h]);
         }
         a = clipped(a);
         b = clipped(b);
@@ -103,6 +123,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         if (norm) {
             a = f16_at(false, ia) * (a * inv_k);
             b = f16_at(false, ib) * (b * inv_k);
+        } else if (per_head) {
+            a = f16_at(false, i) * (a * inv_head[p.n_heads + h]);
+            b = f16_at(false, i + half) * (b * inv_head[p.n_heads + h]);
         }
         a = clipped(a);
         b = clipped(b);

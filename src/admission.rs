@@ -119,7 +119,11 @@ impl AdmissionCost {
 
     /// Device bytes with `n` (<= num_experts) experts resident per layer.
     pub fn bytes(&self, n: usize) -> u64 {
-        let extra = if n < self.num_experts { self.partial_extra } else { 0 };
+        let extra = if n < self.num_experts {
+            self.partial_extra
+        } else {
+            0
+        };
         self.fixed + self.per_slot * n.min(self.num_experts) as u64 + extra
     }
 

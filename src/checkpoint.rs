@@ -207,13 +207,22 @@ impl Checkpoint {
         &self.dir
     }
 
+    /// Whether the checkpoint holds the tensor (under its name, or Mixtral's hub name for it:
+    /// see [`mixtral_name`]).
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.lookup(name).is_some()
+    }
+
+    /// The tensor's entry: under `name`, or where Mixtral's hub checkpoints put it.
+    fn lookup(&self, name: &str) -> Option<&Entry> {
+        self.tensors
+            .get(name)
+            .or_else(|| mixtral_name(name).and_then(|m| self.tensors.get(&m)))
     }
 
     /// The shape of a tensor of any dtype, as its header declares it.
     pub fn shape_of(&self, name: &str) -> Option<&[usize]> {
-        self.tensors.get(name).map(|e| e.shape.as_slice())
+        self.lookup(name).map(|e| e.shape.as_slice())
     }
 
     /// All tensor names, sorted.
@@ -227,9 +236,12 @@ impl Checkpoint {
     }
 
     fn entry(&self, name: &str) -> Result<&Entry> {
-        self.tensors.get(name).ok_or_else(|| Error::MissingTensor {
+        self.lookup(name).ok_or_else(|| Error::MissingTensor {
             dir: self.dir.clone(),
-            name: name.to_string(),
+            name: match mixtral_name(name) {
+                Some(m) => format!("{name}` (or Mixtral's `{m}"),
+                None => name.to_string(),
+            },
         })
     }
 
@@ -518,6 +530,30 @@ fn shard_metadata(shard: &Shard) -> HashMap<String, String> {
         .ok()
         .and_then(|(_, m)| m.metadata().clone())
         .unwrap_or_default()
+}
+
+/// Mixtral's hub name for a tensor the loader names the OLMoE/Qwen way (transformers 5
+/// writes the latter for every family): `model.layers.L.mlp.gate.weight` is
+/// `model.layers.L.block_sparse_moe.gate.weight`, and expert E's
+/// `mlp.experts.E.{gate,up,down}_proj.weight` is `block_sparse_moe.experts.E.{w1,w3,w2}.weight`
+/// (MixtralBlockSparseTop2MLP: `w2(act_fn(w1(x)) * w3(x))`).
+pub fn mixtral_name(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once(".mlp.")?;
+    if rest == "gate.weight" {
+        return Some(format!("model.layers.{layer}.block_sparse_moe.gate.weight"));
+    }
+    let (expert, proj) = rest.strip_prefix("experts.")?.split_once('.')?;
+    expert.parse::<usize>().ok()?;
+    let w = match proj {
+        "gate_proj.weight" => "w1",
+        "up_proj.weight" => "w3",
+        "down_proj.weight" => "w2",
+        _ => return None,
+    };
+    Some(format!(
+        "model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}.weight"
+    ))
 }
 
 fn fused_gate_up_name(layer: usize) -> String {

@@ -34,9 +34,6 @@ const FILES_TO_COPY: [&str; 6] = [
     "chat_template.jinja",
 ];
 
-
-
-
 fn meta_json(cfg: &ModelConfig, layout: &Q4SlotLayout) -> BTreeMap<&'static str, String> {
     let mut m = BTreeMap::new();
     m.insert("wgmoe.format", FORMAT.to_string());
@@ -195,7 +192,7 @@ pub fn packed_layer<'a>(
 
 /// Whether a checkpoint tensor is a routed expert weight (replaced by the packed slots).
 fn is_routed_expert(name: &str) -> bool {
-    name.contains(".mlp.experts.")
+    name.contains(".mlp.experts.") || name.contains(".block_sparse_moe.experts.")
 }
 
 #[derive(Debug, Clone, serde::Serialize)]

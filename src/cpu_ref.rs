@@ -143,6 +143,9 @@ pub struct QkNorm<'a> {
     pub q: &'a [f16],
     pub k: &'a [f16],
     pub eps: f32,
+    /// Each head over head_dim with one weight vector of head_dim values (Qwen3), rather
+    /// than the whole projection (OLMoE).
+    pub per_head: bool,
 }
 
 /// rotate_half RoPE of one head in place, with the (cos, sin) pairs of one position
@@ -190,8 +193,13 @@ pub fn rope_kv(
         )));
     }
     if let Some(n) = &qk_norm {
-        need("q_norm weight", n.q.len(), q_dim)?;
-        need("k_norm weight", n.k.len(), kv_dim)?;
+        let (qn, kn) = if n.per_head {
+            (hd, hd)
+        } else {
+            (q_dim, kv_dim)
+        };
+        need("q_norm weight", n.q.len(), qn)?;
+        need("k_norm weight", n.k.len(), kn)?;
     }
     let clamp = |v: f32| clip.map_or(v, |c| v.clamp(-c, c));
     let mut q_out = Vec::with_capacity(t * q_dim);
@@ -199,6 +207,8 @@ pub fn rope_kv(
         let (mut q, mut k) = (row[..q_dim].to_vec(), row[q_dim..q_dim + kv_dim].to_vec());
         let v = &row[q_dim + kv_dim..];
         if let Some(n) = &qk_norm {
+            // rmsnorm normalises each row of the weight's length: the whole projection, or
+            // (per head) each head.
             q = rmsnorm(&q, n.q, n.eps)?;
             k = rmsnorm(&k, n.k, n.eps)?;
         }

@@ -5,11 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use crate::admission::{admit, AdmissionInput};
+use crate::backend::{Device, DeviceRequest, KernelOverrides, KernelPlan};
 use crate::checkpoint::Checkpoint;
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result};
-use crate::admission::{admit, AdmissionInput};
-use crate::backend::{Device, DeviceRequest, KernelOverrides, KernelPlan};
 use crate::model::forward::Head;
 use crate::model::{Executor, Forward, ForwardOptions, ModelWeights};
 use crate::residency::{build_policy, PolicyKind, Profile};
@@ -84,7 +84,6 @@ pub fn eos_ids(cfg: &ModelConfig, gen: Option<&GenerationConfig>) -> Vec<u32> {
     }
     v
 }
-
 
 impl Engine {
     /// Everything but the GPU: cheap checks that must fail before any GPU work.

@@ -25,11 +25,12 @@ pub enum TensorClass {
 }
 
 pub fn classify(name: &str) -> TensorClass {
-    if name.contains(".mlp.experts.") {
+    if name.contains(".mlp.experts.") || name.contains(".block_sparse_moe.experts.") {
         TensorClass::RoutedExperts
     } else if name.contains(".mlp.shared_expert") {
         TensorClass::SharedExperts
-    } else if name.ends_with(".mlp.gate.weight") {
+    } else if name.ends_with(".mlp.gate.weight") || name.ends_with(".block_sparse_moe.gate.weight")
+    {
         TensorClass::Router
     } else if name.contains(".mlp.") {
         TensorClass::DenseMlp
@@ -109,7 +110,9 @@ impl Inspection {
         self.total_gpu_bytes_int4 = Some(
             self.gpu_weight_bytes_int4
                 .checked_add(total)
-                .ok_or_else(|| Error::option("--max-context", "the byte count overflows 64 bits"))?,
+                .ok_or_else(|| {
+                    Error::option("--max-context", "the byte count overflows 64 bits")
+                })?,
         );
         Ok(())
     }

@@ -25,7 +25,7 @@ pub const MAX_INTERMEDIATE: usize = 1 << 22;
 pub fn max_of(field: &str) -> Option<usize> {
     Some(match field {
         "num_hidden_layers" => MAX_LAYERS,
-        "num_experts" | "num_experts_per_tok" => MAX_EXPERTS,
+        "num_experts" | "num_local_experts" | "num_experts_per_tok" => MAX_EXPERTS,
         "vocab_size" => MAX_VOCAB,
         "hidden_size" => MAX_HIDDEN,
         "num_attention_heads" | "num_key_value_heads" => MAX_HEADS,

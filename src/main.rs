@@ -5,10 +5,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use wgmoe::engine::ExpertPrecision;
-use wgmoe::error::{Error, Result};
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
 use wgmoe::backend::{BackendChoice, DeviceRequest, KernelOverrides};
+use wgmoe::engine::ExpertPrecision;
+use wgmoe::error::{Error, Result};
 use wgmoe::model::Executor;
 
 #[derive(Parser)]
@@ -356,9 +356,13 @@ struct SynthArgs {
     /// num_attention_heads.
     #[arg(long)]
     heads: Option<usize>,
-    /// Default: --heads (both presets have as many KV heads as heads).
+    /// num_key_value_heads. Default: the preset's, or with --heads the preset's ratio of
+    /// heads to KV heads where it divides --heads (1, 1, 8 and 4), else --heads.
     #[arg(long)]
     kv_heads: Option<usize>,
+    /// head_dim (Qwen3-MoE only; the others' is hidden / heads).
+    #[arg(long)]
+    head_dim: Option<usize>,
     /// num_experts (routed experts per MoE layer).
     #[arg(long)]
     experts: Option<usize>,

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::checkpoint::{Checkpoint, ExpertLayout, ExpertProj};
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Arch, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::format::{experts_tensor, is_converted};
 use crate::quant::Q4SlotLayout;
@@ -30,16 +30,29 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             t.push((format!("{p}.self_attn.k_proj.bias"), vec![kv_dim]));
             t.push((format!("{p}.self_attn.v_proj.bias"), vec![kv_dim]));
         }
-        if cfg.qk_norm {
-            t.push((format!("{p}.self_attn.q_norm.weight"), vec![q_dim]));
-            t.push((format!("{p}.self_attn.k_norm.weight"), vec![kv_dim]));
+        match cfg.qk_norm {
+            QkNorm::None => {}
+            QkNorm::Projection => {
+                t.push((format!("{p}.self_attn.q_norm.weight"), vec![q_dim]));
+                t.push((format!("{p}.self_attn.k_norm.weight"), vec![kv_dim]));
+            }
+            QkNorm::PerHead => {
+                t.push((format!("{p}.self_attn.q_norm.weight"), vec![cfg.head_dim]));
+                t.push((format!("{p}.self_attn.k_norm.weight"), vec![cfg.head_dim]));
+            }
         }
         if cfg.sparse_layers[l] {
             t.push((format!("{p}.mlp.gate.weight"), vec![cfg.num_experts, h]));
             if let (Arch::Qwen2Moe, Some(si)) = (cfg.arch, cfg.shared_expert_intermediate) {
-                t.push((format!("{p}.mlp.shared_expert.gate_proj.weight"), vec![si, h]));
+                t.push((
+                    format!("{p}.mlp.shared_expert.gate_proj.weight"),
+                    vec![si, h],
+                ));
                 t.push((format!("{p}.mlp.shared_expert.up_proj.weight"), vec![si, h]));
-                t.push((format!("{p}.mlp.shared_expert.down_proj.weight"), vec![h, si]));
+                t.push((
+                    format!("{p}.mlp.shared_expert.down_proj.weight"),
+                    vec![h, si],
+                ));
                 t.push((format!("{p}.mlp.shared_expert_gate.weight"), vec![1, h]));
             }
         } else {
@@ -101,13 +114,15 @@ fn layer_of(name: &str) -> Option<(usize, &str)> {
 /// the config.
 pub fn check_checkpoint(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
     let config = ckpt.dir().join("config.json");
-    // Per layer index: the expert ids of the hub's per-expert tensor names.
+    // Per layer index: the expert ids of the hub's per-expert tensor names (OLMoE/Qwen's
+    // `mlp.experts.E.*`, Mixtral's `block_sparse_moe.experts.E.*`).
     let mut layers: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
     for name in ckpt.names() {
         if let Some((l, rest)) = layer_of(name) {
             let experts = layers.entry(l).or_default();
             if let Some(e) = rest
                 .strip_prefix("mlp.experts.")
+                .or_else(|| rest.strip_prefix("block_sparse_moe.experts."))
                 .and_then(|r| r.split_once('.'))
                 .and_then(|(e, _)| e.parse::<usize>().ok())
             {

@@ -256,8 +256,8 @@ mod tests {
             m.pack(&w, &mut q, &mut s);
             for n in 0..out {
                 let (rq, rs) = quantize_row(&w[n * inp..(n + 1) * inp]);
-                for k in 0..inp {
-                    assert_eq!(m.nibble(&q, n, k), rq[k], "({out},{inp}) n {n} k {k}");
+                for (k, &want) in rq.iter().enumerate().take(inp) {
+                    assert_eq!(m.nibble(&q, n, k), want, "({out},{inp}) n {n} k {k}");
                 }
                 for (b, sc) in rs.iter().enumerate() {
                     assert_eq!(m.scale(&s, n, b), *sc);

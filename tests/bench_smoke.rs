@@ -462,3 +462,130 @@ fn synthetic_models_load_and_run() {
     assert!(v[0]["note"].as_str().unwrap().contains("uniformly"));
     assert_eq!(v[0]["decode_tokens"].as_u64(), Some(1));
 }
+
+/// Qwen3-MoE and Mixtral shapes from `synth`: per-head q/k norm with head_dim given (q wider
+/// than hidden) and GQA groups of 4; Mixtral's hub tensor names in the bf16 format. Both
+/// load and run in both formats.
+#[test]
+fn synthetic_qwen3_and_mixtral_load_and_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let q3 = tmp.path().join("qwen3-conv");
+    let shape = [
+        "--hidden",
+        "64",
+        "--layers",
+        "2",
+        "--heads",
+        "8",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--experts",
+        "9",
+        "--top-k",
+        "3",
+        "--expert-intermediate",
+        "40",
+        "--vocab",
+        "400",
+    ];
+    synth("qwen3-30b-a3b", &q3, &shape);
+    let cfg = wgmoe::config::ModelConfig::from_dir(&q3).unwrap();
+    assert_eq!(cfg.arch, wgmoe::config::Arch::Qwen3Moe);
+    assert_eq!(
+        (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.hidden_size
+        ),
+        (8, 2, 16, 64)
+    );
+    assert_eq!(cfg.qk_norm, wgmoe::config::QkNorm::PerHead);
+    assert!(cfg.norm_topk_prob);
+    run_json(&q3, 3);
+    let q3_hf = tmp.path().join("qwen3-hf");
+    let mut extra = shape.to_vec();
+    extra.extend_from_slice(&["--format", "hf"]);
+    synth("qwen3-30b-a3b", &q3_hf, &extra);
+    let ckpt = wgmoe::checkpoint::Checkpoint::open(&q3_hf).unwrap();
+    assert_eq!(
+        ckpt.info("model.layers.0.self_attn.q_norm.weight")
+            .unwrap()
+            .shape,
+        vec![16]
+    );
+    drop(ckpt);
+    run_json(&q3_hf, 3);
+
+    let mx_hf = tmp.path().join("mixtral-hf");
+    synth(
+        "mixtral-8x7b",
+        &mx_hf,
+        &[
+            "--hidden",
+            "64",
+            "--layers",
+            "2",
+            "--heads",
+            "8",
+            "--experts",
+            "4",
+            "--expert-intermediate",
+            "72",
+            "--vocab",
+            "300",
+            "--format",
+            "hf",
+        ],
+    );
+    let cfg = wgmoe::config::ModelConfig::from_dir(&mx_hf).unwrap();
+    assert_eq!(cfg.arch, wgmoe::config::Arch::Mixtral);
+    // The preset's 4:1 ratio of heads to KV heads, kept for --heads 8.
+    assert_eq!((cfg.num_heads, cfg.num_kv_heads, cfg.top_k), (8, 2, 2));
+    let ckpt = wgmoe::checkpoint::Checkpoint::open(&mx_hf).unwrap();
+    assert!(ckpt.contains("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
+    assert!(ckpt.contains("model.layers.0.block_sparse_moe.gate.weight"));
+    drop(ckpt);
+    run_json(&mx_hf, 3);
+    let tok = wgmoe::tokenizer::Tokenizer::from_dir(&mx_hf).unwrap();
+    assert_eq!(
+        tok.apply_chat_template(&[("user".into(), "Hi".into())], true)
+            .unwrap(),
+        "<s>[INST] Hi [/INST]"
+    );
+}
+
+/// Shape options the presets cannot honour are refused, naming the option.
+#[test]
+fn synth_refuses_impossible_shapes() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (arch, args, flag) in [
+        ("mixtral-8x7b", &["--head-dim", "64"][..], "--head-dim"),
+        ("qwen3-30b-a3b", &["--head-dim", "63"][..], "--head-dim"),
+        (
+            "qwen3-30b-a3b",
+            &["--heads", "32", "--kv-heads", "5"][..],
+            "--kv-heads",
+        ),
+        (
+            "mixtral-8x7b",
+            &["--shared-expert-intermediate", "64"][..],
+            "--shared-expert-intermediate",
+        ),
+        ("mixtral-8x7b", &["--top-k", "9"][..], "--top-k"),
+    ] {
+        let out = tmp.path().join("x");
+        let mut c = Command::new(env!("CARGO_BIN_EXE_wgmoe"));
+        c.args(["synth", "--arch", arch, "-o", out.to_str().unwrap()])
+            .args(args);
+        let o = c.stdin(Stdio::null()).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(flag),
+            "{arch} {args:?}: {err}"
+        );
+        assert!(!out.exists(), "nothing written for a refused shape");
+    }
+}

@@ -603,6 +603,20 @@ fn inspect_prints_class_table() {
                 "lm_head",
             ][..],
         ),
+        (
+            QWEN3,
+            &[
+                "routed_experts",
+                "dense_mlp",
+                "router",
+                "attention",
+                "norms",
+            ][..],
+        ),
+        (
+            MIXTRAL,
+            &["routed_experts", "router", "attention", "norms"][..],
+        ),
     ] {
         let (_t, dir) = copy_fixture(fixture);
         let r = run_untouched(&dir, &["inspect", &s(&dir)]);
@@ -626,7 +640,7 @@ fn inspect_prints_class_table() {
 /// run over N positions tracks a GPU peak within 5% of it, never above.
 #[test]
 fn inspect_total_bounds_the_runtime_peak_within_5_percent() {
-    for fixture in [OLMOE, QWEN] {
+    for fixture in [OLMOE, QWEN, QWEN3, MIXTRAL] {
         let (_t, dir) = copy_fixture(fixture);
         let (r, run) = run_json(&dir, &["-p", HELLO, "-n", "5", "--ignore-eos"]);
         let n = run["prompt_ids"].as_array().map(|a| a.len()).unwrap_or(0) + 5;
@@ -652,7 +666,7 @@ fn inspect_total_bounds_the_runtime_peak_within_5_percent() {
 
 #[test]
 fn quantize_then_run_matches_quantize_on_load() {
-    for fixture in [OLMOE, QWEN] {
+    for fixture in [OLMOE, QWEN, QWEN3, MIXTRAL] {
         let (t, dir) = copy_fixture(fixture);
         let conv = t.path().join("converted");
         let r = run_untouched(&dir, &["quantize", &s(&dir), "-o", &s(&conv)]);

@@ -9,7 +9,7 @@ use std::path::Path;
 use tempfile::TempDir;
 
 use common::st::*;
-use wgmoe::config::{Arch, GenerationConfig, ModelConfig};
+use wgmoe::config::{Arch, GenerationConfig, ModelConfig, QkNorm};
 
 // The published configs (as on the Hub), trimmed of fields that play no part.
 const OLMOE_HUB_CONFIG: &str = r#"{
@@ -34,6 +34,10 @@ const QWEN_HUB_CONFIG: &str = r#"{
   "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4,
   "num_experts": 60, "norm_topk_prob": false, "output_router_logits": false, "router_aux_loss_coef": 0.001
 }"#;
+
+// Qwen3-30B-A3B's and Mixtral-8x7B-v0.1's published configs, as committed under models/configs.
+const QWEN3_HUB_CONFIG: &str = include_str!("../models/configs/qwen3-30b-a3b.json");
+const MIXTRAL_HUB_CONFIG: &str = include_str!("../models/configs/mixtral-8x7b-v0.1.json");
 
 /// `base` with `edit` applied to its JSON object.
 fn edited(
@@ -77,7 +81,7 @@ fn config_olmoe_hub() {
         (c.rope_theta, c.rms_norm_eps, c.max_position_embeddings),
         (10000.0, 1e-5, 4096)
     );
-    assert!(c.qk_norm && !c.qkv_bias);
+    assert!(c.qk_norm == QkNorm::Projection && !c.qkv_bias);
     assert_eq!(c.clip_qkv, None);
     assert!(!c.tie_word_embeddings);
     assert_eq!(
@@ -104,7 +108,7 @@ fn config_qwen_hub() {
     );
     assert_eq!(c.sparse_layers, vec![true; 24]);
     assert_eq!((c.rope_theta, c.rms_norm_eps), (1e6, 1e-6));
-    assert!(!c.qk_norm && c.qkv_bias);
+    assert!(c.qk_norm == QkNorm::None && c.qkv_bias);
     assert_eq!(
         (c.bos_token_id, c.eos_token_ids.clone()),
         (Some(151643), vec![151643])
@@ -202,18 +206,201 @@ fn config_missing_required_fields() {
         (OLMOE_HUB_CONFIG, "hidden_size"),
         (OLMOE_HUB_CONFIG, "intermediate_size"),
         (OLMOE_HUB_CONFIG, "num_experts"),
-        (OLMOE_HUB_CONFIG, "rms_norm_eps"),
         (OLMOE_HUB_CONFIG, "tie_word_embeddings"),
         (QWEN_HUB_CONFIG, "moe_intermediate_size"),
         (QWEN_HUB_CONFIG, "shared_expert_intermediate_size"),
         (QWEN_HUB_CONFIG, "decoder_sparse_step"),
         (QWEN_HUB_CONFIG, "model_type"),
+        (QWEN_HUB_CONFIG, "rms_norm_eps"),
+        (QWEN3_HUB_CONFIG, "moe_intermediate_size"),
+        (QWEN3_HUB_CONFIG, "num_experts"),
+        (QWEN3_HUB_CONFIG, "decoder_sparse_step"),
+        (MIXTRAL_HUB_CONFIG, "num_local_experts"),
+        (MIXTRAL_HUB_CONFIG, "intermediate_size"),
+        (MIXTRAL_HUB_CONFIG, "rms_norm_eps"),
     ] {
         let text = edited(base, |m| {
             m.remove(field);
         });
         let msg = err_string(parse(&text));
         assert_mentions(&msg, &["config.json", field, "missing"]);
+    }
+}
+
+/// OLMoE-1B-7B-0924's published config has no rms_norm_eps: OlmoeConfig's default 1e-5.
+#[test]
+fn config_olmoe_without_rms_norm_eps() {
+    let text = edited(OLMOE_HUB_CONFIG, |m| {
+        m.remove("rms_norm_eps");
+    });
+    assert_eq!(parse(&text).unwrap().rms_norm_eps, 1e-5);
+}
+
+#[test]
+fn config_qwen3_hub() {
+    let c = parse(QWEN3_HUB_CONFIG).unwrap();
+    assert_eq!(c.arch, Arch::Qwen3Moe);
+    assert_eq!(
+        (c.vocab_size, c.hidden_size, c.num_layers),
+        (151936, 2048, 48)
+    );
+    // head_dim is given: 32 heads of 128 are 4096 wide over hidden 2048; GQA groups of 8.
+    assert_eq!(
+        (c.num_heads, c.num_kv_heads, c.head_dim, c.kv_group()),
+        (32, 4, 128, 8)
+    );
+    assert_eq!((c.num_experts, c.top_k, c.moe_intermediate), (128, 8, 768));
+    assert_eq!(
+        (c.shared_expert_intermediate, c.dense_intermediate),
+        (None, 6144)
+    );
+    assert!(c.sparse_layers.iter().all(|&s| s));
+    assert!(c.qk_norm == QkNorm::PerHead && !c.qkv_bias && c.norm_topk_prob);
+    assert_eq!(
+        (c.rope_theta, c.rms_norm_eps, c.max_position_embeddings),
+        (1e6, 1e-6, 40960)
+    );
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.clone()),
+        (Some(151643), vec![151645])
+    );
+}
+
+/// transformers 5 writes Qwen3's expert count as `num_local_experts` and RoPE as
+/// `rope_parameters`: the same model.
+#[test]
+fn config_qwen3_transformers5_form() {
+    let text = edited(QWEN3_HUB_CONFIG, |m| {
+        let n = m.remove("num_experts").unwrap();
+        m.insert("num_local_experts".into(), n);
+        m.remove("rope_theta");
+        m.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_theta": 1000000.0, "rope_type": "default"}),
+        );
+        m.insert("mlp_only_layers".into(), serde_json::json!([0, 47]));
+    });
+    let c = parse(&text).unwrap();
+    assert_eq!((c.num_experts, c.rope_theta), (128, 1e6));
+    assert_eq!(c.num_sparse_layers(), 46);
+    assert!(!c.sparse_layers[0] && c.sparse_layers[1] && !c.sparse_layers[47]);
+    let text = edited(QWEN3_HUB_CONFIG, |m| {
+        m.insert("num_local_experts".into(), 64.into());
+    });
+    assert_mentions(
+        &err_string(parse(&text)),
+        &["config.json", "num_local_experts", "128"],
+    );
+}
+
+#[test]
+fn config_mixtral_hub() {
+    let c = parse(MIXTRAL_HUB_CONFIG).unwrap();
+    assert_eq!(c.arch, Arch::Mixtral);
+    assert_eq!(
+        (c.vocab_size, c.hidden_size, c.num_layers),
+        (32000, 4096, 32)
+    );
+    assert_eq!(
+        (c.num_heads, c.num_kv_heads, c.head_dim, c.kv_group()),
+        (32, 8, 128, 4)
+    );
+    assert_eq!((c.num_experts, c.top_k, c.moe_intermediate), (8, 2, 14336));
+    assert_eq!(c.shared_expert_intermediate, None);
+    assert!(c.sparse_layers.iter().all(|&s| s));
+    assert!(c.qk_norm == QkNorm::None && !c.qkv_bias && c.norm_topk_prob);
+    assert_eq!((c.rope_theta, c.rms_norm_eps), (1e6, 1e-5));
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.clone()),
+        (Some(1), vec![2])
+    );
+}
+
+/// What a valid config of the new families can still get wrong, each naming its field.
+#[test]
+fn config_new_families_invalid_values() {
+    use serde_json::json;
+    let cases: Vec<(String, &str)> = vec![
+        (
+            edited(QWEN3_HUB_CONFIG, |m| {
+                m.insert("num_key_value_heads".into(), 5.into());
+            }),
+            "num_key_value_heads",
+        ),
+        (
+            edited(QWEN3_HUB_CONFIG, |m| {
+                m.insert("head_dim".into(), 127.into());
+            }),
+            "head_dim",
+        ),
+        (
+            edited(QWEN3_HUB_CONFIG, |m| {
+                m.insert("num_experts_per_tok".into(), 129.into());
+            }),
+            "num_experts_per_tok",
+        ),
+        (
+            edited(QWEN3_HUB_CONFIG, |m| {
+                m.insert("mlp_only_layers".into(), json!([3, 48]));
+            }),
+            "mlp_only_layers",
+        ),
+        (
+            edited(QWEN3_HUB_CONFIG, |m| {
+                m.insert("use_sliding_window".into(), true.into());
+            }),
+            "use_sliding_window",
+        ),
+        (
+            edited(QWEN3_HUB_CONFIG, |m| {
+                m.insert("attention_bias".into(), true.into());
+            }),
+            "attention_bias",
+        ),
+        (
+            edited(QWEN3_HUB_CONFIG, |m| {
+                m.insert(
+                    "rope_scaling".into(),
+                    json!({"rope_type": "yarn", "factor": 4.0}),
+                );
+            }),
+            "rope_scaling",
+        ),
+        (
+            edited(MIXTRAL_HUB_CONFIG, |m| {
+                m.insert("sliding_window".into(), 4096.into());
+            }),
+            "sliding_window",
+        ),
+        (
+            edited(MIXTRAL_HUB_CONFIG, |m| {
+                m.insert("num_experts_per_tok".into(), 9.into());
+            }),
+            "num_experts_per_tok",
+        ),
+        (
+            edited(MIXTRAL_HUB_CONFIG, |m| {
+                m.insert("norm_topk_prob".into(), false.into());
+            }),
+            "norm_topk_prob",
+        ),
+        (
+            edited(MIXTRAL_HUB_CONFIG, |m| {
+                m.remove("head_dim");
+                m.insert("num_attention_heads".into(), 30.into());
+                m.insert("num_key_value_heads".into(), 10.into());
+            }),
+            "num_attention_heads",
+        ),
+        (
+            edited(MIXTRAL_HUB_CONFIG, |m| {
+                m.insert("eos_token_id".into(), 32000.into());
+            }),
+            "eos_token_id",
+        ),
+    ];
+    for (text, field) in cases {
+        assert_mentions(&err_string(parse(&text)), &["config.json", field]);
     }
 }
 

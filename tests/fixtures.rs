@@ -10,9 +10,9 @@ use half::f16;
 
 use common::st::*;
 use safetensors::Dtype;
-use wgmoe::checkpoint::{Checkpoint, DType, ExpertLayout, ExpertProj};
 use tempfile::TempDir;
-use wgmoe::config::{Arch, GenerationConfig, ModelConfig};
+use wgmoe::checkpoint::{Checkpoint, DType, ExpertLayout, ExpertProj};
+use wgmoe::config::{Arch, GenerationConfig, ModelConfig, QkNorm};
 use wgmoe::tokenizer::{TextStream, Tokenizer};
 
 fn fixture(name: &str) -> PathBuf {
@@ -41,19 +41,47 @@ fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
         out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
         out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
-        if c.qk_norm {
-            out.push((format!("{p}.self_attn.q_norm.weight"), vec![q]));
-            out.push((format!("{p}.self_attn.k_norm.weight"), vec![kv]));
+        match c.qk_norm {
+            QkNorm::None => {}
+            QkNorm::Projection => {
+                out.push((format!("{p}.self_attn.q_norm.weight"), vec![q]));
+                out.push((format!("{p}.self_attn.k_norm.weight"), vec![kv]));
+            }
+            QkNorm::PerHead => {
+                out.push((format!("{p}.self_attn.q_norm.weight"), vec![c.head_dim]));
+                out.push((format!("{p}.self_attn.k_norm.weight"), vec![c.head_dim]));
+            }
         }
         if c.qkv_bias {
             out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
             out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
             out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
         }
-        assert!(c.sparse_layers[l], "fixtures have only MoE layers");
+        if !c.sparse_layers[l] {
+            // A dense MLP layer among the MoE ones (Qwen3-MoE mlp_only_layers).
+            let d = c.dense_intermediate;
+            out.push((format!("{p}.mlp.gate_proj.weight"), vec![d, h]));
+            out.push((format!("{p}.mlp.up_proj.weight"), vec![d, h]));
+            out.push((format!("{p}.mlp.down_proj.weight"), vec![h, d]));
+            continue;
+        }
+        let i = c.moe_intermediate;
+        if c.arch == Arch::Mixtral {
+            // The hub's Mixtral names: block_sparse_moe, w1 (gate), w3 (up), w2 (down).
+            out.push((
+                format!("{p}.block_sparse_moe.gate.weight"),
+                vec![c.num_experts, h],
+            ));
+            for e in 0..c.num_experts {
+                let x = format!("{p}.block_sparse_moe.experts.{e}");
+                out.push((format!("{x}.w1.weight"), vec![i, h]));
+                out.push((format!("{x}.w3.weight"), vec![i, h]));
+                out.push((format!("{x}.w2.weight"), vec![h, i]));
+            }
+            continue;
+        }
         out.push((format!("{p}.mlp.gate.weight"), vec![c.num_experts, h]));
         for e in 0..c.num_experts {
-            let i = c.moe_intermediate;
             out.push((format!("{p}.mlp.experts.{e}.gate_proj.weight"), vec![i, h]));
             out.push((format!("{p}.mlp.experts.{e}.up_proj.weight"), vec![i, h]));
             out.push((format!("{p}.mlp.experts.{e}.down_proj.weight"), vec![h, i]));
@@ -97,7 +125,7 @@ fn check_fixture_checkpoint(c: &ModelConfig, dir: &Path, shards: usize) -> Check
         );
     }
     let (e_n, hd, i) = (c.num_experts, c.hidden_size, c.moe_intermediate);
-    for l in 0..c.num_layers {
+    for l in (0..c.num_layers).filter(|&l| c.sparse_layers[l]) {
         assert_eq!(ck.expert_layout(l).unwrap(), ExpertLayout::PerExpert);
         for e in 0..e_n {
             for proj in [ExpertProj::Gate, ExpertProj::Up, ExpertProj::Down] {
@@ -167,7 +195,12 @@ fn fixture_olmoe_tiny() {
     assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (4, 2, 16));
     assert_eq!((c.num_experts, c.top_k, c.moe_intermediate), (7, 3, 96));
     assert_eq!(c.shared_expert_intermediate, None);
-    assert!(c.qk_norm && !c.qkv_bias && !c.norm_topk_prob && !c.tie_word_embeddings);
+    assert!(
+        c.qk_norm == QkNorm::Projection
+            && !c.qkv_bias
+            && !c.norm_topk_prob
+            && !c.tie_word_embeddings
+    );
     assert_eq!(c.clip_qkv, None);
     assert_eq!(
         (c.rope_theta, c.rms_norm_eps, c.max_position_embeddings),
@@ -219,7 +252,7 @@ fn fixture_qwen2moe_tiny() {
         (Some(384), 512)
     );
     assert_eq!(c.sparse_layers, vec![true, true]);
-    assert!(!c.qk_norm && c.qkv_bias && !c.norm_topk_prob && !c.tie_word_embeddings);
+    assert!(c.qk_norm == QkNorm::None && c.qkv_bias && !c.norm_topk_prob && !c.tie_word_embeddings);
     assert_eq!((c.rope_theta, c.rms_norm_eps), (1e6, 1e-6));
     assert_eq!(
         (c.bos_token_id, c.eos_token_ids.clone()),
@@ -259,6 +292,80 @@ fn fixture_qwen2moe_tiny() {
         tok.decode(&ids).unwrap(),
         "system\nYou are a helpful assistant\nuser\nHi\nassistant\n"
     );
+}
+
+#[test]
+fn fixture_qwen3moe_tiny() {
+    let dir = fixture("qwen3moe-tiny");
+    let c = ModelConfig::from_dir(&dir).unwrap();
+    assert_eq!(c.arch, Arch::Qwen3Moe);
+    assert_eq!((c.vocab_size, c.hidden_size, c.num_layers), (2048, 64, 3));
+    // head_dim is given and differs from hidden / heads: q is 128 wide over hidden 64.
+    assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (4, 2, 32));
+    assert_eq!((c.num_experts, c.top_k, c.moe_intermediate), (7, 3, 96));
+    assert_eq!(
+        (c.shared_expert_intermediate, c.dense_intermediate),
+        (None, 192)
+    );
+    // mlp_only_layers [1]: a dense MLP between two MoE layers.
+    assert_eq!(c.sparse_layers, vec![true, false, true]);
+    assert!(
+        c.qk_norm == QkNorm::PerHead && !c.qkv_bias && c.norm_topk_prob && !c.tie_word_embeddings
+    );
+    assert_eq!((c.rope_theta, c.rms_norm_eps), (1e6, 1e-6));
+    let g = GenerationConfig::from_dir(&dir).unwrap().unwrap();
+    assert_eq!(g.eos_token_ids, vec![2047, 2045]);
+
+    let ck = check_fixture_checkpoint(&c, &dir, 4);
+    assert_eq!(
+        ck.info("model.layers.0.self_attn.q_norm.weight")
+            .unwrap()
+            .shape,
+        vec![32]
+    );
+
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(tok.eos_token(), Some("<|im_end|>"));
+    check_fixture_tokenizer(&tok, "qwen3moe-tiny");
+    let chat = tok
+        .apply_chat_template(&[("user".into(), "Hi".into())], true)
+        .unwrap();
+    assert_eq!(
+        chat,
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn fixture_mixtral_tiny() {
+    let dir = fixture("mixtral-tiny");
+    let c = ModelConfig::from_dir(&dir).unwrap();
+    assert_eq!(c.arch, Arch::Mixtral);
+    assert_eq!((c.vocab_size, c.hidden_size, c.num_layers), (2048, 128, 2));
+    assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (8, 2, 16));
+    // num_local_experts; Mixtral's experts are `intermediate_size` wide.
+    assert_eq!((c.num_experts, c.top_k, c.moe_intermediate), (5, 3, 320));
+    assert_eq!(c.shared_expert_intermediate, None);
+    assert_eq!(c.sparse_layers, vec![true, true]);
+    // Mixtral always renormalises the top-k weights.
+    assert!(c.qk_norm == QkNorm::None && !c.qkv_bias && c.norm_topk_prob && !c.tie_word_embeddings);
+    assert_eq!((c.rope_theta, c.rms_norm_eps), (1e6, 1e-5));
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.clone()),
+        (Some(1), vec![2])
+    );
+
+    let ck = check_fixture_checkpoint(&c, &dir, 5);
+    assert!(ck.contains("model.layers.1.block_sparse_moe.experts.4.w2.weight"));
+
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(tok.eos_token(), Some("</s>"));
+    assert_eq!(tok.bos_token(), Some("<s>"));
+    check_fixture_tokenizer(&tok, "mixtral-tiny");
+    let chat = tok
+        .apply_chat_template(&[("user".into(), "Hi".into())], true)
+        .unwrap();
+    assert_eq!(chat, "<s>[INST] Hi [/INST]");
 }
 
 /// The OLMoE fixture rewritten in transformers 5's fused expert layout (as `save_file(model.state_dict())`
@@ -311,4 +418,3 @@ fn fixture_experts_fused_roundtrip() {
         }
     }
 }
-

@@ -64,14 +64,17 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase) {
     let positions = pos0 + t + 2;
     let mut rng = Rng::new(seed);
     let qkv = rng.vec(t * heads.qkv_dim(), 2.0);
-    let q_norm_w = rng.f16_range(q_dim, 0.5, 1.5);
-    let k_norm_w = rng.f16_range(kv_dim, 0.5, 1.5);
+    let per_head = flags & flags::ROPE_QK_NORM_PER_HEAD != 0;
+    // Whole-projection norms have a weight per q / k element; per-head norms one vector of
+    // head_dim shared by every head.
+    let q_norm_w = rng.f16_range(if per_head { hd } else { q_dim }, 0.5, 1.5);
+    let k_norm_w = rng.f16_range(if per_head { hd } else { kv_dim }, 0.5, 1.5);
     // Rows of the caches other than the step's must survive untouched.
     let cache_k0 = rng.vec(positions * kv_dim, 1.0);
     let cache_v0 = rng.vec(positions * kv_dim, 1.0);
     let eps = 1e-6;
     let table = rope_table(ROPE_THETA, hd, positions);
-    let norm = flags & flags::ROPE_QK_NORM != 0;
+    let norm = flags & (flags::ROPE_QK_NORM | flags::ROPE_QK_NORM_PER_HEAD) != 0;
     let clip = flags & flags::ROPE_CLIP != 0;
 
     let step = dev.step_buffer(pos0, t).unwrap();
@@ -122,6 +125,7 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase) {
         q: &q_norm_w,
         k: &k_norm_w,
         eps,
+        per_head,
     });
     let want_q = cpu_ref::rope_kv(
         &qkv,
@@ -159,7 +163,7 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase) {
 }
 
 fn attn_cases() -> Vec<AttnCase> {
-    use flags::{ROPE_CLIP as CLIP, ROPE_QK_NORM as QK_NORM};
+    use flags::{ROPE_CLIP as CLIP, ROPE_QK_NORM as QK_NORM, ROPE_QK_NORM_PER_HEAD as PER_HEAD};
     let h = |n_heads, n_kv, head_dim| Heads {
         n_heads,
         n_kv,
@@ -207,6 +211,33 @@ fn attn_cases() -> Vec<AttnCase> {
             t: 2,
             pos0: 300,
             flags: QK_NORM | CLIP,
+        },
+        // Qwen3-MoE: per-head q/k norm, GQA groups of 8 (Qwen3-30B-A3B: 32 heads over 4
+        // KV heads of 128, q_dim 4096 above hidden 2048) and of 2.
+        AttnCase {
+            heads: h(32, 4, 128),
+            t: 3,
+            pos0: 17,
+            flags: PER_HEAD,
+        },
+        AttnCase {
+            heads: h(4, 2, 32),
+            t: 7,
+            pos0: 0,
+            flags: PER_HEAD,
+        },
+        AttnCase {
+            heads: h(8, 1, 16),
+            t: 1,
+            pos0: 40,
+            flags: PER_HEAD | CLIP,
+        },
+        // Mixtral: GQA groups of 4, no q/k norm (Mixtral-8x7B: 32 heads over 8 of 128).
+        AttnCase {
+            heads: h(32, 8, 128),
+            t: 2,
+            pos0: 9,
+            flags: 0,
         },
     ]
 }

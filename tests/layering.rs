@@ -18,8 +18,13 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// `src/model/forward.rs` -> ["model", "forward"]; `src/backend/mod.rs` -> ["backend"].
 fn module_of(src: &Path, file: &Path) -> Vec<String> {
     let rel = file.strip_prefix(src).unwrap().with_extension("");
-    let mut m: Vec<String> = rel.iter().map(|c| c.to_string_lossy().to_string()).collect();
-    if m.last().is_some_and(|l| l == "mod" || l == "lib" || l == "main") {
+    let mut m: Vec<String> = rel
+        .iter()
+        .map(|c| c.to_string_lossy().to_string())
+        .collect();
+    if m.last()
+        .is_some_and(|l| l == "mod" || l == "lib" || l == "main")
+    {
         m.pop();
     }
     m
@@ -45,21 +50,22 @@ fn references(module: &[String], text: &str) -> Vec<Vec<String>> {
     let mut i = 0;
     while i < t.len() {
         let rest = &t[i..];
-        let (base, skip): (Vec<String>, usize) = if rest.starts_with("crate::") && (i == 0 || !ident(bytes[i - 1])) {
-            (Vec::new(), 7)
-        } else if rest.starts_with("super::") && (i == 0 || !ident(bytes[i - 1])) {
-            let mut b = module.to_vec();
-            let mut s = 7;
-            b.pop();
-            while t[i + s..].starts_with("super::") {
+        let (base, skip): (Vec<String>, usize) =
+            if rest.starts_with("crate::") && (i == 0 || !ident(bytes[i - 1])) {
+                (Vec::new(), 7)
+            } else if rest.starts_with("super::") && (i == 0 || !ident(bytes[i - 1])) {
+                let mut b = module.to_vec();
+                let mut s = 7;
                 b.pop();
-                s += 7;
-            }
-            (b, s)
-        } else {
-            i += 1;
-            continue;
-        };
+                while t[i + s..].starts_with("super::") {
+                    b.pop();
+                    s += 7;
+                }
+                (b, s)
+            } else {
+                i += 1;
+                continue;
+            };
         let mut path = base;
         let mut j = i + skip;
         loop {
@@ -88,11 +94,16 @@ fn the_module_graph_has_no_cycle() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
-    let modules: BTreeMap<Vec<String>, PathBuf> =
-        files.iter().map(|f| (module_of(&src, f), f.clone())).collect();
+    let modules: BTreeMap<Vec<String>, PathBuf> = files
+        .iter()
+        .map(|f| (module_of(&src, f), f.clone()))
+        .collect();
     // A reference names the longest module that exists along its path.
     let resolve = |path: &[String]| -> Option<Vec<String>> {
-        (1..=path.len()).rev().map(|n| path[..n].to_vec()).find(|p| modules.contains_key(p))
+        (1..=path.len())
+            .rev()
+            .map(|n| path[..n].to_vec())
+            .find(|p| modules.contains_key(p))
     };
     let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
     for (m, f) in &modules {
@@ -147,20 +158,51 @@ fn the_module_graph_has_no_cycle() {
     }
     // The layers: nothing below the backend seam uses it or anything above it.
     let below = [
-        "config", "checkpoint", "tokenizer", "quant", "format", "manifest", "residency", "limits",
-        "output_dir", "interrupt",
+        "config",
+        "checkpoint",
+        "tokenizer",
+        "quant",
+        "format",
+        "manifest",
+        "residency",
+        "limits",
+        "output_dir",
+        "interrupt",
     ];
-    let above = ["backend", "model", "engine", "admission", "generate", "bench", "eval", "synth"];
+    let above = [
+        "backend",
+        "model",
+        "engine",
+        "admission",
+        "generate",
+        "bench",
+        "eval",
+        "synth",
+    ];
     for (m, ts) in &edges {
         if below.contains(&m[0].as_str()) {
             for t in ts {
-                assert!(!above.contains(&t[0].as_str()), "{} (a lower layer) uses {}", m.join("::"), t.join("::"));
+                assert!(
+                    !above.contains(&t[0].as_str()),
+                    "{} (a lower layer) uses {}",
+                    m.join("::"),
+                    t.join("::")
+                );
             }
         }
         if m[0] == "backend" {
             for t in ts {
                 assert!(
-                    !["model", "engine", "admission", "generate", "bench", "eval", "synth"].contains(&t[0].as_str()),
+                    ![
+                        "model",
+                        "engine",
+                        "admission",
+                        "generate",
+                        "bench",
+                        "eval",
+                        "synth"
+                    ]
+                    .contains(&t[0].as_str()),
                     "the backend uses {}",
                     t.join("::")
                 );
@@ -178,7 +220,10 @@ fn no_wgpu_outside_the_wgpu_backend() {
         rust_files(&root.join(d), &mut files);
     }
     let this = root.join("tests/layering.rs");
-    for f in files.iter().filter(|f| !f.starts_with(&allowed) && **f != this) {
+    for f in files
+        .iter()
+        .filter(|f| !f.starts_with(&allowed) && **f != this)
+    {
         let text = code(&std::fs::read_to_string(f).unwrap());
         for (n, line) in text.lines().enumerate() {
             let mut s = line;
@@ -186,7 +231,12 @@ fn no_wgpu_outside_the_wgpu_backend() {
                 let before = &s[..i];
                 // `backend::wgpu::...` names our own backend module, not the crate.
                 if !before.ends_with("backend::") && !before.ends_with("self::") {
-                    panic!("{}:{}: `{}` names wgpu outside src/backend/wgpu", f.display(), n + 1, line.trim());
+                    panic!(
+                        "{}:{}: `{}` names wgpu outside src/backend/wgpu",
+                        f.display(),
+                        n + 1,
+                        line.trim()
+                    );
                 }
                 s = &s[i + 6..];
             }

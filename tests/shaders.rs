@@ -42,14 +42,23 @@ fn every_variant_validates_with_the_capabilities_it_declares() {
     for k in all {
         let m = parse(k);
         validate(&m, caps(k)).unwrap_or_else(|e| panic!("{k} does not validate: {e}"));
-        assert!(m.entry_points.iter().any(|e| e.name == "main"), "{k}: no `main`");
+        assert!(
+            m.entry_points.iter().any(|e| e.name == "main"),
+            "{k}: no `main`"
+        );
         // The declaration is exact: without the capability the variant is invalid, so the
         // kernel plan can trust `needs_subgroups` / `needs_f16`.
         if k.needs_subgroups() {
-            assert!(validate(&m, caps(k) - Capabilities::SUBGROUP).is_err(), "{k} validates without SUBGROUP");
+            assert!(
+                validate(&m, caps(k) - Capabilities::SUBGROUP).is_err(),
+                "{k} validates without SUBGROUP"
+            );
         }
         if k.needs_f16() {
-            assert!(validate(&m, caps(k) - Capabilities::SHADER_FLOAT16).is_err(), "{k} validates without f16");
+            assert!(
+                validate(&m, caps(k) - Capabilities::SHADER_FLOAT16).is_err(),
+                "{k} validates without f16"
+            );
         }
     }
 }
@@ -117,10 +126,16 @@ fn params_structs_match_their_wgsl_twins() {
         let (fields, size) = k.params_layout();
         let (wgsl, span) = members(&m, "p");
         let rust: Vec<(String, usize)> = fields.iter().map(|(n, o)| (n.to_string(), *o)).collect();
-        assert_eq!(rust, wgsl, "{k}: Rust params (left) vs WGSL Params (right): names and offsets");
+        assert_eq!(
+            rust, wgsl,
+            "{k}: Rust params (left) vs WGSL Params (right): names and offsets"
+        );
         assert_eq!(size, span, "{k}: params size");
         let (step, step_size) = members(&m, "step");
-        let want: Vec<(String, usize)> = Step::FIELDS.iter().map(|(n, o)| (n.to_string(), *o)).collect();
+        let want: Vec<(String, usize)> = Step::FIELDS
+            .iter()
+            .map(|(n, o)| (n.to_string(), *o))
+            .collect();
         assert_eq!(step, want, "{k}: Step members");
         assert_eq!(step_size, std::mem::size_of::<Step>(), "{k}: Step size");
     }
@@ -136,15 +151,26 @@ fn flag_bits_agree_with_the_wgsl_constants() {
             wgsl.insert(name.clone(), v);
         }
     }
-    let flags_file = shaders::PIECES.iter().find(|(n, _)| *n == "flags.wgsl").unwrap().1;
+    let flags_file = shaders::PIECES
+        .iter()
+        .find(|(n, _)| *n == "flags.wgsl")
+        .unwrap()
+        .1;
     let declared: BTreeSet<String> = flags_file
         .lines()
         .filter_map(|l| l.strip_prefix("const "))
         .filter_map(|l| l.split(':').next())
         .map(|s| s.trim().to_string())
         .collect();
-    let rust: BTreeMap<String, u32> = flags::ALL.iter().map(|(n, v)| (n.to_string(), *v)).collect();
-    assert_eq!(declared, rust.keys().cloned().collect::<BTreeSet<_>>(), "flags.wgsl vs params::flags::ALL");
+    let rust: BTreeMap<String, u32> = flags::ALL
+        .iter()
+        .map(|(n, v)| (n.to_string(), *v))
+        .collect();
+    assert_eq!(
+        declared,
+        rust.keys().cloned().collect::<BTreeSet<_>>(),
+        "flags.wgsl vs params::flags::ALL"
+    );
     for (name, v) in &rust {
         assert_eq!(wgsl.get(name), Some(v), "flag {name}");
     }
@@ -154,7 +180,12 @@ fn wgsl_files(dir: &std::path::Path) -> BTreeSet<String> {
     std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".wgsl")).map(String::from))
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".wgsl"))
+                .map(String::from)
+        })
         .collect()
 }
 
@@ -162,9 +193,20 @@ fn wgsl_files(dir: &std::path::Path) -> BTreeSet<String> {
 fn every_shader_file_is_used_and_every_helper_defined_once() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
     let bodies: BTreeSet<String> = shaders::BODIES.iter().map(|(n, _)| n.to_string()).collect();
-    assert_eq!(wgsl_files(&root), bodies, "shaders/*.wgsl vs the kernel bodies");
-    let pieces: BTreeSet<String> = shaders::PIECES.iter().map(|(n, _)| n.trim_end_matches(".wgsl").to_string()).collect();
-    assert_eq!(wgsl_files(&root.join("common")), pieces, "shaders/common/*.wgsl vs the pieces");
+    assert_eq!(
+        wgsl_files(&root),
+        bodies,
+        "shaders/*.wgsl vs the kernel bodies"
+    );
+    let pieces: BTreeSet<String> = shaders::PIECES
+        .iter()
+        .map(|(n, _)| n.trim_end_matches(".wgsl").to_string())
+        .collect();
+    assert_eq!(
+        wgsl_files(&root.join("common")),
+        pieces,
+        "shaders/common/*.wgsl vs the pieces"
+    );
     let kernels = Kernel::all();
     let used_bodies: BTreeSet<String> = kernels.iter().map(|k| k.family().to_string()).collect();
     assert_eq!(used_bodies, bodies, "every body is some kernel's");
@@ -180,7 +222,9 @@ fn every_shader_file_is_used_and_every_helper_defined_once() {
     let mut defs: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for (file, src) in shaders::BODIES.iter().chain(shaders::PIECES.iter()) {
         for line in src.lines() {
-            let Some(rest) = line.strip_prefix("fn ") else { continue };
+            let Some(rest) = line.strip_prefix("fn ") else {
+                continue;
+            };
             let name = rest.split('(').next().unwrap_or("").trim().to_string();
             if name != "main" {
                 defs.entry(name).or_default().push(file);
@@ -189,12 +233,18 @@ fn every_shader_file_is_used_and_every_helper_defined_once() {
     }
     for (name, files) in defs.iter().filter(|(_, f)| f.len() > 1) {
         for f in files {
-            assert!(f.ends_with(".wgsl"), "fn {name} is defined in kernel body {f} and in {files:?}");
+            assert!(
+                f.ends_with(".wgsl"),
+                "fn {name} is defined in kernel body {f} and in {files:?}"
+            );
         }
         for &k in &kernels {
             let p = shaders::pieces(k);
             let n = files.iter().filter(|f| p.contains(f)).count();
-            assert!(n <= 1, "{k} assembles {n} definitions of fn {name} from {files:?}");
+            assert!(
+                n <= 1,
+                "{k} assembles {n} definitions of fn {name} from {files:?}"
+            );
         }
     }
 }

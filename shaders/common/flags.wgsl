@@ -4,10 +4,10 @@ const LAST_TOKEN_ONLY: u32 = 4u;      // rmsnorm, matmul: only the step's last t
 const MATMUL_BIAS: u32 = 1u;          // add bias[row]
 const MATMUL_ACCUMULATE: u32 = 2u;    // out += (residual add)
 const FFN_FIXED_SLOT: u32 = 1u;       // ffn_gate_up / ffn_down: slot 0, not routed
-const Q4_FUSED_COMBINE: u32 = 1u;     // ffn_down_q4: weighted sum over top-k into out
 const COMBINE_ROUTED: u32 = 1u;       // moe_combine: the routed experts' weighted sum
 const COMBINE_SHARED: u32 = 2u;       // moe_combine: the shared expert / dense MLP term
 const COMBINE_SHARED_GATED: u32 = 4u; // moe_combine: that term times sigmoid(gate logit)
 const ROPE_QK_NORM: u32 = 1u;         // rope_kv: RMSNorm of q and k first
 const ROPE_CLIP: u32 = 2u;            // rope_kv: clamp q, k, v to [-clip, clip]
+const ROPE_QK_NORM_PER_HEAD: u32 = 4u; // rope_kv: RMSNorm of each q / k head over head_dim
 const ARGMAX_LAST_ROW: u32 = 1u;      // argmax: the step's last row of [T, n] logits

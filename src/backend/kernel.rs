@@ -93,6 +93,8 @@ pub enum Kernel {
     /// W4A16 SwiGLU first / second half.
     Q4GateUp(Q4Variant),
     Q4Down(Q4Variant),
+    /// W4A16 second half with the weighted combine fused: adds into the residual stream.
+    Q4DownCombine(Q4Variant),
     /// Expert-major W4A16 halves over pairs sorted by expert (prefill; subgroups >= 8).
     Q4GateUpSorted,
     Q4DownSorted,
@@ -121,6 +123,7 @@ impl Kernel {
         for q in Q4Variant::all() {
             v.push(Kernel::Q4GateUp(q));
             v.push(Kernel::Q4Down(q));
+            v.push(Kernel::Q4DownCombine(q));
         }
         v.extend([
             Kernel::Q4GateUpSorted,
@@ -149,6 +152,7 @@ impl Kernel {
             Kernel::FfnDown => "ffn_down",
             Kernel::Q4GateUp(_) => "ffn_gate_up_q4",
             Kernel::Q4Down(_) => "ffn_down_q4",
+            Kernel::Q4DownCombine(_) => "ffn_down_q4_combine",
             Kernel::Q4GateUpSorted => "ffn_gate_up_q4_e",
             Kernel::Q4DownSorted => "ffn_down_q4_e",
             Kernel::MoeSort => "moe_sort",
@@ -161,7 +165,7 @@ impl Kernel {
     /// A readable name with the variant's axes (labels, profiles, errors).
     pub fn name(self) -> String {
         match self {
-            Kernel::Q4GateUp(q) | Kernel::Q4Down(q) => format!(
+            Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => format!(
                 "{}[{},{},{}]",
                 self.family(),
                 match q.act {
@@ -183,7 +187,7 @@ impl Kernel {
 
     pub fn q4_variant(self) -> Option<Q4Variant> {
         match self {
-            Kernel::Q4GateUp(q) | Kernel::Q4Down(q) => Some(q),
+            Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => Some(q),
             _ => None,
         }
     }
@@ -195,7 +199,9 @@ impl Kernel {
             | Kernel::AttentionWindow
             | Kernel::Q4GateUpSorted
             | Kernel::Q4DownSorted => true,
-            Kernel::Q4GateUp(q) | Kernel::Q4Down(q) => q.lanes == Lanes::Eight,
+            Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
+                q.lanes == Lanes::Eight
+            }
             _ => false,
         }
     }
@@ -209,7 +215,9 @@ impl Kernel {
     pub fn uniform_activations(self) -> bool {
         match self {
             Kernel::MatmulUniform | Kernel::MatmulWindow => true,
-            Kernel::Q4GateUp(q) | Kernel::Q4Down(q) => q.act == Activations::Uniform,
+            Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
+                q.act == Activations::Uniform
+            }
             _ => false,
         }
     }
@@ -230,7 +238,7 @@ impl Kernel {
             Kernel::FfnGateUp => of::<FfnGateUpParams>(),
             Kernel::FfnDown => of::<FfnDownParams>(),
             Kernel::Q4GateUp(_) => of::<Q4GateUpParams>(),
-            Kernel::Q4Down(_) => of::<Q4DownParams>(),
+            Kernel::Q4Down(_) | Kernel::Q4DownCombine(_) => of::<Q4DownParams>(),
             Kernel::Q4GateUpSorted => of::<Q4GateUpSortedParams>(),
             Kernel::Q4DownSorted => of::<Q4DownSortedParams>(),
             Kernel::MoeSort => of::<MoeSortParams>(),

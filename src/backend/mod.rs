@@ -161,7 +161,12 @@ pub enum NativeBuffer {
 }
 
 impl Buffer {
-    pub(crate) fn new(size: u64, usage: Usage, native: NativeBuffer, tracker: Arc<MemTracker>) -> Self {
+    pub(crate) fn new(
+        size: u64,
+        usage: Usage,
+        native: NativeBuffer,
+        tracker: Arc<MemTracker>,
+    ) -> Self {
         tracker.add(size);
         Buffer(Arc::new(BufferInner {
             size,
@@ -376,11 +381,19 @@ impl Device {
     }
 
     pub fn read_f32(&self, buf: &Buffer, n: usize) -> Result<Vec<f32>> {
-        Ok(bytemuck::pod_collect_to_vec(&self.read(buf, 0, (n * 4) as u64)?))
+        Ok(bytemuck::pod_collect_to_vec(&self.read(
+            buf,
+            0,
+            (n * 4) as u64,
+        )?))
     }
 
     pub fn read_u32(&self, buf: &Buffer, n: usize) -> Result<Vec<u32>> {
-        Ok(bytemuck::pod_collect_to_vec(&self.read(buf, 0, (n * 4) as u64)?))
+        Ok(bytemuck::pod_collect_to_vec(&self.read(
+            buf,
+            0,
+            (n * 4) as u64,
+        )?))
     }
 
     pub fn map_read(&self, buf: &Buffer, len: u64) -> Result<Vec<u8>> {
@@ -428,7 +441,8 @@ impl Device {
     /// Write a step uniform.
     pub fn write_step(&self, step: &Buffer, pos0: usize, n_tokens: usize) -> Result<()> {
         let s = params::Step {
-            pos0: u32::try_from(pos0).map_err(|_| Error::Other(format!("position {pos0} too large")))?,
+            pos0: u32::try_from(pos0)
+                .map_err(|_| Error::Other(format!("position {pos0} too large")))?,
             n_tokens: n_tokens as u32,
             ..Default::default()
         };
@@ -437,7 +451,11 @@ impl Device {
 
     /// A step uniform (16 bytes) holding (pos0, n_tokens).
     pub fn step_buffer(&self, pos0: usize, n_tokens: usize) -> Result<Buffer> {
-        let b = self.alloc("step", std::mem::size_of::<params::Step>() as u64, Usage::Uniform)?;
+        let b = self.alloc(
+            "step",
+            std::mem::size_of::<params::Step>() as u64,
+            Usage::Uniform,
+        )?;
         self.write_step(&b, pos0, n_tokens)?;
         Ok(b)
     }

@@ -34,13 +34,13 @@ pub mod flags {
     pub const MATMUL_ACCUMULATE: u32 = 2;
     /// ffn_gate_up / ffn_down (f16 SwiGLU): slot 0, not routed (dense MLP, shared expert).
     pub const FFN_FIXED_SLOT: u32 = 1;
-    /// ffn_down_q4: add the weighted sum over the top-k experts into the residual stream.
-    pub const Q4_FUSED_COMBINE: u32 = 1;
     pub const COMBINE_ROUTED: u32 = 1;
     pub const COMBINE_SHARED: u32 = 2;
     pub const COMBINE_SHARED_GATED: u32 = 4;
     pub const ROPE_QK_NORM: u32 = 1;
     pub const ROPE_CLIP: u32 = 2;
+    /// rope_kv: RMSNorm of each q and k head over head_dim (one weight vector per side).
+    pub const ROPE_QK_NORM_PER_HEAD: u32 = 4;
     pub const ARGMAX_LAST_ROW: u32 = 1;
 
     /// Every flag with its WGSL name, for the cross-check.
@@ -49,12 +49,12 @@ pub mod flags {
         ("MATMUL_BIAS", MATMUL_BIAS),
         ("MATMUL_ACCUMULATE", MATMUL_ACCUMULATE),
         ("FFN_FIXED_SLOT", FFN_FIXED_SLOT),
-        ("Q4_FUSED_COMBINE", Q4_FUSED_COMBINE),
         ("COMBINE_ROUTED", COMBINE_ROUTED),
         ("COMBINE_SHARED", COMBINE_SHARED),
         ("COMBINE_SHARED_GATED", COMBINE_SHARED_GATED),
         ("ROPE_QK_NORM", ROPE_QK_NORM),
         ("ROPE_CLIP", ROPE_CLIP),
+        ("ROPE_QK_NORM_PER_HEAD", ROPE_QK_NORM_PER_HEAD),
         ("ARGMAX_LAST_ROW", ARGMAX_LAST_ROW),
     ];
 }
@@ -70,6 +70,9 @@ pub const MATMUL_W_TOKENS_PER_THREAD: u32 = 8;
 pub const ATTENTION_W_TOKENS: u32 = 8;
 /// attention.wgsl keeps one query head in workgroup memory (`MAX_HEAD_DIM`).
 pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
+/// rope_kv.wgsl's per-head q/k norm keeps one inverse norm per head (`MAX_NORM_HEADS`):
+/// query heads + KV heads.
+pub const ROPE_MAX_NORM_HEADS: usize = 512;
 /// router_topk.wgsl handles at most this many experts (`MAX_EXPERTS`).
 pub const ROUTER_MAX_EXPERTS: usize = 1024;
 /// Output rows per workgroup of the expert-major down kernel (ffn_down_q4_e.wgsl).
@@ -211,7 +214,7 @@ params! {
         pub _d: u32,
     }
 
-    /// ffn_down_q4.wgsl (every variant).
+    /// ffn_down_q4.wgsl and ffn_down_q4_combine.wgsl (every variant).
     pub struct Q4DownParams {
         pub hidden: u32,
         pub inter: u32,
@@ -222,9 +225,9 @@ params! {
         pub chunk_slots: u32,
         pub down_q: u32,
         pub down_s: u32,
-        pub flags: u32,
         pub _a: u32,
         pub _b: u32,
+        pub _c: u32,
     }
 
     /// ffn_gate_up_q4_e.wgsl (expert-major, grid y: one workgroup row per expert).

@@ -12,6 +12,7 @@
 //!   grouped by expert) on CPU adapters, the storage kernels on GPUs.
 //! - f16 products in the W4A16 kernels where SHADER_F16 exists, on GPUs by default (f16
 //!   ALUs are faster; llvmpipe emulates f16); they are subgroup kernels.
+//!
 //! An override the device cannot honour is refused with the reason, never ignored.
 
 use super::kernel::{Activations, Arith, Kernel, Lanes, Q4Variant};
@@ -80,13 +81,18 @@ impl KernelPlan {
         let name = &dev.name;
         let subgroups_capable = dev.subgroup && dev.subgroup_min_size >= 8;
         let subgroups = subgroups_capable && !o.portable;
-        let windows_fit =
-            dev.limits.max_uniform_buffer_binding_size >= UNIFORM_WINDOW_BYTES as u64;
+        let windows_fit = dev.limits.max_uniform_buffer_binding_size >= UNIFORM_WINDOW_BYTES as u64;
         let no_subgroups = |option: &str, what: &str| -> Error {
             if o.portable {
-                Error::option(option, format!("{what} uses subgroup operations, which --portable-kernels turns off"))
+                Error::option(
+                    option,
+                    format!("{what} uses subgroup operations, which --portable-kernels turns off"),
+                )
             } else if !dev.subgroup {
-                Error::option(option, format!("{what} needs subgroup operations, which `{name}` does not offer"))
+                Error::option(
+                    option,
+                    format!("{what} needs subgroup operations, which `{name}` does not offer"),
+                )
             } else {
                 Error::option(
                     option,
@@ -102,7 +108,9 @@ impl KernelPlan {
                 if !dev.shader_f16 {
                     return Err(Error::option(
                         "--f16-arithmetic",
-                        format!("on: `{name}` has no SHADER_F16 (on DX12 this needs the DXC compiler)"),
+                        format!(
+                            "on: `{name}` has no SHADER_F16 (on DX12 this needs the DXC compiler)"
+                        ),
                     ));
                 }
                 if !subgroups {
@@ -155,8 +163,16 @@ impl KernelPlan {
     pub fn q4_storage(&self) -> Q4Variant {
         Q4Variant {
             act: Activations::Storage,
-            lanes: if self.subgroups { Lanes::Eight } else { Lanes::One },
-            arith: if self.f16_arithmetic { Arith::F16 } else { Arith::F32 },
+            lanes: if self.subgroups {
+                Lanes::Eight
+            } else {
+                Lanes::One
+            },
+            arith: if self.f16_arithmetic {
+                Arith::F16
+            } else {
+                Arith::F32
+            },
         }
     }
 
@@ -263,7 +279,8 @@ mod tests {
 
     #[test]
     fn cpu_adapters_get_uniform_decode_and_window_prefill() {
-        let p = KernelPlan::decide(&device(DeviceType::Cpu, Some(8), true), &Default::default()).unwrap();
+        let p = KernelPlan::decide(&device(DeviceType::Cpu, Some(8), true), &Default::default())
+            .unwrap();
         assert!(p.subgroups && p.uniform_decode && p.window_prefill && !p.f16_arithmetic);
         assert_eq!(p.attention(128, 64), Kernel::AttentionWindow);
         assert_eq!(p.attention(128, 1), Kernel::Attention);
@@ -272,9 +289,20 @@ mod tests {
 
     #[test]
     fn gpus_get_storage_subgroup_kernels_with_f16() {
-        let p = KernelPlan::decide(&device(DeviceType::DiscreteGpu, Some(32), true), &Default::default()).unwrap();
+        let p = KernelPlan::decide(
+            &device(DeviceType::DiscreteGpu, Some(32), true),
+            &Default::default(),
+        )
+        .unwrap();
         assert!(p.subgroups && p.f16_arithmetic && !p.uniform_decode && !p.window_prefill);
-        assert_eq!(p.q4_storage(), Q4Variant { act: Activations::Storage, lanes: Lanes::Eight, arith: Arith::F16 });
+        assert_eq!(
+            p.q4_storage(),
+            Q4Variant {
+                act: Activations::Storage,
+                lanes: Lanes::Eight,
+                arith: Arith::F16
+            }
+        );
         assert_eq!(p.attention(128, 64), Kernel::Attention);
         assert_eq!(p.matmul_window_tokens(2048, 64), 0);
     }
@@ -282,12 +310,17 @@ mod tests {
     #[test]
     fn small_or_missing_subgroups_give_portable_kernels() {
         for sg in [None, Some(4)] {
-            let p = KernelPlan::decide(&device(DeviceType::Cpu, sg, true), &Default::default()).unwrap();
+            let p = KernelPlan::decide(&device(DeviceType::Cpu, sg, true), &Default::default())
+                .unwrap();
             assert!(!p.subgroups && !p.window_prefill && p.uniform_decode);
             assert_eq!(p.q4_storage(), Q4Variant::PORTABLE);
         }
         // DX12 with FXC: neither f16 nor subgroups.
-        let p = KernelPlan::decide(&device(DeviceType::DiscreteGpu, None, false), &Default::default()).unwrap();
+        let p = KernelPlan::decide(
+            &device(DeviceType::DiscreteGpu, None, false),
+            &Default::default(),
+        )
+        .unwrap();
         assert_eq!(p.q4_storage(), Q4Variant::PORTABLE);
         assert!(!p.f16_arithmetic);
     }
@@ -295,19 +328,45 @@ mod tests {
     #[test]
     fn overrides_the_device_cannot_honour_are_refused() {
         let four = device(DeviceType::Cpu, Some(4), true);
-        let o = KernelOverrides { prefill: Some(PrefillKernels::Window), ..Default::default() };
+        let o = KernelOverrides {
+            prefill: Some(PrefillKernels::Window),
+            ..Default::default()
+        };
         let e = KernelPlan::decide(&four, &o).unwrap_err().to_string();
-        assert!(e.contains("--prefill-kernels") && e.contains("8 lanes") && e.contains("4"), "{e}");
-        let o = KernelOverrides { f16_arithmetic: Some(Switch::On), ..Default::default() };
-        let e = KernelPlan::decide(&device(DeviceType::DiscreteGpu, Some(32), false), &o).unwrap_err().to_string();
-        assert!(e.contains("--f16-arithmetic") && e.contains("SHADER_F16"), "{e}");
-        let o = KernelOverrides { portable: true, prefill: Some(PrefillKernels::Window), ..Default::default() };
-        let e = KernelPlan::decide(&device(DeviceType::Cpu, Some(8), true), &o).unwrap_err().to_string();
+        assert!(
+            e.contains("--prefill-kernels") && e.contains("8 lanes") && e.contains("4"),
+            "{e}"
+        );
+        let o = KernelOverrides {
+            f16_arithmetic: Some(Switch::On),
+            ..Default::default()
+        };
+        let e = KernelPlan::decide(&device(DeviceType::DiscreteGpu, Some(32), false), &o)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--f16-arithmetic") && e.contains("SHADER_F16"),
+            "{e}"
+        );
+        let o = KernelOverrides {
+            portable: true,
+            prefill: Some(PrefillKernels::Window),
+            ..Default::default()
+        };
+        let e = KernelPlan::decide(&device(DeviceType::Cpu, Some(8), true), &o)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--portable-kernels"), "{e}");
         let mut small = device(DeviceType::Cpu, Some(8), true);
         small.limits.max_uniform_buffer_binding_size = 16384;
-        let o = KernelOverrides { decode: Some(DecodeKernels::Uniform), ..Default::default() };
-        assert!(KernelPlan::decide(&small, &o).unwrap_err().to_string().contains("--decode-kernels"));
+        let o = KernelOverrides {
+            decode: Some(DecodeKernels::Uniform),
+            ..Default::default()
+        };
+        assert!(KernelPlan::decide(&small, &o)
+            .unwrap_err()
+            .to_string()
+            .contains("--decode-kernels"));
         // Without the override the plan quietly uses storage kernels there.
         let p = KernelPlan::decide(&small, &Default::default()).unwrap();
         assert!(!p.uniform_decode && !p.window_prefill);
@@ -323,14 +382,21 @@ mod tests {
         };
         let p = KernelPlan::decide(&device(DeviceType::Cpu, Some(16), true), &o).unwrap();
         assert!(!p.uniform_decode && !p.window_prefill && p.f16_arithmetic);
-        let o = KernelOverrides { portable: true, ..Default::default() };
+        let o = KernelOverrides {
+            portable: true,
+            ..Default::default()
+        };
         let p = KernelPlan::decide(&device(DeviceType::DiscreteGpu, Some(32), true), &o).unwrap();
         assert!(!p.subgroups && !p.f16_arithmetic);
     }
 
     #[test]
     fn shape_rules() {
-        let p = KernelPlan::decide(&device(DeviceType::Cpu, Some(8), false), &Default::default()).unwrap();
+        let p = KernelPlan::decide(
+            &device(DeviceType::Cpu, Some(8), false),
+            &Default::default(),
+        )
+        .unwrap();
         assert!(p.q4_decode_uniform(2048, 1024, 8));
         assert!(!p.q4_decode_uniform(2048, 1408, 16)); // 16 x 1408 floats exceed 64 KiB
         assert!(!p.q4_decode_uniform(64, 94, 2)); // rows not 16-byte aligned

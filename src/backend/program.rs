@@ -17,9 +17,15 @@ pub enum Dim {
     TokensDiv(u32),
     /// 1 while the step has more than `first` items at `per_token` items per token (a
     /// window starting at item `first` has work), else 0 (the dispatch is skipped).
-    Window { first: u32, per_token: u32 },
+    Window {
+        first: u32,
+        per_token: u32,
+    },
     /// 1 when the step's last token lies in [first, first + len), else 0.
-    LastIn { first: u32, len: u32 },
+    LastIn {
+        first: u32,
+        len: u32,
+    },
 }
 
 impl Dim {
@@ -49,7 +55,10 @@ pub enum Resource {
     /// 64 KiB window of the buffer starting at byte `offset` (a multiple of the device's
     /// uniform offset alignment; the one-token alternative of an op binds offset 0). Any
     /// other kernel binds the whole buffer.
-    Window { buffer: Buffer, offset: u64 },
+    Window {
+        buffer: Buffer,
+        offset: u64,
+    },
 }
 
 /// A binding number (binding 0 is the op's params, 1 the step) and what it refers to.

@@ -27,9 +27,9 @@ use crate::sampling::SamplingOptions;
 
 pub use host::{git_revision, is_synthetic, peak_rss_bytes, reset_peak_rss, rfc3339_utc};
 pub use plot::{plot_series, plot_svg, PlotSeries};
+use prompts::tokenize_prompts;
 pub use prompts::{prompt_set, BenchPrompt};
 pub use record::{config_label, BenchRecord};
-use prompts::tokenize_prompts;
 use record::{name_of, record, RecordContext};
 pub use table::table;
 
@@ -142,7 +142,11 @@ pub(super) fn check_options(o: &BenchOptions, available: usize) -> Result<()> {
 }
 
 /// The engine options of one configuration.
-pub(super) fn engine_options(o: &BenchOptions, c: &BenchConfig, max_context: usize) -> EngineOptions {
+pub(super) fn engine_options(
+    o: &BenchOptions,
+    c: &BenchConfig,
+    max_context: usize,
+) -> EngineOptions {
     EngineOptions {
         residency: crate::engine::ResidencyOptions {
             resident_experts: c.resident_experts,
@@ -166,7 +170,11 @@ pub(super) fn engine_options(o: &BenchOptions, c: &BenchConfig, max_context: usi
 /// Every configuration of a sweep checked as far as it can be without the GPU
 /// (the checkpoint against the config, admission, the cache policy and its profile), so
 /// that a sweep never fails on an option after minutes of measuring.
-pub(super) fn validate(o: &BenchOptions, cfg: &crate::config::ModelConfig, max_context: usize) -> Result<()> {
+pub(super) fn validate(
+    o: &BenchOptions,
+    cfg: &crate::config::ModelConfig,
+    max_context: usize,
+) -> Result<()> {
     let ckpt = crate::checkpoint::Checkpoint::open(&o.model)?;
     for c in sweep(o, cfg) {
         crate::engine::check_host(cfg, &ckpt, &engine_options(o, &c, max_context)).map_err(
@@ -357,4 +365,3 @@ pub fn run_bench(
     }
     Ok(records)
 }
-

@@ -324,4 +324,3 @@ pub fn plot_svg(records: &[BenchRecord]) -> String {
     o.push_str("</svg>\n");
     o
 }
-

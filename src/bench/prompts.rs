@@ -99,5 +99,4 @@ mod tests {
         }
         assert!(p.iter().any(|p| p.length == "short") && p.iter().any(|p| p.length == "long"));
     }
-
 }

@@ -200,4 +200,3 @@ pub(super) fn record(
         expert_misses_per_token: res.expert_misses as f64 / generated.max(1) as f64,
     }
 }
-

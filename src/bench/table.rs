@@ -70,4 +70,3 @@ pub fn table(records: &[BenchRecord]) -> String {
     }
     o
 }
-

@@ -9,8 +9,8 @@ pub mod tools;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use wgmoe::error::{Error, Result};
 use wgmoe::backend::{Device, DeviceRequest, DeviceType};
+use wgmoe::error::{Error, Result};
 
 /// The prompt text of `-p TEXT`, `-p -` (stdin) or `-f FILE`; None when neither is given.
 /// From stdin or a file one trailing newline is dropped (as llama.cpp does), since editors

@@ -189,10 +189,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let n = g.generated_ids.len().max(1) as f64;
     let (rs, host_sum) = match engine.fwd.residency.as_ref() {
-        Some(r) => {
-
-            (r.stats(), Some(r.host.checksum()?))
-        }
+        Some(r) => (r.stats(), Some(r.host.checksum()?)),
         None => (Default::default(), None),
     };
     if let (Some(path), Some(p)) = (&a.residency.write_profile, engine.fwd.profile.as_ref()) {

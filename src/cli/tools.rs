@@ -4,10 +4,10 @@ use std::io::Write;
 
 use serde_json::json;
 
+use wgmoe::backend::{Device, DeviceType};
 use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
 use wgmoe::error::{Error, Result};
 use wgmoe::generate::{generate, GenerateOptions};
-use wgmoe::backend::{Device, DeviceType};
 use wgmoe::sampling::SamplingOptions;
 
 use super::{prompt_text, software_note, SOFTWARE_HINT};
@@ -40,7 +40,12 @@ pub fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
         } else {
             ""
         };
-        out!("[{i}] {} ({}, {:?}){mark}", a.name, a.backend, a.device_type);
+        out!(
+            "[{i}] {} ({}, {:?}){mark}",
+            a.name,
+            a.backend,
+            a.device_type
+        );
         out!("    driver: {} {}", a.driver, a.driver_info);
         out!(
             "    features: shader_f16={} subgroup={} (sizes {}..{}) timestamp_query={}",
@@ -262,6 +267,7 @@ pub fn synth(a: SynthArgs) -> Result<()> {
             layers: a.layers,
             heads: a.heads,
             kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
             experts: a.experts,
             top_k: a.top_k,
             expert_intermediate: a.expert_intermediate,
@@ -299,7 +305,7 @@ pub fn synth(a: SynthArgs) -> Result<()> {
     }
     let sh = &s.shape;
     eprintln!(
-        "wrote {} ({}, {}): hidden {}, {} layers, {}/{} heads, {} experts top-{}, expert intermediate {}{}, vocab {}, max positions {}, seed {}",
+        "wrote {} ({}, {}): hidden {}, {} layers, {}/{} heads of {}, {} experts top-{}, expert intermediate {}{}, vocab {}, max positions {}, seed {}",
         s.dir,
         a.arch.name(),
         match a.format {
@@ -310,6 +316,7 @@ pub fn synth(a: SynthArgs) -> Result<()> {
         sh.layers,
         sh.heads,
         sh.kv_heads,
+        sh.head_dim,
         sh.experts,
         sh.top_k,
         sh.expert_intermediate,

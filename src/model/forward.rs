@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use crate::backend::params::*;
 use crate::backend::{Buffer, Device, KernelPlan, Prepared, Program, Usage};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::model::moe::{Executor, MoeDispatch, MoeSorted};
 use crate::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
@@ -131,6 +131,12 @@ fn check_shapes(dev: &Device, cfg: &ModelConfig, ctxlen: usize) -> Result<()> {
             "head_dim {hd}: attention supports even head dims up to {ATTENTION_MAX_HEAD_DIM}"
         )));
     }
+    if cfg.qk_norm == QkNorm::PerHead && cfg.num_heads + cfg.num_kv_heads > ROPE_MAX_NORM_HEADS {
+        return Err(Error::DoesNotFit(format!(
+            "{} query + {} KV heads: the per-head q/k norm supports up to {ROPE_MAX_NORM_HEADS} heads",
+            cfg.num_heads, cfg.num_kv_heads
+        )));
+    }
     if ctxlen * kv_dim * 4 > maxb {
         return Err(Error::DoesNotFit(format!(
             "a KV cache of {ctxlen} positions x {kv_dim} floats per layer exceeds the adapter's storage binding limit ({maxb} bytes); at most {} positions fit",
@@ -150,7 +156,8 @@ impl Forward {
     ) -> Result<Self> {
         let ctxlen = opts.max_context.max(1);
         check_shapes(dev, cfg, ctxlen)?;
-        let t = workspace::effective_chunk(cfg, ctxlen, opts.prefill_chunk, Some(dev.binding_limit()));
+        let t =
+            workspace::effective_chunk(cfg, ctxlen, opts.prefill_chunk, Some(dev.binding_limit()));
         opts.prefill_chunk = t;
         let logit_rows = if opts.all_logits { t } else { 1 };
         if (logit_rows * cfg.vocab_size * 4) as u64 > dev.binding_limit() {
@@ -159,10 +166,15 @@ impl Forward {
                 cfg.vocab_size
             )));
         }
-        let int4 = weights
-            .layers
-            .iter()
-            .any(|l| matches!(&l.mlp, Mlp::Moe { experts: ExpertStore::Int4(_), .. }));
+        let int4 = weights.layers.iter().any(|l| {
+            matches!(
+                &l.mlp,
+                Mlp::Moe {
+                    experts: ExpertStore::Int4(_),
+                    ..
+                }
+            )
+        });
         let expert_major = plan.expert_major(int4, opts.executor == Executor::Grouped, t);
         let shape = WorkspaceShape {
             max_context: ctxlen,
@@ -184,7 +196,15 @@ impl Forward {
             bytemuck::cast_slice(&ops::rope_table(cfg.rope_theta, cfg.head_dim, ctxlen)),
         )?;
         let sorted = if expert_major {
-            Some(MoeSorted::new(dev, &table, t, cfg.top_k, cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate)?)
+            Some(MoeSorted::new(
+                dev,
+                &table,
+                t,
+                cfg.top_k,
+                cfg.num_experts,
+                cfg.hidden_size,
+                cfg.moe_intermediate,
+            )?)
         } else {
             None
         };
@@ -195,7 +215,8 @@ impl Forward {
             dummy: b.get("dummy")?,
         };
         let layers = build_layers(dev, cfg, &weights, &opts, &env, &b, sorted.as_ref(), &step)?;
-        let (head_last, argmax_last, head_all) = build_head(dev, cfg, &weights, &opts, &env, &b, &step)?;
+        let (head_last, argmax_last, head_all) =
+            build_head(dev, cfg, &weights, &opts, &env, &b, &step)?;
         dev.check()?;
         Ok(Forward {
             dev: dev.clone(),
@@ -299,19 +320,24 @@ fn build_layers(
         ..Default::default()
     };
     // The MLP block of a MoE layer: routed experts, Qwen's shared expert, combine.
-    let moe_block = |m: &MoeDispatch, experts: &ExpertStore, slot_of: &Buffer, shared: Option<&ExpertPool>| {
-        let mut prog = Program::default();
-        let mut fl = m.routed(&mut prog, opts.executor, experts, slot_of);
-        if let Some(sp) = shared {
-            m.swiglu_f16(&mut prog, sp, None, (0, 1), combine.shared_y);
-            fl |= flags::COMBINE_SHARED | flags::COMBINE_SHARED_GATED;
-        }
-        if fl != 0 {
-            ops::moe_combine(&mut prog, &combine_params(fl), &combine);
-        }
-        prog
+    let moe_block =
+        |m: &MoeDispatch, experts: &ExpertStore, slot_of: &Buffer, shared: Option<&ExpertPool>| {
+            let mut prog = Program::default();
+            let mut fl = m.routed(&mut prog, opts.executor, experts, slot_of);
+            if let Some(sp) = shared {
+                m.swiglu_f16(&mut prog, sp, None, (0, 1), combine.shared_y);
+                fl |= flags::COMBINE_SHARED | flags::COMBINE_SHARED_GATED;
+            }
+            if fl != 0 {
+                ops::moe_combine(&mut prog, &combine_params(fl), &combine);
+            }
+            prog
+        };
+    let mut rope_fl = match cfg.qk_norm {
+        QkNorm::None => 0,
+        QkNorm::Projection => flags::ROPE_QK_NORM,
+        QkNorm::PerHead => flags::ROPE_QK_NORM_PER_HEAD,
     };
-    let mut rope_fl = if cfg.qk_norm { flags::ROPE_QK_NORM } else { 0 };
     if cfg.clip_qkv.is_some() {
         rope_fl |= flags::ROPE_CLIP;
     }
@@ -333,7 +359,16 @@ fn build_layers(
             out: b.get("attn_out")?,
         };
         ops::rmsnorm(&mut pre, &lw.attn_norm, x, xn, h, eps);
-        ops::matmul(&mut pre, env, &lw.qkv, xn, lw.qkv_bias.as_ref(), ab.qkv, qkv_dim, 0);
+        ops::matmul(
+            &mut pre,
+            env,
+            &lw.qkv,
+            xn,
+            lw.qkv_bias.as_ref(),
+            ab.qkv,
+            qkv_dim,
+            0,
+        );
         ops::rope_kv(
             &mut pre,
             env,
@@ -362,7 +397,16 @@ fn build_layers(
             },
             &ab,
         );
-        ops::matmul(&mut pre, env, &lw.o_proj, ab.out, None, x, h, flags::MATMUL_ACCUMULATE);
+        ops::matmul(
+            &mut pre,
+            env,
+            &lw.o_proj,
+            ab.out,
+            None,
+            x,
+            h,
+            flags::MATMUL_ACCUMULATE,
+        );
         ops::rmsnorm(&mut pre, &lw.ffn_norm, x, xn, h, eps);
         let (post, post_decode, routed_only) = match &lw.mlp {
             Mlp::Moe {
@@ -388,7 +432,9 @@ fn build_layers(
                 let post = moe_block(&multi, experts, slot_of, shared.as_ref());
                 // One-token steps use the uniform-window INT4 kernels.
                 let post_decode = match (&single, experts) {
-                    (Some(m), ExpertStore::Int4(_)) => Some(moe_block(m, experts, slot_of, shared.as_ref())),
+                    (Some(m), ExpertStore::Int4(_)) => {
+                        Some(moe_block(m, experts, slot_of, shared.as_ref()))
+                    }
                     _ => None,
                 };
                 let routed_only = opts.expert_batches.then(|| {
@@ -429,7 +475,12 @@ fn build_head(
 ) -> Result<Heads> {
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
     let eps = cfg.rms_norm_eps as f32;
-    let (x, xf, logits, ids) = (b.get("x")?, b.get("x_final")?, b.get("logits")?, b.get("ids")?);
+    let (x, xf, logits, ids) = (
+        b.get("x")?,
+        b.get("x_final")?,
+        b.get("logits")?,
+        b.get("ids")?,
+    );
     let lm = w.lm_head();
     let mut suppress = [0u32; 4];
     let n_suppress = opts.suppress.len().min(4);

@@ -3,7 +3,9 @@
 
 use crate::backend::kernel::{Activations, Kernel, Q4Variant};
 use crate::backend::params::*;
-use crate::backend::{binds, groups64, Bind, Buffer, Device, Dim, KernelPlan, Op, Program, Resource, Usage};
+use crate::backend::{
+    binds, groups64, Bind, Buffer, Device, Dim, KernelPlan, Op, Program, Resource, Usage,
+};
 use crate::error::Result;
 use crate::model::tensors::{ExpertPool, ExpertStore, Q4Pool};
 use crate::model::workspace::{row, WorkspaceBuffer};
@@ -46,7 +48,9 @@ impl MoeSorted {
         hidden: usize,
         inter: usize,
     ) -> Result<Self> {
-        let alloc = |name: &str| -> Result<Buffer> { dev.alloc(name, row(table, name)?.bytes, Usage::Storage) };
+        let alloc = |name: &str| -> Result<Buffer> {
+            dev.alloc(name, row(table, name)?.bytes, Usage::Storage)
+        };
         Ok(MoeSorted {
             pmax: chunk * top_k,
             n_experts,
@@ -90,7 +94,13 @@ pub struct MoeDispatch<'a> {
 impl MoeDispatch<'_> {
     /// Routed experts. Returns the combine flags the layer's combine dispatch still needs
     /// (0 when the executor already added the experts into x).
-    pub fn routed(&self, prog: &mut Program, executor: Executor, store: &ExpertStore, slot_of: &Buffer) -> u32 {
+    pub fn routed(
+        &self,
+        prog: &mut Program,
+        executor: Executor,
+        store: &ExpertStore,
+        slot_of: &Buffer,
+    ) -> u32 {
         let k = self.top_k;
         let per_expert = executor == Executor::PerExpert;
         match store {
@@ -161,7 +171,11 @@ impl MoeDispatch<'_> {
                     ..Default::default()
                 },
                 binds(&[self.xn, self.topk_ids, slot_of, chunk, self.hbuf]),
-                [Dim::Const(groups64(pool.inter)), Dim::Const(kk as u32), Dim::Tokens],
+                [
+                    Dim::Const(groups64(pool.inter)),
+                    Dim::Const(kk as u32),
+                    Dim::Tokens,
+                ],
             ));
         }
         for (ci, chunk) in pool.chunks.iter().enumerate() {
@@ -309,7 +323,13 @@ impl MoeDispatch<'_> {
     }
 
     /// W4A16 gate/up for top-k indices js.0 .. js.0 + js.1, one dispatch per chunk.
-    pub fn q4_gate_up(&self, prog: &mut Program, pool: &Q4Pool, slot_of: &Buffer, js: (usize, usize)) {
+    pub fn q4_gate_up(
+        &self,
+        prog: &mut Program,
+        pool: &Q4Pool,
+        slot_of: &Buffer,
+        js: (usize, usize),
+    ) {
         let l = &pool.layout;
         let q = self.q4_variant();
         for (ci, chunk) in pool.chunks.iter().enumerate() {
@@ -331,7 +351,11 @@ impl MoeDispatch<'_> {
                     up_s: (l.up_s / 4) as u32,
                     ..Default::default()
                 },
-                self.q4_binds(q, self.xn, &[self.topk_ids, slot_of, chunk, chunk, self.hbuf]),
+                self.q4_binds(
+                    q,
+                    self.xn,
+                    &[self.topk_ids, slot_of, chunk, chunk, self.hbuf],
+                ),
                 [
                     Dim::Const(l.inter.div_ceil(q.rows_per_workgroup()) as u32),
                     Dim::Const(js.1 as u32),
@@ -342,17 +366,23 @@ impl MoeDispatch<'_> {
     }
 
     /// W4A16 down: per top-k index into y, or (fused, `js` None) weighted into x.
-    pub fn q4_down(&self, prog: &mut Program, pool: &Q4Pool, slot_of: &Buffer, js: Option<(usize, usize)>) {
+    pub fn q4_down(
+        &self,
+        prog: &mut Program,
+        pool: &Q4Pool,
+        slot_of: &Buffer,
+        js: Option<(usize, usize)>,
+    ) {
         let l = &pool.layout;
         let q = self.q4_variant();
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let (first, n) = pool.chunk_slots(ci);
-            let (fl, j0, ny, out) = match js {
-                Some((j0, n)) => (0, j0, n, self.y),
-                None => (flags::Q4_FUSED_COMBINE, 0, 1, self.x),
+            let (kernel, j0, ny, out) = match js {
+                Some((j0, n)) => (Kernel::Q4Down(q), j0, n, self.y),
+                None => (Kernel::Q4DownCombine(q), 0, 1, self.x),
             };
             prog.push(Op::new(
-                Kernel::Q4Down(q),
+                kernel,
                 &Q4DownParams {
                     hidden: self.hidden as u32,
                     inter: l.inter as u32,
@@ -363,10 +393,18 @@ impl MoeDispatch<'_> {
                     chunk_slots: n as u32,
                     down_q: (l.down_q / 16) as u32,
                     down_s: (l.down_s / 4) as u32,
-                    flags: fl,
                     ..Default::default()
                 },
-                self.q4_binds(q, self.hbuf, &[self.topk_ids, slot_of, chunk, chunk, self.topk_w, out]),
+                match js {
+                    Some(_) => {
+                        self.q4_binds(q, self.hbuf, &[self.topk_ids, slot_of, chunk, chunk, out])
+                    }
+                    None => self.q4_binds(
+                        q,
+                        self.hbuf,
+                        &[self.topk_ids, slot_of, chunk, chunk, self.topk_w, out],
+                    ),
+                },
                 [
                     Dim::Const(self.hidden.div_ceil(q.rows_per_workgroup()) as u32),
                     Dim::Const(ny as u32),

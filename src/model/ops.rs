@@ -36,7 +36,14 @@ pub fn embed(prog: &mut Program, table: &F16Matrix, ids: &Buffer, x: &Buffer, hi
 }
 
 /// RMSNorm of each token row of `src` (n values) into `dst`.
-pub fn rmsnorm(prog: &mut Program, weight: &Buffer, src: &Buffer, dst: &Buffer, n: usize, eps: f32) {
+pub fn rmsnorm(
+    prog: &mut Program,
+    weight: &Buffer,
+    src: &Buffer,
+    dst: &Buffer,
+    n: usize,
+    eps: f32,
+) {
     prog.push(Op::new(
         Kernel::RmsNorm,
         &RmsNormParams {
@@ -69,7 +76,12 @@ pub fn matmul(
     let t = env.chunk;
     let window_capable = src.window_capable();
     let last = flags & flags::LAST_TOKEN_ONLY != 0;
-    let f = flags | if bias.is_some() { flags::MATMUL_BIAS } else { 0 };
+    let f = flags
+        | if bias.is_some() {
+            flags::MATMUL_BIAS
+        } else {
+            0
+        };
     let bias = bias.unwrap_or(env.dummy);
     let tw = if window_capable {
         env.plan.matmul_window_tokens(m.cols, t)
@@ -228,7 +240,13 @@ pub fn attention(prog: &mut Program, env: &OpEnv, p: &AttentionParams, b: &Atten
 }
 
 /// Softmax over the experts, top-k, optionally renormalised, per token.
-pub fn router_topk(prog: &mut Program, p: &RouterTopkParams, logits: &Buffer, ids: &Buffer, weights: &Buffer) {
+pub fn router_topk(
+    prog: &mut Program,
+    p: &RouterTopkParams,
+    logits: &Buffer,
+    ids: &Buffer,
+    weights: &Buffer,
+) {
     prog.push(Op::new(
         Kernel::RouterTopk,
         p,
@@ -252,7 +270,11 @@ pub fn moe_combine(prog: &mut Program, p: &MoeCombineParams, b: &CombineBuffers)
         Kernel::MoeCombine,
         p,
         binds(&[b.y, b.weights, b.shared_y, b.router, b.x]),
-        [Dim::Const(groups64(p.hidden as usize)), Dim::Tokens, Dim::Const(1)],
+        [
+            Dim::Const(groups64(p.hidden as usize)),
+            Dim::Tokens,
+            Dim::Const(1),
+        ],
     ));
 }
 

@@ -135,7 +135,12 @@ impl Residency {
     }
 
     /// Submit the staged uploads; their staging buffers are released with the token.
-    fn submit_uploads(&mut self, dev: &Device, pool: &Q4Pool, pending: &mut Vec<Pending>) -> Result<u64> {
+    fn submit_uploads(
+        &mut self,
+        dev: &Device,
+        pool: &Q4Pool,
+        pending: &mut Vec<Pending>,
+    ) -> Result<u64> {
         let work: Vec<Work> = pending
             .iter()
             .map(|&(idx, chunk, off, bytes)| Work::Upload {
@@ -156,7 +161,14 @@ impl Residency {
 
     /// Make every expert of `wanted` resident in `layer` and publish the new table into
     /// `slot_of`, before the next submission (the first to read it).
-    pub fn serve(&mut self, dev: &Device, layer: usize, wanted: &[u32], pool: &Q4Pool, slot_of: &Buffer) -> Result<()> {
+    pub fn serve(
+        &mut self,
+        dev: &Device,
+        layer: usize,
+        wanted: &[u32],
+        pool: &Q4Pool,
+        slot_of: &Buffer,
+    ) -> Result<()> {
         let Some(cache) = self.caches.get_mut(layer).and_then(|c| c.as_mut()) else {
             return Ok(());
         };
@@ -193,10 +205,10 @@ impl Residency {
                         break;
                     }
                 };
-                let filled = self
-                    .host
-                    .expert(layer, u.expert)
-                    .and_then(|src| dev.fill_staging(&self.staging_bufs[idx], src).map(|_| src.len()));
+                let filled = self.host.expert(layer, u.expert).and_then(|src| {
+                    dev.fill_staging(&self.staging_bufs[idx], src)
+                        .map(|_| src.len())
+                });
                 match filled {
                     Ok(len) => {
                         let (chunk, off) = pool.locate(u.slot as usize);

@@ -57,11 +57,20 @@ impl Forward {
         let t = n as u32;
         let mut work: Vec<Work> = Vec::new();
         for l in &self.layers {
-            work.push(Work::Run { program: &l.pre, tokens: t });
-            work.push(Work::Run { program: l.post_for(n), tokens: t });
+            work.push(Work::Run {
+                program: &l.pre,
+                tokens: t,
+            });
+            work.push(Work::Run {
+                program: l.post_for(n),
+                tokens: t,
+            });
         }
         for p in &heads {
-            work.push(Work::Run { program: p, tokens: t });
+            work.push(Work::Run {
+                program: p,
+                tokens: t,
+            });
         }
         if copy_token {
             work.push(self.token_copy());
@@ -130,10 +139,16 @@ impl Forward {
             let routed = l < layers && self.cfg.sparse_layers[l];
             let mut work: Vec<Work> = Vec::new();
             if l > 0 {
-                work.push(Work::Run { program: self.layers[l - 1].post_for(n), tokens: t });
+                work.push(Work::Run {
+                    program: self.layers[l - 1].post_for(n),
+                    tokens: t,
+                });
             }
             if l < layers {
-                work.push(Work::Run { program: &self.layers[l].pre, tokens: t });
+                work.push(Work::Run {
+                    program: &self.layers[l].pre,
+                    tokens: t,
+                });
             } else {
                 let hp = [&self.head_last, &self.argmax_last];
                 let all = self.head_all.as_ref().map(|(h, a)| [h, a]);
@@ -142,7 +157,10 @@ impl Forward {
                     _ => &hp[..head_programs],
                 };
                 for p in programs {
-                    work.push(Work::Run { program: p, tokens: t });
+                    work.push(Work::Run {
+                        program: p,
+                        tokens: t,
+                    });
                 }
             }
             if routed {
@@ -219,7 +237,10 @@ impl Forward {
                 };
                 for b in earlier {
                     r.serve(&dev, l, b, pool, slot_of)?;
-                    let s = dev.submit(&[Work::Run { program: routed, tokens: t }])?;
+                    let s = dev.submit(&[Work::Run {
+                        program: routed,
+                        tokens: t,
+                    }])?;
                     dispatches += s.dispatches;
                     submissions += 1;
                     r.mark_read(l, b, s.token)?;

@@ -45,7 +45,13 @@ impl F16Matrix {
     }
 
     /// Upload `data` ([rows, cols], row-major).
-    pub fn upload(dev: &Device, label: &str, rows: usize, cols: usize, data: &[f16]) -> Result<Self> {
+    pub fn upload(
+        dev: &Device,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        data: &[f16],
+    ) -> Result<Self> {
         if data.len() != rows * cols {
             return Err(Error::Other(format!(
                 "{label}: {} values for a [{rows}, {cols}] matrix",
@@ -65,7 +71,12 @@ impl F16Matrix {
         while start < rows {
             let n = max_rows.min(rows - start);
             let mut padded = Vec::new();
-            push_padded_rows(&mut padded, &data[start * cols..(start + n) * cols], n, cols);
+            push_padded_rows(
+                &mut padded,
+                &data[start * cols..(start + n) * cols],
+                n,
+                cols,
+            );
             let buffer = dev.upload(label, bytemuck::cast_slice(&padded), Usage::Storage)?;
             chunks.push(MatrixChunk {
                 row_start: start,
@@ -132,7 +143,13 @@ impl ExpertPool {
         (2 * inter * pad8(hidden) + hidden * pad8(inter)) as u64 * 2
     }
 
-    pub fn new(dev: &Device, label: &str, slots: usize, hidden: usize, inter: usize) -> Result<Self> {
+    pub fn new(
+        dev: &Device,
+        label: &str,
+        slots: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Self> {
         let what = format!("one expert (hidden {hidden}, intermediate {inter})");
         let (slots_per_chunk, chunks) =
             slot_chunks(dev, label, &what, slots, Self::slot_bytes(hidden, inter))?;
@@ -162,7 +179,14 @@ impl ExpertPool {
     }
 
     /// Write one expert: gate, up [inter, hidden] and down [hidden, inter], row-major.
-    pub fn write_slot(&self, dev: &Device, slot: usize, gate: &[f16], up: &[f16], down: &[f16]) -> Result<()> {
+    pub fn write_slot(
+        &self,
+        dev: &Device,
+        slot: usize,
+        gate: &[f16],
+        up: &[f16],
+        down: &[f16],
+    ) -> Result<()> {
         let (h, i) = (self.hidden, self.inter);
         let mut v = Vec::with_capacity((Self::slot_bytes(h, i) / 2) as usize);
         push_padded_rows(&mut v, gate, i, h);

@@ -5,9 +5,9 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::checkpoint::{Checkpoint, ExpertProj};
-use crate::config::{Arch, ModelConfig};
 use crate::backend::{Buffer, Device, Usage};
+use crate::checkpoint::{Checkpoint, ExpertProj};
+use crate::config::{ModelConfig, QkNorm};
 use crate::convert::{is_converted, packed_layer};
 use crate::error::Result;
 use crate::model::tensors::{
@@ -115,21 +115,26 @@ impl ModelWeights {
             } else {
                 None
             };
-            let (q_norm, k_norm) = if cfg.qk_norm {
-                (
+            // Norm weights over the whole projection (OLMoE) or one head (Qwen3).
+            let norm_len = match cfg.qk_norm {
+                QkNorm::None => None,
+                QkNorm::Projection => Some((q_dim, kv_dim)),
+                QkNorm::PerHead => Some((cfg.head_dim, cfg.head_dim)),
+            };
+            let (q_norm, k_norm) = match norm_len {
+                Some((qn, kn)) => (
                     Some(upload_f16_vec(
                         dev,
                         "q_norm",
-                        &ckpt.read_f16(&format!("{p}.self_attn.q_norm.weight"), &[q_dim])?,
+                        &ckpt.read_f16(&format!("{p}.self_attn.q_norm.weight"), &[qn])?,
                     )?),
                     Some(upload_f16_vec(
                         dev,
                         "k_norm",
-                        &ckpt.read_f16(&format!("{p}.self_attn.k_norm.weight"), &[kv_dim])?,
+                        &ckpt.read_f16(&format!("{p}.self_attn.k_norm.weight"), &[kn])?,
                     )?),
-                )
-            } else {
-                (None, None)
+                ),
+                None => (None, None),
             };
             let o = ckpt.read_f16(&format!("{p}.self_attn.o_proj.weight"), &[h, q_dim])?;
             let o_proj = F16Matrix::upload(dev, "o_proj", h, q_dim, &o)?;
@@ -213,10 +218,8 @@ fn load_moe(
     let (h, e, i) = (cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate);
     let p = format!("model.layers.{l}.mlp");
     let mut router = ckpt.read_f16(&format!("{p}.gate.weight"), &[e, h])?;
-    let shared_i = match cfg.arch {
-        Arch::Qwen2Moe => cfg.shared_expert_intermediate,
-        Arch::Olmoe => None,
-    };
+    // Qwen1.5-MoE's shared expert (the only family with one).
+    let shared_i = cfg.shared_expert_intermediate;
     if shared_i.is_some() {
         router.extend(ckpt.read_f16(&format!("{p}.shared_expert_gate.weight"), &[1, h])?);
     }

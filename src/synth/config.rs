@@ -45,7 +45,7 @@ pub fn config_json(arch: SynthArch, s: &SynthShape, seed: u64) -> Value {
         SynthArch::Qwen15MoeA27b => json!({
             "architectures": ["Qwen2MoeForCausalLM"],
             "attention_dropout": 0.0,
-            "bos_token_id": sp.bos,
+            "bos_token_id": sp.bos_config,
             "decoder_sparse_step": 1,
             "eos_token_id": sp.eos,
             "hidden_act": "silu",
@@ -75,6 +75,69 @@ pub fn config_json(arch: SynthArch, s: &SynthShape, seed: u64) -> Value {
             "use_sliding_window": false,
             "vocab_size": s.vocab,
         }),
+        SynthArch::Qwen3Moe30bA3b => json!({
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "attention_bias": false,
+            "attention_dropout": 0.0,
+            "bos_token_id": sp.bos_config,
+            "decoder_sparse_step": 1,
+            "eos_token_id": sp.eos,
+            "head_dim": s.head_dim,
+            "hidden_act": "silu",
+            "hidden_size": s.hidden,
+            "initializer_range": 0.02,
+            "intermediate_size": s.dense_intermediate,
+            "max_position_embeddings": s.max_position_embeddings,
+            "max_window_layers": s.layers,
+            "mlp_only_layers": [],
+            "model_type": "qwen3_moe",
+            "moe_intermediate_size": s.expert_intermediate,
+            "norm_topk_prob": true,
+            "num_attention_heads": s.heads,
+            "num_experts": s.experts,
+            "num_experts_per_tok": s.top_k,
+            "num_hidden_layers": s.layers,
+            "num_key_value_heads": s.kv_heads,
+            "output_router_logits": false,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": null,
+            "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.001,
+            "sliding_window": null,
+            "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16",
+            "transformers_version": "4.51.0",
+            "use_cache": true,
+            "use_sliding_window": false,
+            "vocab_size": s.vocab,
+        }),
+        SynthArch::Mixtral8x7b => json!({
+            "architectures": ["MixtralForCausalLM"],
+            "attention_dropout": 0.0,
+            "bos_token_id": sp.bos_config,
+            "eos_token_id": sp.eos,
+            "hidden_act": "silu",
+            "hidden_size": s.hidden,
+            "initializer_range": 0.02,
+            "intermediate_size": s.expert_intermediate,
+            "max_position_embeddings": s.max_position_embeddings,
+            "model_type": "mixtral",
+            "num_attention_heads": s.heads,
+            "num_experts_per_tok": s.top_k,
+            "num_hidden_layers": s.layers,
+            "num_key_value_heads": s.kv_heads,
+            "num_local_experts": s.experts,
+            "output_router_logits": false,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.02,
+            "sliding_window": null,
+            "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16",
+            "transformers_version": "4.36.0.dev0",
+            "use_cache": true,
+            "vocab_size": s.vocab,
+        }),
     };
     if let Value::Object(m) = &mut v {
         m.insert("wgmoe_synthetic".into(), json!(true));
@@ -92,8 +155,11 @@ pub fn config_json(arch: SynthArch, s: &SynthShape, seed: u64) -> Value {
 
 pub(super) fn generation_config_json(arch: SynthArch, s: &SynthShape) -> Value {
     let sp = specials(arch, s.vocab);
-    let mut v = json!({"eos_token_id": sp.eos, "pad_token_id": sp.pad, "transformers_version": "4.43.0.dev0"});
-    if let Some(b) = sp.bos {
+    let mut v = json!({"eos_token_id": sp.eos, "transformers_version": "4.43.0.dev0"});
+    if let Some(p) = sp.pad {
+        v["pad_token_id"] = json!(p);
+    }
+    if let Some(b) = sp.bos_config {
         v["bos_token_id"] = json!(b);
     }
     v

@@ -167,4 +167,3 @@ pub fn random_q4_slot(
     fill_q4_matrix(g, &mut st, qb, sb, scale);
     fill_q4_matrix(d, &mut st, qc, sc, scale);
 }
-

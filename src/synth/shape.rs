@@ -14,6 +14,16 @@ pub enum SynthArch {
     #[value(name = "qwen1.5-moe-a2.7b")]
     #[serde(rename = "qwen1.5-moe-a2.7b")]
     Qwen15MoeA27b,
+    /// Qwen3-30B-A3B (Qwen3MoeForCausalLM): 48 layers, hidden 2048, 32 heads of 128 over 4
+    /// KV heads, 128 experts top-8 of 768, per-head q/k norm.
+    #[value(name = "qwen3-30b-a3b")]
+    #[serde(rename = "qwen3-30b-a3b")]
+    Qwen3Moe30bA3b,
+    /// Mixtral-8x7B (MixtralForCausalLM): 32 layers, hidden 4096, 32 heads over 8 KV heads,
+    /// 8 experts top-2 of 14336.
+    #[value(name = "mixtral-8x7b")]
+    #[serde(rename = "mixtral-8x7b")]
+    Mixtral8x7b,
 }
 
 impl SynthArch {
@@ -21,7 +31,14 @@ impl SynthArch {
         match self {
             SynthArch::Olmoe1b7b => "olmoe-1b-7b",
             SynthArch::Qwen15MoeA27b => "qwen1.5-moe-a2.7b",
+            SynthArch::Qwen3Moe30bA3b => "qwen3-30b-a3b",
+            SynthArch::Mixtral8x7b => "mixtral-8x7b",
         }
+    }
+
+    /// Whether config.json gives head_dim (Qwen3) rather than implying hidden / heads.
+    pub fn explicit_head_dim(self) -> bool {
+        self == SynthArch::Qwen3Moe30bA3b
     }
 }
 
@@ -41,12 +58,16 @@ pub struct SynthShape {
     pub layers: usize,
     pub heads: usize,
     pub kv_heads: usize,
+    /// hidden / heads, except where config.json gives it (Qwen3: 128 with 32 heads over
+    /// hidden 2048).
+    pub head_dim: usize,
     pub experts: usize,
     pub top_k: usize,
     pub expert_intermediate: usize,
     /// Qwen2-MoE only.
     pub shared_expert_intermediate: Option<usize>,
-    /// Qwen2-MoE `intermediate_size` (dense MLP layers; none with the presets' layer plan).
+    /// `intermediate_size` of dense MLP layers (Qwen2-MoE, Qwen3-MoE; none with the
+    /// presets' layer plans).
     pub dense_intermediate: usize,
     pub vocab: usize,
     pub max_position_embeddings: usize,
@@ -59,6 +80,7 @@ pub struct ShapeOverrides {
     pub layers: Option<usize>,
     pub heads: Option<usize>,
     pub kv_heads: Option<usize>,
+    pub head_dim: Option<usize>,
     pub experts: Option<usize>,
     pub top_k: Option<usize>,
     pub expert_intermediate: Option<usize>,
@@ -75,6 +97,7 @@ pub fn preset(arch: SynthArch) -> SynthShape {
             layers: 16,
             heads: 16,
             kv_heads: 16,
+            head_dim: 128,
             experts: 64,
             top_k: 8,
             expert_intermediate: 1024,
@@ -88,6 +111,7 @@ pub fn preset(arch: SynthArch) -> SynthShape {
             layers: 24,
             heads: 16,
             kv_heads: 16,
+            head_dim: 128,
             experts: 60,
             top_k: 4,
             expert_intermediate: 1408,
@@ -95,6 +119,34 @@ pub fn preset(arch: SynthArch) -> SynthShape {
             dense_intermediate: 5632,
             vocab: 151936,
             max_position_embeddings: 8192,
+        },
+        SynthArch::Qwen3Moe30bA3b => SynthShape {
+            hidden: 2048,
+            layers: 48,
+            heads: 32,
+            kv_heads: 4,
+            head_dim: 128,
+            experts: 128,
+            top_k: 8,
+            expert_intermediate: 768,
+            shared_expert_intermediate: None,
+            dense_intermediate: 6144,
+            vocab: 151936,
+            max_position_embeddings: 40960,
+        },
+        SynthArch::Mixtral8x7b => SynthShape {
+            hidden: 4096,
+            layers: 32,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            experts: 8,
+            top_k: 2,
+            expert_intermediate: 14336,
+            shared_expert_intermediate: None,
+            dense_intermediate: 14336,
+            vocab: 32000,
+            max_position_embeddings: 32768,
         },
     }
 }
@@ -112,17 +164,18 @@ impl SynthShape {
         };
         s.hidden = pos("--hidden", o.hidden, s.hidden)?;
         s.layers = pos("--layers", o.layers, s.layers)?;
+        let preset_ratio = s.heads / s.kv_heads;
         s.heads = pos("--heads", o.heads, s.heads)?;
-        // Heads given without kv heads: keep the preset's ratio (1:1 in both presets).
-        s.kv_heads = pos(
-            "--kv-heads",
-            o.kv_heads,
-            if o.heads.is_some() {
-                s.heads
-            } else {
-                s.kv_heads
-            },
-        )?;
+        // Heads given without KV heads: keep the preset's ratio where it divides them
+        // (1:1 for OLMoE and Qwen1.5, 8:1 for Qwen3, 4:1 for Mixtral).
+        let kv_default = if o.heads.is_none() {
+            s.kv_heads
+        } else if s.heads % preset_ratio == 0 {
+            s.heads / preset_ratio
+        } else {
+            s.heads
+        };
+        s.kv_heads = pos("--kv-heads", o.kv_heads, kv_default)?;
         s.experts = pos("--experts", o.experts, s.experts)?;
         s.top_k = pos("--top-k", o.top_k, s.top_k)?;
         s.expert_intermediate = pos(
@@ -130,20 +183,25 @@ impl SynthShape {
             o.expert_intermediate,
             s.expert_intermediate,
         )?;
-        if arch == SynthArch::Olmoe1b7b {
-            if o.shared_expert_intermediate.is_some() {
+        match arch {
+            SynthArch::Qwen15MoeA27b => {
+                s.shared_expert_intermediate = Some(pos(
+                    "--shared-expert-intermediate",
+                    o.shared_expert_intermediate,
+                    s.shared_expert_intermediate.unwrap_or(5632),
+                )?);
+            }
+            _ if o.shared_expert_intermediate.is_some() => {
                 return Err(Error::option(
                     "--shared-expert-intermediate",
-                    "OLMoE has no shared expert",
+                    format!("{} has no shared expert", arch.name()),
                 ));
             }
-            s.dense_intermediate = s.expert_intermediate;
-        } else {
-            s.shared_expert_intermediate = Some(pos(
-                "--shared-expert-intermediate",
-                o.shared_expert_intermediate,
-                s.shared_expert_intermediate.unwrap_or(5632),
-            )?);
+            // OLMoE and Mixtral have one intermediate size for every MLP.
+            SynthArch::Olmoe1b7b | SynthArch::Mixtral8x7b => {
+                s.dense_intermediate = s.expert_intermediate
+            }
+            SynthArch::Qwen3Moe30bA3b => {}
         }
         s.vocab = pos("--vocab", o.vocab, s.vocab)?;
         s.max_position_embeddings = pos(
@@ -151,19 +209,34 @@ impl SynthShape {
             o.max_position_embeddings,
             s.max_position_embeddings,
         )?;
-        if s.hidden % s.heads != 0 {
-            return Err(Error::option(
-                "--heads",
-                format!("{} does not divide --hidden {}", s.heads, s.hidden),
-            ));
+        if arch.explicit_head_dim() {
+            s.head_dim = pos("--head-dim", o.head_dim, s.head_dim)?;
+        } else {
+            if o.head_dim.is_some() {
+                return Err(Error::option(
+                    "--head-dim",
+                    format!(
+                        "{}'s config has no head_dim: it is hidden / heads",
+                        arch.name()
+                    ),
+                ));
+            }
+            if s.hidden % s.heads != 0 {
+                return Err(Error::option(
+                    "--heads",
+                    format!("{} does not divide --hidden {}", s.heads, s.hidden),
+                ));
+            }
+            s.head_dim = s.hidden / s.heads;
         }
-        if (s.hidden / s.heads) % 2 != 0 {
+        if s.head_dim % 2 != 0 {
             return Err(Error::option(
-                "--heads",
-                format!(
-                    "head dim {} (hidden / heads) is odd; RoPE needs it even",
-                    s.hidden / s.heads
-                ),
+                if arch.explicit_head_dim() {
+                    "--head-dim"
+                } else {
+                    "--heads"
+                },
+                format!("head dim {} is odd; RoPE needs it even", s.head_dim),
             ));
         }
         if s.heads % s.kv_heads != 0 {
@@ -197,7 +270,6 @@ impl SynthShape {
     }
 
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.heads
+        self.head_dim
     }
 }
-

@@ -15,8 +15,11 @@ pub(super) struct Specials {
     /// (token, id).
     pub(super) tokens: Vec<(String, u32)>,
     pub(super) eos: u32,
+    /// The tokenizer's bos_token.
     pub(super) bos: Option<u32>,
-    pub(super) pad: u32,
+    /// config.json's bos_token_id (Qwen3 gives one whose token the tokenizer does not add).
+    pub(super) bos_config: Option<u32>,
+    pub(super) pad: Option<u32>,
 }
 
 pub(super) fn specials(arch: SynthArch, vocab: usize) -> Specials {
@@ -29,12 +32,14 @@ pub(super) fn specials(arch: SynthArch, vocab: usize) -> Specials {
             ("<|user|>", 50281),
             ("<|assistant|>", 50282),
         ],
-        SynthArch::Qwen15MoeA27b => vec![
+        SynthArch::Qwen15MoeA27b | SynthArch::Qwen3Moe30bA3b => vec![
             ("<|endoftext|>", 151643),
             ("<|im_start|>", 151644),
             ("<|im_end|>", 151645),
+            // Not a Qwen token: the word-level vocabulary's unknown token.
             ("<unk>", 151646),
         ],
+        SynthArch::Mixtral8x7b => vec![("<unk>", 0), ("<s>", 1), ("</s>", 2)],
     };
     let v = vocab as u32;
     let mut used: Vec<u32> = wanted
@@ -66,15 +71,19 @@ pub(super) fn specials(arch: SynthArch, vocab: usize) -> Specials {
             .map(|&(_, id)| id)
             .unwrap_or(0)
     };
-    let eos = id_of("<|endoftext|>");
-    let (bos, pad) = match arch {
-        SynthArch::Olmoe1b7b => (None, id_of("<|padding|>")),
-        SynthArch::Qwen15MoeA27b => (Some(eos), eos),
+    let text_end = id_of("<|endoftext|>");
+    // (eos, tokenizer bos, config bos, pad) as the real checkpoints give them.
+    let (eos, bos, bos_config, pad) = match arch {
+        SynthArch::Olmoe1b7b => (text_end, None, None, Some(id_of("<|padding|>"))),
+        SynthArch::Qwen15MoeA27b => (text_end, Some(text_end), Some(text_end), Some(text_end)),
+        SynthArch::Qwen3Moe30bA3b => (id_of("<|im_end|>"), None, Some(text_end), Some(text_end)),
+        SynthArch::Mixtral8x7b => (id_of("</s>"), Some(id_of("<s>")), Some(id_of("<s>")), None),
     };
     Specials {
         tokens,
         eos,
         bos,
+        bos_config,
         pad,
     }
 }
@@ -172,6 +181,10 @@ pub(super) fn tokenizer_json(tokens: &[String], sp: &Specials) -> Value {
 }
 
 pub(super) const OLMOE_CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\n' + message['content'] + eos_token + '\n' }}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %}";
+/// Qwen3's ChatML without a default system message (its thinking switches left out).
+pub(super) const QWEN3_CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+/// Mixtral-Instruct's [INST] template (system messages are not part of it).
+pub(super) const MIXTRAL_CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}";
 pub(super) const CHATML_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 pub(super) fn tokenizer_config_json(
@@ -192,15 +205,16 @@ pub(super) fn tokenizer_config_json(
         "added_tokens_decoder": decoder,
         "bos_token": sp.bos.map(tok),
         "eos_token": tok(sp.eos),
-        "pad_token": tok(sp.pad),
+        "pad_token": sp.pad.map(tok),
         "unk_token": "<unk>",
         "chat_template": match arch {
             SynthArch::Olmoe1b7b => OLMOE_CHAT_TEMPLATE,
             SynthArch::Qwen15MoeA27b => CHATML_TEMPLATE,
+            SynthArch::Qwen3Moe30bA3b => QWEN3_CHAT_TEMPLATE,
+            SynthArch::Mixtral8x7b => MIXTRAL_CHAT_TEMPLATE,
         },
         "clean_up_tokenization_spaces": false,
         "model_max_length": shape.max_position_embeddings,
         "tokenizer_class": "PreTrainedTokenizerFast",
     })
 }
-

@@ -9,7 +9,8 @@ use serde_json::json;
 use super::random::{generate_float, random_q4_slot, threads, Float};
 use super::{json_bytes, SynthFile, SynthOptions, NOTE_UNIFORM_ROUTING};
 
-use crate::config::ModelConfig;
+use crate::checkpoint::mixtral_name;
+use crate::config::{Arch, ModelConfig};
 use crate::convert::{ConvertedModelWriter, PlannedTensor, SafetensorsStream};
 use crate::error::Result;
 
@@ -88,6 +89,11 @@ pub(super) fn write_hf_weights(
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(Vec<SynthFile>, u64, u64)> {
     let (h, i) = (cfg.hidden_size, cfg.moe_intermediate);
+    // The hub's names: Mixtral's routers and experts live under block_sparse_moe.
+    let hub = |name: String| match cfg.arch {
+        Arch::Mixtral => mixtral_name(&name).unwrap_or(name),
+        _ => name,
+    };
     // Model order, the per-expert tensors after each layer's router.
     let mut all: Vec<(PlannedTensor, bool)> = Vec::new();
     for (name, shape) in dense {
@@ -95,22 +101,18 @@ pub(super) fn write_hf_weights(
             .strip_suffix(".mlp.gate.weight")
             .and_then(|p| p.strip_prefix("model.layers."))
             .and_then(|l| l.parse::<usize>().ok());
-        all.push((PlannedTensor::new(name, "BF16", shape), false));
+        all.push((PlannedTensor::new(hub(name), "BF16", shape), false));
         if let Some(l) = router_layer {
             for e in 0..cfg.num_experts {
                 let p = format!("model.layers.{l}.mlp.experts.{e}");
-                all.push((
-                    PlannedTensor::new(format!("{p}.gate_proj.weight"), "BF16", vec![i, h]),
-                    true,
-                ));
-                all.push((
-                    PlannedTensor::new(format!("{p}.up_proj.weight"), "BF16", vec![i, h]),
-                    true,
-                ));
-                all.push((
-                    PlannedTensor::new(format!("{p}.down_proj.weight"), "BF16", vec![h, i]),
-                    true,
-                ));
+                for (proj, shape) in [
+                    ("gate_proj", [i, h]),
+                    ("up_proj", [i, h]),
+                    ("down_proj", [h, i]),
+                ] {
+                    let name = hub(format!("{p}.{proj}.weight"));
+                    all.push((PlannedTensor::new(name, "BF16", shape.to_vec()), true));
+                }
             }
         }
     }
@@ -172,4 +174,3 @@ pub(super) fn write_hf_weights(
     }
     Ok((files, dense_bytes, expert_bytes))
 }
-

@@ -14,6 +14,8 @@ use tempfile::TempDir;
 
 pub const OLMOE: &str = "olmoe-tiny";
 pub const QWEN: &str = "qwen2moe-tiny";
+pub const QWEN3: &str = "qwen3moe-tiny";
+pub const MIXTRAL: &str = "mixtral-tiny";
 
 pub struct Run {
     pub cmd: String,

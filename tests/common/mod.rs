@@ -4,7 +4,9 @@
 
 pub mod check;
 pub mod cli;
+pub mod engine;
 pub mod gpu;
+pub mod parity;
 pub mod q4;
 pub mod rng;
 pub mod st;

@@ -116,4 +116,3 @@ pub fn pattern(n: usize, seed: u32) -> Vec<f32> {
         })
         .collect()
 }
-

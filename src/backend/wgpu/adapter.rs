@@ -4,7 +4,8 @@
 use crate::backend::{BackendChoice, DeviceInfo, DeviceRequest, DeviceType, Limits};
 use crate::error::{Error, Result};
 
-pub const NO_ADAPTER_HELP: &str = "no GPU adapter found. wgmoe needs a Vulkan, DX12 or Metal driver; \
+pub const NO_ADAPTER_HELP: &str =
+    "no GPU adapter found. wgmoe needs a Vulkan, DX12 or Metal driver; \
 on Debian/Ubuntu without a GPU install Mesa's software Vulkan driver with \
 `apt-get install mesa-vulkan-drivers libvulkan1` (and set XDG_RUNTIME_DIR, e.g. to /tmp)";
 
@@ -104,7 +105,9 @@ pub fn list(req: &DeviceRequest) -> (Vec<DeviceInfo>, Option<usize>) {
     let all = adapters(req);
     let pick = all.iter().position(|a| name_matches(req, a));
     (
-        all.iter().map(|a| describe(a, wanted_features(a))).collect(),
+        all.iter()
+            .map(|a| describe(a, wanted_features(a)))
+            .collect(),
         pick,
     )
 }

@@ -57,14 +57,15 @@ impl WgpuDevice {
         let adapter = adapter::select(req)?;
         let features = adapter::wanted_features(&adapter);
         let info = adapter::describe(&adapter, features);
-        let (device, queue) = pollster::block_on(adapter.request_device(&::wgpu::DeviceDescriptor {
-            label: Some("wgmoe"),
-            required_features: features,
-            // The adapter's real limits: the defaults reject a 300 MiB buffer.
-            required_limits: adapter.limits(),
-            ..Default::default()
-        }))
-        .map_err(|e| Error::Gpu(format!("cannot open device on `{}`: {e}", info.name)))?;
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&::wgpu::DeviceDescriptor {
+                label: Some("wgmoe"),
+                required_features: features,
+                // The adapter's real limits: the defaults reject a 300 MiB buffer.
+                required_limits: adapter.limits(),
+                ..Default::default()
+            }))
+            .map_err(|e| Error::Gpu(format!("cannot open device on `{}`: {e}", info.name)))?;
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
         // Validation or out-of-memory errors are collected and reported by `check`, not
@@ -220,7 +221,12 @@ impl Backend for WgpuDevice {
             usage: u,
             mapped_at_creation: false,
         });
-        Ok(Buffer::new(size, usage, SeamBuffer::Wgpu(buffer), self.tracker.clone()))
+        Ok(Buffer::new(
+            size,
+            usage,
+            SeamBuffer::Wgpu(buffer),
+            self.tracker.clone(),
+        ))
     }
 
     fn write(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<()> {

@@ -6,8 +6,8 @@ use std::num::NonZeroU64;
 use super::WgpuDevice;
 use crate::backend::params::UNIFORM_WINDOW_BYTES;
 use crate::backend::{
-    Backend, Buffer, KernelTimes, NativeBuffer as SeamBuffer, NativePrepared as SeamPrepared,
-    Op, Prepared, Program, Resource, Usage,
+    Backend, Buffer, KernelTimes, NativeBuffer as SeamBuffer, NativePrepared as SeamPrepared, Op,
+    Prepared, Program, Resource, Usage,
 };
 use crate::error::{Error, Result};
 
@@ -59,7 +59,9 @@ fn bind(
         let resource = match &b.resource {
             Resource::Buffer(buf) => native(buf).as_entire_binding(),
             // A kernel that reads binding 2 as storage sees the whole buffer.
-            Resource::Window { buffer, .. } if !(kernel.uniform_activations() && b.binding == 2) => {
+            Resource::Window { buffer, .. }
+                if !(kernel.uniform_activations() && b.binding == 2) =>
+            {
                 native(buffer).as_entire_binding()
             }
             Resource::Window { buffer, offset } => {

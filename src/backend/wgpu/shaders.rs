@@ -8,19 +8,62 @@ use crate::backend::kernel::{Activations, Arith, Kernel, Lanes};
 
 /// The shared pieces, by file name under `shaders/common/`.
 pub const PIECES: &[(&str, &str)] = &[
-    ("step.wgsl", include_str!("../../../shaders/common/step.wgsl")),
-    ("flags.wgsl", include_str!("../../../shaders/common/flags.wgsl")),
-    ("f16_halves.wgsl", include_str!("../../../shaders/common/f16_halves.wgsl")),
-    ("act8.wgsl", include_str!("../../../shaders/common/act8.wgsl")),
-    ("uniform_window.wgsl", include_str!("../../../shaders/common/uniform_window.wgsl")),
-    ("q4_unpack.wgsl", include_str!("../../../shaders/common/q4_unpack.wgsl")),
-    ("q4_dot_f32.wgsl", include_str!("../../../shaders/common/q4_dot_f32.wgsl")),
-    ("q4_dot_f16.wgsl", include_str!("../../../shaders/common/q4_dot_f16.wgsl")),
-    ("q4_act32.wgsl", include_str!("../../../shaders/common/q4_act32.wgsl")),
-    ("q4_act_storage.wgsl", include_str!("../../../shaders/common/q4_act_storage.wgsl")),
-    ("q4_act_uniform.wgsl", include_str!("../../../shaders/common/q4_act_uniform.wgsl")),
-    ("lanes_1.wgsl", include_str!("../../../shaders/common/lanes_1.wgsl")),
-    ("lanes_8.wgsl", include_str!("../../../shaders/common/lanes_8.wgsl")),
+    (
+        "step.wgsl",
+        include_str!("../../../shaders/common/step.wgsl"),
+    ),
+    (
+        "flags.wgsl",
+        include_str!("../../../shaders/common/flags.wgsl"),
+    ),
+    (
+        "f16_halves.wgsl",
+        include_str!("../../../shaders/common/f16_halves.wgsl"),
+    ),
+    (
+        "act8.wgsl",
+        include_str!("../../../shaders/common/act8.wgsl"),
+    ),
+    (
+        "uniform_window.wgsl",
+        include_str!("../../../shaders/common/uniform_window.wgsl"),
+    ),
+    (
+        "q4_unpack.wgsl",
+        include_str!("../../../shaders/common/q4_unpack.wgsl"),
+    ),
+    (
+        "q4_dot_f32.wgsl",
+        include_str!("../../../shaders/common/q4_dot_f32.wgsl"),
+    ),
+    (
+        "q4_dot_f16.wgsl",
+        include_str!("../../../shaders/common/q4_dot_f16.wgsl"),
+    ),
+    (
+        "q4_act32.wgsl",
+        include_str!("../../../shaders/common/q4_act32.wgsl"),
+    ),
+    (
+        "q4_act_storage.wgsl",
+        include_str!("../../../shaders/common/q4_act_storage.wgsl"),
+    ),
+    (
+        "q4_act_uniform.wgsl",
+        include_str!("../../../shaders/common/q4_act_uniform.wgsl"),
+    ),
+    (
+        "lanes_1.wgsl",
+        include_str!("../../../shaders/common/lanes_1.wgsl"),
+    ),
+    (
+        "lanes_8.wgsl",
+        include_str!("../../../shaders/common/lanes_8.wgsl"),
+    ),
+    (
+        "q4_down_row.wgsl",
+        include_str!("../../../shaders/common/q4_down_row.wgsl"),
+    ),
 ];
 
 /// The kernel bodies, by family (file name under `shaders/` without `.wgsl`).
@@ -32,17 +75,48 @@ pub const BODIES: &[(&str, &str)] = &[
     ("matmul_w", include_str!("../../../shaders/matmul_w.wgsl")),
     ("rope_kv", include_str!("../../../shaders/rope_kv.wgsl")),
     ("attention", include_str!("../../../shaders/attention.wgsl")),
-    ("attention_w", include_str!("../../../shaders/attention_w.wgsl")),
-    ("router_topk", include_str!("../../../shaders/router_topk.wgsl")),
-    ("ffn_gate_up", include_str!("../../../shaders/ffn_gate_up.wgsl")),
+    (
+        "attention_w",
+        include_str!("../../../shaders/attention_w.wgsl"),
+    ),
+    (
+        "router_topk",
+        include_str!("../../../shaders/router_topk.wgsl"),
+    ),
+    (
+        "ffn_gate_up",
+        include_str!("../../../shaders/ffn_gate_up.wgsl"),
+    ),
     ("ffn_down", include_str!("../../../shaders/ffn_down.wgsl")),
-    ("ffn_gate_up_q4", include_str!("../../../shaders/ffn_gate_up_q4.wgsl")),
-    ("ffn_down_q4", include_str!("../../../shaders/ffn_down_q4.wgsl")),
-    ("ffn_gate_up_q4_e", include_str!("../../../shaders/ffn_gate_up_q4_e.wgsl")),
-    ("ffn_down_q4_e", include_str!("../../../shaders/ffn_down_q4_e.wgsl")),
+    (
+        "ffn_gate_up_q4",
+        include_str!("../../../shaders/ffn_gate_up_q4.wgsl"),
+    ),
+    (
+        "ffn_down_q4",
+        include_str!("../../../shaders/ffn_down_q4.wgsl"),
+    ),
+    (
+        "ffn_down_q4_combine",
+        include_str!("../../../shaders/ffn_down_q4_combine.wgsl"),
+    ),
+    (
+        "ffn_gate_up_q4_e",
+        include_str!("../../../shaders/ffn_gate_up_q4_e.wgsl"),
+    ),
+    (
+        "ffn_down_q4_e",
+        include_str!("../../../shaders/ffn_down_q4_e.wgsl"),
+    ),
     ("moe_sort", include_str!("../../../shaders/moe_sort.wgsl")),
-    ("moe_gather", include_str!("../../../shaders/moe_gather.wgsl")),
-    ("moe_combine", include_str!("../../../shaders/moe_combine.wgsl")),
+    (
+        "moe_gather",
+        include_str!("../../../shaders/moe_gather.wgsl"),
+    ),
+    (
+        "moe_combine",
+        include_str!("../../../shaders/moe_combine.wgsl"),
+    ),
     ("argmax", include_str!("../../../shaders/argmax.wgsl")),
 ];
 
@@ -71,7 +145,7 @@ pub fn pieces(k: Kernel) -> Vec<&'static str> {
         }
         Kernel::MatmulUniform | Kernel::MatmulWindow => v.push("uniform_window.wgsl"),
         Kernel::Q4GateUpSorted | Kernel::Q4DownSorted => v.push("q4_unpack.wgsl"),
-        Kernel::Q4GateUp(q) | Kernel::Q4Down(q) => {
+        Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
             v.push("q4_unpack.wgsl");
             v.push(match q.arith {
                 Arith::F32 => "q4_dot_f32.wgsl",
@@ -86,6 +160,9 @@ pub fn pieces(k: Kernel) -> Vec<&'static str> {
                 Lanes::One => "lanes_1.wgsl",
                 Lanes::Eight => "lanes_8.wgsl",
             });
+            if !matches!(k, Kernel::Q4GateUp(_)) {
+                v.push("q4_down_row.wgsl");
+            }
         }
         _ => {}
     }

@@ -1,0 +1,26 @@
+// One row of an INT4 expert's down projection against the intermediates at float `hb`:
+// this lane's share of down_e[m] . h[hb ..] for the expert in chunk-relative slot `rel`
+// (reduce_lanes over the row's lanes gives the whole dot product). Each lane sums its
+// columns of a 256-input block unscaled and multiplies by the block's f16 scale once.
+// Reads the kernel's `p` (inter, slot_vec4, down_q, down_s), `wq` and `ws`.
+fn lane_dot(rel: u32, m: u32, hb: u32, lane: u32) -> f32 {
+    let sv = rel * p.slot_vec4;
+    let nv = (p.inter + 31u) / 32u;
+    let nb = (p.inter + 255u) / 256u;
+    let row = sv + p.down_q + m * nv;
+    var acc = 0.0;
+    for (var b = 0u; b < nb; b++) {
+        var bs = 0.0;
+        // As in ffn_gate_up_q4.wgsl: a strided loop for one lane, a guarded pass for 8.
+        if (LANES == 1u) {
+            for (var c = b * 8u; c < min(b * 8u + 8u, nv); c++) {
+                bs += dot32(wq[row + c], act32(hb, c * 32u, p.inter));
+            }
+        } else {
+            let c = b * 8u + lane;
+            if (c < nv) { bs += dot32(wq[row + c], act32(hb, c * 32u, p.inter)); }
+        }
+        acc += q4_scale(sv * 4u + p.down_s, m * nb + b) * bs;
+    }
+    return acc;
+}

@@ -1,0 +1,51 @@
+// W4A16 SwiGLU second half for INT4 experts with the weighted combine fused:
+//   x[t, m] += sum_j w[t, j] * (down_e[m] . h[t, j, :])
+// over the top-k experts whose slot is in this chunk, so the combine needs no separate
+// dispatch and no y buffer (the grouped executor at full residency). Chunks run as
+// successive dispatches, so the read-modify-write of x never races. Assembled as
+// ffn_down_q4.wgsl, the per-slot variant.
+
+struct Params {
+    hidden: u32,       // output rows (H)
+    inter: u32,        // input features (I)
+    top_k: u32,
+    j_base: u32,       // unused (every top-k index is served)
+    slot_vec4: u32,
+    first_slot: u32,
+    chunk_slots: u32,
+    down_q: u32,       // vec4 offset of the down nibbles inside a slot
+    down_s: u32,       // u32 offset of the down scales inside a slot
+    _a: u32,
+    _b: u32,
+    _c: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+// binding 2 (and 15): the intermediates h [T, top_k, inter], from the activation piece.
+@group(0) @binding(3) var<storage, read> ids: array<u32>;
+@group(0) @binding(4) var<storage, read> slot_of: array<u32>;
+@group(0) @binding(5) var<storage, read> wq: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read> ws: array<u32>;
+@group(0) @binding(7) var<storage, read> weights: array<f32>;
+@group(0) @binding(8) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let lane = row_lane(li);
+    let m_raw = wid.x * (64u / LANES) + li / LANES;
+    if (LANES == 1u && m_raw >= p.hidden) { return; }
+    let m = min(m_raw, p.hidden - 1u);
+    let t = window_token(wid.z);
+    if (t >= step.n_tokens) { return; }
+    var acc = 0.0;
+    var hit = false;
+    for (var j = 0u; j < p.top_k; j++) {
+        let tj = t * p.top_k + j;
+        let slot = slot_of[ids[tj]];
+        if (slot >= p.first_slot && slot < p.first_slot + p.chunk_slots) {
+            acc += weights[tj] * reduce_lanes(lane_dot(slot - p.first_slot, m, tj * p.inter, lane));
+            hit = true;
+        }
+    }
+    if (hit) { add_row(t * p.hidden + m, acc, lane, m_raw, p.hidden); }
+}

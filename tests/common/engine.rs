@@ -1,0 +1,63 @@
+//! Engines on the fixtures and greedy decoding through `generate`, for the GPU tests.
+
+use wgmoe::backend::{DeviceRequest, KernelOverrides};
+use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
+use wgmoe::generate::{generate, GenerateOptions};
+use wgmoe::model::Executor;
+use wgmoe::sampling::SamplingOptions;
+
+use super::{fixture, init_env};
+
+pub fn load(
+    name: &str,
+    max_context: usize,
+    residency: ResidencyOptions,
+    executor: Executor,
+) -> wgmoe::Result<Engine> {
+    load_on(
+        name,
+        max_context,
+        residency,
+        executor,
+        KernelOverrides::default(),
+    )
+}
+
+pub fn load_on(
+    name: &str,
+    max_context: usize,
+    residency: ResidencyOptions,
+    executor: Executor,
+    kernels: KernelOverrides,
+) -> wgmoe::Result<Engine> {
+    init_env();
+    Engine::load(
+        &fixture(name),
+        &EngineOptions {
+            residency,
+            adapter: DeviceRequest::default(),
+            kernels,
+            expert_precision: ExpertPrecision::Int4,
+            executor,
+            max_context,
+            prefill_chunk: 64,
+            all_logits: false,
+        },
+    )
+}
+
+pub fn greedy(e: &mut Engine, prompt: &[u32], n: usize) -> wgmoe::Result<Vec<u32>> {
+    let g = generate(
+        &mut e.fwd,
+        prompt,
+        &GenerateOptions {
+            max_new_tokens: n,
+            sampling: SamplingOptions::greedy(),
+            eos_ids: vec![],
+            ignore_eos: true,
+            record_logits: false,
+        },
+        &mut |_| Ok(()),
+    )?;
+    Ok(g.generated_ids)
+}

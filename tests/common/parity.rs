@@ -1,0 +1,218 @@
+//! The parity harness: a fixture model loaded with given kernels and precision, its logits
+//! at every prompt position and every greedy step against transformers' goldens.
+#![allow(dead_code)]
+
+use super::*;
+use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
+use wgmoe::backend::{DeviceRequest, KernelOverrides};
+use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
+use wgmoe::generate::{generate, prompt_logits, GenerateOptions};
+use wgmoe::model::Executor;
+use wgmoe::sampling::SamplingOptions;
+
+/// Allowed |logit - golden| = LOGIT_ATOL + LOGIT_RTOL * |golden|. Weights are the
+/// checkpoint's bf16 values held exactly in f16 and everything accumulates in f32, so
+/// our own error is summation order (LOGIT_ATOL); the goldens are stored as f16, which
+/// rounds by up to half an f16 ulp, 2^-11 relative (0.03 at |logit| = 64).
+pub const LOGIT_ATOL: f32 = 1e-2;
+pub const LOGIT_RTOL: f32 = 1.0 / 2048.0;
+/// With f16 arithmetic every expert input is rounded to f16 (2^-11 relative) before its
+/// products, in every expert of every layer a logit goes through, and decode steps compound
+/// it through the KV cache. Measured on lavapipe with the f16 kernels in prefill and decode:
+/// worst 9.7x the f32 tolerance (qwen2moe-tiny decode steps; olmoe-tiny 4.5x), greedy
+/// tokens identical; 16x leaves room for other drivers' f16 rounding.
+pub const F16_ARITH_TOL_SCALE: f32 = 16.0;
+
+/// Largest |a - b| beyond the tolerance, as (excess ratio d / allowed, diff, index).
+pub fn worst_vs_golden(ours: &[f32], golden: &[f32]) -> (f32, f32, usize) {
+    assert_eq!(ours.len(), golden.len());
+    let mut w = (0.0f32, 0.0f32, 0usize);
+    for (i, (a, g)) in ours.iter().zip(golden).enumerate() {
+        let d = (a - g).abs();
+        let r = d / (LOGIT_ATOL + LOGIT_RTOL * g.abs());
+        if r > w.0 || r.is_nan() {
+            w = (r, d, i);
+        }
+    }
+    w
+}
+/// A greedy token may differ from transformers' only where its top-2 logits are closer
+/// than this (a near tie that f32 summation order can flip).
+pub const NEAR_TIE: f32 = 2e-3;
+
+#[derive(Clone, Copy)]
+pub struct Setup {
+    pub precision: ExpertPrecision,
+    pub executor: Executor,
+    pub chunk: usize,
+    pub max_binding: Option<u64>,
+    /// Portable kernels even where subgroups exist.
+    pub portable: bool,
+    /// Force (Some) the uniform-activation decode kernels on or off.
+    pub uniform_decode: Option<bool>,
+    /// Force (Some) f16 arithmetic in the W4A16 kernels on or off.
+    pub f16_arithmetic: Option<bool>,
+    /// Force (Some) the window / expert-major prefill kernels on or off.
+    pub window_prefill: Option<bool>,
+    /// Multiplies the logit tolerance (1 for f32 arithmetic).
+    pub tol_scale: f32,
+}
+
+pub const F16: Setup = Setup {
+    precision: ExpertPrecision::F16,
+    executor: Executor::Grouped,
+    chunk: 64,
+    max_binding: None,
+    portable: false,
+    uniform_decode: None,
+    f16_arithmetic: None,
+    window_prefill: None,
+    tol_scale: 1.0,
+};
+pub const INT4: Setup = Setup {
+    precision: ExpertPrecision::Int4,
+    executor: Executor::Grouped,
+    chunk: 64,
+    max_binding: None,
+    portable: false,
+    uniform_decode: None,
+    f16_arithmetic: None,
+    window_prefill: None,
+    tol_scale: 1.0,
+};
+
+pub fn load(name: &str, max_context: usize, s: Setup) -> Engine {
+    load_dir(&fixture(name), max_context, s)
+}
+
+pub fn load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> Engine {
+    let name = dir.display();
+    try_load_dir(dir, max_context, s).unwrap_or_else(|e| panic!("loading {name}: {e}"))
+}
+
+pub fn try_load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> wgmoe::Result<Engine> {
+    init_env();
+    Engine::load(
+        dir,
+        &EngineOptions {
+            residency: Default::default(),
+            adapter: DeviceRequest {
+                max_binding: s.max_binding,
+                ..Default::default()
+            },
+            kernels: KernelOverrides {
+                portable: s.portable,
+                decode: s.uniform_decode.map(|u| {
+                    if u {
+                        DecodeKernels::Uniform
+                    } else {
+                        DecodeKernels::Storage
+                    }
+                }),
+                prefill: s.window_prefill.map(|w| {
+                    if w {
+                        PrefillKernels::Window
+                    } else {
+                        PrefillKernels::Storage
+                    }
+                }),
+                f16_arithmetic: s
+                    .f16_arithmetic
+                    .map(|f| if f { Switch::On } else { Switch::Off }),
+            },
+            expert_precision: s.precision,
+            executor: s.executor,
+            max_context,
+            prefill_chunk: s.chunk,
+            all_logits: true,
+        },
+    )
+}
+
+/// Whether the adapter's subgroups have at least 8 lanes (the subgroup kernels' need).
+/// lavapipe with LP_NATIVE_VECTOR_WIDTH=128 has subgroups of 4.
+pub fn subgroup_kernels_available() -> bool {
+    init_env();
+    let dev = wgmoe::backend::Device::open(&DeviceRequest::default())
+        .expect("a GPU adapter (lavapipe in CI)");
+    dev.info().subgroup && dev.info().subgroup_min_size >= 8
+}
+
+/// A setup forcing subgroup kernels is refused, naming the option, where subgroups are
+/// narrower than 8 lanes.
+pub fn assert_refused(name: &str, s: Setup, option: &str) {
+    let err = match try_load_dir(&fixture(name), 64, s) {
+        Ok(_) => {
+            panic!("{name}: {option} must be refused on an adapter with subgroups below 8 lanes")
+        }
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(option) && err.contains("8 lanes"), "{err}");
+}
+
+/// Compare with the goldens of transformers run on the same expert precision (the INT4
+/// goldens use the INT4 round-trip expert weights).
+pub fn check_fixture(name: &str, s: Setup) {
+    check_dir(name, &fixture(name), s)
+}
+
+pub fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
+    let file = match s.precision {
+        ExpertPrecision::F16 => format!("{name}.safetensors"),
+        ExpertPrecision::Int4 => format!("{name}.int4.safetensors"),
+    };
+    let golden = load_golden(&file);
+    let chunk = s.chunk;
+    let max_ctx = golden
+        .prompts
+        .iter()
+        .map(|p| p.prompt_ids.len() + p.generated_ids.len())
+        .max()
+        .unwrap();
+    let mut engine = load_dir(dir, max_ctx, s);
+    let tol_scale = s.tol_scale;
+    for (pi, g) in golden.prompts.iter().enumerate() {
+        // Logits at every prompt position.
+        let rows = prompt_logits(&mut engine.fwd, &g.prompt_ids).unwrap();
+        assert_eq!(rows.len(), g.prompt_ids.len());
+        let mut worst = 0.0f32;
+        let mut worst_ratio = 0.0f32;
+        for (t, (r, gr)) in rows.iter().zip(&g.prompt_logits).enumerate() {
+            let (r, d, i) = worst_vs_golden(r, gr);
+            assert!(r <= tol_scale, "{name} p{pi} prompt position {t}: |logit - golden| = {d} at token {i} (golden {}), {r:.2}x the tolerance", gr[i]);
+            worst = worst.max(d);
+            worst_ratio = worst_ratio.max(r);
+        }
+        // Greedy decode with per-step logits.
+        let out = generate(
+            &mut engine.fwd,
+            &g.prompt_ids,
+            &GenerateOptions {
+                max_new_tokens: g.generated_ids.len(),
+                sampling: SamplingOptions::greedy(),
+                eos_ids: vec![],
+                ignore_eos: true,
+                record_logits: true,
+            },
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+        assert_eq!(out.generated_ids.len(), g.generated_ids.len());
+        let mut step_worst = 0.0f32;
+        for (s, (&ours, &theirs)) in out.generated_ids.iter().zip(&g.generated_ids).enumerate() {
+            let (r, d, i) = worst_vs_golden(&out.step_logits[s], &g.step_logits[s]);
+            assert!(r <= tol_scale, "{name} p{pi} step {s}: |logit - golden| = {d} at token {i} (golden {}), {r:.2}x the tolerance", g.step_logits[s][i]);
+            step_worst = step_worst.max(d);
+            worst_ratio = worst_ratio.max(r);
+            if ours != theirs {
+                assert!(g.step_gap[s] < NEAR_TIE * tol_scale,
+                    "{name} p{pi} step {s}: token {ours} != golden {theirs} and the golden top-2 gap {} is not a near tie (< {NEAR_TIE})", g.step_gap[s]);
+                eprintln!(
+                    "{name} p{pi}: near-tie divergence at step {s}; later steps are not comparable"
+                );
+                break;
+            }
+        }
+        eprintln!("{name} {file} p{pi} (chunk {chunk}, {:?}): max |logit diff| prompt {worst:.2e}, steps {step_worst:.2e} ({worst_ratio:.2}x the f32 tolerance); tokens {:?}", s.executor, out.generated_ids);
+    }
+}

@@ -1,0 +1,65 @@
+//! Qwen3-MoE and Mixtral (grouped-query attention, Qwen3's per-head q/k norm and dense
+//! layers among MoE layers, Mixtral's hub tensor names and renormalised top-k) against
+//! transformers' goldens, as the older families in tests/parity.rs: greedy tokens equal
+//! over the whole golden decode, logits within the tolerance at every prompt position and
+//! step, f16 and INT4 experts, both executors, the GPU kernels and the portable ones,
+//! chunked prefill.
+
+mod common;
+
+use common::parity::*;
+use wgmoe::model::Executor;
+
+const FAMILIES: [&str; 2] = ["qwen3moe-tiny", "mixtral-tiny"];
+
+#[test]
+fn qwen3moe_and_mixtral_f16_match_transformers() {
+    for name in FAMILIES {
+        check_fixture(name, F16);
+        check_fixture(
+            name,
+            Setup {
+                executor: Executor::PerExpert,
+                ..F16
+            },
+        );
+    }
+}
+
+#[test]
+fn qwen3moe_and_mixtral_int4_match_transformers_on_int4_weights() {
+    for name in FAMILIES {
+        check_fixture(name, INT4);
+        check_fixture(
+            name,
+            Setup {
+                executor: Executor::PerExpert,
+                ..INT4
+            },
+        );
+    }
+}
+
+/// The GPU defaults (storage kernels), the portable kernels (no subgroup operations) and
+/// prefill in chunks of 3 tokens (several submissions of the KV cache).
+#[test]
+fn qwen3moe_and_mixtral_on_every_kernel_path() {
+    for name in FAMILIES {
+        check_fixture(
+            name,
+            Setup {
+                uniform_decode: Some(false),
+                window_prefill: Some(false),
+                ..INT4
+            },
+        );
+        check_fixture(
+            name,
+            Setup {
+                portable: true,
+                ..INT4
+            },
+        );
+        check_fixture(name, Setup { chunk: 3, ..INT4 });
+    }
+}
