@@ -5,27 +5,7 @@
 // successive dispatches, so the read-modify-write of x never races. Assembled as
 // ffn_down_q4.wgsl, the per-slot variant.
 
-struct Params {
-    hidden: u32,       // output rows (H)
-    inter: u32,        // input features (I)
-    top_k: u32,
-    j_base: u32,       // unused (every top-k index is served)
-    slot_vec4: u32,
-    first_slot: u32,
-    chunk_slots: u32,
-    down_q: u32,       // vec4 offset of the down nibbles inside a slot
-    down_s: u32,       // u32 offset of the down scales inside a slot
-    _a: u32,
-    _b: u32,
-    _c: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-// binding 2 (and 15): the intermediates h [T, top_k, inter], from the activation piece.
-@group(0) @binding(3) var<storage, read> ids: array<u32>;
-@group(0) @binding(4) var<storage, read> slot_of: array<u32>;
-@group(0) @binding(5) var<storage, read> wq: array<vec4<u32>>;
-@group(0) @binding(6) var<storage, read> ws: array<u32>;
+// Params, p, ids, slot_of, wq and ws come from q4_down_row.wgsl.
 @group(0) @binding(7) var<storage, read> weights: array<f32>;
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;
 

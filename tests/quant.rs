@@ -97,3 +97,19 @@ fn olmoe_quantizer_is_bit_exact() {
 fn qwen2moe_quantizer_is_bit_exact() {
     check("qwen2moe-tiny");
 }
+
+/// One expert's INT4 bytes at the published shapes (block 256, one f16 scale per block and
+/// row, nibbles of a row padded to whole 32-column words): what residency and admission
+/// count per slot.
+#[test]
+fn expert_slot_bytes_at_the_published_shapes() {
+    for (name, hidden, inter, want) in [
+        ("OLMoE-1B-7B", 2048, 1024, 3_194_880),
+        ("Qwen1.5-MoE-A2.7B", 2048, 1408, 4_395_008), // down: 1408 inputs are 6 blocks, the last partial
+        ("Qwen3-30B-A3B", 2048, 768, 2_396_160),
+        ("Mixtral-8x7B", 4096, 14336, 89_456_640),
+    ] {
+        let l = wgmoe::quant::Q4SlotLayout::new(hidden, inter);
+        assert_eq!(l.bytes, want, "{name}");
+    }
+}

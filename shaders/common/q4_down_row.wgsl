@@ -1,8 +1,30 @@
+// The down kernels' parameters and inputs (ffn_down_q4.wgsl, ffn_down_q4_combine.wgsl).
+struct Params {
+    hidden: u32,       // output rows (H)
+    inter: u32,        // input features (I)
+    top_k: u32,
+    j_base: u32,       // first top-k index served (per slot; the fused kernel serves all)
+    slot_vec4: u32,
+    first_slot: u32,
+    chunk_slots: u32,
+    down_q: u32,       // vec4 offset of the down nibbles inside a slot
+    down_s: u32,       // u32 offset of the down scales inside a slot
+    _a: u32,
+    _b: u32,
+    _c: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+// binding 2 (and 15): the intermediates h [T, top_k, inter], from the activation piece.
+@group(0) @binding(3) var<storage, read> ids: array<u32>;
+@group(0) @binding(4) var<storage, read> slot_of: array<u32>;
+@group(0) @binding(5) var<storage, read> wq: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read> ws: array<u32>;
+
 // One row of an INT4 expert's down projection against the intermediates at float `hb`:
 // this lane's share of down_e[m] . h[hb ..] for the expert in chunk-relative slot `rel`
 // (reduce_lanes over the row's lanes gives the whole dot product). Each lane sums its
 // columns of a 256-input block unscaled and multiplies by the block's f16 scale once.
-// Reads the kernel's `p` (inter, slot_vec4, down_q, down_s), `wq` and `ws`.
 fn lane_dot(rel: u32, m: u32, hb: u32, lane: u32) -> f32 {
     let sv = rel * p.slot_vec4;
     let nv = (p.inter + 31u) / 32u;

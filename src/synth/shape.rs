@@ -89,7 +89,8 @@ pub struct ShapeOverrides {
     pub max_position_embeddings: Option<usize>,
 }
 
-/// The real checkpoints' config.json values (DESIGN.md section 2).
+/// The real checkpoints' config.json values (models/configs; a test parses both and
+/// compares).
 pub fn preset(arch: SynthArch) -> SynthShape {
     match arch {
         SynthArch::Olmoe1b7b => SynthShape {
