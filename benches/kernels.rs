@@ -237,6 +237,42 @@ fn memory_read(bencher: divan::Bencher, On(threads): On<usize>) {
     });
 }
 
+/// The CPU expert kernel (`wgmoe::backend::cpu`, missed experts computed from the host
+/// source) on one MoE layer's routed experts for `tokens` tokens: 8 distinct experts
+/// (top-8) of OLMoE-1B-7B (hidden 2048, intermediate 1024) or of the scaled shape (1024,
+/// 512), a different expert set per token. Counter: packed expert bytes read (each
+/// expert once per call); compare with `memory_read` of the same thread count.
+#[divan::bench(args = [(1usize, 2048usize, 1024usize, 1usize), (2, 2048, 1024, 1), (2, 1024, 512, 1), (2, 1024, 512, 16)], sample_count = 20)]
+fn cpu_experts(bencher: divan::Bencher, (threads, h, i, tokens): (usize, usize, usize, usize)) {
+    use wgmoe::backend::cpu::{CpuExperts, ExpertPair};
+    let (e, k) = (64usize, 8usize);
+    let layout = Q4SlotLayout::new(h, i);
+    let slots: Vec<Vec<u8>> = (0..e)
+        .map(|s| bytemuck::cast_slice(&noise(layout.bytes / 4, 10 + s as u64)).to_vec())
+        .collect();
+    let cpu = CpuExperts::new(layout, Some(threads)).expect("threads");
+    let x: Vec<f32> = noise(tokens * h, 4)
+        .iter()
+        .map(|&r| (r as f32 / u32::MAX as f32) - 0.5)
+        .collect();
+    let pairs: Vec<ExpertPair> = (0..tokens * k)
+        .map(|p| ExpertPair {
+            token: (p / k) as u32,
+            expert: ((p * 7 + p / k) % e) as u32,
+            weight: 0.125,
+        })
+        .collect();
+    let distinct: std::collections::BTreeSet<u32> = pairs.iter().map(|p| p.expert).collect();
+    let mut out = vec![0.0f32; tokens * h];
+    eprintln!("cpu experts: {} ({} threads)", cpu.isa(), cpu.threads());
+    bencher
+        .counter(BytesCount::new(distinct.len() * layout.bytes))
+        .bench_local(|| {
+            cpu.run(&|e| Ok(&slots[e as usize][..]), &x, &pairs, &mut out)
+                .expect("cpu experts")
+        });
+}
+
 /// One MoE layer's routed experts (OLMoE shapes: hidden 2048, 64 experts of 1024, top-8;
 /// INT4), for one decoded token, per executor. Counter: bytes of the 8 experts read.
 #[divan::bench(args = on([Executor::Grouped, Executor::PerExpert]), sample_count = 20)]
@@ -292,6 +328,9 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, On(executor): On<Executor>) {
                 shared_y: &dummy,
                 router: &dummy,
                 x: &x,
+                ids: &dummy,
+                slot_of: &dummy,
+                host_y: &dummy,
             },
         );
     }

@@ -1,15 +1,18 @@
 // Adds the MoE block's output to the residual stream:
-//   x[t] += sum_j w[t, j] * y[t, j] + g_t * shared[t]
+//   x[t] += sum_j w[t, j] * y[t, j] + g_t * shared[t] + host[t]
 // with g_t = sigmoid(shared_expert_gate(x_t)) for Qwen's shared expert (its logit is an
 // extra row of the router matmul), 1 for a dense MLP layer, and no shared term for OLMoE.
+// With COMBINE_RESIDENT only the pairs whose expert has a device slot (slot_of below
+// `slots`) are summed from y: the others were computed on the CPU, whose weighted sum
+// arrives as host[t] (COMBINE_HOST).
 
 struct Params {
     hidden: u32,
     top_k: u32,
-    flags: u32,          // COMBINE_ROUTED, COMBINE_SHARED, COMBINE_SHARED_GATED
+    flags: u32,          // COMBINE_ROUTED, _RESIDENT, _SHARED, _SHARED_GATED, _HOST
     gate_stride: u32,    // floats per router-logit row
     gate_col: u32,       // column of the shared-expert gate logit
-    _a: u32,
+    slots: u32,          // COMBINE_RESIDENT: device slots of the layer's expert pool
     _b: u32,
     _c: u32,
 }
@@ -20,6 +23,9 @@ struct Params {
 @group(0) @binding(4) var<storage, read> shared_y: array<f32>;
 @group(0) @binding(5) var<storage, read> router_logits: array<f32>;
 @group(0) @binding(6) var<storage, read_write> x: array<f32>;
+@group(0) @binding(7) var<storage, read> ids: array<u32>;
+@group(0) @binding(8) var<storage, read> slot_of: array<u32>;
+@group(0) @binding(9) var<storage, read> host_y: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -28,8 +34,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (m >= p.hidden || t >= step.n_tokens) { return; }
     var acc = 0.0;
     if ((p.flags & COMBINE_ROUTED) != 0u) {
+        let resident_only = (p.flags & COMBINE_RESIDENT) != 0u;
         for (var j = 0u; j < p.top_k; j++) {
-            acc += weights[t * p.top_k + j] * y[(t * p.top_k + j) * p.hidden + m];
+            let tj = t * p.top_k + j;
+            if (!resident_only || slot_of[ids[tj]] < p.slots) {
+                acc += weights[tj] * y[tj * p.hidden + m];
+            }
         }
     }
     if ((p.flags & COMBINE_SHARED) != 0u) {
@@ -38,6 +48,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             g = 1.0 / (1.0 + exp(-router_logits[t * p.gate_stride + p.gate_col]));
         }
         acc += g * shared_y[t * p.hidden + m];
+    }
+    if ((p.flags & COMBINE_HOST) != 0u) {
+        acc += host_y[t * p.hidden + m];
     }
     x[t * p.hidden + m] += acc;
 }

@@ -1,9 +1,10 @@
 //! Admission control: the expert slots per layer, fixed before any allocation from the
 //! same arithmetic the allocations follow (weights, expert slots with spares and staging,
 //! the workspace table). A configuration outside the valid range, or over
-//! `--vram-budget`, is refused with what would fit. The cost is affine in the slot count on
-//! each side of full residency, so the largest count a budget holds is found in closed
-//! form, with checked arithmetic throughout.
+//! `--vram-budget`, is refused with what would fit. From top_k up to full residency the
+//! cost is affine in the slot count, so the largest count a budget holds is found in
+//! closed form (below top_k, where CPU misses allow it, at most top_k counts are tried),
+//! with checked arithmetic throughout.
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -11,6 +12,7 @@ use crate::inspect::human;
 use crate::model::tensors::{pad8, ExpertPool};
 use crate::model::workspace::{effective_chunk, workspace_bytes, WorkspaceShape};
 use crate::quant::Q4SlotLayout;
+use crate::residency::MissPolicy;
 
 /// Most mapped staging buffers for expert uploads.
 pub const MAX_STAGING_BUFFERS: usize = 1024;
@@ -23,6 +25,11 @@ pub struct AdmissionInput {
     pub prefill_chunk: usize,
     pub all_logits: bool,
     pub staging_buffers: usize,
+    /// Where misses run: with `cpu` or `auto`, fewer than top_k experts per layer (even
+    /// none) are valid, and the spare slots shrink to min(top_k, resident).
+    pub miss: MissPolicy,
+    /// MoE layers whose experts all run on the CPU (`--n-cpu-moe`): no device slots.
+    pub cpu_layers: usize,
 }
 
 /// Bytes of one routed expert's slot on the device.
@@ -60,12 +67,19 @@ pub fn dense_gpu_bytes(cfg: &ModelConfig) -> u64 {
 pub struct AdmissionCost {
     /// Non-routed weights, KV cache and workspace.
     pub fixed: u64,
-    /// One expert slot in every MoE layer.
-    pub per_slot: u64,
-    /// Below full residency only: top_k spare slots per MoE layer and the staging buffers.
-    pub partial_extra: u64,
+    /// With CPU experts: the CPU experts' sum buffer and the wider routing readback.
+    pub host_extra: u64,
+    /// One expert slot.
+    pub slot: u64,
+    /// MoE layers with device slots.
+    pub device_layers: u64,
+    /// Below full residency, with a cache: the staging buffers.
+    pub staging: u64,
     pub num_experts: usize,
     pub top_k: usize,
+    pub miss: MissPolicy,
+    /// Some layer's experts run on the CPU whatever `n` is.
+    pub cpu_layers: bool,
 }
 
 impl AdmissionCost {
@@ -78,75 +92,129 @@ impl AdmissionCost {
                 cfg.num_sparse_layers()
             ))
         };
-        let ws = workspace_bytes(
-            cfg,
-            &WorkspaceShape {
-                max_context: a.max_context,
-                chunk: effective_chunk(cfg, a.max_context, a.prefill_chunk, None),
-                all_logits: a.all_logits,
-                // Not known before the device: counted, as an upper bound.
-                expert_major: None,
-            },
-        )?;
+        let ws = |host_experts: bool| {
+            workspace_bytes(
+                cfg,
+                &WorkspaceShape {
+                    max_context: a.max_context,
+                    chunk: effective_chunk(cfg, a.max_context, a.prefill_chunk, None),
+                    all_logits: a.all_logits,
+                    // Not known before the device: counted, as an upper bound.
+                    expert_major: None,
+                    host_experts,
+                },
+            )
+        };
+        let (ws, ws_host) = (ws(false)?, ws(true)?);
         let slot = slot_bytes(cfg, a.int4);
         let fixed = dense_gpu_bytes(cfg)
             .checked_add(ws)
             .ok_or_else(|| overflow("weights and workspace"))?;
-        let per_slot = (cfg.num_sparse_layers() as u64)
-            .checked_mul(slot)
-            .ok_or_else(|| overflow("expert slots"))?;
+        let device_layers = cfg.num_sparse_layers().saturating_sub(a.cpu_layers) as u64;
         let staging = (a.staging_buffers as u64)
             .checked_mul(slot)
             .ok_or_else(|| overflow("--staging-buffers"))?;
-        let partial_extra = per_slot
-            .checked_mul(k as u64)
-            .and_then(|s| s.checked_add(staging))
-            .ok_or_else(|| overflow("spare slots and staging"))?;
         // The largest counts must be countable, so `bytes` never overflows.
-        per_slot
-            .checked_mul(e as u64)
+        device_layers
+            .checked_mul(slot)
+            .and_then(|x| x.checked_mul(e as u64 + k as u64))
             .and_then(|x| x.checked_add(fixed))
-            .and_then(|x| x.checked_add(partial_extra))
+            .and_then(|x| x.checked_add(staging))
+            .and_then(|x| x.checked_add(ws_host - ws))
             .ok_or_else(|| overflow("all experts"))?;
         Ok(AdmissionCost {
             fixed,
-            per_slot,
-            partial_extra,
+            host_extra: ws_host - ws,
+            slot,
+            device_layers,
+            staging,
             num_experts: e,
             top_k: k,
+            miss: a.miss,
+            cpu_layers: a.cpu_layers > 0,
         })
+    }
+
+    /// Device slots per MoE layer with `n` experts resident: all of them, or `n` plus the
+    /// spares uploads land in (top_k; min(top_k, n) beside CPU experts), or none.
+    pub fn slots(&self, n: usize) -> u64 {
+        let (e, k) = (self.num_experts, self.top_k);
+        if n >= e {
+            e as u64
+        } else if n == 0 {
+            0
+        } else if self.miss == MissPolicy::Upload {
+            (n + k) as u64
+        } else {
+            (n + k.min(n)) as u64
+        }
+    }
+
+    /// Some expert runs on the CPU with `n` resident per layer.
+    pub fn host_experts(&self, n: usize) -> bool {
+        self.cpu_layers || (n < self.num_experts && self.miss != MissPolicy::Upload)
+    }
+
+    /// The fewest experts per layer a device cache may hold: top_k when every miss is
+    /// uploaded, none when misses run on the CPU.
+    pub fn min_experts(&self) -> usize {
+        if self.miss == MissPolicy::Upload && self.device_layers > 0 {
+            self.top_k
+        } else {
+            0
+        }
     }
 
     /// Device bytes with `n` (<= num_experts) experts resident per layer.
     pub fn bytes(&self, n: usize) -> u64 {
-        let extra = if n < self.num_experts {
-            self.partial_extra
-        } else {
-            0
-        };
-        self.fixed + self.per_slot * n.min(self.num_experts) as u64 + extra
+        let cache = n > 0 && n < self.num_experts && self.device_layers > 0;
+        self.fixed
+            + if self.host_experts(n) {
+                self.host_extra
+            } else {
+                0
+            }
+            + self.device_layers * self.slot * self.slots(n)
+            + if cache { self.staging } else { 0 }
     }
 
-    /// The most experts per layer (top_k..=num_experts) whose bytes fit `budget`.
+    /// The most experts per layer (min_experts..=num_experts) whose bytes fit `budget`.
     pub fn most_within(&self, budget: u64) -> Option<usize> {
         let (e, k) = (self.num_experts, self.top_k);
         if self.bytes(e) <= budget {
             return Some(e);
         }
-        let avail = budget.checked_sub(self.fixed + self.partial_extra)?;
-        let n = match avail.checked_div(self.per_slot) {
-            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
-            // No MoE layer: every n costs the same.
-            None => usize::MAX,
-        };
-        let n = n.min(e.saturating_sub(1));
-        (n >= k && self.bytes(n) <= budget).then_some(n)
+        let lo = self.min_experts();
+        // From top_k up the cost is affine in n: base + per_slot * (n + top_k).
+        let per_slot = self.device_layers * self.slot;
+        let base = self.fixed
+            + self.staging
+            + if self.host_experts(k) {
+                self.host_extra
+            } else {
+                0
+            };
+        let affine = budget
+            .checked_sub(base)
+            .and_then(|avail| match avail.checked_div(per_slot) {
+                Some(m) => usize::try_from(m).ok(),
+                // No MoE layer with device slots: every n costs the same.
+                None => Some(usize::MAX),
+            })
+            .map(|m| m.saturating_sub(k).min(e.saturating_sub(1)))
+            .filter(|&n| n >= k.max(lo) && self.bytes(n) <= budget);
+        if affine.is_some() {
+            return affine;
+        }
+        // Below top_k (CPU misses only): at most top_k counts to try.
+        (lo..k.min(e)).rev().find(|&n| self.bytes(n) <= budget)
     }
 }
 
 /// Device bytes the runtime allocates with `n` experts resident per layer: non-routed
-/// weights, expert slots (plus top_k spares and the staging buffers below full
-/// residency), KV cache and workspace. An upper bound of what the tracker will show.
+/// weights, expert slots (plus the spares and the staging buffers below full residency),
+/// KV cache and workspace (with the CPU experts' buffers when some run there). An upper
+/// bound of what the tracker will show.
 pub fn admission_bytes(cfg: &ModelConfig, a: &AdmissionInput, n: usize) -> Result<u64> {
     Ok(AdmissionCost::new(cfg, a)?.bytes(n))
 }
@@ -160,14 +228,6 @@ pub fn admit(
     vram_budget: Option<u64>,
 ) -> Result<usize> {
     let (e, k) = (cfg.num_experts, cfg.top_k);
-    if let Some(n) = resident_experts {
-        if n < k || n > e {
-            return Err(Error::option(
-                "--resident-experts",
-                format!("{n} is outside the valid range {k}..={e} (top_k..=num_experts)"),
-            ));
-        }
-    }
     if a.staging_buffers == 0 || a.staging_buffers > MAX_STAGING_BUFFERS {
         return Err(Error::option(
             "--staging-buffers",
@@ -175,14 +235,31 @@ pub fn admit(
         ));
     }
     let cost = AdmissionCost::new(cfg, a)?;
+    let lo = cost.min_experts();
+    if let Some(n) = resident_experts {
+        if n > e {
+            return Err(Error::option(
+                "--resident-experts",
+                format!("{n} is outside the valid range {lo}..={e}: the model has {e} experts per layer"),
+            ));
+        }
+        if n < lo {
+            return Err(Error::option(
+                "--resident-experts",
+                format!(
+                    "{n} is outside the valid range {k}..={e} (top_k..=num_experts) with --miss-policy upload; below top_k, misses must run on the CPU: --miss-policy cpu or auto"
+                ),
+            ));
+        }
+    }
     let n = match (resident_experts, vram_budget) {
         (None, None) => e,
         (Some(n), None) => n,
         (None, Some(b)) => cost.most_within(b).ok_or_else(|| {
             Error::DoesNotFit(format!(
-                "--vram-budget {}: even {k} experts per layer (top_k) need {}; non-expert weights, KV cache and workspace alone take {}",
+                "--vram-budget {}: even {lo} experts per layer need {}; non-expert weights, KV cache and workspace alone take {}",
                 human(b),
-                human(cost.bytes(k)),
+                human(cost.bytes(lo)),
                 human(cost.fixed)
             ))
         })?,
@@ -193,16 +270,16 @@ pub fn admit(
                     human(cost.bytes(n)),
                     human(b),
                     cost.most_within(b)
-                        .map_or("none (not even top_k)".to_string(), |m| m.to_string())
+                        .map_or(format!("none (not even {lo})"), |m| m.to_string())
                 )));
             }
             n
         }
     };
-    if n < e && !a.int4 {
+    if (n < e || a.cpu_layers > 0) && !a.int4 {
         return Err(Error::option(
             "--resident-experts",
-            "partial residency needs --expert-precision int4",
+            "partial residency and CPU experts need --expert-precision int4",
         ));
     }
     Ok(n)

@@ -353,6 +353,9 @@ pub struct Routed<'a> {
     pub y: &'a [f32],
     pub weights: &'a [f32],
     pub top_k: usize,
+    /// Per (token, top-k index): whether that pair is summed from y (COMBINE_RESIDENT;
+    /// None: every pair).
+    pub resident: Option<&'a [bool]>,
 }
 
 /// The residual stream after the MoE block: `x + sum_j w[t, j] * y[t, j] + g_t * shared[t]`
@@ -361,15 +364,20 @@ pub struct Routed<'a> {
 /// `current_hidden_states = expert_layer(current_state) * routing_weights[top_x, idx, None]`),
 /// Qwen2Moe's `shared_expert_output = F.sigmoid(self.shared_expert_gate(hidden_states)) *
 /// shared_expert_output`, `final_hidden_states = final_hidden_states + shared_expert_output`,
-/// and the decoder layer's `hidden_states = residual + hidden_states`.
+/// and the decoder layer's `hidden_states = residual + hidden_states`. `host` [T, hidden]
+/// is added as it is (the CPU experts' weighted sum, COMBINE_HOST).
 pub fn moe_combine(
     x: &[f32],
     hidden: usize,
     routed: Option<Routed<'_>>,
     shared: Option<&[f32]>,
     shared_gate: Option<&[f32]>,
+    host: Option<&[f32]>,
 ) -> Result<Vec<f32>> {
     let t = rows_of("residual", x.len(), hidden)?;
+    if let Some(hy) = host {
+        need("CPU expert sums", hy.len(), t * hidden)?;
+    }
     if let Some(r) = &routed {
         need("expert outputs", r.y.len(), t * r.top_k * hidden)?;
         need("expert weights", r.weights.len(), t * r.top_k)?;
@@ -386,12 +394,18 @@ pub fn moe_combine(
             let mut acc = 0.0f32;
             if let Some(r) = &routed {
                 for j in 0..r.top_k {
-                    acc += r.weights[ti * r.top_k + j] * r.y[(ti * r.top_k + j) * hidden + m];
+                    let tj = ti * r.top_k + j;
+                    if r.resident.is_none_or(|s| s[tj]) {
+                        acc += r.weights[tj] * r.y[tj * hidden + m];
+                    }
                 }
             }
             if let Some(s) = shared {
                 let g = shared_gate.map_or(1.0, |g| sigmoid(g[ti]));
                 acc += g * s[ti * hidden + m];
+            }
+            if let Some(hy) = host {
+                acc += hy[ti * hidden + m];
             }
             out[ti * hidden + m] += acc;
         }
@@ -491,7 +505,7 @@ pub fn w4a16_gate_up(x: &[f32], layout: &Q4SlotLayout, slot: &[u8]) -> Result<Ve
 
 /// Second half of an INT4 SwiGLU expert from its packed slot bytes: `h · down^T`,
 /// h [T, inter], returns [T, hidden]. What shaders/ffn_down_q4.wgsl computes per slot
-/// (flags bit 0 clear) for one (token, top-k index). Per-block scaling in f64.
+/// for one (token, top-k index). Per-block scaling in f64.
 /// Mirrors `self.down_proj(...)` with the dequantised weights.
 pub fn w4a16_down(h: &[f32], layout: &Q4SlotLayout, slot: &[u8]) -> Result<Vec<f32>> {
     let slot = q4_slot(layout, slot)?;
@@ -504,7 +518,7 @@ pub fn w4a16_down(h: &[f32], layout: &Q4SlotLayout, slot: &[u8]) -> Result<Vec<f
     )
 }
 
-/// The fused weighted combine of shaders/ffn_down_q4.wgsl (flags bit 0 set):
+/// The fused weighted combine of shaders/ffn_down_q4_combine.wgsl:
 /// `x[t] + sum_j w[t, j] * (down_{t,j} · h[t, j])` over the top-k indices whose slot is
 /// given (`slots[t * top_k + j]`; `None` = that expert lives in another chunk and is not
 /// added). x [T, hidden], h [T, top_k, inter], weights [T, top_k]; returns [T, hidden].

@@ -11,8 +11,9 @@ use crate::checkpoint::Checkpoint;
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result};
 use crate::model::forward::Head;
+use crate::model::residency::{ExpertPlacement, Residency, ResidencyConfig};
 use crate::model::{Executor, Forward, ForwardOptions, ModelWeights};
-use crate::residency::{build_policy, PolicyKind, Profile};
+use crate::residency::{build_policy, CacheConfig, MissPolicy, PolicyKind, Profile};
 use crate::tokenizer::Tokenizer;
 use std::sync::Arc;
 
@@ -36,6 +37,53 @@ pub struct ResidencyOptions {
     pub staging_buffers: usize,
     /// Record per-layer expert frequencies (reads each layer's routing back).
     pub record_profile: bool,
+    /// Where misses run (None: `auto` below full residency or with CPU layers).
+    pub miss_policy: Option<MissPolicy>,
+    /// The first N layers' routed experts all run on the CPU (`--n-cpu-moe`).
+    pub n_cpu_moe: usize,
+    /// CPU expert threads (None: one per core).
+    pub cpu_threads: Option<usize>,
+}
+
+impl ResidencyOptions {
+    /// The miss policy in effect for a model of `layers` layers.
+    pub fn miss_policy(&self, cfg: &ModelConfig) -> MissPolicy {
+        let partial = self.resident_experts.is_some_and(|n| n < cfg.num_experts)
+            || self.vram_budget.is_some()
+            || self.n_cpu_moe > 0;
+        self.miss_policy.unwrap_or(if partial {
+            MissPolicy::Auto
+        } else {
+            MissPolicy::Upload
+        })
+    }
+
+    /// MoE layers `--n-cpu-moe` puts on the CPU.
+    pub fn cpu_layers(&self, cfg: &ModelConfig) -> usize {
+        (0..cfg.num_layers.min(self.n_cpu_moe))
+            .filter(|&l| cfg.sparse_layers[l])
+            .count()
+    }
+}
+
+/// Where each layer's routed experts live, for `capacity` resident experts per layer.
+pub fn placement(cfg: &ModelConfig, r: &ResidencyOptions, capacity: usize) -> Vec<ExpertPlacement> {
+    let miss = r.miss_policy(cfg);
+    (0..cfg.num_layers)
+        .map(|l| {
+            if !cfg.sparse_layers[l] {
+                ExpertPlacement::Device
+            } else if l < r.n_cpu_moe || capacity == 0 {
+                ExpertPlacement::Host
+            } else if capacity >= cfg.num_experts {
+                ExpertPlacement::Device
+            } else if miss == MissPolicy::Upload {
+                ExpertPlacement::Cached
+            } else {
+                ExpertPlacement::Hybrid
+            }
+        })
+        .collect()
 }
 
 impl Default for ResidencyOptions {
@@ -48,6 +96,9 @@ impl Default for ResidencyOptions {
             profile: None,
             staging_buffers: 4,
             record_profile: false,
+            miss_policy: None,
+            n_cpu_moe: 0,
+            cpu_threads: None,
         }
     }
 }
@@ -131,11 +182,25 @@ impl Engine {
         }
         let int4 = opts.expert_precision == ExpertPrecision::Int4;
         let r = &opts.residency;
-        let partial = capacity < cfg.num_experts;
+        let place = placement(&cfg, r, capacity);
         let dev = Device::open(&opts.adapter)?;
         let plan = KernelPlan::decide(dev.info(), &opts.kernels)?;
-        let slots = partial.then_some(capacity + cfg.top_k);
-        let mut weights = ModelWeights::load(&dev, &cfg, &ckpt, int4, slots)?;
+        // Device slots per layer: the cache's (capacity + spares), none for CPU layers.
+        let slots: Vec<Option<usize>> = place
+            .iter()
+            .enumerate()
+            .map(|(l, p)| match p {
+                ExpertPlacement::Device => None,
+                ExpertPlacement::Host => Some(0),
+                ExpertPlacement::Cached => Some(
+                    CacheConfig::partial(l, cfg.num_experts, cfg.top_k, capacity).total_slots(),
+                ),
+                ExpertPlacement::Hybrid => {
+                    Some(CacheConfig::hybrid(l, cfg.num_experts, cfg.top_k, capacity).total_slots())
+                }
+            })
+            .collect();
+        let mut weights = ModelWeights::load(&dev, &cfg, &ckpt, int4, &slots)?;
         let host = weights.host.take();
         let suppress = eos_ids(&cfg, generation.as_ref());
         let mut fwd = Forward::new(
@@ -149,23 +214,36 @@ impl Engine {
                 prefill_chunk: opts.prefill_chunk,
                 all_logits: opts.all_logits,
                 suppress,
-                expert_batches: partial,
+                expert_batches: place.contains(&ExpertPlacement::Cached),
+                placement: place.clone(),
             },
         )?;
         warm_up(&mut fwd)?;
         if let Some(host) = host {
-            let policy = build_policy(r.policy, r.decay, profile.as_ref(), capacity)
+            let policy = build_policy(r.policy, r.decay, profile.as_ref(), capacity.max(1))
                 .map_err(|e| Error::option("--cache-policy", e.0))?;
-            let res = crate::model::residency::Residency::new(
+            let miss = r.miss_policy(&cfg);
+            let res = Residency::new(
                 &dev,
                 host,
-                &cfg.sparse_layers,
-                cfg.top_k,
-                capacity,
-                r.staging_buffers,
+                &ResidencyConfig {
+                    placement: &place,
+                    top_k: cfg.top_k,
+                    capacity,
+                    staging_buffers: r.staging_buffers,
+                    miss,
+                    cpu_threads: r.cpu_threads,
+                    layout: crate::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate),
+                },
                 policy,
             )?;
             fwd.residency = Some(res);
+            if miss == MissPolicy::Auto && place.contains(&ExpertPlacement::Hybrid) {
+                let figures = fwd.measure_miss_costs()?;
+                if let Some(res) = fwd.residency.as_mut() {
+                    res.figures = Some(figures);
+                }
+            }
         }
         if r.record_profile {
             fwd.record_routing = true;
@@ -235,6 +313,15 @@ pub fn check_host(
         ));
     }
     let r = &opts.residency;
+    if r.n_cpu_moe > cfg.num_layers {
+        return Err(Error::option(
+            "--n-cpu-moe",
+            format!(
+                "{} is more than the model's {} layers",
+                r.n_cpu_moe, cfg.num_layers
+            ),
+        ));
+    }
     let capacity = admit(
         cfg,
         &AdmissionInput {
@@ -243,11 +330,13 @@ pub fn check_host(
             prefill_chunk: opts.prefill_chunk,
             all_logits: opts.all_logits,
             staging_buffers: r.staging_buffers,
+            miss: r.miss_policy(cfg),
+            cpu_layers: r.cpu_layers(cfg),
         },
         r.resident_experts,
         r.vram_budget,
     )?;
-    if capacity >= cfg.num_experts {
+    if capacity >= cfg.num_experts || capacity == 0 {
         return Ok((capacity, None));
     }
     let profile = match &r.profile {

@@ -95,6 +95,7 @@ impl Inspection {
             chunk: crate::model::workspace::effective_chunk(cfg, max_context, chunk, None),
             all_logits: false,
             expert_major: None,
+            host_experts: false,
         };
         let total = crate::model::workspace::workspace_bytes(cfg, &shape).map_err(option)?;
         // The workspace table holds the KV cache too; report it apart.

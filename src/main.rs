@@ -106,9 +106,25 @@ struct EvalArgs {
 /// Expert residency options (partial residency needs INT4 experts).
 #[derive(Args, Clone)]
 struct ResidencyArgs {
-    /// Expert slots per layer on the GPU (top_k..=num_experts; default all).
+    /// Expert slots per layer on the GPU (default all; with --miss-policy upload at least
+    /// top_k; 0 = every routed expert on the CPU).
     #[arg(long)]
     resident_experts: Option<usize>,
+    /// Every routed expert computed on the CPU (as --resident-experts 0): attention,
+    /// norms, router, shared experts and lm_head stay on the GPU.
+    #[arg(long, conflicts_with = "resident_experts")]
+    cpu_experts: bool,
+    /// The first N layers' routed experts all computed on the CPU (llama.cpp's
+    /// --n-cpu-moe); the other layers as --resident-experts says.
+    #[arg(long, default_value_t = 0)]
+    n_cpu_moe: usize,
+    /// Where an expert with no GPU slot runs: uploaded, computed on the CPU, or chosen per
+    /// miss by a cost model measured at start-up (default: auto below full residency).
+    #[arg(long, value_enum)]
+    miss_policy: Option<wgmoe::residency::MissPolicy>,
+    /// Threads of the CPU expert kernel (default: one per core).
+    #[arg(long)]
+    cpu_threads: Option<usize>,
     /// GPU memory the runtime may allocate (e.g. 6GiB, 512MiB); derives --resident-experts.
     #[arg(long, value_parser = parse_size)]
     vram_budget: Option<u64>,
@@ -136,13 +152,20 @@ impl ResidencyArgs {
             .parse()
             .map_err(|e: wgmoe::residency::ConfigError| Error::option("--cache-policy", e.0))?;
         Ok(wgmoe::engine::ResidencyOptions {
-            resident_experts: self.resident_experts,
+            resident_experts: if self.cpu_experts {
+                Some(0)
+            } else {
+                self.resident_experts
+            },
             vram_budget: self.vram_budget,
             policy,
             decay: self.decay,
             profile: self.profile.clone(),
             staging_buffers: self.staging_buffers,
             record_profile: self.write_profile.is_some(),
+            miss_policy: self.miss_policy,
+            n_cpu_moe: self.n_cpu_moe,
+            cpu_threads: self.cpu_threads,
         })
     }
 }
@@ -438,6 +461,15 @@ struct BenchArgs {
     /// Mapped staging buffers for expert uploads (partial residency).
     #[arg(long, default_value_t = 4)]
     staging_buffers: usize,
+    /// Miss policies to sweep below full residency: upload,cpu,auto (default: auto).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    miss_policy: Vec<wgmoe::residency::MissPolicy>,
+    /// The first N layers' routed experts on the CPU, in every configuration.
+    #[arg(long, default_value_t = 0)]
+    n_cpu_moe: usize,
+    /// Threads of the CPU expert kernel (default: one per core).
+    #[arg(long)]
+    cpu_threads: Option<usize>,
     #[command(flatten)]
     gpu: GpuArgs,
 }

@@ -267,6 +267,8 @@ fn bench_residency_sweep_reports_cache_counters() {
         "3,7",
         "--cache-policy",
         "lru,lfu-decay",
+        "--miss-policy",
+        "upload",
         "--json-out",
         json_out.to_str().unwrap(),
         "--plot",
@@ -300,6 +302,67 @@ fn bench_residency_sweep_reports_cache_counters() {
             assert!(r["cache_policy"].is_null());
         }
     }
+}
+
+/// A miss-policy sweep: the CPU computes what is not resident (all of it at N = 0),
+/// uploads are counted apart, and each record says where its misses ran. A policy that
+/// cannot serve a count is refused before anything is measured.
+#[test]
+fn bench_miss_policy_sweep_reports_cpu_experts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let json_out = tmp.path().join("bench.json");
+    let args = |miss: &str| {
+        vec![
+            "bench".to_string(),
+            "models/olmoe-tiny".into(),
+            "--prompts".into(),
+            "2".into(),
+            "--blocks".into(),
+            "1".into(),
+            "-n".into(),
+            "4".into(),
+            "--warmup".into(),
+            "0".into(),
+            "--resident-experts".into(),
+            "0,3".into(),
+            "--miss-policy".into(),
+            miss.into(),
+            "--json-out".into(),
+            json_out.to_str().unwrap().into(),
+        ]
+    };
+    let a = args("cpu,auto");
+    wgmoe(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
+    let recs = v.as_array().unwrap();
+    assert_eq!(recs.len(), 4, "N = 0 and 3, each with cpu and auto");
+    let slot = wgmoe::quant::Q4SlotLayout::new(64, 96).bytes as u64;
+    for r in recs {
+        let n = r["resident_experts_per_layer"].as_u64().unwrap();
+        assert!(r["miss_policy"].is_string(), "{r:#}");
+        let uploaded = r["uploaded_misses"].as_u64().unwrap();
+        assert_eq!(r["h2d_bytes"].as_u64().unwrap(), uploaded * slot, "{r:#}");
+        assert!(r["cpu_expert_pairs"].as_u64().unwrap() > 0, "{r:#}");
+        if n == 0 {
+            assert_eq!(uploaded, 0, "{r:#}");
+        }
+    }
+    // Every miss uploaded into no slot at all: refused, naming the option, nothing written.
+    std::fs::remove_file(&json_out).unwrap();
+    let a = args("upload");
+    let out = Command::new(env!("CARGO_BIN_EXE_wgmoe"))
+        .args(&a)
+        .current_dir(repo())
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--resident-experts"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was measured"), "{err}");
 }
 
 const TINY: &[&str] = &[

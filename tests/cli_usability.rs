@@ -373,7 +373,7 @@ fn bench_checks_everything_before_measuring() {
             vec!["--expert-precision", "int4,f16", "--resident-experts", "4"],
             vec![
                 "--expert-precision f16",
-                "partial residency needs --expert-precision int4",
+                "partial residency and CPU experts need --expert-precision int4",
             ],
         ),
         (
@@ -393,7 +393,16 @@ fn bench_checks_everything_before_measuring() {
         ),
         (
             vec!["--resident-experts", "5,99"],
-            vec!["--resident-experts", "99", "3..=7"],
+            vec!["--resident-experts", "99", "3..=7", "7 experts"],
+        ),
+        (
+            vec!["--resident-experts", "2", "--miss-policy", "upload"],
+            vec![
+                "--resident-experts",
+                "2",
+                "3..=7",
+                "--miss-policy cpu or auto",
+            ],
         ),
         (
             vec!["--cache-policy", "fifo"],

@@ -271,39 +271,58 @@ fn eos_outside_the_vocabulary_is_refused() {
 #[test]
 fn admission_in_closed_form_matches_trying_every_count() {
     use wgmoe::admission::{AdmissionCost, AdmissionInput};
+    use wgmoe::residency::MissPolicy;
     for fixture in [OLMOE, QWEN] {
         // The fixture's shapes with 64 experts, so that many counts are partial residency.
         let path = common::fixture(fixture).join("config.json");
         let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         v["num_experts"] = 64.into();
         let cfg = wgmoe::config::ModelConfig::from_json(&v.to_string(), &path).unwrap();
-        let input = AdmissionInput {
-            int4: true,
-            max_context: 100,
-            prefill_chunk: 64,
-            all_logits: false,
-            staging_buffers: 2,
-        };
-        let c = AdmissionCost::new(&cfg, &input).unwrap();
-        let (k, e) = (cfg.top_k, cfg.num_experts);
-        let lo = c.bytes(k).saturating_sub(1000);
-        let hi = c.bytes(e) + 1000;
-        let step = ((hi - lo) / 500).max(1);
-        let mut granted = std::collections::BTreeSet::new();
-        for b in (lo..=hi)
-            .step_by(step as usize)
-            .chain([c.bytes(k), c.bytes(e), c.bytes(e) - 1])
-        {
-            let brute = (k..=e).rev().find(|&n| c.bytes(n) <= b);
-            assert_eq!(c.most_within(b), brute, "{fixture}: budget {b}");
-            if let Some(n) = brute {
-                granted.insert(n);
+        for (miss, cpu_layers) in [
+            (MissPolicy::Upload, 0),
+            (MissPolicy::Cpu, 0),
+            (MissPolicy::Auto, 1),
+        ] {
+            let input = AdmissionInput {
+                int4: true,
+                max_context: 100,
+                prefill_chunk: 64,
+                all_logits: false,
+                staging_buffers: 2,
+                miss,
+                cpu_layers,
+            };
+            let c = AdmissionCost::new(&cfg, &input).unwrap();
+            let (k, e) = (cfg.top_k, cfg.num_experts);
+            let min = c.min_experts();
+            assert_eq!(min, if miss == MissPolicy::Upload { k } else { 0 });
+            let lo = c.bytes(min).saturating_sub(1000);
+            let hi = c.bytes(e) + 1000;
+            let step = ((hi - lo) / 500).max(1);
+            let mut granted = std::collections::BTreeSet::new();
+            for b in (lo..=hi).step_by(step as usize).chain([
+                c.bytes(k),
+                c.bytes(e),
+                c.bytes(e) - 1,
+                c.bytes(1),
+                c.bytes(k - 1),
+            ]) {
+                let brute = (min..=e).rev().find(|&n| c.bytes(n) <= b);
+                assert_eq!(c.most_within(b), brute, "{fixture} {miss:?}: budget {b}");
+                if let Some(n) = brute {
+                    granted.insert(n);
+                }
+            }
+            assert!(granted.len() > 20, "{fixture}: budgets spanned {granted:?}");
+            assert_eq!(
+                wgmoe::admission::admission_bytes(&cfg, &input, e).unwrap(),
+                c.bytes(e)
+            );
+            // Below full residency, fewer slots never cost more (full residency needs no
+            // spares or staging, so it can cost less than one expert fewer).
+            for n in min..e - 1 {
+                assert!(c.bytes(n) <= c.bytes(n + 1), "{fixture} {miss:?}: n {n}");
             }
         }
-        assert!(granted.len() > 20, "{fixture}: budgets spanned {granted:?}");
-        assert_eq!(
-            wgmoe::admission::admission_bytes(&cfg, &input, e).unwrap(),
-            c.bytes(e)
-        );
     }
 }

@@ -424,11 +424,12 @@ fn combine_case(
     gate_col: usize,
 ) {
     use flags::{
-        COMBINE_ROUTED as ROUTED, COMBINE_SHARED as SHARED, COMBINE_SHARED_GATED as SHARED_GATED,
+        COMBINE_HOST as HOST, COMBINE_RESIDENT as RESIDENT, COMBINE_ROUTED as ROUTED,
+        COMBINE_SHARED as SHARED, COMBINE_SHARED_GATED as SHARED_GATED,
     };
     let mut rng = Rng::new(seed);
     let x0 = rng.vec(t * hid, 2.0);
-    let y = rng.vec(t * top_k * hid, 2.0);
+    let mut y = rng.vec(t * top_k * hid, 2.0);
     let w = rng
         .vec(t * top_k, 1.0)
         .iter()
@@ -436,13 +437,39 @@ fn combine_case(
         .collect::<Vec<_>>();
     let shared = rng.vec(t * hid, 2.0);
     let router = rng.vec(t * gate_stride, 4.0);
+    let host = rng.vec(t * hid, 2.0);
+    // Experts 0..2*top_k; the pool has `slots` slots and about half the experts a slot
+    // (NO_SLOT or a stale index past the pool otherwise). The rows of y of pairs without
+    // a slot are NaN: reading one is a failure.
+    let n_exp = 2 * top_k as u32;
+    let slots = top_k as u32;
+    let slot_of: Vec<u32> = (0..n_exp)
+        .map(|e| match e % 3 {
+            0 => e / 3 % slots,
+            1 => u32::MAX,
+            _ => slots + e,
+        })
+        .collect();
+    let ids: Vec<u32> = (0..t * top_k)
+        .map(|_| rng.below(n_exp as usize) as u32)
+        .collect();
+    let resident: Vec<bool> = ids.iter().map(|&e| slot_of[e as usize] < slots).collect();
+    if flags & RESIDENT != 0 {
+        for (tj, r) in resident.iter().enumerate() {
+            if !r {
+                y[tj * hid..(tj + 1) * hid].fill(f32::NAN);
+            }
+        }
+    }
     let step = dev.step_buffer(0, t).unwrap();
-    let (yb, wb, sb, rb) = (
+    let (yb, wb, sb, rb, hb) = (
         f32_buf(dev, &y),
         f32_buf(dev, &w),
         f32_buf(dev, &shared),
         f32_buf(dev, &router),
+        f32_buf(dev, &host),
     );
+    let (ib, slb) = (u32_buf(dev, &ids), u32_buf(dev, &slot_of));
     let x = f32_buf(dev, &x0);
     let mut prog = Program::default();
     ops::moe_combine(
@@ -453,6 +480,7 @@ fn combine_case(
             flags,
             gate_stride: gate_stride as u32,
             gate_col: gate_col as u32,
+            slots,
             ..Default::default()
         },
         &CombineBuffers {
@@ -461,6 +489,9 @@ fn combine_case(
             shared_y: &sb,
             router: &rb,
             x: &x,
+            ids: &ib,
+            slot_of: &slb,
+            host_y: &hb,
         },
     );
     run(dev, prog, &step, t);
@@ -471,6 +502,7 @@ fn combine_case(
         y: &y,
         weights: &w,
         top_k,
+        resident: (flags & RESIDENT != 0).then_some(&resident[..]),
     });
     let want = cpu_ref::moe_combine(
         &x0,
@@ -478,6 +510,7 @@ fn combine_case(
         routed,
         (flags & SHARED != 0).then_some(&shared[..]),
         (flags & SHARED_GATED != 0).then_some(&gates[..]),
+        (flags & HOST != 0).then_some(&host[..]),
     )
     .unwrap();
     check(
@@ -491,13 +524,28 @@ fn combine_case(
 #[test]
 fn moe_combine_matches_cpu() {
     use flags::{
-        COMBINE_ROUTED as ROUTED, COMBINE_SHARED as SHARED, COMBINE_SHARED_GATED as SHARED_GATED,
+        COMBINE_HOST as HOST, COMBINE_RESIDENT as RESIDENT, COMBINE_ROUTED as ROUTED,
+        COMBINE_SHARED as SHARED, COMBINE_SHARED_GATED as SHARED_GATED,
     };
     let dev = device(None);
     combine_case(&dev, 900, 5, 13, 3, ROUTED, 7, 0);
     combine_case(&dev, 901, 7, 100, 8, ROUTED | SHARED | SHARED_GATED, 61, 60);
     combine_case(&dev, 902, 1, 70, 1, SHARED, 5, 0);
     combine_case(&dev, 903, 9, 7, 1, ROUTED | SHARED, 4, 3);
+    // Hybrid residency: resident pairs from y, the CPU's sum from host_y.
+    combine_case(&dev, 904, 6, 100, 8, ROUTED | RESIDENT | HOST, 7, 0);
+    combine_case(
+        &dev,
+        905,
+        1,
+        65,
+        4,
+        ROUTED | RESIDENT | HOST | SHARED | SHARED_GATED,
+        61,
+        60,
+    );
+    combine_case(&dev, 906, 3, 33, 2, HOST | SHARED, 4, 3);
+    combine_case(&dev, 907, 4, 20, 3, HOST, 4, 3);
 }
 
 // ---------------------------------------------------------------------------------------------

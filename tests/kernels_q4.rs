@@ -243,6 +243,9 @@ fn per_expert_case(s: &Setup) {
             shared_y: &s.dummy,
             router: &s.dummy,
             x: &xp,
+            ids: &s.dummy,
+            slot_of: &s.dummy,
+            host_y: &s.dummy,
         },
     );
     s.run(per);

@@ -14,7 +14,7 @@ use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{DeviceRequest, KernelOverrides};
 use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
 use wgmoe::model::Executor;
-use wgmoe::residency::PolicyKind;
+use wgmoe::residency::{MissPolicy, PolicyKind};
 
 /// Writes a calibration profile for `name` (full residency, routing recorded).
 fn calibrate(name: &str, prompt: &[u32], dir: &std::path::Path) -> PathBuf {
@@ -23,7 +23,7 @@ fn calibrate(name: &str, prompt: &[u32], dir: &std::path::Path) -> PathBuf {
         64,
         ResidencyOptions {
             record_profile: true,
-            ..Default::default()
+            ..upload()
         },
         Executor::Grouped,
     )
@@ -49,7 +49,7 @@ fn check_policies(name: &str) {
                     resident_experts: Some(n),
                     policy,
                     profile: Some(profile.clone()),
-                    ..Default::default()
+                    ..upload()
                 };
                 let mut eng = load(name, 64, opts, executor).unwrap();
                 let before = eng
@@ -143,7 +143,7 @@ fn batched_prefill_with_storage_kernels_gives_the_int4_golden() {
             64,
             ResidencyOptions {
                 resident_experts: Some(k),
-                ..Default::default()
+                ..upload()
             },
             Executor::Grouped,
             KernelOverrides {
@@ -187,7 +187,7 @@ fn failed_upload_keeps_the_previous_generation() {
         64,
         ResidencyOptions {
             resident_experts: Some(3),
-            ..Default::default()
+            ..upload()
         },
         Executor::Grouped,
     )
@@ -253,7 +253,7 @@ fn admission_refuses_what_cannot_fit() {
     };
     let e = err(ResidencyOptions {
         resident_experts: Some(2),
-        ..Default::default()
+        ..upload()
     });
     assert!(
         e.contains("--resident-experts") && e.contains("3..=7"),
@@ -261,18 +261,18 @@ fn admission_refuses_what_cannot_fit() {
     );
     let e = err(ResidencyOptions {
         resident_experts: Some(8),
-        ..Default::default()
+        ..upload()
     });
     assert!(e.contains("3..=7"), "{e}");
     let e = err(ResidencyOptions {
         vram_budget: Some(1 << 20),
-        ..Default::default()
+        ..upload()
     });
     assert!(e.contains("--vram-budget"), "{e}");
     let e = err(ResidencyOptions {
         resident_experts: Some(3),
         policy: PolicyKind::Profile,
-        ..Default::default()
+        ..upload()
     });
     assert!(e.contains("--profile"), "{e}");
     // Below full residency each layer also holds top_k spare slots and the staging
@@ -283,7 +283,7 @@ fn admission_refuses_what_cannot_fit() {
     let opts = EngineOptions {
         residency: ResidencyOptions {
             vram_budget: Some(0),
-            ..Default::default()
+            ..upload()
         },
         adapter: DeviceRequest::default(),
         kernels: KernelOverrides::default(),
@@ -299,6 +299,8 @@ fn admission_refuses_what_cannot_fit() {
         prefill_chunk: opts.prefill_chunk,
         all_logits: opts.all_logits,
         staging_buffers: opts.residency.staging_buffers,
+        miss: MissPolicy::Upload,
+        cpu_layers: 0,
     };
     let need = |n| wgmoe::admission::admission_bytes(&cfg, &input, n).unwrap();
     let need5 = need(5);
@@ -308,7 +310,7 @@ fn admission_refuses_what_cannot_fit() {
         64,
         ResidencyOptions {
             vram_budget: Some(need5),
-            ..Default::default()
+            ..upload()
         },
         Executor::Grouped,
     )
@@ -323,7 +325,7 @@ fn admission_refuses_what_cannot_fit() {
         64,
         ResidencyOptions {
             resident_experts: Some(5),
-            ..Default::default()
+            ..upload()
         },
         Executor::Grouped,
     )
@@ -342,7 +344,7 @@ fn admission_refuses_what_cannot_fit() {
     let e = err(ResidencyOptions {
         resident_experts: Some(5),
         vram_budget: Some(need5 - 1),
-        ..Default::default()
+        ..upload()
     });
     assert!(
         e.contains("5 experts per layer need") && e.contains("fits 7"),

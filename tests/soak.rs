@@ -44,7 +44,7 @@ fn soak_2000_tokens_at_top_k_does_not_grow() {
         ResidencyOptions {
             resident_experts: Some(3),
             staging_buffers: 2,
-            ..Default::default()
+            ..upload()
         },
         Executor::Grouped,
     )

@@ -9,6 +9,7 @@
 //! residency runtime and the generation loop speak only this module; `wgpu::` appears only
 //! under `backend/wgpu/`, and `cfg(feature = "cuda")` only here.
 
+pub mod cpu;
 pub mod kernel;
 pub mod params;
 pub mod plan;

@@ -37,6 +37,10 @@ pub mod flags {
     pub const COMBINE_ROUTED: u32 = 1;
     pub const COMBINE_SHARED: u32 = 2;
     pub const COMBINE_SHARED_GATED: u32 = 4;
+    /// moe_combine: sum from y only the pairs whose expert has a device slot.
+    pub const COMBINE_RESIDENT: u32 = 8;
+    /// moe_combine: add the CPU-computed experts' weighted sum (host_y).
+    pub const COMBINE_HOST: u32 = 16;
     pub const ROPE_QK_NORM: u32 = 1;
     pub const ROPE_CLIP: u32 = 2;
     /// rope_kv: RMSNorm of each q and k head over head_dim (one weight vector per side).
@@ -52,6 +56,8 @@ pub mod flags {
         ("COMBINE_ROUTED", COMBINE_ROUTED),
         ("COMBINE_SHARED", COMBINE_SHARED),
         ("COMBINE_SHARED_GATED", COMBINE_SHARED_GATED),
+        ("COMBINE_RESIDENT", COMBINE_RESIDENT),
+        ("COMBINE_HOST", COMBINE_HOST),
         ("ROPE_QK_NORM", ROPE_QK_NORM),
         ("ROPE_CLIP", ROPE_CLIP),
         ("ROPE_QK_NORM_PER_HEAD", ROPE_QK_NORM_PER_HEAD),
@@ -286,7 +292,7 @@ params! {
         pub flags: u32,
         pub gate_stride: u32,
         pub gate_col: u32,
-        pub _a: u32,
+        pub slots: u32,
         pub _b: u32,
         pub _c: u32,
     }

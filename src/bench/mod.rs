@@ -54,6 +54,10 @@ pub struct BenchOptions {
     pub decay: f64,
     pub profile: Option<PathBuf>,
     pub staging_buffers: usize,
+    /// Miss policies to sweep below full residency (empty: the default, auto).
+    pub miss_policies: Vec<crate::residency::MissPolicy>,
+    pub n_cpu_moe: usize,
+    pub cpu_threads: Option<usize>,
 }
 
 /// One point of the sweep.
@@ -63,6 +67,8 @@ pub struct BenchConfig {
     pub executor: Executor,
     pub resident_experts: Option<usize>,
     pub cache_policy: crate::residency::PolicyKind,
+    /// None: the default (auto below full residency).
+    pub miss_policy: Option<crate::residency::MissPolicy>,
 }
 
 /// Every combination of the sweep lists, in the order given (precision outermost).
@@ -78,16 +84,24 @@ pub fn configurations(o: &BenchOptions) -> Vec<BenchConfig> {
     } else {
         o.cache_policies.clone()
     };
+    let misses: Vec<Option<crate::residency::MissPolicy>> = if o.miss_policies.is_empty() {
+        vec![None]
+    } else {
+        o.miss_policies.iter().map(|&m| Some(m)).collect()
+    };
     for &expert_precision in &o.expert_precisions {
         for &executor in &o.executors {
             for &resident_experts in &residents {
                 for &cache_policy in &policies {
-                    v.push(BenchConfig {
-                        expert_precision,
-                        executor,
-                        resident_experts,
-                        cache_policy,
-                    });
+                    for &miss_policy in &misses {
+                        v.push(BenchConfig {
+                            expert_precision,
+                            executor,
+                            resident_experts,
+                            cache_policy,
+                            miss_policy,
+                        });
+                    }
                 }
             }
         }
@@ -156,6 +170,9 @@ pub(super) fn engine_options(
             profile: o.profile.clone(),
             staging_buffers: o.staging_buffers,
             record_profile: false,
+            miss_policy: c.miss_policy,
+            n_cpu_moe: o.n_cpu_moe,
+            cpu_threads: o.cpu_threads,
         },
         adapter: o.adapter.clone(),
         kernels: o.kernels,
@@ -197,8 +214,11 @@ pub(super) fn describe(c: &BenchConfig) -> String {
         name_of(&c.executor),
         c.resident_experts
             .map(|n| format!(
-                " --resident-experts {n} --cache-policy {}",
-                c.cache_policy.as_str()
+                " --resident-experts {n} --cache-policy {}{}",
+                c.cache_policy.as_str(),
+                c.miss_policy
+                    .map(|m| format!(" --miss-policy {}", m.name()))
+                    .unwrap_or_default()
             ))
             .unwrap_or_default()
     )

@@ -72,14 +72,27 @@ pub struct BenchRecord {
     pub expert_evictions: Option<u64>,
     pub upload_seconds_per_miss: Option<f64>,
     pub expert_misses_per_token: f64,
+    // CPU experts (null without a residency runtime).
+    pub miss_policy: Option<crate::residency::MissPolicy>,
+    pub uploaded_misses: Option<u64>,
+    pub cpu_expert_pairs: Option<u64>,
+    pub cpu_expert_seconds: Option<f64>,
+    pub n_cpu_moe: usize,
+    pub cost_figures: Option<crate::residency::CostFigures>,
 }
 
 /// "int4/grouped": a configuration's label in tables and logs.
 pub fn config_label(r: &BenchRecord) -> String {
-    let res = match (r.resident_experts_per_layer, &r.cache_policy) {
+    let mut res = match (r.resident_experts_per_layer, &r.cache_policy) {
         (Some(n), Some(p)) if n < r.num_experts => format!("/{n}of{} {p}", r.num_experts),
         _ => String::new(),
     };
+    if let Some(m) = r.miss_policy.filter(|_| !res.is_empty()) {
+        res.push_str(&format!(" miss {}", m.name()));
+    }
+    if r.n_cpu_moe > 0 {
+        res.push_str(&format!(" n-cpu-moe {}", r.n_cpu_moe));
+    }
     format!(
         "{}/{}{res}",
         name_of(&r.expert_precision),
@@ -198,5 +211,15 @@ pub(super) fn record(
         upload_seconds_per_miss: (res.expert_misses > 0)
             .then(|| res.upload_seconds / res.expert_misses as f64),
         expert_misses_per_token: res.expert_misses as f64 / generated.max(1) as f64,
+        miss_policy: engine.fwd.residency.as_ref().map(|r| r.miss),
+        uploaded_misses: engine.fwd.residency.as_ref().map(|_| res.uploaded_misses),
+        cpu_expert_pairs: engine.fwd.residency.as_ref().map(|_| res.cpu_expert_pairs),
+        cpu_expert_seconds: engine
+            .fwd
+            .residency
+            .as_ref()
+            .map(|_| res.cpu_expert_seconds),
+        n_cpu_moe: o.n_cpu_moe,
+        cost_figures: res.cost_figures,
     }
 }

@@ -41,6 +41,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         decay: a.decay,
         profile: a.profile.clone(),
         staging_buffers: a.staging_buffers,
+        miss_policies: a.miss_policy.clone(),
+        n_cpu_moe: a.n_cpu_moe,
+        cpu_threads: a.cpu_threads,
     };
     let write = |records: &[BenchRecord]| -> Result<()> {
         if let Some(path) = &a.json_out {

@@ -197,7 +197,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         eprintln!("wrote expert profile {}", path.display());
     }
     if json_mode {
-        let obj = json!({
+        let mut obj = json!({
             "model": a.model.display().to_string(),
             "prompt_ids": prompt_ids,
             "generated_ids": g.generated_ids,
@@ -236,6 +236,17 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "host_source_checksum": host_sum.map(|h| format!("{h:016x}")),
             }
         });
+        // CPU experts (the json! macro's recursion limit keeps them apart).
+        obj["metrics"]["miss_policy"] =
+            json!(engine.fwd.residency.as_ref().map(|_| rs.miss_policy));
+        obj["metrics"]["cpu_expert_pairs"] = json!(rs.cpu_expert_pairs);
+        obj["metrics"]["cpu_expert_seconds"] = json!(rs.cpu_expert_seconds);
+        obj["metrics"]["uploaded_misses"] = json!(rs.uploaded_misses);
+        obj["metrics"]["cpu_misses"] = json!(rs.cpu_misses);
+        obj["metrics"]["cpu_threads"] = json!(rs.cpu_threads);
+        obj["metrics"]["cpu_isa"] = json!(rs.cpu_isa);
+        obj["metrics"]["cost_figures"] = json!(rs.cost_figures);
+        obj["metrics"]["expert_placement"] = json!(engine.fwd.opts.placement);
         out!("{obj}");
     } else {
         if let Some(t) = tokr {

@@ -12,7 +12,7 @@ use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::model::moe::{Executor, MoeDispatch, MoeSorted};
 use crate::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
-use crate::model::residency::Residency;
+use crate::model::residency::{ExpertPlacement, Residency};
 use crate::model::tensors::{ExpertPool, ExpertStore};
 use crate::model::weights::{Mlp, ModelWeights};
 use crate::model::workspace::{self, WorkspaceShape};
@@ -32,6 +32,22 @@ pub struct ForwardOptions {
     /// Partial residency: a multi-token step may route to more experts than a layer's cache
     /// holds; its experts then run in batches of resident ones (`routed_only` programs).
     pub expert_batches: bool,
+    /// Where each layer's routed experts live (empty: all on the device).
+    pub placement: Vec<ExpertPlacement>,
+}
+
+impl ForwardOptions {
+    pub fn placement(&self, layer: usize) -> ExpertPlacement {
+        self.placement
+            .get(layer)
+            .copied()
+            .unwrap_or(ExpertPlacement::Device)
+    }
+
+    /// Some layer computes routed experts on the CPU.
+    pub fn host_experts(&self) -> bool {
+        self.placement.iter().any(|p| p.host_term())
+    }
 }
 
 /// What the last dispatches of a step compute.
@@ -57,8 +73,14 @@ pub struct LayerPrograms {
     pub post_decode: Option<Prepared>,
     /// Partial residency, MoE layers: the routed experts alone, writing each (token, top-k)
     /// pair's output to y; run once per batch of resident experts before the layer's MLP
-    /// block, which computes the last batch and combines.
+    /// block, which computes the last batch and combines. With CPU experts
+    /// (`host_term`), the device's share of the routed experts, submitted before the CPU
+    /// computes the rest; `post` then holds only the shared expert and the combine.
     pub routed_only: Option<Prepared>,
+    /// `routed_only` for one-token steps (uniform-window kernels), where it differs.
+    pub routed_only_decode: Option<Prepared>,
+    /// `post` adds the CPU experts' sum (`host_y`) and, from y, only the pairs with a slot.
+    pub host_term: bool,
 }
 
 impl LayerPrograms {
@@ -67,6 +89,14 @@ impl LayerPrograms {
         match &self.post_decode {
             Some(p) if n == 1 => p,
             _ => &self.post,
+        }
+    }
+
+    /// The routed experts alone for a step of `n` tokens.
+    pub fn routed_for(&self, n: usize) -> Option<&Prepared> {
+        match &self.routed_only_decode {
+            Some(p) if n == 1 => Some(p),
+            _ => self.routed_only.as_ref(),
         }
     }
 }
@@ -89,7 +119,11 @@ pub struct Forward {
     pub(crate) logits: Buffer,
     pub(crate) token_readback: Buffer,
     pub(crate) topk_ids: Buffer,
-    pub(crate) ids_readback: Buffer,
+    pub(crate) topk_weights: Buffer,
+    pub(crate) xn: Buffer,
+    pub(crate) route_readback: Buffer,
+    /// The CPU experts' weighted sum, [T, H] (with CPU experts).
+    pub(crate) host_y: Option<Buffer>,
     pub layers: Vec<LayerPrograms>,
     pub(crate) head_last: Prepared,
     pub(crate) argmax_last: Prepared,
@@ -181,6 +215,7 @@ impl Forward {
             chunk: t,
             all_logits: opts.all_logits,
             expert_major: Some(expert_major),
+            host_experts: opts.host_experts(),
         };
         let table = workspace::workspace(cfg, &shape)?;
         let mut map = HashMap::new();
@@ -228,7 +263,10 @@ impl Forward {
             logits: b.get("logits")?.clone(),
             token_readback: b.get("token_readback")?.clone(),
             topk_ids: b.get("topk_ids")?.clone(),
-            ids_readback: b.get("ids_readback")?.clone(),
+            topk_weights: b.get("topk_weights")?.clone(),
+            xn: b.get("xn")?.clone(),
+            route_readback: b.get("route_readback")?.clone(),
+            host_y: b.0.get("host_y").cloned(),
             step,
             layers,
             head_last,
@@ -304,35 +342,68 @@ fn build_layers(
         .q4_decode_uniform(h, cfg.moe_intermediate, k)
         .then(|| moe_dispatch(cfg, opts, env, b, None, true))
         .transpose()?;
+    let dummy = env.dummy;
     let combine = CombineBuffers {
         y: b.get("ffn_y")?,
         weights: b.get("topk_weights")?,
         shared_y: b.get("shared_y")?,
         router: b.get("router_logits")?,
         x,
+        ids: dummy,
+        slot_of: dummy,
+        host_y: dummy,
     };
-    let combine_params = |flags: u32| MoeCombineParams {
+    let combine_params = |flags: u32, slots: usize| MoeCombineParams {
         hidden: h as u32,
         top_k: k as u32,
         flags,
         gate_stride: router_stride as u32,
         gate_col: cfg.num_experts as u32,
+        slots: slots as u32,
         ..Default::default()
     };
-    // The MLP block of a MoE layer: routed experts, Qwen's shared expert, combine.
-    let moe_block =
-        |m: &MoeDispatch, experts: &ExpertStore, slot_of: &Buffer, shared: Option<&ExpertPool>| {
-            let mut prog = Program::default();
-            let mut fl = m.routed(&mut prog, opts.executor, experts, slot_of);
-            if let Some(sp) = shared {
-                m.swiglu_f16(&mut prog, sp, None, (0, 1), combine.shared_y);
-                fl |= flags::COMBINE_SHARED | flags::COMBINE_SHARED_GATED;
-            }
-            if fl != 0 {
-                ops::moe_combine(&mut prog, &combine_params(fl), &combine);
-            }
-            prog
+    // The routed experts whose outputs wait in y for the combine (never fused into x).
+    fn unfused<'a>(m: &MoeDispatch<'a>) -> MoeDispatch<'a> {
+        MoeDispatch {
+            fuse_combine: false,
+            ..m.clone()
+        }
+    }
+    let (multi_y, single_y) = (unfused(&multi), single.as_ref().map(unfused));
+    // The MLP block of a MoE layer: routed experts (unless `routed` is None: they run in
+    // a submission of their own, the CPU adding its part through host_y), Qwen's shared
+    // expert, combine.
+    let moe_block = |m: &MoeDispatch,
+                     routed: Option<(&ExpertStore, &Buffer)>,
+                     host: Option<(&Buffer, usize)>,
+                     shared: Option<&ExpertPool>|
+     -> Result<Program> {
+        let mut prog = Program::default();
+        let mut fl = match routed {
+            Some((experts, slot_of)) => m.routed(&mut prog, opts.executor, experts, slot_of),
+            None => 0,
         };
+        let mut cb = CombineBuffers { ..combine };
+        let mut slots = 0;
+        if let Some((slot_of, n)) = host {
+            fl |= flags::COMBINE_HOST;
+            if n > 0 {
+                fl |= flags::COMBINE_ROUTED | flags::COMBINE_RESIDENT;
+            }
+            cb.ids = b.get("topk_ids")?;
+            cb.slot_of = slot_of;
+            cb.host_y = b.get("host_y")?;
+            slots = n;
+        }
+        if let Some(sp) = shared {
+            m.swiglu_f16(&mut prog, sp, None, (0, 1), combine.shared_y);
+            fl |= flags::COMBINE_SHARED | flags::COMBINE_SHARED_GATED;
+        }
+        if fl != 0 {
+            ops::moe_combine(&mut prog, &combine_params(fl, slots), &cb);
+        }
+        Ok(prog)
+    };
     let mut rope_fl = match cfg.qk_norm {
         QkNorm::None => 0,
         QkNorm::Projection => flags::ROPE_QK_NORM,
@@ -408,7 +479,7 @@ fn build_layers(
             flags::MATMUL_ACCUMULATE,
         );
         ops::rmsnorm(&mut pre, &lw.ffn_norm, x, xn, h, eps);
-        let (post, post_decode, routed_only) = match &lw.mlp {
+        let (post, post_decode, routed_only, routed_only_decode, host_term) = match &lw.mlp {
             Mlp::Moe {
                 router,
                 experts,
@@ -429,26 +500,56 @@ fn build_layers(
                     b.get("topk_ids")?,
                     b.get("topk_weights")?,
                 );
-                let post = moe_block(&multi, experts, slot_of, shared.as_ref());
-                // One-token steps use the uniform-window INT4 kernels.
-                let post_decode = match (&single, experts) {
-                    (Some(m), ExpertStore::Int4(_)) => {
-                        Some(moe_block(m, experts, slot_of, shared.as_ref()))
-                    }
-                    _ => None,
+                let placement = opts.placement(l);
+                let (post, post_decode, routed_only, routed_only_decode) = if placement.host_term()
+                {
+                    // The device's share of the routed experts runs first, on its own;
+                    // the block combines it with the CPU's.
+                    let slots = experts.slots();
+                    let post = moe_block(&multi, None, Some((slot_of, slots)), shared.as_ref())?;
+                    let routed = |m: &MoeDispatch| {
+                        let mut p = Program::default();
+                        m.routed(&mut p, opts.executor, experts, slot_of);
+                        p
+                    };
+                    let (ro, rod) = if slots > 0 {
+                        (Some(routed(&multi_y)), single_y.as_ref().map(routed))
+                    } else {
+                        (None, None)
+                    };
+                    (post, None, ro, rod)
+                } else {
+                    let post = moe_block(&multi, Some((experts, slot_of)), None, shared.as_ref())?;
+                    // One-token steps use the uniform-window INT4 kernels.
+                    let post_decode = match (&single, experts) {
+                        (Some(m), ExpertStore::Int4(_)) => Some(moe_block(
+                            m,
+                            Some((experts, slot_of)),
+                            None,
+                            shared.as_ref(),
+                        )?),
+                        _ => None,
+                    };
+                    let routed_only = (placement == ExpertPlacement::Cached).then(|| {
+                        let mut p = Program::default();
+                        multi.routed(&mut p, opts.executor, experts, slot_of);
+                        p
+                    });
+                    (post, post_decode, routed_only, None)
                 };
-                let routed_only = opts.expert_batches.then(|| {
-                    let mut p = Program::default();
-                    multi.routed(&mut p, opts.executor, experts, slot_of);
-                    p
-                });
-                (post, post_decode, routed_only)
+                (
+                    post,
+                    post_decode,
+                    routed_only,
+                    routed_only_decode,
+                    placement.host_term(),
+                )
             }
             Mlp::Dense { mlp } => {
                 let mut p = Program::default();
                 multi.swiglu_f16(&mut p, mlp, None, (0, 1), combine.shared_y);
-                ops::moe_combine(&mut p, &combine_params(flags::COMBINE_SHARED), &combine);
-                (p, None, None)
+                ops::moe_combine(&mut p, &combine_params(flags::COMBINE_SHARED, 0), &combine);
+                (p, None, None, None, false)
             }
         };
         out.push(LayerPrograms {
@@ -456,6 +557,10 @@ fn build_layers(
             post: dev.prepare(post, step)?,
             post_decode: post_decode.map(|p| dev.prepare(p, step)).transpose()?,
             routed_only: routed_only.map(|p| dev.prepare(p, step)).transpose()?,
+            routed_only_decode: routed_only_decode
+                .map(|p| dev.prepare(p, step))
+                .transpose()?,
+            host_term,
         });
     }
     Ok(out)

@@ -1,6 +1,7 @@
 //! A model on a device: its weights, the op builders, the workspace and the forward pass
 //! that runs them, with the expert residency runtime for partial residency.
 
+mod costs;
 pub mod forward;
 pub mod moe;
 pub mod ops;

@@ -64,6 +64,7 @@ impl MoeSorted {
 }
 
 /// The buffers and choices of a layer's expert dispatches.
+#[derive(Clone)]
 pub struct MoeDispatch<'a> {
     pub plan: &'a KernelPlan,
     /// Multi-token steps with INT4 experts and the grouped executor: the expert-major
@@ -135,6 +136,8 @@ impl MoeDispatch<'_> {
                 self.q4_down(prog, pool, slot_of, Some((0, k)));
                 flags::COMBINE_ROUTED
             }
+            // Computed on the CPU; the combine adds them (COMBINE_HOST).
+            ExpertStore::Host => 0,
         }
     }
 

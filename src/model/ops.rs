@@ -262,14 +262,22 @@ pub struct CombineBuffers<'a> {
     pub shared_y: &'a Buffer,
     pub router: &'a Buffer,
     pub x: &'a Buffer,
+    /// COMBINE_RESIDENT: the router's expert ids and the layer's expert -> slot table.
+    pub ids: &'a Buffer,
+    pub slot_of: &'a Buffer,
+    /// COMBINE_HOST: the CPU experts' weighted sum [T, H].
+    pub host_y: &'a Buffer,
 }
 
-/// x[t] += sum_j w[t, j] y[t, j] (+ gated shared term), as `flags` say.
+/// x[t] += sum_j w[t, j] y[t, j] (+ gated shared term, + the CPU experts' sum), as
+/// `flags` say.
 pub fn moe_combine(prog: &mut Program, p: &MoeCombineParams, b: &CombineBuffers) {
     prog.push(Op::new(
         Kernel::MoeCombine,
         p,
-        binds(&[b.y, b.weights, b.shared_y, b.router, b.x]),
+        binds(&[
+            b.y, b.weights, b.shared_y, b.router, b.x, b.ids, b.slot_of, b.host_y,
+        ]),
         [
             Dim::Const(groups64(p.hidden as usize)),
             Dim::Tokens,

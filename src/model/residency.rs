@@ -7,13 +7,60 @@
 //! host source into a staging buffer on the CPU and copied into an unpublished slot, and
 //! once the group's copies are submitted the new expert->slot table is published with one
 //! write that lands before the submission that reads it.
+//!
+//! With CPU experts (`ExpertPlacement::Hybrid`, `Host`), the readback also carries the
+//! router weights and the experts' input; the miss policy splits the layer's experts into
+//! those served by the device (hits, plus the misses it chooses to upload) and those
+//! computed on the CPU from the host source (`backend::cpu`), whose weighted sum the
+//! layer's combine adds.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
+use crate::backend::cpu::{CpuExperts, ExpertPair};
 use crate::backend::{Buffer, Device, Staging, Work};
 use crate::error::{Error, Result};
 use crate::model::tensors::Q4Pool;
-use crate::residency::{CacheConfig, CacheError, ExpertCache, HostSource, Policy, StagingPool};
+use crate::quant::Q4SlotLayout;
+use crate::residency::{
+    choose_uploads, CacheConfig, CacheError, CostFigures, ExpertCache, HostSource, MissPolicy,
+    Policy, Reuse, StagingPool,
+};
+
+/// Where one layer's routed experts live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExpertPlacement {
+    /// Every expert resident on the device (or a dense layer).
+    Device,
+    /// A device cache fed from the host source; every miss is uploaded.
+    Cached,
+    /// A device cache fed from the host source; the miss policy computes misses on the
+    /// CPU or uploads them.
+    Hybrid,
+    /// No device slots: every routed expert is computed on the CPU.
+    Host,
+}
+
+impl ExpertPlacement {
+    /// The layer's combine adds a CPU-computed term.
+    pub fn host_term(self) -> bool {
+        matches!(self, ExpertPlacement::Hybrid | ExpertPlacement::Host)
+    }
+
+    pub fn has_cache(self) -> bool {
+        matches!(self, ExpertPlacement::Cached | ExpertPlacement::Hybrid)
+    }
+}
+
+/// How one routed layer's step is served with CPU experts.
+#[derive(Debug, Default)]
+pub struct HybridStep {
+    /// Experts the device computes (resident when the step's routed program runs).
+    pub device: Vec<u32>,
+    /// Pairs the CPU computes.
+    pub cpu: Vec<ExpertPair>,
+}
 
 /// Counters reported in `--json` metrics and by the bench.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -28,6 +75,21 @@ pub struct ResidencyStats {
     pub evictions_per_layer: Vec<u64>,
     pub staging_buffers: usize,
     pub staging_peak_in_use: usize,
+    /// Where misses ran (`--miss-policy`).
+    pub miss_policy: MissPolicy,
+    /// (token, expert) pairs computed on the CPU, and the seconds it took.
+    pub cpu_expert_pairs: u64,
+    pub cpu_expert_seconds: f64,
+    /// Misses copied to the device (the others ran on the CPU).
+    pub uploaded_misses: u64,
+    /// Distinct experts per routed group computed on the CPU (misses not uploaded; every
+    /// expert of a layer without device slots).
+    pub cpu_misses: u64,
+    /// The cost model's figures, when measured.
+    pub cost_figures: Option<CostFigures>,
+    /// Threads and instruction set of the CPU expert kernel.
+    pub cpu_threads: usize,
+    pub cpu_isa: Option<&'static str>,
 }
 
 /// Test hook: fail the n-th upload (counting from 1) as if mapping its staging buffer had
@@ -39,6 +101,16 @@ pub struct FailureInjection {
 
 pub struct Residency {
     pub caches: Vec<Option<ExpertCache<Device>>>,
+    pub placement: Vec<ExpertPlacement>,
+    pub miss: MissPolicy,
+    /// The CPU expert kernel (with CPU experts).
+    pub cpu: Option<CpuExperts>,
+    /// Measured at start-up (`auto`).
+    pub figures: Option<CostFigures>,
+    reuse: Reuse,
+    cpu_pairs: u64,
+    cpu_seconds: f64,
+    cpu_misses: u64,
     pub policy: Box<dyn Policy>,
     pub host: HostSource,
     staging: StagingPool<Device>,
@@ -52,35 +124,63 @@ pub struct Residency {
 /// An upload staged but not yet submitted: (staging index, chunk, byte offset, bytes).
 type Pending = (usize, usize, u64, u64);
 
+/// What `Residency::new` is built from.
+pub struct ResidencyConfig<'a> {
+    pub placement: &'a [ExpertPlacement],
+    pub top_k: usize,
+    /// Resident experts per layer with a cache.
+    pub capacity: usize,
+    pub staging_buffers: usize,
+    pub miss: MissPolicy,
+    /// CPU expert threads (None: one per core).
+    pub cpu_threads: Option<usize>,
+    pub layout: Q4SlotLayout,
+}
+
 impl Residency {
     pub fn new(
         dev: &Device,
         host: HostSource,
-        sparse: &[bool],
-        top_k: usize,
-        capacity: usize,
-        staging_buffers: usize,
+        rc: &ResidencyConfig,
         policy: Box<dyn Policy>,
     ) -> Result<Self> {
         let e = host.num_experts;
         let mut caches = Vec::new();
-        for (l, &s) in sparse.iter().enumerate() {
-            caches.push(if s {
-                Some(
-                    ExpertCache::new(CacheConfig::partial(l, e, top_k, capacity))
-                        .map_err(|er| Error::option("--resident-experts", er.0))?,
-                )
-            } else {
-                None
+        for (l, &p) in rc.placement.iter().enumerate() {
+            let config = match p {
+                ExpertPlacement::Cached => Some(CacheConfig::partial(l, e, rc.top_k, rc.capacity)),
+                ExpertPlacement::Hybrid => Some(CacheConfig::hybrid(l, e, rc.top_k, rc.capacity)),
+                ExpertPlacement::Device | ExpertPlacement::Host => None,
+            };
+            caches.push(match config {
+                Some(c) => Some(
+                    ExpertCache::new(c).map_err(|er| Error::option("--resident-experts", er.0))?,
+                ),
+                None => None,
             });
         }
-        let staging = StagingPool::new(staging_buffers)
+        let uploads = rc.placement.iter().any(|p| p.has_cache());
+        let staging_buffers = if uploads { rc.staging_buffers } else { 0 };
+        let staging = StagingPool::new(staging_buffers.max(1))
             .map_err(|er| Error::option("--staging-buffers", er.0))?;
         let staging_bufs = (0..staging_buffers)
             .map(|_| dev.staging(host.slot_bytes as u64))
             .collect::<Result<Vec<_>>>()?;
+        let cpu = if rc.placement.iter().any(|p| p.host_term()) {
+            Some(CpuExperts::new(rc.layout, rc.cpu_threads)?)
+        } else {
+            None
+        };
         Ok(Residency {
             caches,
+            placement: rc.placement.to_vec(),
+            miss: rc.miss,
+            cpu,
+            figures: None,
+            reuse: Reuse::new(rc.placement.len(), e),
+            cpu_pairs: 0,
+            cpu_seconds: 0.0,
+            cpu_misses: 0,
             policy,
             host,
             staging,
@@ -92,12 +192,113 @@ impl Residency {
         })
     }
 
+    pub fn placement(&self, layer: usize) -> ExpertPlacement {
+        self.placement
+            .get(layer)
+            .copied()
+            .unwrap_or(ExpertPlacement::Device)
+    }
+
+    /// Split one routed layer's step (`ids`, `weights`: k per token) between the device
+    /// and the CPU as the miss policy says, and make the device's experts resident
+    /// (uploads, then the table publication, as `serve`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn split(
+        &mut self,
+        dev: &Device,
+        layer: usize,
+        tokens: usize,
+        ids: &[u32],
+        weights: &[f32],
+        top_k: usize,
+        pool: Option<(&Q4Pool, &Buffer)>,
+    ) -> Result<HybridStep> {
+        let mut counts: BTreeMap<u32, usize> = BTreeMap::new();
+        for &e in ids {
+            *counts.entry(e).or_default() += 1;
+        }
+        let device: Vec<u32> = match (self.caches.get(layer).and_then(|c| c.as_ref()), pool) {
+            (Some(cache), Some((pool, slot_of))) => {
+                let cfg = *cache.config();
+                let hits: Vec<u32> = counts
+                    .keys()
+                    .copied()
+                    .filter(|&e| cache.table().slot_of(e).is_some())
+                    .collect();
+                let misses: Vec<(u32, usize)> = counts
+                    .iter()
+                    .filter(|(e, _)| cache.table().slot_of(**e).is_none())
+                    .map(|(&e, &n)| (e, n))
+                    .collect();
+                let room = cfg.spares.min(cfg.capacity.saturating_sub(hits.len()));
+                let reuse = &self.reuse;
+                let uploads = choose_uploads(
+                    self.miss,
+                    &misses,
+                    room,
+                    tokens,
+                    |e| reuse.expected(layer, e, cfg.capacity),
+                    self.figures.as_ref(),
+                );
+                let mut device = hits;
+                device.extend(&uploads);
+                if !device.is_empty() {
+                    self.serve(dev, layer, &device, pool, slot_of)?;
+                }
+                let counted: Vec<(u32, usize)> = counts.iter().map(|(&e, &n)| (e, n)).collect();
+                self.reuse.observe(layer, &counted, uploads.len());
+                device
+            }
+            _ => Vec::new(),
+        };
+        let mut cpu = Vec::new();
+        for (i, (&e, &w)) in ids.iter().zip(weights).enumerate() {
+            if !device.contains(&e) {
+                cpu.push(ExpertPair {
+                    token: (i / top_k.max(1)) as u32,
+                    expert: e,
+                    weight: w,
+                });
+            }
+        }
+        self.cpu_misses += counts.keys().filter(|e| !device.contains(e)).count() as u64;
+        Ok(HybridStep { device, cpu })
+    }
+
+    /// `out` = the weighted sum of `pairs` of `layer` computed on the CPU from the host
+    /// source (`x`: the experts' input, [T, hidden]).
+    pub fn compute_on_cpu(
+        &mut self,
+        layer: usize,
+        x: &[f32],
+        pairs: &[ExpertPair],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let Some(cpu) = self.cpu.as_ref() else {
+            return Err(Error::Other(
+                "internal: CPU experts requested without the CPU kernel".into(),
+            ));
+        };
+        let host = &self.host;
+        let st = cpu.run(&|e| host.expert(layer, e), x, pairs, out)?;
+        self.cpu_pairs += st.pairs;
+        self.cpu_seconds += st.seconds;
+        Ok(())
+    }
+
     pub fn stats(&self) -> ResidencyStats {
         let mut s = ResidencyStats {
             h2d_bytes: self.h2d_bytes,
             upload_seconds: self.upload_seconds,
             staging_buffers: self.staging_bufs.len(),
             staging_peak_in_use: self.staging.stats().peak_in_use,
+            miss_policy: self.miss,
+            cpu_expert_pairs: self.cpu_pairs,
+            cpu_expert_seconds: self.cpu_seconds,
+            cpu_misses: self.cpu_misses,
+            cost_figures: self.figures,
+            cpu_threads: self.cpu.as_ref().map_or(0, |c| c.threads()),
+            cpu_isa: self.cpu.as_ref().map(|c| c.isa()),
             ..Default::default()
         };
         for c in &self.caches {
@@ -108,7 +309,9 @@ impl Residency {
             s.hits_per_layer.push(st.hits);
             s.misses_per_layer.push(st.misses);
             s.evictions_per_layer.push(st.evictions);
+            s.uploaded_misses += st.uploads;
         }
+        s.expert_misses += self.cpu_misses;
         s
     }
 
@@ -119,6 +322,9 @@ impl Residency {
         }
         self.h2d_bytes = 0;
         self.upload_seconds = 0.0;
+        self.cpu_pairs = 0;
+        self.cpu_seconds = 0.0;
+        self.cpu_misses = 0;
     }
 
     /// A staging buffer whose previous copy has completed.
@@ -255,6 +461,31 @@ impl Residency {
             dev.write(slot_of, 0, bytemuck::cast_slice(cache.table().words()))?;
         }
         Ok(())
+    }
+
+    /// Seconds to stage expert `expert` of `layer` and copy it into pool slot `slot`
+    /// (waited for), through the runtime's own staging buffers. The slot must not be
+    /// published (start-up measurement).
+    pub fn time_upload(
+        &mut self,
+        dev: &Device,
+        layer: usize,
+        expert: u32,
+        pool: &Q4Pool,
+        slot: usize,
+    ) -> Result<f64> {
+        let t0 = Instant::now();
+        let idx = self.acquire_staging(dev)?;
+        let src = self.host.expert(layer, expert)?;
+        if let Err(e) = dev.fill_staging(&self.staging_bufs[idx], src) {
+            let _ = self.staging.cancel(idx);
+            return Err(e);
+        }
+        let (chunk, off) = pool.locate(slot);
+        let mut pending = vec![(idx, chunk, off, src.len() as u64)];
+        let token = self.submit_uploads(dev, pool, &mut pending)?;
+        dev.wait(token)?;
+        Ok(t0.elapsed().as_secs_f64())
     }
 
     /// Record that submission `token` read these experts of `layer`.

@@ -5,6 +5,7 @@
 use crate::backend::{KernelTimes, Prepared, Work};
 use crate::error::{Error, Result};
 use crate::model::forward::{Forward, Head};
+use crate::model::residency::ExpertPlacement;
 use crate::model::tensors::ExpertStore;
 use crate::model::weights::Mlp;
 
@@ -124,10 +125,16 @@ impl Forward {
     /// layer l-1's MLP and layer l's attention and router, then the router's expert ids
     /// (k per token, a few bytes) are read back, the cache makes them resident (uploads,
     /// then one table publication), and the next submission reads them.
+    ///
+    /// A layer with CPU experts also reads back the router weights and the experts' input
+    /// in the same copy; the miss policy splits its experts; the device's share is
+    /// submitted on its own, and while it runs the CPU computes the rest from the host
+    /// source; their weighted sum is written into `host_y`, which the layer's MLP block
+    /// (in the next submission) adds.
     fn submit_segmented(&mut self, n: usize, head: Head) -> Result<()> {
         let copy_token = matches!(head, Head::LastArgmax | Head::All);
         let head_programs = heads(self, head)?.len();
-        let k = self.cfg.top_k;
+        let (k, h) = (self.cfg.top_k, self.cfg.hidden_size);
         let t = n as u32;
         let dev = self.dev.clone();
         let mut dispatches = 0;
@@ -135,8 +142,16 @@ impl Forward {
         // Experts the previous submission's successor reads: (layer, wanted).
         let mut reads: Option<(usize, Vec<u32>)> = None;
         let layers = self.layers.len();
+        let (ids_bytes, xn_bytes) = ((n * k * 4) as u64, (n * h * 4) as u64);
         for l in 0..=layers {
-            let routed = l < layers && self.cfg.sparse_layers[l];
+            let placement = self
+                .residency
+                .as_ref()
+                .map_or(ExpertPlacement::Device, |r| r.placement(l));
+            let routed = l < layers
+                && self.cfg.sparse_layers[l]
+                && (placement != ExpertPlacement::Device || self.record_routing);
+            let host_term = routed && placement.host_term();
             let mut work: Vec<Work> = Vec::new();
             if l > 0 {
                 work.push(Work::Run {
@@ -167,9 +182,25 @@ impl Forward {
                 work.push(Work::Copy {
                     src: &self.topk_ids,
                     src_offset: 0,
-                    dst: &self.ids_readback,
+                    dst: &self.route_readback,
                     dst_offset: 0,
-                    bytes: (n * k * 4) as u64,
+                    bytes: ids_bytes,
+                });
+            }
+            if host_term {
+                work.push(Work::Copy {
+                    src: &self.topk_weights,
+                    src_offset: 0,
+                    dst: &self.route_readback,
+                    dst_offset: ids_bytes,
+                    bytes: ids_bytes,
+                });
+                work.push(Work::Copy {
+                    src: &self.xn,
+                    src_offset: 0,
+                    dst: &self.route_readback,
+                    dst_offset: 2 * ids_bytes,
+                    bytes: xn_bytes,
                 });
             }
             if l == layers && copy_token {
@@ -185,17 +216,37 @@ impl Forward {
             if !routed {
                 continue;
             }
-            let bytes = dev.map_read(&self.ids_readback, (n * k * 4) as u64)?;
-            let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-            let mut wanted: Vec<u32> = Vec::new();
-            for &e in &ids {
-                if !wanted.contains(&e) {
-                    wanted.push(e);
-                }
+            let read_bytes = if host_term {
+                2 * ids_bytes + xn_bytes
+            } else {
+                ids_bytes
+            };
+            let bytes = dev.map_read(&self.route_readback, read_bytes)?;
+            let route: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+            if route.len() * 4 != read_bytes as usize {
+                return Err(Error::Gpu(format!(
+                    "routing readback returned {} of {read_bytes} bytes",
+                    bytes.len()
+                )));
             }
+            let ids = &route[..n * k];
             if let Some(p) = self.profile.as_mut() {
                 for g in ids.chunks(k) {
                     p.record_group(l, g);
+                }
+            }
+            if host_term {
+                let weights: &[f32] = bytemuck::cast_slice(&route[n * k..2 * n * k]);
+                let xn: &[f32] = bytemuck::cast_slice(&route[2 * n * k..]);
+                let (ro, d) = self.serve_hybrid(l, n, ids, weights, xn)?;
+                dispatches += d;
+                submissions += ro;
+                continue;
+            }
+            let mut wanted: Vec<u32> = Vec::new();
+            for &e in ids {
+                if !wanted.contains(&e) {
+                    wanted.push(e);
                 }
             }
             let Some(r) = self.residency.as_mut() else {
@@ -252,6 +303,62 @@ impl Forward {
         self.counters.dispatches += dispatches as u64;
         self.counters.submissions += submissions;
         Ok(())
+    }
+
+    /// A layer with CPU experts, after its routing came back: the device's share is made
+    /// resident and submitted, the CPU computes the rest meanwhile, and their sum goes to
+    /// `host_y` before the layer's MLP block is submitted. Returns the submissions and
+    /// dispatches made.
+    fn serve_hybrid(
+        &mut self,
+        l: usize,
+        n: usize,
+        ids: &[u32],
+        weights: &[f32],
+        xn: &[f32],
+    ) -> Result<(u64, usize)> {
+        let (k, h) = (self.cfg.top_k, self.cfg.hidden_size);
+        let dev = self.dev.clone();
+        let Some(r) = self.residency.as_mut() else {
+            return Err(Error::Other(
+                "internal: CPU experts without a residency runtime".into(),
+            ));
+        };
+        let Mlp::Moe {
+            experts, slot_of, ..
+        } = &self.weights.layers[l].mlp
+        else {
+            return Err(Error::Other(format!(
+                "internal: layer {l} has no routed experts"
+            )));
+        };
+        let pool = match experts {
+            ExpertStore::Int4(p) => Some((p, slot_of)),
+            _ => None,
+        };
+        let split = r.split(&dev, l, n, ids, weights, k, pool)?;
+        let (mut subs, mut disp) = (0, 0);
+        if !split.device.is_empty() {
+            if let Some(routed) = self.layers[l].routed_for(n) {
+                let s = dev.submit(&[Work::Run {
+                    program: routed,
+                    tokens: n as u32,
+                }])?;
+                subs += 1;
+                disp += s.dispatches;
+                r.mark_read(l, &split.device, s.token)?;
+            }
+        }
+        // The CPU's share, while the device computes its own.
+        let mut sum = vec![0.0f32; n * h];
+        if !split.cpu.is_empty() {
+            r.compute_on_cpu(l, xn, &split.cpu, &mut sum)?;
+        }
+        let Some(host_y) = self.host_y.as_ref() else {
+            return Err(Error::Other("internal: no host_y buffer".into()));
+        };
+        dev.write(host_y, 0, bytemuck::cast_slice(&sum))?;
+        Ok((subs, disp))
     }
 
     /// The token id written by the last argmax (blocks until the step finished).

@@ -248,6 +248,8 @@ impl Q4Pool {
 pub enum ExpertStore {
     F16(ExpertPool),
     Int4(Q4Pool),
+    /// No device slots: every routed expert is computed on the CPU from the host source.
+    Host,
 }
 
 impl ExpertStore {
@@ -255,6 +257,16 @@ impl ExpertStore {
         match self {
             ExpertStore::F16(p) => p.chunks.len(),
             ExpertStore::Int4(p) => p.chunks.len(),
+            ExpertStore::Host => 0,
+        }
+    }
+
+    /// Device slots.
+    pub fn slots(&self) -> usize {
+        match self {
+            ExpertStore::F16(p) => p.slots,
+            ExpertStore::Int4(p) => p.slots,
+            ExpertStore::Host => 0,
         }
     }
 }

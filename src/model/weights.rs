@@ -63,14 +63,16 @@ fn progress(total: u64) -> ProgressBar {
 }
 
 impl ModelWeights {
-    /// `slots`: expert slots per layer on the GPU when fewer than all experts are resident
-    /// (capacity + spares); the packed experts then stay in host memory as the source.
+    /// `slots[l]`: layer l's expert slots on the GPU when fewer than all its experts are
+    /// resident (capacity + spares; 0: every expert runs on the CPU), None for all (or an
+    /// empty list: all, everywhere); below all, the packed experts stay in host memory as
+    /// the source.
     pub fn load(
         dev: &Device,
         cfg: &ModelConfig,
         ckpt: &std::sync::Arc<Checkpoint>,
         int4: bool,
-        slots: Option<usize>,
+        slots: &[Option<usize>],
     ) -> Result<Self> {
         // Fail on a missing or misshapen tensor before any upload.
         crate::manifest::check_tensors(cfg, ckpt)?;
@@ -144,6 +146,7 @@ impl ModelWeights {
                 &ckpt.read_f16(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
             )?;
             let mlp = if cfg.sparse_layers[l] {
+                let slots = slots.get(l).copied().flatten();
                 let (mlp, host) = load_moe(dev, cfg, ckpt, l, int4, slots)?;
                 host_layers.push(host);
                 mlp
@@ -186,7 +189,7 @@ impl ModelWeights {
         dev.sync()?;
         pb.inc(1);
         pb.finish_and_clear();
-        let host = slots.map(|_| HostSource {
+        let host = slots.iter().any(|s| s.is_some()).then(|| HostSource {
             ckpt: ckpt.clone(),
             layers: host_layers,
             num_experts: cfg.num_experts,
@@ -238,14 +241,19 @@ fn load_moe(
             }
             Some(n) => {
                 // Partial residency: slots start empty and fill on demand from the host
-                // source, which keeps every packed expert.
+                // source, which keeps every packed expert (and with no slots at all, the
+                // CPU computes every expert from it).
                 host = Some(match packed {
                     std::borrow::Cow::Borrowed(_) => {
                         HostLayer::Mapped(crate::convert::experts_tensor(l))
                     }
                     std::borrow::Cow::Owned(v) => HostLayer::Owned(v.into_boxed_slice()),
                 });
-                ExpertStore::Int4(Q4Pool::new(dev, "experts_int4", n, layout)?)
+                if n == 0 {
+                    ExpertStore::Host
+                } else {
+                    ExpertStore::Int4(Q4Pool::new(dev, "experts_int4", n, layout)?)
+                }
             }
         }
     } else {

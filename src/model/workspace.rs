@@ -20,6 +20,10 @@ pub struct WorkspaceShape {
     /// The expert-major prefill buffers (window kernels, INT4, grouped executor). `None`:
     /// not known yet (no device): counted, as an upper bound.
     pub expert_major: Option<bool>,
+    /// Some routed experts run on the CPU: their weighted sum is written into `host_y`
+    /// and each layer's routing readback also carries the router weights and the experts'
+    /// input.
+    pub host_experts: bool,
 }
 
 /// One buffer of the workspace.
@@ -125,7 +129,14 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     w.add("logits", Storage, &[logit_rows, v])?;
     w.add("dummy", Storage, &[4])?;
     w.add("token_readback", Readback, &[4])?;
-    w.add("ids_readback", Readback, &[t, k])?;
+    // Per routed layer: the router's ids (and, with CPU experts, its weights and the
+    // experts' input xn), read back in one copy.
+    if s.host_experts {
+        w.add("route_readback", Readback, &[t, 2 * k + h])?;
+        w.add("host_y", Storage, &[t, h])?;
+    } else {
+        w.add("route_readback", Readback, &[t, k])?;
+    }
     // cos/sin per position and rotated pair.
     w.add("rope", Storage, &[ctxlen, cfg.head_dim])?;
     for l in 0..cfg.num_layers {

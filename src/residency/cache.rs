@@ -64,6 +64,20 @@ impl CacheConfig {
         }
     }
 
+    /// A cache beside CPU-computed misses: `capacity` resident experts (any count from 1),
+    /// groups of at most min(top_k, capacity) experts sent to it, as many spare slots.
+    /// Only the experts chosen for the device are planned; the others run on the CPU.
+    pub fn hybrid(layer: usize, num_experts: usize, top_k: usize, capacity: usize) -> Self {
+        let group = top_k.min(capacity);
+        Self {
+            layer,
+            num_experts,
+            top_k: group,
+            capacity,
+            spares: if capacity >= num_experts { 0 } else { group },
+        }
+    }
+
     /// Slots in GPU memory: `capacity + spares`.
     pub fn total_slots(&self) -> usize {
         self.capacity + self.spares

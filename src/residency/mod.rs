@@ -6,6 +6,7 @@
 //! - [`StagingPool`]: the bounded pool of staging buffers, reused only after their copy's fence.
 //! - [`Policy`]: [`Lru`], [`LfuDecay`], [`StaticProfile`] (from a [`Profile`]).
 //! - [`HostSource`]: the immutable, already-quantised expert set in host memory.
+//! - [`MissPolicy`] and the cost model: where a miss runs (uploaded, or on the CPU).
 //! - Ceilings: [`belady`], [`frequency_ceiling`], and [`simulate`] to compare policies.
 //!
 //! Nothing here touches a device; the backend seam supplies a `Fence` over its submission
@@ -18,6 +19,7 @@ mod ceiling;
 mod error;
 mod fence;
 mod host_source;
+mod miss;
 mod policy;
 mod profile;
 mod staging;
@@ -38,6 +40,7 @@ pub use ceiling::{
 pub use error::{CacheError, ConfigError, StagingError};
 pub use fence::{Fence, MockFence};
 pub use host_source::{HostLayer, HostSource};
+pub use miss::{choose_uploads, CostFigures, MissPolicy, Reuse};
 pub use policy::{build_policy, LfuDecay, Lru, Policy, PolicyKind, StaticProfile};
 pub use profile::Profile;
 pub use staging::{StagingPool, StagingStats};

@@ -61,3 +61,12 @@ pub fn greedy(e: &mut Engine, prompt: &[u32], n: usize) -> wgmoe::Result<Vec<u32
     )?;
     Ok(g.generated_ids)
 }
+
+/// Residency options of the classic path: every miss uploaded (the tests of the cache
+/// itself; `--miss-policy` defaults to auto below full residency).
+pub fn upload() -> ResidencyOptions {
+    ResidencyOptions {
+        miss_policy: Some(wgmoe::residency::MissPolicy::Upload),
+        ..Default::default()
+    }
+}

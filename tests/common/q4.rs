@@ -280,7 +280,7 @@ impl<'a> Setup<'a> {
     pub fn pool(&self) -> &Q4Pool {
         match &self.store {
             ExpertStore::Int4(p) => p,
-            ExpertStore::F16(_) => unreachable!(),
+            ExpertStore::F16(_) | ExpertStore::Host => unreachable!(),
         }
     }
 
@@ -422,6 +422,7 @@ impl<'a> Setup<'a> {
                 chunk,
                 all_logits: false,
                 expert_major: Some(true),
+                host_experts: false,
             },
         )
         .unwrap();

@@ -1,0 +1,283 @@
+//! The inner loops of the CPU expert kernel: rows of packed INT4 weights against f32
+//! activations laid out in the nibbles' column order.
+//!
+//! Byte `i` of a packed row holds column `8 (i / 4) + i % 4` in its low nibble and column
+//! `8 (i / 4) + 4 + i % 4` in its high nibble (`crate::quant`). [`Interleaved`] stores the
+//! activations the same way (`lo[i]`, `hi[i]`), so a block of 256 columns is 128 bytes
+//! against two contiguous arrays of 128 floats: loops the compiler vectorises. The stored
+//! value is q + 8; `sum(q x) = sum(nibble x) - 8 sum(x)` takes the offset out of the loop,
+//! with the block sums of x computed once per token.
+
+use half::f16;
+
+use super::row_bytes;
+use crate::quant::{Q4Matrix, Q4SlotLayout, BLOCK};
+
+/// Bytes of one 256-column block of a packed row.
+const BLOCK_BYTES: usize = BLOCK / 2;
+
+/// The instruction set the loops are compiled for, chosen once at start-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Isa {
+    /// The target's baseline (SSE2 on x86-64, NEON on aarch64).
+    Baseline,
+    /// x86-64 with AVX2 and FMA (checked at run time).
+    Avx2Fma,
+}
+
+impl Isa {
+    pub(super) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Isa::Avx2Fma;
+            }
+        }
+        Isa::Baseline
+    }
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Isa::Avx2Fma => "avx2+fma",
+            Isa::Baseline if cfg!(target_arch = "aarch64") => "neon",
+            Isa::Baseline if cfg!(target_arch = "x86_64") => "sse2",
+            Isa::Baseline => "scalar",
+        }
+    }
+}
+
+/// One token's activations for one matrix, in the packed column order, 0 past the
+/// matrix's input width (padding nibbles must contribute nothing).
+pub(super) struct Interleaved {
+    lo: Vec<f32>,
+    hi: Vec<f32>,
+    /// Per 256-column block: sum of the block's activations (for the -8 offset).
+    block_sums: Vec<f32>,
+}
+
+impl Interleaved {
+    pub(super) fn new(x: &[f32], m: &Q4Matrix) -> Self {
+        let n = m.vec4_per_row() * 16;
+        let at = |col: usize| if col < m.inp { x[col] } else { 0.0 };
+        let lo: Vec<f32> = (0..n).map(|i| at(8 * (i / 4) + i % 4)).collect();
+        let hi: Vec<f32> = (0..n).map(|i| at(8 * (i / 4) + 4 + i % 4)).collect();
+        let block_sums = lo
+            .chunks(BLOCK_BYTES)
+            .zip(hi.chunks(BLOCK_BYTES))
+            .map(|(a, b)| a.iter().sum::<f32>() + b.iter().sum::<f32>())
+            .collect();
+        Interleaved { lo, hi, block_sums }
+    }
+}
+
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// sum over the bytes of `q` of low nibble * lo + high nibble * hi, portable: fixed-size
+/// lanes of 8 the compiler can keep in vector registers (NEON on aarch64).
+#[inline(always)]
+fn nibble_dot_portable(q: &[u8], lo: &[f32], hi: &[f32]) -> f32 {
+    let mut al = [0.0f32; 8];
+    let mut ah = [0.0f32; 8];
+    for ((qc, lc), hc) in q
+        .chunks_exact(8)
+        .zip(lo.chunks_exact(8))
+        .zip(hi.chunks_exact(8))
+    {
+        for i in 0..8 {
+            al[i] = madd::<BASELINE_FMA>(f32::from(qc[i] & 15), lc[i], al[i]);
+            ah[i] = madd::<BASELINE_FMA>(f32::from(qc[i] >> 4), hc[i], ah[i]);
+        }
+    }
+    let mut s = [0.0f32; 8];
+    for i in 0..8 {
+        s[i] = al[i] + ah[i];
+    }
+    ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]))
+}
+
+/// The same sum with AVX2 and FMA: 16 bytes per step, widened to two vectors of 8
+/// nibbles each side, four independent multiply-add chains.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn nibble_dot_avx2(q: &[u8], lo: &[f32], hi: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = q.len().min(lo.len()).min(hi.len()) & !15;
+    let (q, lo, hi) = (&q[..n], &lo[..n], &hi[..n]);
+    // SAFETY (the loads below): every pointer is within a slice of length n, 16 elements
+    // from `i`, and `i + 16 <= n`; unaligned loads.
+    let mask = _mm256_set1_epi32(15);
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mut b0, mut b1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i + 16 <= n {
+        unsafe {
+            let w0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.as_ptr().add(i).cast()));
+            let w1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.as_ptr().add(i + 8).cast()));
+            let l0 = _mm256_cvtepi32_ps(_mm256_and_si256(w0, mask));
+            let l1 = _mm256_cvtepi32_ps(_mm256_and_si256(w1, mask));
+            let h0 = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(w0));
+            let h1 = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(w1));
+            a0 = _mm256_fmadd_ps(l0, _mm256_loadu_ps(lo.as_ptr().add(i)), a0);
+            a1 = _mm256_fmadd_ps(l1, _mm256_loadu_ps(lo.as_ptr().add(i + 8)), a1);
+            b0 = _mm256_fmadd_ps(h0, _mm256_loadu_ps(hi.as_ptr().add(i)), b0);
+            b1 = _mm256_fmadd_ps(h1, _mm256_loadu_ps(hi.as_ptr().add(i + 8)), b1);
+        }
+        i += 16;
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1));
+    let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+#[inline(always)]
+fn nibble_dot<const AVX2: bool>(q: &[u8], lo: &[f32], hi: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: instantiated with AVX2 = true only inside functions compiled for AVX2 +
+        // FMA, which run only when the CPU has them (Isa::detect).
+        return unsafe { nibble_dot_avx2(q, lo, hi) };
+    }
+    nibble_dot_portable(q, lo, hi)
+}
+
+/// One packed row (`q`, its f16 `scales`) dot one token's activations.
+#[inline(always)]
+fn row_dot<const AVX2: bool>(q: &[u8], scales: &[u8], x: &Interleaved) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, (qb, sb)) in q
+        .chunks(BLOCK_BYTES)
+        .zip(scales.chunks_exact(2))
+        .enumerate()
+    {
+        let o = b * BLOCK_BYTES;
+        let d = nibble_dot::<AVX2>(qb, &x.lo[o..o + qb.len()], &x.hi[o..o + qb.len()]);
+        let s = f16::from_le_bytes([sb[0], sb[1]]).to_f32();
+        acc += s * (d - 8.0 * x.block_sums[b]);
+    }
+    acc
+}
+
+fn scale_row<'a>(m: &Q4Matrix, s: &'a [u8], n: usize) -> &'a [u8] {
+    let nb = m.blocks();
+    &s[n * nb * 2..(n + 1) * nb * 2]
+}
+
+/// Rows `n0 ..` of gate and up for each token of `acts`: `out[(n - n0) * T + t] =
+/// silu(gate_n . x_t) * (up_n . x_t)`, T = `acts.len()`.
+#[inline(always)]
+fn swiglu_impl<const AVX2: bool>(
+    l: &Q4SlotLayout,
+    slot: &[u8],
+    n0: usize,
+    acts: &[&Interleaved],
+    out: &mut [f32],
+) {
+    let nt = acts.len().max(1);
+    let (gq, uq) = (&slot[l.gate_q..l.up_q], &slot[l.up_q..l.down_q]);
+    let (gs, us) = (&slot[l.gate_s..l.up_s], &slot[l.up_s..l.down_s]);
+    for (r, row) in out.chunks_mut(nt).enumerate() {
+        let n = n0 + r;
+        let (g_row, u_row) = (row_bytes(&l.gate, gq, n), row_bytes(&l.gate, uq, n));
+        let (g_sc, u_sc) = (scale_row(&l.gate, gs, n), scale_row(&l.gate, us, n));
+        for (o, x) in row.iter_mut().zip(acts) {
+            let g = row_dot::<AVX2>(g_row, g_sc, x);
+            let u = row_dot::<AVX2>(u_row, u_sc, x);
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+}
+
+/// Rows `m0 ..` of down for each pair: `out[(m - m0) * tokens + t] += w * (down_m . h)`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn down_impl<const AVX2: bool>(
+    l: &Q4SlotLayout,
+    slot: &[u8],
+    m0: usize,
+    toks: &[(usize, f32)],
+    acts: &[Interleaved],
+    tokens: usize,
+    out: &mut [f32],
+) {
+    let dq = &slot[l.down_q..l.gate_s];
+    let ds = &slot[l.down_s..l.bytes];
+    for (r, row) in out.chunks_mut(tokens).enumerate() {
+        let m = m0 + r;
+        let (q, s) = (row_bytes(&l.down, dq, m), scale_row(&l.down, ds, m));
+        for (&(t, w), x) in toks.iter().zip(acts) {
+            row[t] += w * row_dot::<AVX2>(q, s, x);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn swiglu_avx2(l: &Q4SlotLayout, slot: &[u8], n0: usize, acts: &[&Interleaved], out: &mut [f32]) {
+    swiglu_impl::<true>(l, slot, n0, acts, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+fn down_avx2(
+    l: &Q4SlotLayout,
+    slot: &[u8],
+    m0: usize,
+    toks: &[(usize, f32)],
+    acts: &[Interleaved],
+    tokens: usize,
+    out: &mut [f32],
+) {
+    down_impl::<true>(l, slot, m0, toks, acts, tokens, out)
+}
+
+/// FMA where the baseline has it (aarch64), separate multiply and add elsewhere.
+const BASELINE_FMA: bool = cfg!(target_arch = "aarch64");
+
+pub(super) fn swiglu_rows(
+    isa: Isa,
+    l: &Q4SlotLayout,
+    slot: &[u8],
+    n0: usize,
+    acts: &[&Interleaved],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma {
+        // SAFETY: Isa::Avx2Fma is only chosen when the CPU reports AVX2 and FMA.
+        unsafe { swiglu_avx2(l, slot, n0, acts, out) };
+        return;
+    }
+    let _ = isa;
+    swiglu_impl::<false>(l, slot, n0, acts, out)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn down_rows(
+    isa: Isa,
+    l: &Q4SlotLayout,
+    slot: &[u8],
+    m0: usize,
+    toks: &[(usize, f32)],
+    acts: &[Interleaved],
+    tokens: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma {
+        // SAFETY: as above.
+        unsafe { down_avx2(l, slot, m0, toks, acts, tokens, out) };
+        return;
+    }
+    let _ = isa;
+    down_impl::<false>(l, slot, m0, toks, acts, tokens, out)
+}
