@@ -89,6 +89,13 @@ fn cpu_misses_give_the_int4_golden_at_every_capacity() {
                             .zip(&cfg.sparse_layers)
                             .all(|(p, &s)| !s || *p == ExpertPlacement::Host));
                     }
+                    if miss == MissPolicy::Cpu && n > 0 {
+                        // The prefill admitted experts; later steps found them resident.
+                        assert!(
+                            st.uploaded_misses > 0 && st.expert_hits > 0,
+                            "{name} {what}: {st:?}"
+                        );
+                    }
                     if miss == MissPolicy::Auto && n > 0 {
                         assert!(
                             st.cost_figures.is_some(),
@@ -177,6 +184,53 @@ fn n_cpu_moe_gives_the_int4_golden() {
             assert!(r.stats().cpu_expert_pairs > 0);
         }
     }
+}
+
+/// A staging fill that fails while the CPU computes: the error is reported, no table
+/// changes (the admission is aborted), and the next request runs with the same tokens as
+/// a fresh engine.
+#[test]
+fn failed_admission_keeps_the_previous_generation() {
+    let name = "olmoe-tiny";
+    let k = wgmoe::config::ModelConfig::from_dir(&fixture(name))
+        .unwrap()
+        .top_k;
+    let mut eng = load(name, 64, options(k, MissPolicy::Cpu), Executor::Grouped).unwrap();
+    greedy(&mut eng, &[464u32, 1711, 8886], 4).unwrap();
+    let tables = |eng: &Engine| -> Vec<(u64, Vec<u32>)> {
+        let r = eng.fwd.residency.as_ref().unwrap();
+        r.caches
+            .iter()
+            .flatten()
+            .map(|c| (c.generation(), c.table().words().to_vec()))
+            .collect()
+    };
+    // The prompt after this publishes the last admission, then admits anew: fail that.
+    greedy(&mut eng, &[12u32, 50000, 7, 99, 1234, 5], 1).unwrap();
+    let before = tables(&eng);
+    {
+        let r = eng.fwd.residency.as_mut().unwrap();
+        r.inject.fail_upload = Some(r.uploads_attempted() + 1);
+    }
+    let prompt = [300u32, 4000, 77, 12345, 999, 31, 2];
+    let err = greedy(&mut eng, &prompt, 3).expect_err("injected failure must be reported");
+    assert!(err.to_string().contains("injected failure"), "{err}");
+    let after = tables(&eng);
+    // The failed step may have published the previous step's admission first; nothing of
+    // the failed admission is published.
+    assert!(
+        after.iter().zip(&before).all(|(a, b)| a.0 >= b.0),
+        "{before:?} {after:?}"
+    );
+    // Layers served before the failure keep their admissions (published at their next
+    // step); the failed layer's plan was aborted, or the next request could not plan.
+    for c in eng.fwd.residency.as_ref().unwrap().caches.iter().flatten() {
+        c.check_invariants().unwrap();
+    }
+    eng.fwd.residency.as_mut().unwrap().inject.fail_upload = None;
+    let again = greedy(&mut eng, &prompt, 6).unwrap();
+    let mut fresh = load(name, 64, options(k, MissPolicy::Cpu), Executor::Grouped).unwrap();
+    assert_eq!(again, greedy(&mut fresh, &prompt, 6).unwrap());
 }
 
 /// What cannot run is refused, naming the option.

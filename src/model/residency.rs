@@ -60,6 +60,17 @@ pub struct HybridStep {
     pub device: Vec<u32>,
     /// Pairs the CPU computes.
     pub cpu: Vec<ExpertPair>,
+    /// Misses admitted into the cache: computed on the CPU this step, copied to the
+    /// device meanwhile, published at the layer's next step.
+    pub admission: Option<Admission>,
+}
+
+/// An open cache plan whose uploads are staged in the background.
+#[derive(Debug)]
+pub struct Admission {
+    plan: crate::residency::Plan,
+    /// (staging buffer, expert, pool chunk, byte offset in it).
+    uploads: Vec<(usize, u32, usize, u64)>,
 }
 
 /// Counters reported in `--json` metrics and by the bench.
@@ -108,6 +119,10 @@ pub struct Residency {
     /// Measured at start-up (`auto`).
     pub figures: Option<CostFigures>,
     reuse: Reuse,
+    /// Per layer: an admission whose copies are submitted, published at its next step.
+    pending: Vec<Option<crate::residency::Plan>>,
+    /// Misses copied to the device by admissions (counted when submitted).
+    admitted: u64,
     cpu_pairs: u64,
     cpu_seconds: f64,
     cpu_misses: u64,
@@ -178,6 +193,8 @@ impl Residency {
             cpu,
             figures: None,
             reuse: Reuse::new(rc.placement.len(), e),
+            pending: (0..rc.placement.len()).map(|_| None).collect(),
+            admitted: 0,
             cpu_pairs: 0,
             cpu_seconds: 0.0,
             cpu_misses: 0,
@@ -200,8 +217,10 @@ impl Residency {
     }
 
     /// Split one routed layer's step (`ids`, `weights`: k per token) between the device
-    /// and the CPU as the miss policy says, and make the device's experts resident
-    /// (uploads, then the table publication, as `serve`).
+    /// and the CPU as the miss policy says. The device computes the experts resident now
+    /// (hits); the misses the policy admits are planned into spare slots, to be staged
+    /// while the CPU computes this step's misses (`compute_and_admit`) and published at
+    /// the layer's next step, so no step waits for a copy.
     #[allow(clippy::too_many_arguments)]
     pub fn split(
         &mut self,
@@ -217,52 +236,240 @@ impl Residency {
         for &e in ids {
             *counts.entry(e).or_default() += 1;
         }
-        let device: Vec<u32> = match (self.caches.get(layer).and_then(|c| c.as_ref()), pool) {
-            (Some(cache), Some((pool, slot_of))) => {
-                let cfg = *cache.config();
-                let hits: Vec<u32> = counts
-                    .keys()
-                    .copied()
-                    .filter(|&e| cache.table().slot_of(e).is_some())
-                    .collect();
-                let misses: Vec<(u32, usize)> = counts
-                    .iter()
-                    .filter(|(e, _)| cache.table().slot_of(**e).is_none())
-                    .map(|(&e, &n)| (e, n))
-                    .collect();
-                let room = cfg.spares.min(cfg.capacity.saturating_sub(hits.len()));
-                let reuse = &self.reuse;
-                let uploads = choose_uploads(
-                    self.miss,
-                    &misses,
-                    room,
-                    tokens,
-                    |e| reuse.expected(layer, e, cfg.capacity),
-                    self.figures.as_ref(),
-                );
-                let mut device = hits;
-                device.extend(&uploads);
-                if !device.is_empty() {
-                    self.serve(dev, layer, &device, pool, slot_of)?;
+        let mut step = HybridStep::default();
+        if let (true, Some((pool, slot_of))) = (self.has_cache(layer), pool) {
+            self.publish_pending(dev, layer, slot_of)?;
+            let Some(cache) = self.caches.get(layer).and_then(|c| c.as_ref()) else {
+                return Err(Error::Other(format!(
+                    "internal: layer {layer} has no cache"
+                )));
+            };
+            let cfg = *cache.config();
+            let hits: Vec<u32> = counts
+                .keys()
+                .copied()
+                .filter(|&e| cache.table().slot_of(e).is_some())
+                .collect();
+            let misses: Vec<(u32, usize)> = counts
+                .iter()
+                .filter(|(e, _)| cache.table().slot_of(**e).is_none())
+                .map(|(&e, &n)| (e, n))
+                .collect();
+            // Room: the spares (and the capacity), one staging buffer per copy. An
+            // admission may evict an expert this step hits: the device reads it from the
+            // old table now, and its slot is reused only after that read completes.
+            let room = cfg.spares.min(cfg.capacity).min(self.staging_bufs.len());
+            let reuse = &self.reuse;
+            let admit = choose_uploads(
+                self.miss,
+                &misses,
+                room,
+                tokens,
+                |e| reuse.expected(layer, e, cfg.capacity),
+                self.figures.as_ref(),
+            );
+            let counted: Vec<(u32, usize)> = counts.iter().map(|(&e, &n)| (e, n)).collect();
+            self.reuse.observe(layer, &counted, admit.len());
+            if admit.is_empty() {
+                if !hits.is_empty() {
+                    // All hits: the policy sees the accesses; nothing is copied.
+                    self.serve(dev, layer, &hits, pool, slot_of)?;
                 }
-                let counted: Vec<(u32, usize)> = counts.iter().map(|(&e, &n)| (e, n)).collect();
-                self.reuse.observe(layer, &counted, uploads.len());
-                device
+            } else {
+                // The admitted experts, then the step's most used hits as capacity allows
+                // (kept, and seen by the eviction policy).
+                let mut kept: Vec<(u32, usize)> = hits.iter().map(|&e| (e, counts[&e])).collect();
+                kept.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+                let mut wanted = admit.clone();
+                wanted.extend(
+                    kept.iter()
+                        .map(|&(e, _)| e)
+                        .take(cfg.capacity.saturating_sub(admit.len())),
+                );
+                step.admission = Some(self.plan_admission(dev, layer, &wanted, pool)?);
             }
-            _ => Vec::new(),
-        };
-        let mut cpu = Vec::new();
+            step.device = hits;
+        }
         for (i, (&e, &w)) in ids.iter().zip(weights).enumerate() {
-            if !device.contains(&e) {
-                cpu.push(ExpertPair {
+            if !step.device.contains(&e) {
+                step.cpu.push(ExpertPair {
                     token: (i / top_k.max(1)) as u32,
                     expert: e,
                     weight: w,
                 });
             }
         }
-        self.cpu_misses += counts.keys().filter(|e| !device.contains(e)).count() as u64;
-        Ok(HybridStep { device, cpu })
+        self.cpu_misses += counts.keys().filter(|e| !step.device.contains(e)).count() as u64;
+        Ok(step)
+    }
+
+    fn has_cache(&self, layer: usize) -> bool {
+        matches!(self.caches.get(layer), Some(Some(_)))
+    }
+
+    /// Publish the layer's admission of its previous step (its copies were submitted then,
+    /// so every later submission sees the data); the table write lands before the next
+    /// submission.
+    fn publish_pending(&mut self, dev: &Device, layer: usize, slot_of: &Buffer) -> Result<()> {
+        let Some(plan) = self.pending.get_mut(layer).and_then(Option::take) else {
+            return Ok(());
+        };
+        let Some(cache) = self.caches.get_mut(layer).and_then(|c| c.as_mut()) else {
+            return Ok(());
+        };
+        cache
+            .publish(&plan, self.policy.as_mut())
+            .map_err(Error::from)?;
+        dev.write(slot_of, 0, bytemuck::cast_slice(cache.table().words()))
+    }
+
+    /// Open the plan for `wanted` (the hits and the admitted misses) and reserve a staging
+    /// buffer per copy.
+    fn plan_admission(
+        &mut self,
+        dev: &Device,
+        layer: usize,
+        wanted: &[u32],
+        pool: &Q4Pool,
+    ) -> Result<Admission> {
+        let plan = loop {
+            let Some(cache) = self.caches.get_mut(layer).and_then(|c| c.as_mut()) else {
+                return Err(Error::Other(format!(
+                    "internal: layer {layer} has no cache"
+                )));
+            };
+            match cache.plan(wanted, self.policy.as_mut(), dev) {
+                Ok(p) => break p,
+                Err(CacheError::NotNow { wait_for, .. }) => dev.wait(wait_for)?,
+                Err(e) => return Err(Error::DoesNotFit(e.to_string())),
+            }
+        };
+        let mut uploads = Vec::with_capacity(plan.uploads().len());
+        for u in plan.uploads() {
+            match self.acquire_staging(dev) {
+                Ok(idx) => {
+                    let (chunk, off) = pool.locate(u.slot as usize);
+                    uploads.push((idx, u.expert, chunk, off));
+                }
+                Err(e) => {
+                    self.abort_admission(layer, &plan, &uploads);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Admission { plan, uploads })
+    }
+
+    fn abort_admission(
+        &mut self,
+        layer: usize,
+        plan: &crate::residency::Plan,
+        staged: &[(usize, u32, usize, u64)],
+    ) {
+        for &(idx, ..) in staged {
+            let _ = self.staging.cancel(idx);
+        }
+        if let Some(cache) = self.caches.get_mut(layer).and_then(|c| c.as_mut()) {
+            let _ = cache.abort(plan);
+        }
+    }
+
+    /// The CPU's share of a step into `out`, and meanwhile, on a worker thread, the
+    /// admission's staging fills; then the admission's copies are submitted (published at
+    /// the layer's next step).
+    #[allow(clippy::too_many_arguments)]
+    pub fn compute_and_admit(
+        &mut self,
+        dev: &Device,
+        layer: usize,
+        x: &[f32],
+        pairs: &[ExpertPair],
+        out: &mut [f32],
+        admission: Option<Admission>,
+        pool: Option<&Q4Pool>,
+    ) -> Result<()> {
+        let Some(cpu) = self.cpu.as_ref() else {
+            return Err(Error::Other(
+                "internal: CPU experts requested without the CPU kernel".into(),
+            ));
+        };
+        let first = self.uploads_done + 1;
+        self.uploads_done += admission.as_ref().map_or(0, |a| a.uploads.len() as u64);
+        let inject = self.inject.fail_upload;
+        let (host, bufs) = (&self.host, &self.staging_bufs);
+        let t0 = Instant::now();
+        let (computed, filled) = std::thread::scope(|s| {
+            let fills = admission.as_ref().map(|a| {
+                s.spawn(move || -> Result<()> {
+                    for (i, &(idx, expert, ..)) in a.uploads.iter().enumerate() {
+                        if inject == Some(first + i as u64) {
+                            return Err(Error::Gpu(format!(
+                                "injected failure: staging map for expert {expert} of layer {layer}"
+                            )));
+                        }
+                        dev.fill_staging(&bufs[idx], host.expert(layer, expert)?)?;
+                    }
+                    Ok(())
+                })
+            });
+            let computed = if pairs.is_empty() {
+                Ok(Default::default())
+            } else {
+                cpu.run(&|e| host.expert(layer, e), x, pairs, out)
+            };
+            let filled = fills.map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Other("the staging thread panicked".into())))
+            });
+            (computed, filled)
+        });
+        let fill_s = t0.elapsed().as_secs_f64();
+        let st = match computed {
+            Ok(st) => st,
+            Err(e) => {
+                if let Some(a) = &admission {
+                    for &(idx, ..) in &a.uploads {
+                        dev.unstage(&self.staging_bufs[idx]);
+                    }
+                    self.abort_admission(layer, &a.plan, &a.uploads);
+                }
+                return Err(e);
+            }
+        };
+        self.cpu_pairs += st.pairs;
+        self.cpu_seconds += st.seconds;
+        let (Some(a), Some(pool)) = (admission, pool) else {
+            return Ok(());
+        };
+        if let Some(Err(e)) = filled {
+            // Nothing of this admission was published: the previous generation stays.
+            for &(idx, ..) in &a.uploads {
+                dev.unstage(&self.staging_bufs[idx]);
+            }
+            self.abort_admission(layer, &a.plan, &a.uploads);
+            return Err(e);
+        }
+        let mut pending: Vec<Pending> = a
+            .uploads
+            .iter()
+            .map(|&(idx, _, chunk, off)| (idx, chunk, off, self.host.slot_bytes as u64))
+            .collect();
+        let token = self.submit_uploads(dev, pool, &mut pending)?;
+        self.h2d_bytes += (a.uploads.len() * self.host.slot_bytes) as u64;
+        self.admitted += a.uploads.len() as u64;
+        self.upload_seconds += fill_s;
+        let Some(cache) = self.caches.get_mut(layer).and_then(|c| c.as_mut()) else {
+            return Err(Error::Other(format!(
+                "internal: layer {layer} has no cache"
+            )));
+        };
+        cache
+            .complete_uploads(&a.plan, token)
+            .map_err(Error::from)?;
+        if let Some(p) = self.pending.get_mut(layer) {
+            *p = Some(a.plan);
+        }
+        Ok(())
     }
 
     /// `out` = the weighted sum of `pairs` of `layer` computed on the CPU from the host
@@ -309,9 +516,19 @@ impl Residency {
             s.hits_per_layer.push(st.hits);
             s.misses_per_layer.push(st.misses);
             s.evictions_per_layer.push(st.evictions);
-            s.uploaded_misses += st.uploads;
         }
-        s.expert_misses += self.cpu_misses;
+        // Misses: uploaded ones in caches without CPU experts (counted at publication),
+        // and every expert that had no slot when routed beside CPU experts (those the
+        // policy admitted were computed on the CPU that step too).
+        s.uploaded_misses = self.admitted;
+        s.expert_misses = self.cpu_misses;
+        for (c, p) in self.caches.iter().zip(&self.placement) {
+            if let (Some(c), ExpertPlacement::Cached) = (c, p) {
+                let st = c.stats();
+                s.uploaded_misses += st.uploads;
+                s.expert_misses += st.misses;
+            }
+        }
         s
     }
 
@@ -325,6 +542,7 @@ impl Residency {
         self.cpu_pairs = 0;
         self.cpu_seconds = 0.0;
         self.cpu_misses = 0;
+        self.admitted = 0;
     }
 
     /// A staging buffer whose previous copy has completed.
@@ -486,6 +704,11 @@ impl Residency {
         let token = self.submit_uploads(dev, pool, &mut pending)?;
         dev.wait(token)?;
         Ok(t0.elapsed().as_secs_f64())
+    }
+
+    /// Uploads attempted so far (the failure injection counts them).
+    pub fn uploads_attempted(&self) -> u64 {
+        self.uploads_done
     }
 
     /// Record that submission `token` read these experts of `layer`.

@@ -349,11 +349,17 @@ impl Forward {
                 r.mark_read(l, &split.device, s.token)?;
             }
         }
-        // The CPU's share, while the device computes its own.
+        // The CPU's share (and any admission's staging), while the device computes its own.
         let mut sum = vec![0.0f32; n * h];
-        if !split.cpu.is_empty() {
-            r.compute_on_cpu(l, xn, &split.cpu, &mut sum)?;
-        }
+        r.compute_and_admit(
+            &dev,
+            l,
+            xn,
+            &split.cpu,
+            &mut sum,
+            split.admission,
+            pool.map(|(p, _)| p),
+        )?;
         let Some(host_y) = self.host_y.as_ref() else {
             return Err(Error::Other("internal: no host_y buffer".into()));
         };
