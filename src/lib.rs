@@ -5,7 +5,7 @@
 //! machine (`residency`), the backend seam (`backend`, with the wgpu implementation), the
 //! model on a device (`model`), then `admission`, `engine`, `generate` and the commands'
 //! helpers (`bench`, `eval`, `inspect`, `synth`); `session` keeps a model loaded with a
-//! reusable KV cache, (`chat`, `serve`).
+//! reusable KV cache, and `serve` is the HTTP server over it.
 
 pub mod admission;
 pub mod backend;
@@ -28,6 +28,7 @@ pub mod output_dir;
 pub mod quant;
 pub mod residency;
 pub mod sampling;
+pub mod serve;
 pub mod session;
 pub mod synth;
 pub mod tokenizer;
