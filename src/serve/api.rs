@@ -345,12 +345,14 @@ pub fn chat_request(body: &Value) -> ApiResult<Request> {
                         format!("`{param}.role` `{r}`: tool messages are not supported"),
                     ))
                 }
-                _ => return Err(ApiError::invalid(
-                    &format!("{param}.role"),
-                    format!(
+                _ => {
+                    return Err(ApiError::invalid(
+                        &format!("{param}.role"),
+                        format!(
                         "`{param}.role`: unknown role `{r}` (system, developer, user or assistant)"
                     ),
-                )),
+                    ))
+                }
             },
             None | Some(Value::Null) => {
                 return Err(ApiError::invalid(
