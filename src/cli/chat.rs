@@ -171,10 +171,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         wgmoe::interrupt::set_at_prompt(true);
         let msg = input.message();
         wgmoe::interrupt::set_at_prompt(false);
+        // The end (the editor has already moved to a new line).
         let Some(msg) = msg? else {
-            if input.terminal() {
-                out!("");
-            }
             return Ok(());
         };
         let cmd = msg.trim();
