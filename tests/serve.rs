@@ -478,3 +478,12 @@ fn a_conversation_beyond_the_context_is_refused_or_shifted() {
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
 }
+
+#[test]
+fn a_port_in_use_is_refused_before_loading() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let r = wgmoe_within(60, &["serve", &s(&fixture(OLMOE)), "--port", &port]);
+    assert_error(&r, &["--port", &format!("127.0.0.1:{port}")]);
+    assert!(!r.stderr.contains("loaded "), "bound after loading:\n{r}");
+}

@@ -2,7 +2,7 @@
 
 use wgmoe::engine::Engine;
 use wgmoe::error::{Error, Result};
-use wgmoe::serve::{serve as run_server, Defaults, ServeOptions};
+use wgmoe::serve::{bind, serve as run_server, Defaults, ServeOptions};
 use wgmoe::session::Session;
 
 use super::run::sampling_options;
@@ -41,10 +41,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
     });
+    let listener = bind(&a.host, a.port)?;
     let engine = super::load_engine(&a.model, &a.load, ctx)?;
     let opts = ServeOptions {
-        host: a.host.clone(),
-        port: a.port,
         api_key: a.api_key.clone(),
         max_queue: a.max_queue,
         max_body,
@@ -56,7 +55,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         },
     };
     let auth = a.api_key.is_some();
-    run_server(Session::new(engine), opts, |addr| {
+    run_server(Session::new(engine), listener, opts, |addr| {
         if !addr.ip().is_loopback() {
             eprintln!(
                 "note: {} is reachable from other machines{}",

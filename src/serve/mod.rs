@@ -7,7 +7,7 @@ pub mod api;
 pub mod http;
 pub mod worker;
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -18,9 +18,6 @@ pub use worker::Defaults;
 
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
-    pub host: String,
-    /// 0: the OS picks a free port (the address is reported to `on_listening`).
-    pub port: u16,
     pub api_key: Option<String>,
     /// Requests that may wait while one is served; more get 503.
     pub max_queue: usize,
@@ -31,10 +28,25 @@ pub struct ServeOptions {
     pub defaults: Defaults,
 }
 
-/// Serve until the process ends. `on_listening` gets the bound address once requests are
-/// accepted.
+/// The listening socket, bound before the model loads: a port in use is reported at once,
+/// and clients that connect during loading wait in the backlog. Port 0: the OS picks one.
+pub fn bind(host: &str, port: u16) -> Result<TcpListener> {
+    let l = TcpListener::bind((host, port)).map_err(|e| {
+        Error::option(
+            "--host/--port",
+            format!("cannot listen on {host}:{port}: {e}"),
+        )
+    })?;
+    l.set_nonblocking(true)
+        .map_err(|e| Error::Other(format!("{host}:{port}: {e}")))?;
+    Ok(l)
+}
+
+/// Serve on `listener` (from `bind`) until the process ends. `on_listening` gets the
+/// address once requests are accepted.
 pub fn serve(
     session: Session,
+    listener: TcpListener,
     opts: ServeOptions,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
@@ -72,16 +84,12 @@ pub fn serve(
         .enable_time()
         .build()
         .map_err(|e| Error::Other(format!("cannot start the async runtime: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::Other(format!("the listening socket: {e}")))?;
     rt.block_on(async move {
-        let where_ = format!("{}:{}", opts.host, opts.port);
-        let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
-            .await
-            .map_err(|e| {
-                Error::option("--host/--port", format!("cannot listen on {where_}: {e}"))
-            })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::Other(format!("{where_}: {e}")))?;
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| Error::Other(format!("{addr}: {e}")))?;
         on_listening(addr);
         axum::serve(listener, http::router(state))
             .await
