@@ -8,6 +8,9 @@ use wgmoe::session::Session;
 use super::run::sampling_options;
 use crate::ServeArgs;
 
+/// Most requests `--max-queue` lets wait (the queue's slots are allocated up front).
+pub const MAX_QUEUE: usize = 4096;
+
 pub fn serve(a: ServeArgs) -> Result<()> {
     let (cfg, gen, tok) = Engine::open_host(&a.model)?;
     if tok.is_none() {
@@ -23,6 +26,12 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 "must be non-empty, without spaces or control characters",
             ));
         }
+    }
+    if a.max_queue > MAX_QUEUE {
+        return Err(Error::option(
+            "--max-queue",
+            format!("{}: at most {MAX_QUEUE}", a.max_queue),
+        ));
     }
     let max_body = usize::try_from(a.max_body)
         .ok()

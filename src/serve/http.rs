@@ -344,23 +344,31 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
         events: tx,
         queued: Instant::now(),
     };
+    // Admission counts the request being served too, so it does not depend on whether
+    // the worker is already back waiting for the next job.
+    let queue_full = || {
+        st.shared.stats().rejected_queue_full += 1;
+        eprintln!("request {id} {endpoint}: refused, the queue is full");
+        ApiError::status(
+            503,
+            "server_error",
+            "queue_full",
+            format!(
+                "the server is busy: one request is being served and {} are waiting (--max-queue); retry later",
+                st.max_queue
+            ),
+        )
+    };
+    if st.shared.pending.fetch_add(1, Ordering::SeqCst) > st.max_queue {
+        st.shared.pending.fetch_sub(1, Ordering::SeqCst);
+        return Err(queue_full());
+    }
     st.shared.waiting.fetch_add(1, Ordering::SeqCst);
     if let Err(e) = st.jobs.try_send(job) {
         st.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+        st.shared.pending.fetch_sub(1, Ordering::SeqCst);
         return Err(match e {
-            TrySendError::Full(_) => {
-                st.shared.stats().rejected_queue_full += 1;
-                eprintln!("request {id} {endpoint}: refused, the queue is full");
-                ApiError::status(
-                    503,
-                    "server_error",
-                    "queue_full",
-                    format!(
-                        "the server is busy: the queue of {} waiting requests is full (--max-queue); retry later",
-                        st.max_queue
-                    ),
-                )
-            }
+            TrySendError::Full(_) => queue_full(),
             TrySendError::Disconnected(_) => ApiError::status(
                 500,
                 "server_error",

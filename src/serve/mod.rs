@@ -57,7 +57,8 @@ pub fn serve(
         ));
     }
     let context = session.max_context();
-    let (jobs, rx) = std::sync::mpsc::sync_channel(opts.max_queue);
+    // Admission (`Shared::pending`) keeps at most this many jobs outstanding.
+    let (jobs, rx) = std::sync::mpsc::sync_channel(opts.max_queue + 1);
     let shared = Arc::new(worker::Shared::default());
     let worker_shared = shared.clone();
     let defaults = opts.defaults.clone();

@@ -88,6 +88,9 @@ pub struct Shared {
     pub stats: Mutex<Stats>,
     /// Jobs sent and not yet taken by the worker.
     pub waiting: AtomicUsize,
+    /// Jobs admitted and not finished (waiting plus the one being served): at most
+    /// `--max-queue` + 1.
+    pub pending: AtomicUsize,
 }
 
 impl Shared {
@@ -129,21 +132,24 @@ pub fn run(mut session: Session, jobs: Receiver<Job>, shared: Arc<Shared>, defau
         let queued_s = t0.duration_since(job.queued).as_secs_f64();
         let r = serve_one(&mut session, &tok, &defaults, &job);
         let total_s = job.queued.elapsed().as_secs_f64();
+        // Free before answering: a client's next request must find room.
+        shared.pending.fetch_sub(1, Ordering::SeqCst);
         let mut st = shared.stats();
         st.cache_tokens = session.cached().len();
         st.totals = session.totals.clone();
-        let (reason, stats, dropped) = match r {
+        let (reason, stats, dropped, done) = match r {
             Ok(Outcome {
                 finish_reason,
                 stats,
                 dropped,
+                done,
             }) => {
                 if finish_reason == "cancelled" {
                     st.cancelled += 1;
                 } else {
                     st.served += 1;
                 }
-                (finish_reason, stats, dropped)
+                (finish_reason, stats, dropped, done)
             }
             Err(e) => {
                 st.failed += 1;
@@ -168,6 +174,7 @@ pub fn run(mut session: Session, jobs: Receiver<Job>, shared: Arc<Shared>, defau
             stats.prefill_tokens_per_s,
             stats.decode_tokens_per_s,
         );
+        let stats_copy = stats.clone();
         st.last = Some(LastRequest {
             id: job.id,
             endpoint: job.endpoint,
@@ -177,6 +184,13 @@ pub fn run(mut session: Session, jobs: Receiver<Job>, shared: Arc<Shared>, defau
             dropped_messages: dropped,
             stats,
         });
+        drop(st);
+        if done {
+            let _ = job.events.send(Event::Done(Box::new(Done {
+                finish_reason: reason,
+                stats: stats_copy,
+            })));
+        }
     }
 }
 
@@ -184,6 +198,8 @@ struct Outcome {
     finish_reason: &'static str,
     stats: TurnStats,
     dropped: usize,
+    /// Generation ran: the client gets `Done` (sent once `/stats` shows the request).
+    done: bool,
 }
 
 fn context_error(prompt: usize, reserve: usize, ctx: usize, explicit: bool) -> ApiError {
@@ -281,6 +297,7 @@ fn serve_one(
             finish_reason: "cancelled",
             stats: TurnStats::default(),
             dropped,
+            done: false,
         });
     }
     let opts = GenerateOptions {
@@ -321,14 +338,11 @@ fn serve_one(
     } else {
         "length"
     };
-    let _ = job.events.send(Event::Done(Box::new(Done {
-        finish_reason,
-        stats: stats.clone(),
-    })));
     Ok(Outcome {
         finish_reason,
         stats,
         dropped,
+        done: true,
     })
 }
 

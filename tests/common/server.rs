@@ -81,6 +81,19 @@ impl Server {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// The log once `done` holds for it (the worker logs a request after answering it).
+    pub fn log_until(&self, done: impl Fn(&str) -> bool) -> String {
+        let t0 = Instant::now();
+        loop {
+            let log = self.stderr();
+            if done(&log) {
+                return log;
+            }
+            assert!(t0.elapsed() < TIMEOUT, "the log never got there:\n{log}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// (status, body) of a POST of `body` (any bytes) with optional bearer key.
     pub fn post_raw(&self, path: &str, body: &str, key: Option<&str>) -> (u16, String) {
         let mut req = self
