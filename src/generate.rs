@@ -29,6 +29,8 @@ pub struct Generation {
     pub stopped_by_eos: bool,
     /// Ctrl-C stopped the generation (what was generated until then is kept).
     pub interrupted: bool,
+    /// The caller's `on_token` asked to stop (a stop string, a client that went away).
+    pub cancelled: bool,
     pub dispatches: u64,
     pub submissions: u64,
 }
@@ -64,6 +66,14 @@ pub fn non_finite_error(step: usize, pos: usize) -> Error {
     ))
 }
 
+/// What `on_token` tells the loop after a token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// End the generation after this token (it is kept).
+    Stop,
+}
+
 /// Generate from `prompt` with the KV cache starting empty. `on_token` sees each token as
 /// soon as it is known (to stream text).
 pub fn generate(
@@ -72,8 +82,30 @@ pub fn generate(
     opts: &GenerateOptions,
     on_token: &mut dyn FnMut(u32) -> Result<()>,
 ) -> Result<Generation> {
+    generate_from(fwd, prompt, 0, opts, &mut |id| {
+        on_token(id).map(|_| Flow::Continue)
+    })
+}
+
+/// Generate from `prompt` when the KV cache already holds `prompt[..start]` at positions
+/// 0..start (an earlier turn's): only `prompt[start..]` is prefilled. `start` must leave at
+/// least one token to run, whose logits choose the first new token. `on_token` may end
+/// the generation early.
+pub fn generate_from(
+    fwd: &mut Forward,
+    prompt: &[u32],
+    start: usize,
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> Result<Flow>,
+) -> Result<Generation> {
     if prompt.is_empty() {
         return Err(Error::option("--prompt", "the prompt has no tokens"));
+    }
+    if start >= prompt.len() {
+        return Err(Error::Other(format!(
+            "internal: a prefill from position {start} of a {}-token prompt runs no token",
+            prompt.len()
+        )));
     }
     let v = fwd.cfg.vocab_size;
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= v) {
@@ -86,6 +118,8 @@ pub fn generate(
     let greedy = opts.sampling.is_greedy();
     // Greedy decoding keeps the sampled id on the GPU; sampling needs the logits row.
     let head = if greedy { Head::LastArgmax } else { Head::Last };
+    // EOS may end the response unless the caller ignores it (then it is never chosen).
+    fwd.suppress_eos = opts.ignore_eos;
     let suppress: Vec<u32> = if opts.ignore_eos {
         fwd.opts.suppress.clone()
     } else {
@@ -99,7 +133,7 @@ pub fn generate(
 
     let t0 = Instant::now();
     let chunk = fwd.opts.prefill_chunk;
-    let mut pos = 0;
+    let mut pos = start;
     while pos < prompt.len() {
         let n = chunk.min(prompt.len() - pos);
         let last = pos + n == prompt.len();
@@ -147,9 +181,13 @@ pub fn generate(
     let t1 = Instant::now();
     loop {
         out.generated_ids.push(id);
-        on_token(id)?;
+        let flow = on_token(id)?;
         if !opts.ignore_eos && opts.eos_ids.contains(&id) {
             out.stopped_by_eos = true;
+            break;
+        }
+        if flow == Flow::Stop {
+            out.cancelled = true;
             break;
         }
         if out.generated_ids.len() >= opts.max_new_tokens {

@@ -1,6 +1,8 @@
 //! Ctrl-C: the first one asks the running command to stop at the next safe point (`run`
 //! stops generating and prints what it has; `quantize` and `synth` remove their
-//! temporaries); a second one exits at once with status 130.
+//! temporaries); a second one exits at once with status 130. `chat` clears the request
+//! after stopping an answer (the session goes on), and while it waits at its prompt a
+//! Ctrl-C ends it cleanly: a newline, status 0.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
@@ -8,6 +10,7 @@ use std::sync::Once;
 use crate::error::{Error, Result};
 
 static REQUESTED: AtomicBool = AtomicBool::new(false);
+static AT_PROMPT: AtomicBool = AtomicBool::new(false);
 static INSTALL: Once = Once::new();
 
 /// The exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
@@ -19,6 +22,13 @@ pub fn install() -> Result<()> {
     let mut res = Ok(());
     INSTALL.call_once(|| {
         res = ctrlc::set_handler(|| {
+            if AT_PROMPT.load(Ordering::SeqCst) {
+                // Nothing to stop: leave as the user asked, the shell prompt on a new line.
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(b"\n").and_then(|_| out.flush());
+                std::process::exit(0);
+            }
             if REQUESTED.swap(true, Ordering::SeqCst) {
                 std::process::exit(i32::from(EXIT_CODE));
             }
@@ -39,5 +49,22 @@ pub fn check() -> Result<()> {
         Err(Error::Interrupted)
     } else {
         Ok(())
+    }
+}
+
+/// Forget an earlier Ctrl-C (the command handled it and goes on).
+pub fn clear() {
+    REQUESTED.store(false, Ordering::SeqCst);
+}
+
+/// While `true`, Ctrl-C exits at once with status 0 after a newline (the command waits
+/// for input and has nothing to stop). A Ctrl-C that came just before counts too.
+pub fn set_at_prompt(on: bool) {
+    AT_PROMPT.store(on, Ordering::SeqCst);
+    if on && REQUESTED.swap(false, Ordering::SeqCst) {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(b"\n").and_then(|_| out.flush());
+        std::process::exit(0);
     }
 }

@@ -4,7 +4,8 @@
 //! `quant`, `format`, `manifest`, `convert`), the device-independent residency state
 //! machine (`residency`), the backend seam (`backend`, with the wgpu implementation), the
 //! model on a device (`model`), then `admission`, `engine`, `generate` and the commands'
-//! helpers (`bench`, `eval`, `inspect`, `synth`).
+//! helpers (`bench`, `eval`, `inspect`, `synth`); `session` keeps a model loaded with a
+//! reusable KV cache, and `serve` is the HTTP server over it.
 
 pub mod admission;
 pub mod backend;
@@ -27,6 +28,8 @@ pub mod output_dir;
 pub mod quant;
 pub mod residency;
 pub mod sampling;
+pub mod serve;
+pub mod session;
 pub mod synth;
 pub mod tokenizer;
 

@@ -35,6 +35,12 @@ enum Cmd {
     },
     /// Generate text from a Hugging Face checkpoint directory (or a converted one).
     Run(RunArgs),
+    /// Chat in the terminal with the model loaded once: the chat template, streaming
+    /// answers, the KV cache reused across turns; /reset, /stats, /exit.
+    Chat(ChatArgs),
+    /// An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions,
+    /// /v1/models, /health): one request at a time, from a bounded queue.
+    Serve(ServeArgs),
     /// Convert a Hugging Face checkpoint to wgmoe's INT4 format (FP16 non-routed tensors,
     /// packed INT4 routed experts), for a memory-mapped, conversion-free start.
     Quantize {
@@ -267,23 +273,8 @@ struct RunArgs {
     /// Most tokens to generate.
     #[arg(short = 'n', long, default_value_t = 128)]
     max_new_tokens: usize,
-    /// Greedy decoding (the default unless --temperature, --top-k or --top-p is given).
-    #[arg(long)]
-    greedy: bool,
-    /// Sample with this temperature (> 0; 0 is greedy). Default: generation_config.json's,
-    /// else 1 when --top-k or --top-p is given.
-    #[arg(long, allow_negative_numbers = true)]
-    temperature: Option<f32>,
-    /// Sample only among the K most likely tokens (0: no limit; 1 is greedy).
-    #[arg(long, value_name = "K")]
-    top_k: Option<usize>,
-    /// Sample only among the most likely tokens whose probabilities sum to P (0 < P <= 1).
-    #[arg(long, value_name = "P", allow_negative_numbers = true)]
-    top_p: Option<f32>,
-    /// Seed of the sampling RNG (default: a random one, printed in the summary and the
-    /// JSON so the run can be repeated).
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Do not stop at EOS, and never sample it.
     #[arg(long)]
     ignore_eos: bool,
@@ -303,6 +294,102 @@ struct RunArgs {
     json: bool,
     #[command(flatten)]
     gpu: GpuArgs,
+}
+
+/// Token selection (`run`, `chat`; `serve`'s defaults for requests that set none).
+#[derive(Args, Clone)]
+struct SamplingArgs {
+    /// Greedy decoding (the default unless --temperature, --top-k or --top-p is given).
+    #[arg(long)]
+    greedy: bool,
+    /// Sample with this temperature (> 0; 0 is greedy). Default: generation_config.json's,
+    /// else 1 when --top-k or --top-p is given.
+    #[arg(long, allow_negative_numbers = true)]
+    temperature: Option<f32>,
+    /// Sample only among the K most likely tokens (0: no limit; 1 is greedy).
+    #[arg(long, value_name = "K")]
+    top_k: Option<usize>,
+    /// Sample only among the most likely tokens whose probabilities sum to P (0 < P <= 1).
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    top_p: Option<f32>,
+    /// Seed of the sampling RNG (default: a random one, printed in the summary and the
+    /// JSON so the run can be repeated).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+/// How `chat` and `serve` load the model: the context they keep, and the engine options
+/// of `run`.
+#[derive(Args)]
+struct LoadArgs {
+    /// Positions of the KV cache: the longest conversation, prompt and answer (default:
+    /// max_position_embeddings, at most 4096).
+    #[arg(short = 'c', long, value_name = "N")]
+    ctx_size: Option<usize>,
+    /// When a conversation outgrows the context, drop its oldest turns (system messages
+    /// and the newest message are kept) instead of refusing it.
+    #[arg(long)]
+    context_shift: bool,
+    /// Storage of routed expert weights: int4 (W4A16, block 256) or f16.
+    #[arg(long, value_enum, default_value = "int4")]
+    expert_precision: ExpertPrecision,
+    /// How routed experts are dispatched.
+    #[arg(long, value_enum, default_value = "grouped")]
+    executor: Executor,
+    /// Most prompt tokens per prefill submission.
+    #[arg(long, default_value_t = 64)]
+    prefill_chunk: usize,
+    #[command(flatten)]
+    residency: ResidencyArgs,
+    #[command(flatten)]
+    gpu: GpuArgs,
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    /// Model directory (config.json, tokenizer.json with a chat template, *.safetensors).
+    model: PathBuf,
+    /// A system message that starts the conversation (kept by /reset and context shift).
+    #[arg(long, value_name = "TEXT")]
+    system: Option<String>,
+    /// Most tokens per answer.
+    #[arg(short = 'n', long, default_value_t = 512)]
+    max_new_tokens: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Do not stop at EOS, and never sample it.
+    #[arg(long)]
+    ignore_eos: bool,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Model directory (config.json, tokenizer.json, *.safetensors).
+    model: PathBuf,
+    /// Address to listen on (a non-loopback one exposes the model to the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every request (401 otherwise).
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Requests that may wait while one is served; beyond that, 503.
+    #[arg(long, default_value_t = 8)]
+    max_queue: usize,
+    /// Largest request body (e.g. 4MiB, 65536); beyond that, 413.
+    #[arg(long, value_parser = parse_size, default_value = "4MiB")]
+    max_body: u64,
+    /// Model name in /v1/models and responses (default: the directory's name).
+    #[arg(long)]
+    alias: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    load: LoadArgs,
 }
 
 /// Print a line to stdout; a closed stdout (e.g. `| head`) ends the command quietly
@@ -331,6 +418,8 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Devices { gpu, json } => cli::tools::devices(&gpu, json),
         Cmd::Run(args) => cli::run::run(args),
+        Cmd::Chat(args) => cli::chat::chat(args),
+        Cmd::Serve(args) => cli::serve::serve(args),
         Cmd::Quantize { model, out, force } => cli::tools::quantize(&model, &out, force),
         Cmd::Inspect {
             model,

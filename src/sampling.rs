@@ -27,6 +27,18 @@ impl SamplingOptions {
     }
 }
 
+/// A seed when none is given (`--seed`, a request's `seed`): std's per-process random hasher keys mixed with
+/// the time, so two runs differ.
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
 /// SplitMix64: small, fast, and good enough to draw one uniform number per token.
 pub struct Rng(u64);
 

@@ -59,7 +59,7 @@ fn clap_prints_its_own_errors_and_help() {
 fn every_option_has_a_help_line() {
     let mut empty = Vec::new();
     for sub in [
-        "devices", "run", "quantize", "inspect", "eval", "synth", "bench",
+        "devices", "run", "chat", "serve", "quantize", "inspect", "eval", "synth", "bench",
     ] {
         let r = wgmoe([sub, "--help"]);
         assert_ok(&r);

@@ -48,16 +48,17 @@ fn references(module: &[String], text: &str) -> Vec<Vec<String>> {
     let bytes = t.as_bytes();
     let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
     let mut i = 0;
+    // Bytes, not str slices: `i` steps through non-ASCII text (string literals) too.
     while i < t.len() {
-        let rest = &t[i..];
+        let rest = &bytes[i..];
         let (base, skip): (Vec<String>, usize) =
-            if rest.starts_with("crate::") && (i == 0 || !ident(bytes[i - 1])) {
+            if rest.starts_with(b"crate::") && (i == 0 || !ident(bytes[i - 1])) {
                 (Vec::new(), 7)
-            } else if rest.starts_with("super::") && (i == 0 || !ident(bytes[i - 1])) {
+            } else if rest.starts_with(b"super::") && (i == 0 || !ident(bytes[i - 1])) {
                 let mut b = module.to_vec();
                 let mut s = 7;
                 b.pop();
-                while t[i + s..].starts_with("super::") {
+                while bytes[i + s..].starts_with(b"super::") {
                     b.pop();
                     s += 7;
                 }
@@ -77,7 +78,7 @@ fn references(module: &[String], text: &str) -> Vec<Vec<String>> {
                 break;
             }
             path.push(t[start..j].to_string());
-            if t[j..].starts_with("::") {
+            if bytes[j..].starts_with(b"::") {
                 j += 2;
             } else {
                 break;

@@ -3,14 +3,84 @@
 //! any work, the note on a software adapter.
 
 pub mod bench;
+pub mod chat;
 pub mod run;
+pub mod serve;
 pub mod tools;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use wgmoe::backend::{Device, DeviceRequest, DeviceType};
+use wgmoe::config::ModelConfig;
+use wgmoe::engine::{Engine, EngineOptions};
 use wgmoe::error::{Error, Result};
+
+use crate::LoadArgs;
+
+/// The context `chat` and `serve` allocate when `--ctx-size` is not given, at most.
+pub const DEFAULT_CTX: usize = 4096;
+
+/// The KV cache positions of `--ctx-size` (checked against the model), or the default.
+pub fn ctx_size(load: &LoadArgs, cfg: &ModelConfig, model: &Path) -> Result<usize> {
+    let max = cfg.max_position_embeddings;
+    match load.ctx_size {
+        None => Ok(max.min(DEFAULT_CTX)),
+        Some(0) => Err(Error::option("--ctx-size", "must be at least 1")),
+        Some(n) if n > max => Err(Error::option(
+            "--ctx-size",
+            format!(
+                "{n} exceeds max_position_embeddings = {max} of {}",
+                model.join("config.json").display()
+            ),
+        )),
+        Some(n) => Ok(n),
+    }
+}
+
+/// The engine of `chat` and `serve`, with a KV cache of `ctx` positions; says what it
+/// loaded on stderr.
+pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize) -> Result<Engine> {
+    if load.prefill_chunk == 0 {
+        return Err(Error::option("--prefill-chunk", "must be at least 1"));
+    }
+    if load.residency.write_profile.is_some() {
+        return Err(Error::option(
+            "--write-profile",
+            "records a calibration run: use it with `wgmoe run`",
+        ));
+    }
+    let engine = Engine::load(
+        model,
+        &EngineOptions {
+            residency: load.residency.options()?,
+            adapter: load.gpu.request(),
+            kernels: load.gpu.kernels(),
+            expert_precision: load.expert_precision,
+            executor: load.executor,
+            max_context: ctx,
+            prefill_chunk: load.prefill_chunk,
+            all_logits: false,
+        },
+    )
+    .map_err(|e| match e {
+        // Engine::load names `run`'s option for a context beyond the model's.
+        Error::Option { option, msg } if option == "--max-new-tokens" => {
+            Error::option("--ctx-size", msg)
+        }
+        e => e,
+    })?;
+    eprintln!(
+        "loaded {} in {:.2}s on {} ({}, {}); context {ctx} positions",
+        model.display(),
+        engine.load_s,
+        engine.dev.info().name,
+        engine.dev.info().backend,
+        engine.dev.info().driver_string()
+    );
+    software_note(&engine.dev, &load.gpu.request());
+    Ok(engine)
+}
 
 /// The prompt text of `-p TEXT`, `-p -` (stdin) or `-f FILE`; None when neither is given.
 /// From stdin or a file one trailing newline is dropped (as llama.cpp does), since editors
@@ -49,17 +119,7 @@ pub fn prompt_text(prompt: Option<&str>, file: Option<&Path>) -> Result<Option<S
     Ok(Some(text))
 }
 
-/// A seed for `--seed` when none is given: std's per-process random hasher keys mixed with
-/// the time, so two runs differ.
-pub fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        h.write_u128(t.as_nanos());
-    }
-    h.write_u32(std::process::id());
-    h.finish()
-}
+pub use wgmoe::sampling::random_seed;
 
 /// An output file an option names must be writable before the command does any work: its
 /// directory must exist and accept a new file, and the path must not be a directory.

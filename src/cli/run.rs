@@ -8,13 +8,16 @@ use wgmoe::engine::{Engine, EngineOptions};
 use wgmoe::error::{Error, Result};
 use wgmoe::generate::{generate, GenerateOptions};
 use wgmoe::sampling::SamplingOptions;
+use wgmoe::session::chat::{chat_prompt, Message, Role};
 use wgmoe::tokenizer::TextStream;
 
 use super::{peak_rss_bytes, prompt_text, software_note};
-use crate::{stdout_error, RunArgs};
+use crate::{stdout_error, RunArgs, SamplingArgs};
 
-fn sampling_options(
-    a: &RunArgs,
+/// The sampling of `--greedy`/`--temperature`/`--top-k`/`--top-p`, with
+/// generation_config.json's temperature when sampling without `--temperature`.
+pub fn sampling_options(
+    a: &SamplingArgs,
     gen: Option<&wgmoe::config::GenerationConfig>,
     seed: u64,
 ) -> Result<SamplingOptions> {
@@ -58,8 +61,8 @@ fn sampling_options(
 
 pub fn run(a: RunArgs) -> Result<()> {
     let (cfg, gen, tok) = Engine::open_host(&a.model)?;
-    let seed = a.seed.unwrap_or_else(super::random_seed);
-    let sampling = sampling_options(&a, gen.as_ref(), seed)?;
+    let seed = a.sampling.seed.unwrap_or_else(super::random_seed);
+    let sampling = sampling_options(&a.sampling, gen.as_ref(), seed)?;
     let text = prompt_text(a.prompt.as_deref(), a.file.as_deref())?;
     let prompt_ids: Vec<u32> = match (&text, &a.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
@@ -70,12 +73,12 @@ pub fn run(a: RunArgs) -> Result<()> {
                     "missing: needed to encode --prompt (or pass --prompt-ids)",
                 )
             })?;
-            let text = if a.chat {
-                tok.apply_chat_template(&[("user".to_string(), text.clone())], true)?
+            if a.chat {
+                let user = Message::new(Role::User, text.clone());
+                chat_prompt(tok, &[user])?
             } else {
-                text.clone()
-            };
-            tok.encode(&text, true)?
+                tok.encode(text, true)?
+            }
         }
         (None, None) => {
             return Err(Error::option(

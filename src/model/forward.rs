@@ -126,7 +126,13 @@ pub struct Forward {
     pub(crate) host_y: Option<Buffer>,
     pub layers: Vec<LayerPrograms>,
     pub(crate) head_last: Prepared,
+    /// The argmax skipping `opts.suppress` (EOS), and (`argmax_eos`) the one that may pick
+    /// it; `suppress_eos` says which a step runs.
     pub(crate) argmax_last: Prepared,
+    pub(crate) argmax_eos: Prepared,
+    /// Greedy steps never pick the suppressed ids (EOS): set per generation from
+    /// `ignore_eos`.
+    pub suppress_eos: bool,
     pub(crate) head_all: Option<(Prepared, Prepared)>,
     /// Partial residency: the cache runtime.
     pub residency: Option<Residency>,
@@ -250,7 +256,7 @@ impl Forward {
             dummy: b.get("dummy")?,
         };
         let layers = build_layers(dev, cfg, &weights, &opts, &env, &b, sorted.as_ref(), &step)?;
-        let (head_last, argmax_last, head_all) =
+        let (head_last, (argmax_last, argmax_eos), head_all) =
             build_head(dev, cfg, &weights, &opts, &env, &b, &step)?;
         dev.check()?;
         Ok(Forward {
@@ -271,12 +277,23 @@ impl Forward {
             layers,
             head_last,
             argmax_last,
+            argmax_eos,
+            suppress_eos: true,
             head_all,
             residency: None,
             record_routing: false,
             profile: None,
             counters: Counters::default(),
         })
+    }
+
+    /// The argmax a greedy step runs.
+    pub(crate) fn argmax(&self) -> &Prepared {
+        if self.suppress_eos {
+            &self.argmax_last
+        } else {
+            &self.argmax_eos
+        }
     }
 
     /// Dispatches of one decode step (greedy, full residency).
@@ -566,7 +583,7 @@ fn build_layers(
     Ok(out)
 }
 
-type Heads = (Prepared, Prepared, Option<(Prepared, Prepared)>);
+type Heads = (Prepared, (Prepared, Prepared), Option<(Prepared, Prepared)>);
 
 /// Final norm and lm_head (last token, or every token), and the argmax.
 fn build_head(
@@ -590,7 +607,7 @@ fn build_head(
     let mut suppress = [0u32; 4];
     let n_suppress = opts.suppress.len().min(4);
     suppress[..n_suppress].copy_from_slice(&opts.suppress[..n_suppress]);
-    let argmax = |all: bool| -> Result<Prepared> {
+    let argmax = |all: bool, n_suppress: usize| -> Result<Prepared> {
         let mut p = Program::default();
         ops::argmax(
             &mut p,
@@ -613,9 +630,10 @@ fn build_head(
         dev.prepare(p, step)
     };
     let all = if opts.all_logits {
-        Some((head(0)?, argmax(true)?))
+        Some((head(0)?, argmax(true, n_suppress)?))
     } else {
         None
     };
-    Ok((head(flags::LAST_TOKEN_ONLY)?, argmax(false)?, all))
+    let last = (argmax(false, n_suppress)?, argmax(false, 0)?);
+    Ok((head(flags::LAST_TOKEN_ONLY)?, last, all))
 }

@@ -14,7 +14,7 @@ fn heads(f: &Forward, head: Head) -> Result<Vec<&Prepared>> {
     Ok(match head {
         Head::None => vec![],
         Head::Last => vec![&f.head_last],
-        Head::LastArgmax => vec![&f.head_last, &f.argmax_last],
+        Head::LastArgmax => vec![&f.head_last, f.argmax()],
         Head::All => match &f.head_all {
             Some((h, a)) => vec![h, a],
             None => return Err(Error::Other("all-position logits were not enabled".into())),
@@ -165,7 +165,7 @@ impl Forward {
                     tokens: t,
                 });
             } else {
-                let hp = [&self.head_last, &self.argmax_last];
+                let hp = [&self.head_last, self.argmax()];
                 let all = self.head_all.as_ref().map(|(h, a)| [h, a]);
                 let programs: &[&Prepared] = match head {
                     Head::All => all.as_ref().map_or(&[], |a| &a[..]),

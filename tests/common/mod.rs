@@ -9,6 +9,7 @@ pub mod gpu;
 pub mod parity;
 pub mod q4;
 pub mod rng;
+pub mod server;
 pub mod st;
 
 use std::collections::HashMap;

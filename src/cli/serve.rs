@@ -1,0 +1,84 @@
+//! `wgmoe serve`: load the model once and serve the OpenAI API over HTTP (`wgmoe::serve`).
+
+use wgmoe::engine::Engine;
+use wgmoe::error::{Error, Result};
+use wgmoe::serve::{bind, serve as run_server, Defaults, ServeOptions};
+use wgmoe::session::Session;
+
+use super::run::sampling_options;
+use crate::ServeArgs;
+
+/// Most requests `--max-queue` lets wait (the queue's slots are allocated up front).
+pub const MAX_QUEUE: usize = 4096;
+
+pub fn serve(a: ServeArgs) -> Result<()> {
+    let (cfg, gen, tok) = Engine::open_host(&a.model)?;
+    if tok.is_none() {
+        return Err(Error::bad_file(
+            a.model.join("tokenizer.json"),
+            "missing: the server needs the tokenizer",
+        ));
+    }
+    if let Some(k) = &a.api_key {
+        if k.trim().is_empty() || k.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(Error::option(
+                "--api-key",
+                "must be non-empty, without spaces or control characters",
+            ));
+        }
+    }
+    if a.max_queue > MAX_QUEUE {
+        return Err(Error::option(
+            "--max-queue",
+            format!("{}: at most {MAX_QUEUE}", a.max_queue),
+        ));
+    }
+    let max_body = usize::try_from(a.max_body)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| Error::option("--max-body", "must be at least 1 byte"))?;
+    // The seed here only resolves the default sampling; requests without `seed` get
+    // a random one unless --seed is given.
+    let sampling = sampling_options(&a.sampling, gen.as_ref(), a.sampling.seed.unwrap_or(0))?;
+    let ctx = super::ctx_size(&a.load, &cfg, &a.model)?;
+    let model_name = a.alias.clone().unwrap_or_else(|| {
+        std::fs::canonicalize(&a.model)
+            .ok()
+            .as_deref()
+            .unwrap_or(&a.model)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+    let listener = bind(&a.host, a.port)?;
+    let engine = super::load_engine(&a.model, &a.load, ctx)?;
+    let opts = ServeOptions {
+        api_key: a.api_key.clone(),
+        max_queue: a.max_queue,
+        max_body,
+        model_name,
+        defaults: Defaults {
+            sampling,
+            seed: a.sampling.seed,
+            context_shift: a.load.context_shift,
+        },
+    };
+    let auth = a.api_key.is_some();
+    run_server(Session::new(engine), listener, opts, |addr| {
+        if !addr.ip().is_loopback() {
+            eprintln!(
+                "note: {} is reachable from other machines{}",
+                addr.ip(),
+                if auth {
+                    ""
+                } else {
+                    "; anyone who can reach it can use the model (see --api-key)"
+                }
+            );
+        }
+        eprintln!(
+            "listening on http://{addr} (one request at a time, up to {} waiting)",
+            a.max_queue
+        );
+    })
+}

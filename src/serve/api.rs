@@ -1,0 +1,548 @@
+//! The OpenAI request bodies, checked field by field into what the worker runs, and the
+//! errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`. No HTTP
+//! types here: the status is a number the HTTP layer turns into a response.
+
+use serde_json::{json, Map, Value};
+
+use crate::session::chat::{Message, Role};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    /// OpenAI's `type`: invalid_request_error, authentication_error, server_error...
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400: the request is wrong; `param` names the field.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: (!param.is_empty()).then(|| param.to_string()),
+            code: None,
+        }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn status(
+        status: u16,
+        kind: &'static str,
+        code: &'static str,
+        msg: impl Into<String>,
+    ) -> Self {
+        ApiError {
+            status,
+            message: msg.into(),
+            kind,
+            param: None,
+            code: Some(code),
+        }
+    }
+
+    /// The `{"error": {...}}` body.
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+type ApiResult<T> = std::result::Result<T, ApiError>;
+
+/// What to generate from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PromptInput {
+    /// `/v1/chat/completions`: rendered with the chat template.
+    Chat(Vec<Message>),
+    /// `/v1/completions` with a string: tokenized as `run -p` does.
+    Text(String),
+    /// `/v1/completions` with token ids.
+    Ids(Vec<u32>),
+}
+
+/// Sampling fields a request may set; what it leaves out comes from the server's options.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SamplingRequest {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub prompt: PromptInput,
+    /// `max_completion_tokens` or `max_tokens`; None: until EOS or the context is full
+    /// (chat), OpenAI's 16 (completions).
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingRequest,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with `usage` and no choices.
+    pub include_usage: bool,
+    /// llama-server's extension: do not stop at EOS (it is never chosen).
+    pub ignore_eos: bool,
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong_type(param: &str, want: &str, v: &Value) -> ApiError {
+    ApiError::invalid(
+        param,
+        format!("`{param}` must be {want}, not {}", kind_of(v)),
+    )
+}
+
+/// A field that is absent or null is None.
+fn field<'a>(o: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+    o.get(name).filter(|v| !v.is_null())
+}
+
+fn opt_bool(o: &Map<String, Value>, name: &str) -> ApiResult<Option<bool>> {
+    match field(o, name) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(wrong_type(name, "a boolean", v)),
+    }
+}
+
+fn opt_uint(o: &Map<String, Value>, name: &str) -> ApiResult<Option<u64>> {
+    match field(o, name) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| wrong_type(name, "a non-negative integer", v)),
+    }
+}
+
+fn opt_number(o: &Map<String, Value>, name: &str) -> ApiResult<Option<f64>> {
+    match field(o, name) {
+        None => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| wrong_type(name, "a number", v)),
+    }
+}
+
+fn object(body: &Value) -> ApiResult<&Map<String, Value>> {
+    body.as_object().ok_or_else(|| {
+        ApiError::invalid(
+            "",
+            format!(
+                "the request body must be a JSON object, not {}",
+                kind_of(body)
+            ),
+        )
+    })
+}
+
+/// The fields both endpoints share.
+fn common(o: &Map<String, Value>, prompt: PromptInput) -> ApiResult<Request> {
+    let max_tokens = opt_uint(o, "max_tokens")?;
+    let max_completion = opt_uint(o, "max_completion_tokens")?;
+    let max_tokens = match (max_completion, max_tokens) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(ApiError::invalid(
+                "max_completion_tokens",
+                format!("`max_completion_tokens` ({a}) and `max_tokens` ({b}) disagree; give one"),
+            ))
+        }
+        (Some(a), _) | (None, Some(a)) => Some(a),
+        (None, None) => None,
+    };
+    if max_tokens == Some(0) {
+        let p = if max_completion.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        return Err(ApiError::invalid(p, format!("`{p}` must be at least 1")));
+    }
+    let temperature = opt_number(o, "temperature")?;
+    if let Some(t) = temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ApiError::invalid(
+                "temperature",
+                format!("`temperature` {t} is not in [0, 2]"),
+            ));
+        }
+    }
+    let top_p = opt_number(o, "top_p")?;
+    if let Some(p) = top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(ApiError::invalid(
+                "top_p",
+                format!("`top_p` {p} is not in (0, 1]"),
+            ));
+        }
+    }
+    let top_k = opt_uint(o, "top_k")?;
+    let seed = opt_uint(o, "seed")?;
+    let stop = match field(o, "stop") {
+        None => vec![],
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => {
+            if a.len() > 16 {
+                return Err(ApiError::invalid("stop", "`stop` holds at most 16 strings"));
+            }
+            a.iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| wrong_type("stop", "a string or an array of strings", v))
+                })
+                .collect::<ApiResult<_>>()?
+        }
+        Some(v) => return Err(wrong_type("stop", "a string or an array of strings", v)),
+    };
+    if let Some(n) = opt_uint(o, "n")? {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("`n` {n}: only one choice per request is supported"),
+            ));
+        }
+    }
+    if let Some(m) = field(o, "model") {
+        if !m.is_string() {
+            return Err(wrong_type("model", "a string", m));
+        }
+    }
+    for unsupported in ["tools", "functions"] {
+        if let Some(v) = field(o, unsupported) {
+            if v.as_array().is_none_or(|a| !a.is_empty()) {
+                return Err(ApiError::invalid(
+                    unsupported,
+                    format!("`{unsupported}`: tool calling is not supported"),
+                ));
+            }
+        }
+    }
+    if opt_bool(o, "logprobs")? == Some(true) {
+        return Err(ApiError::invalid("logprobs", "`logprobs` is not supported"));
+    }
+    let include_usage = match field(o, "stream_options") {
+        None => false,
+        Some(Value::Object(so)) => opt_bool(so, "include_usage")
+            .map_err(|_| {
+                let p = "stream_options.include_usage";
+                wrong_type(p, "a boolean", &so["include_usage"])
+            })?
+            .unwrap_or(false),
+        Some(v) => return Err(wrong_type("stream_options", "an object", v)),
+    };
+    Ok(Request {
+        prompt,
+        max_tokens: max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        sampling: SamplingRequest {
+            temperature: temperature.map(|t| t as f32),
+            top_p: top_p.map(|p| p as f32),
+            top_k: top_k.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
+            seed,
+        },
+        stop,
+        stream: opt_bool(o, "stream")?.unwrap_or(false),
+        include_usage,
+        ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
+    })
+}
+
+fn content(i: usize, role: Role, v: Option<&Value>) -> ApiResult<String> {
+    let param = format!("messages[{i}].content");
+    match v {
+        Some(Value::String(s)) => Ok(s.clone()),
+        // An assistant turn that only called tools has no content.
+        None if role == Role::Assistant => Ok(String::new()),
+        None => Err(ApiError::invalid(&param, format!("`{param}` is missing"))),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                let pp = format!("{param}[{j}]");
+                let ty = p.get("type").and_then(Value::as_str);
+                match (ty, p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                    (Some("text"), _) => {
+                        return Err(ApiError::invalid(
+                            &pp,
+                            format!("`{pp}.text` must be a string"),
+                        ))
+                    }
+                    (Some(other), _) => {
+                        return Err(ApiError::invalid(
+                            &pp,
+                            format!(
+                                "`{pp}`: content of type `{other}` is not supported (text only)"
+                            ),
+                        ))
+                    }
+                    (None, _) => {
+                        return Err(ApiError::invalid(
+                            &pp,
+                            format!("`{pp}` must be an object with a `type`"),
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        Some(v) => Err(wrong_type(&param, "a string or an array of text parts", v)),
+    }
+}
+
+/// A `/v1/chat/completions` body.
+pub fn chat_request(body: &Value) -> ApiResult<Request> {
+    let o = object(body)?;
+    let msgs = match o.get("messages") {
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid("messages", "`messages` is required"))
+        }
+        Some(Value::Array(a)) => a,
+        Some(v) => return Err(wrong_type("messages", "an array of messages", v)),
+    };
+    if msgs.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` is empty: give at least one message",
+        ));
+    }
+    let mut out = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        let param = format!("messages[{i}]");
+        let Some(mo) = m.as_object() else {
+            return Err(wrong_type(&param, "an object with `role` and `content`", m));
+        };
+        let role = match mo.get("role") {
+            Some(Value::String(r)) => match r.as_str() {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                "tool" | "function" => {
+                    return Err(ApiError::invalid(
+                        &format!("{param}.role"),
+                        format!("`{param}.role` `{r}`: tool messages are not supported"),
+                    ))
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        &format!("{param}.role"),
+                        format!(
+                        "`{param}.role`: unknown role `{r}` (system, developer, user or assistant)"
+                    ),
+                    ))
+                }
+            },
+            None | Some(Value::Null) => {
+                return Err(ApiError::invalid(
+                    &format!("{param}.role"),
+                    format!("`{param}.role` is required"),
+                ))
+            }
+            Some(v) => return Err(wrong_type(&format!("{param}.role"), "a string", v)),
+        };
+        let text = content(i, role, field(mo, "content"))?;
+        out.push(Message::new(role, text));
+    }
+    common(o, PromptInput::Chat(out))
+}
+
+/// A `/v1/completions` body: `prompt` is a string, or one string or one list of token ids
+/// in an array (OpenAI allows several prompts; one request here is one completion).
+pub fn completion_request(body: &Value) -> ApiResult<Request> {
+    let o = object(body)?;
+    let ids = |a: &[Value]| -> ApiResult<Vec<u32>> {
+        a.iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(|| wrong_type("prompt", "a string or an array of token ids", v))
+            })
+            .collect()
+    };
+    let prompt = match o.get("prompt") {
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid("prompt", "`prompt` is required"))
+        }
+        Some(Value::String(s)) => PromptInput::Text(s.clone()),
+        Some(Value::Array(a)) => match a.as_slice() {
+            [] => return Err(ApiError::invalid("prompt", "`prompt` is empty")),
+            [Value::String(s)] => PromptInput::Text(s.clone()),
+            [Value::Array(inner)] => PromptInput::Ids(ids(inner)?),
+            [Value::Number(_), ..] => PromptInput::Ids(ids(a)?),
+            [_, _, ..] if a.iter().all(|v| v.is_string() || v.is_array()) => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "`prompt`: one prompt per request (this one holds several)",
+                ))
+            }
+            _ => {
+                return Err(wrong_type(
+                    "prompt",
+                    "a string or an array of token ids",
+                    &a[0],
+                ))
+            }
+        },
+        Some(v) => return Err(wrong_type("prompt", "a string or an array of token ids", v)),
+    };
+    if matches!(&prompt, PromptInput::Ids(v) if v.is_empty()) {
+        return Err(ApiError::invalid("prompt", "`prompt` is empty"));
+    }
+    common(o, prompt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: Value) -> ApiResult<Request> {
+        chat_request(&body)
+    }
+
+    #[test]
+    fn a_chat_request_is_read_with_its_options() {
+        let r = chat(json!({
+            "model": "x",
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": null},
+            ],
+            "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3,
+            "stop": "END", "stream": true, "stream_options": {"include_usage": true},
+        }))
+        .unwrap();
+        assert_eq!(
+            r.prompt,
+            PromptInput::Chat(vec![
+                Message::new(Role::System, "be brief"),
+                Message::new(Role::User, "ab"),
+                Message::new(Role::Assistant, ""),
+            ])
+        );
+        assert_eq!(r.max_tokens, Some(7));
+        assert_eq!(r.sampling.temperature, Some(0.5));
+        assert_eq!(r.sampling.seed, Some(3));
+        assert_eq!(r.stop, vec!["END".to_string()]);
+        assert!(r.stream && r.include_usage && !r.ignore_eos);
+    }
+
+    #[test]
+    fn bad_chat_requests_name_the_field() {
+        let cases = [
+            (json!([1]), ""),
+            (json!({}), "messages"),
+            (json!({"messages": []}), "messages"),
+            (json!({"messages": "hi"}), "messages"),
+            (
+                json!({"messages": [{"role": "wizard", "content": "x"}]}),
+                "messages[0].role",
+            ),
+            (
+                json!({"messages": [{"role": "tool", "content": "x"}]}),
+                "messages[0].role",
+            ),
+            (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
+            (
+                json!({"messages": [{"role": "user", "content": 5}]}),
+                "messages[0].content",
+            ),
+            (
+                json!({"messages": [{"role": "user"}]}),
+                "messages[0].content",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+                "messages[0].content[0]",
+            ),
+        ];
+        for (body, param) in cases {
+            let e = chat(body.clone()).unwrap_err();
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref().unwrap_or(""), param, "{body}: {e:?}");
+        }
+        let ok = json!([{"role": "user", "content": "x"}]);
+        let cases = [
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"max_tokens": "5"}), "max_tokens"),
+            (json!({"max_tokens": -1}), "max_tokens"),
+            (json!({"max_tokens": 1.5}), "max_tokens"),
+            (
+                json!({"max_tokens": 4, "max_completion_tokens": 5}),
+                "max_completion_tokens",
+            ),
+            (json!({"temperature": 3}), "temperature"),
+            (json!({"temperature": "hot"}), "temperature"),
+            (json!({"top_p": 0}), "top_p"),
+            (json!({"seed": -2}), "seed"),
+            (json!({"stop": 1}), "stop"),
+            (json!({"stop": ["a", 2]}), "stop"),
+            (json!({"stream": "yes"}), "stream"),
+            (json!({"n": 2}), "n"),
+            (json!({"model": 1}), "model"),
+            (json!({"tools": [{"type": "function"}]}), "tools"),
+            (
+                json!({"stream_options": {"include_usage": 1}}),
+                "stream_options.include_usage",
+            ),
+        ];
+        for (extra, param) in cases {
+            let mut body = extra.clone();
+            body["messages"] = ok.clone();
+            let e = chat(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+            assert!(e.message.contains(param), "{body}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn completion_prompts_are_one_string_or_one_list_of_ids() {
+        let p = |v: Value| completion_request(&json!({"prompt": v})).map(|r| r.prompt);
+        assert_eq!(p(json!("hi")), Ok(PromptInput::Text("hi".into())));
+        assert_eq!(p(json!(["hi"])), Ok(PromptInput::Text("hi".into())));
+        assert_eq!(p(json!([1, 2])), Ok(PromptInput::Ids(vec![1, 2])));
+        assert_eq!(p(json!([[1, 2]])), Ok(PromptInput::Ids(vec![1, 2])));
+        for bad in [
+            json!(["a", "b"]),
+            json!([]),
+            json!([[]]),
+            json!([1, "a"]),
+            json!(3),
+            json!(null),
+        ] {
+            let e = p(bad.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("prompt"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_error_body_has_openai_fields() {
+        let e = ApiError::invalid("messages", "bad").with_code("context_length_exceeded");
+        assert_eq!(
+            e.body(),
+            json!({"error": {"message": "bad", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
+        );
+    }
+}

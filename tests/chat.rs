@@ -1,0 +1,347 @@
+//! `wgmoe chat` through the real binary with stdin not a terminal: lines in, answers out.
+//! Two turns equal to fresh `wgmoe run`s of the conversation, the second prefilling only
+//! its new tokens; /reset, /stats, /exit and unknown commands; the context limit with and
+//! without --context-shift; Ctrl-C during an answer and at the prompt.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::cli::*;
+use common::fixture;
+use wgmoe::session::chat::{chat_prompt, Message, Role};
+use wgmoe::session::common_prefix;
+use wgmoe::tokenizer::Tokenizer;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// `wgmoe chat ARGS` with `input` on stdin (then closed).
+fn chat(args: &[String], input: &str) -> Run {
+    let mut child = command()
+        .arg("chat")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn wgmoe chat");
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_string();
+    let writer = std::thread::spawn(move || {
+        // The command may exit (`/exit`) before reading everything.
+        let _ = stdin.write_all(input.as_bytes());
+    });
+    let read = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = Vec::new();
+            let _ = r.read_to_end(&mut s);
+            String::from_utf8_lossy(&s).into_owned()
+        })
+    };
+    let out = read(Box::new(child.stdout.take().unwrap()));
+    let err = read(Box::new(child.stderr.take().unwrap()));
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("wgmoe chat {args:?} did not finish within {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    writer.join().unwrap();
+    Run {
+        cmd: format!("wgmoe chat {}", args.join(" ")),
+        code: status.code(),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// (prompt, cached, prefilled, generated) of each turn's summary line on stderr.
+fn turns(r: &Run) -> Vec<[usize; 4]> {
+    r.stderr
+        .lines()
+        .filter(|l| l.starts_with('[') && l.contains(" prompt tokens ("))
+        .map(|l| {
+            let nums: Vec<usize> = l
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|s| !s.is_empty())
+                .take(4)
+                .map(|s| s.parse().unwrap())
+                .collect();
+            [nums[0], nums[1], nums[2], nums[3]]
+        })
+        .collect()
+}
+
+#[test]
+fn two_turns_equal_fresh_runs_and_the_second_prefills_only_its_new_tokens() {
+    let dir = fixture(OLMOE);
+    let m = dir.display().to_string();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let n = 6;
+    let ns = n.to_string();
+    let (u1, u2) = ("Hello there", "Tell me more");
+    let r = chat(
+        &strings(&[&m, "-n", &ns, "--ignore-eos"]),
+        &format!("{u1}\n{u2}\n/stats\n"),
+    );
+    assert_ok(&r);
+    // Turn 1 is `run --chat`; turn 2 is a fresh run of the whole conversation.
+    let first = json_of(&wgmoe(strings(&[
+        "run",
+        &m,
+        "--chat",
+        "-p",
+        u1,
+        "-n",
+        &ns,
+        "--ignore-eos",
+        "--json",
+    ])));
+    let p1: Vec<u32> = ids(&first, "prompt_ids")
+        .iter()
+        .map(|&x| x as u32)
+        .collect();
+    let g1: Vec<u32> = ids(&first, "generated_ids")
+        .iter()
+        .map(|&x| x as u32)
+        .collect();
+    let a1 = wgmoe(strings(&[
+        "run",
+        &m,
+        "--chat",
+        "-p",
+        u1,
+        "-n",
+        &ns,
+        "--ignore-eos",
+    ]));
+    assert_ok(&a1);
+    let conv = [
+        Message::new(Role::User, u1),
+        Message::new(Role::Assistant, tok.decode(&g1).unwrap()),
+        Message::new(Role::User, u2),
+    ];
+    let p2 = chat_prompt(&tok, &conv).unwrap();
+    let ids2: Vec<String> = p2.iter().map(|t| t.to_string()).collect();
+    let a2 = wgmoe(strings(&[
+        "run",
+        &m,
+        "--prompt-ids",
+        &ids2.join(","),
+        "-n",
+        &ns,
+        "--ignore-eos",
+    ]));
+    assert_ok(&a2);
+    let answers = format!("{}{}", a1.stdout, a2.stdout);
+    assert!(
+        r.stdout.starts_with(&answers),
+        "answers differ from fresh runs:\n{r}\nexpected:\n{answers}"
+    );
+    // The per-turn prefill split.
+    let mut held = p1.clone();
+    held.extend_from_slice(&g1[..n - 1]);
+    let shared = common_prefix(&held, &p2);
+    assert!(shared >= p1.len());
+    let t = turns(&r);
+    assert_eq!(
+        t,
+        vec![
+            [p1.len(), 0, p1.len(), n],
+            [p2.len(), shared, p2.len() - shared, n]
+        ],
+        "{r}"
+    );
+    // /stats: the last turn and the session.
+    let stats = &r.stdout[answers.len()..];
+    assert!(
+        stats.starts_with(&format!(
+            "last turn: {} prompt tokens ({shared} cached, {} prefilled), {n} generated",
+            p2.len(),
+            p2.len() - shared
+        )),
+        "{r}"
+    );
+    assert!(stats.contains("session: 2 turns"), "{r}");
+    assert!(
+        stats.contains(&format!(
+            "the cache holds {} of 512 positions",
+            p2.len() + n - 1
+        )),
+        "{r}"
+    );
+}
+
+#[test]
+fn reset_exit_and_unknown_commands() {
+    let dir = fixture(QWEN3);
+    let m = dir.display().to_string();
+    let r = chat(
+        &strings(&[&m, "-n", "3", "--ignore-eos", "--system", "Be brief."]),
+        "first\n/nonsense\n\n/reset\nfirst\n/exit\nnever read\n",
+    );
+    assert_ok(&r);
+    assert!(r.stderr.contains("unknown command /nonsense"), "{r}");
+    let t = turns(&r);
+    assert_eq!(t.len(), 2, "/exit stops reading:\n{r}");
+    // After /reset the conversation is the system message and the new line again: the
+    // same prompt, all of it but its last token cached.
+    assert_eq!(t[0][0], t[1][0], "{r}");
+    assert_eq!(t[1][1], t[0][0] - 1, "{r}");
+    // The answers are the same (greedy, same prompt).
+    let out = r.stdout.as_bytes();
+    let half = out.len() / 2;
+    assert!(out.len() > 2 && out[..half] == out[half..], "{r}");
+    // A template that refuses a system message is named before loading.
+    let r = chat(&strings(&[&s(&fixture(MIXTRAL)), "--system", "x"]), "");
+    assert_error(&r, &["--system", "the chat template refuses it"]);
+}
+
+#[test]
+fn a_full_context_is_refused_or_shifted() {
+    let dir = fixture(OLMOE);
+    let m = dir.display().to_string();
+    let input = "one two three\nfour five six\nseven eight nine\nten eleven twelve\n";
+    let args = |shift: bool| {
+        let mut v = strings(&[&m, "-n", "8", "--ignore-eos", "--ctx-size", "48"]);
+        if shift {
+            v.push("--context-shift".into());
+        }
+        v
+    };
+    let r = chat(&args(false), input);
+    assert_ok(&r);
+    let t = turns(&r);
+    assert!(t.len() < 4, "{r}");
+    assert!(
+        r.stderr.contains("exceed the context of 48 positions")
+            && r.stderr.contains("--context-shift"),
+        "{r}"
+    );
+    assert!(t.iter().all(|x| x[0] + x[3] <= 48), "{r}");
+    let r = chat(&args(true), input);
+    assert_ok(&r);
+    let t = turns(&r);
+    assert_eq!(t.len(), 4, "{r}");
+    assert!(
+        r.stderr
+            .contains("(context shift: the 2 oldest messages were dropped)"),
+        "{r}"
+    );
+    assert!(t.iter().all(|x| x[0] + x[3] <= 48), "{r}");
+}
+
+#[test]
+fn ctrl_c_stops_an_answer_and_at_the_prompt_ends_the_chat() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    // Room for more tokens than any adapter makes in the test's time.
+    edit_config(&dir, |c| {
+        c.insert("max_position_embeddings".into(), 8192.into());
+    });
+    let mut child = command()
+        .arg("chat")
+        .arg(s(&dir))
+        .args(["-n", "8000", "--ignore-eos", "--ctx-size", "8192"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, rx) = mpsc::channel::<(bool, String)>();
+    let mut out = child.stdout.take().unwrap();
+    let txo = tx.clone();
+    let out_thread = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+            let _ = txo.send((true, String::from_utf8_lossy(&all).into_owned()));
+        }
+        String::from_utf8_lossy(&all).into_owned()
+    });
+    let err = child.stderr.take().unwrap();
+    let err_thread = std::thread::spawn(move || {
+        let mut all = String::new();
+        for l in BufReader::new(err).lines().map_while(|l| l.ok()) {
+            all.push_str(&l);
+            all.push('\n');
+            let _ = tx.send((false, all.clone()));
+        }
+        all
+    });
+    // Waits until stdout or stderr satisfies `f`.
+    let wait = |f: &dyn Fn(bool, &str) -> bool| {
+        let t0 = Instant::now();
+        while t0.elapsed() < LIMIT {
+            if let Ok((o, text)) = rx.recv_timeout(Duration::from_millis(50)) {
+                if f(o, &text) {
+                    return;
+                }
+            }
+        }
+        panic!("timed out waiting");
+    };
+    let sigint = |pid: u32| {
+        let st = std::process::Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    writeln!(stdin, "Tell me a long story").unwrap();
+    stdin.flush().unwrap();
+    wait(&|o, t| o && !t.is_empty());
+    sigint(child.id());
+    wait(&|o, t| !o && t.contains("stopped by Ctrl-C"));
+    // The session goes on: the next line is answered from the kept conversation.
+    writeln!(stdin, "/stats").unwrap();
+    stdin.flush().unwrap();
+    wait(&|o, t| o && t.contains("session: 1 turns"));
+    // At the prompt, Ctrl-C leaves: a newline, status 0.
+    std::thread::sleep(Duration::from_millis(200));
+    sigint(child.id());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < LIMIT,
+            "chat did not exit on Ctrl-C at the prompt"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(stdin);
+    let out = out_thread.join().unwrap();
+    let err = err_thread.join().unwrap();
+    assert_eq!(status.code(), Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.ends_with("positions\n\n"), "{out:?}");
+    let r = Run {
+        cmd: "wgmoe chat".into(),
+        code: status.code(),
+        stdout: out.clone(),
+        stderr: err.clone(),
+    };
+    let t = turns(&r);
+    assert_eq!(t.len(), 1, "{r}");
+    assert!((1..8000).contains(&t[0][3]), "{r}");
+    assert!(err.contains("stopped by Ctrl-C]"), "{r}");
+    assert!(!err.contains("panicked"), "{err}");
+}
