@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod backend;
+pub mod bandwidth;
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
@@ -24,6 +25,7 @@ pub mod limits;
 pub mod manifest;
 pub mod model;
 pub mod output_dir;
+pub mod planner;
 pub mod quant;
 pub mod residency;
 pub mod sampling;

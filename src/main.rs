@@ -75,6 +75,49 @@ enum Cmd {
     /// The measurement contract: a fixed prompt set in blocks, fixed new tokens, greedy,
     /// EOS suppressed, warm-up excluded; comma-separated lists sweep configurations.
     Bench(BenchArgs),
+    /// What must live on the card, from config.json alone: bytes per component, KV cache,
+    /// workspace, the hot part, experts per layer that fit, host RAM, predicted decode
+    /// speed, and the `wgmoe run` command line.
+    Plan(PlanArgs),
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// Model directory, or its config.json (no weights needed).
+    model: PathBuf,
+    /// GPU memory wgmoe may use (e.g. 12GiB, 8G, 512MiB, bytes).
+    #[arg(long, value_parser = parse_size)]
+    vram: u64,
+    /// KV-cache positions to plan for (prompt + generated tokens).
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
+    /// Host RAM (default: this machine's, from /proc/meminfo).
+    #[arg(long, value_parser = parse_size)]
+    ram: Option<u64>,
+    /// Prompt tokens per prefill submission (as `run --prefill-chunk`).
+    #[arg(long, default_value_t = 64)]
+    prefill_chunk: usize,
+    /// Staging buffers for expert uploads (as `run --staging-buffers`).
+    #[arg(long, default_value_t = 4)]
+    staging_buffers: usize,
+    /// Memory of one GPU of a serving cluster, for a model too big for one machine.
+    #[arg(long, value_parser = parse_size, default_value = "80GiB")]
+    gpu_memory: u64,
+    /// Device memory read bandwidth in GB/s (default: from `wgmoe devices --measure`).
+    #[arg(long)]
+    device_gbps: Option<f64>,
+    /// Host-to-device bandwidth in GB/s (default: from `wgmoe devices --measure`).
+    #[arg(long)]
+    h2d_gbps: Option<f64>,
+    /// Expert hit rate to predict with (e.g. from `wgmoe simulate`; default: uniform routing).
+    #[arg(long)]
+    hit_rate: Option<f64>,
+    /// Use the stored measurements of the adapter whose name contains this text.
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Print the plan as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -318,6 +361,7 @@ fn main() -> ExitCode {
         Cmd::Eval(args) => cli::tools::eval(args),
         Cmd::Synth(args) => cli::tools::synth(args),
         Cmd::Bench(args) => cli::bench::bench(args),
+        Cmd::Plan(args) => cli::plan::plan(args),
     };
     match r {
         Ok(()) | Err(Error::StdoutClosed) => ExitCode::SUCCESS,
