@@ -6,7 +6,8 @@
 //! - [`StagingPool`]: the bounded pool of staging buffers, reused only after their copy's fence.
 //! - [`Policy`]: [`Lru`], [`LfuDecay`], [`StaticProfile`] (from a [`Profile`]).
 //! - [`HostSource`]: the immutable, already-quantised expert set in host memory.
-//! - Ceilings: [`belady`], [`frequency_ceiling`], and [`simulate`] to compare policies.
+//! - Ceilings: [`belady`], [`frequency_ceiling`], and [`simulate`] to compare policies;
+//!   [`replay`] and [`belady_steps`] over recorded steps served as the runtime serves them.
 //!
 //! Nothing here touches a device; the backend seam supplies a `Fence` over its submission
 //! tokens, and `model::residency` performs the copies a [`Plan`] lists and uploads
@@ -20,6 +21,7 @@ mod fence;
 mod host_source;
 mod policy;
 mod profile;
+mod replay;
 mod staging;
 
 #[cfg(test)]
@@ -40,4 +42,5 @@ pub use fence::{Fence, MockFence};
 pub use host_source::{HostLayer, HostSource};
 pub use policy::{build_policy, LfuDecay, Lru, Policy, PolicyKind, StaticProfile};
 pub use profile::Profile;
+pub use replay::{belady_steps, distinct, replay, total};
 pub use staging::{StagingPool, StagingStats};
