@@ -29,7 +29,9 @@ pub mod planner;
 pub mod quant;
 pub mod residency;
 pub mod sampling;
+pub mod simulate;
 pub mod synth;
 pub mod tokenizer;
+pub mod trace;
 
 pub use error::{Error, Result};

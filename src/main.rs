@@ -79,6 +79,28 @@ enum Cmd {
     /// workspace, the hot part, experts per layer that fit, host RAM, predicted decode
     /// speed, and the `wgmoe run` command line.
     Plan(PlanArgs),
+    /// Replay a routing trace (`run/bench --trace`) through the cache policies at each
+    /// capacity, against Belady's optimal ceiling, with coverage and skew per layer.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Args)]
+struct SimulateArgs {
+    /// A trace written by `wgmoe run/bench --trace FILE`.
+    trace: PathBuf,
+    /// Resident experts per layer to simulate, comma-separated (default: the run's, and
+    /// a quarter, half and three quarters of the experts).
+    #[arg(long, value_delimiter = ',')]
+    capacity: Vec<usize>,
+    /// LFU decay factors to sweep, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,0.8,0.9,0.95,0.99")]
+    decay: Vec<f64>,
+    /// Share of the trace's steps the static profile is fitted on (scored on the rest).
+    #[arg(long, default_value_t = 0.5)]
+    fit: f64,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -318,6 +340,14 @@ struct RunArgs {
     prefill_chunk: usize,
     #[command(flatten)]
     residency: ResidencyArgs,
+    /// Write the routing to FILE (JSONL: one line per token and MoE layer with the expert
+    /// ids, router weights and hits); reads each layer's routing back (slower).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Draw the layer x expert activation grid in the terminal while generating (off when
+    /// stdout is not a terminal); reads each layer's routing back (slower).
+    #[arg(long)]
+    live: bool,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -362,6 +392,7 @@ fn main() -> ExitCode {
         Cmd::Synth(args) => cli::tools::synth(args),
         Cmd::Bench(args) => cli::bench::bench(args),
         Cmd::Plan(args) => cli::plan::plan(args),
+        Cmd::Simulate(args) => cli::insight::simulate(args),
     };
     match r {
         Ok(()) | Err(Error::StdoutClosed) => ExitCode::SUCCESS,
@@ -482,6 +513,11 @@ struct BenchArgs {
     /// Mapped staging buffers for expert uploads (partial residency).
     #[arg(long, default_value_t = 4)]
     staging_buffers: usize,
+    /// Write each configuration's routing trace to FILE (JSONL; several configurations:
+    /// FILE with .0, .1, ... before the extension); warm-up lines are marked. Reads each
+    /// layer's routing back (slower).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     #[command(flatten)]
     gpu: GpuArgs,
 }

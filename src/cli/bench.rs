@@ -17,6 +17,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if let Some(p) = &a.plot {
         check_output_file("--plot", p)?;
     }
+    if let Some(p) = &a.trace {
+        check_output_file("--trace", p)?;
+    }
     let opts = wgmoe::bench::BenchOptions {
         model: a.model.clone(),
         prompts: a.prompts,
@@ -41,6 +44,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         decay: a.decay,
         profile: a.profile.clone(),
         staging_buffers: a.staging_buffers,
+        trace: a.trace.clone(),
     };
     let write = |records: &[BenchRecord]| -> Result<()> {
         if let Some(path) = &a.json_out {
@@ -106,6 +110,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     if let Some(p) = &a.plot {
         eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &a.trace {
+        for i in 0..records.len() {
+            let path = wgmoe::bench::trace_path(p, i, records.len());
+            eprintln!("wrote routing trace {}", path.display());
+        }
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! any work, the note on a software adapter.
 
 pub mod bench;
+pub mod insight;
 pub mod plan;
 pub mod run;
 pub mod tools;

@@ -129,6 +129,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     if let Some(p) = &a.residency.write_profile {
         super::check_output_file("--write-profile", p)?;
     }
+    if let Some(p) = &a.trace {
+        super::check_output_file("--trace", p)?;
+    }
     let mut engine = Engine::load(
         &a.model,
         &EngineOptions {
@@ -151,6 +154,14 @@ pub fn run(a: RunArgs) -> Result<()> {
         engine.dev.info().driver_string()
     );
     software_note(&engine.dev, &a.gpu.request());
+    if a.trace.is_some() {
+        engine.start_trace(
+            a.trace.as_deref(),
+            &a.residency.cache_policy,
+            a.residency.decay,
+            Vec::new(),
+        )?;
+    }
     let opts = GenerateOptions {
         max_new_tokens: max_new,
         sampling,
@@ -192,6 +203,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         Some(r) => (r.stats(), Some(r.host.checksum()?)),
         None => (Default::default(), None),
     };
+    engine.finish_trace()?;
+    if let Some(p) = &a.trace {
+        eprintln!("wrote routing trace {}", p.display());
+    }
     if let (Some(path), Some(p)) = (&a.residency.write_profile, engine.fwd.profile.as_ref()) {
         p.save(path)?;
         eprintln!("wrote expert profile {}", path.display());

@@ -17,6 +17,7 @@ use crate::model::tensors::{ExpertPool, ExpertStore};
 use crate::model::weights::{Mlp, ModelWeights};
 use crate::model::workspace::{self, WorkspaceShape};
 use crate::residency::Profile;
+use crate::trace::Tracer;
 
 #[derive(Clone, Debug)]
 pub struct ForwardOptions {
@@ -90,6 +91,8 @@ pub struct Forward {
     pub(crate) token_readback: Buffer,
     pub(crate) topk_ids: Buffer,
     pub(crate) ids_readback: Buffer,
+    pub(crate) topk_weights: Buffer,
+    pub(crate) weights_readback: Buffer,
     pub layers: Vec<LayerPrograms>,
     pub(crate) head_last: Prepared,
     pub(crate) argmax_last: Prepared,
@@ -101,6 +104,9 @@ pub struct Forward {
     pub record_routing: bool,
     /// Per-layer expert frequencies recorded from the routing (`--write-profile`).
     pub profile: Option<Profile>,
+    /// Routing traces (`--trace`, `--live`): reads each layer's routing back, like
+    /// `record_routing`, with the router's weights (`model::trace_hook`).
+    pub trace: Option<Tracer>,
     pub counters: Counters,
 }
 
@@ -229,6 +235,8 @@ impl Forward {
             token_readback: b.get("token_readback")?.clone(),
             topk_ids: b.get("topk_ids")?.clone(),
             ids_readback: b.get("ids_readback")?.clone(),
+            topk_weights: b.get("topk_weights")?.clone(),
+            weights_readback: b.get("weights_readback")?.clone(),
             step,
             layers,
             head_last,
@@ -237,6 +245,7 @@ impl Forward {
             residency: None,
             record_routing: false,
             profile: None,
+            trace: None,
             counters: Counters::default(),
         })
     }

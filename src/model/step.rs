@@ -1,6 +1,6 @@
 //! Running steps of the forward pass: one submission per step with every expert
 //! resident, or one per layer (plus expert batches) when the routing must reach the host
-//! (partial residency, profile recording).
+//! (partial residency, profile recording, routing traces).
 
 use crate::backend::{KernelTimes, Prepared, Work};
 use crate::error::{Error, Result};
@@ -45,7 +45,8 @@ impl Forward {
             self.dev.write(&self.ids, 0, bytemuck::cast_slice(ids))?;
         }
         self.dev.write_step(&self.step, pos0, n)?;
-        if self.residency.is_some() || self.record_routing {
+        if self.residency.is_some() || self.record_routing || self.tracing() {
+            self.trace_begin(pos0, ids.is_some());
             return self.submit_segmented(n, head);
         }
         let heads = heads(self, head)?;
@@ -171,6 +172,7 @@ impl Forward {
                     dst_offset: 0,
                     bytes: (n * k * 4) as u64,
                 });
+                work.extend(self.trace_weights_copy(n));
             }
             if l == layers && copy_token {
                 work.push(self.token_copy());
@@ -187,6 +189,7 @@ impl Forward {
             }
             let bytes = dev.map_read(&self.ids_readback, (n * k * 4) as u64)?;
             let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+            self.trace_layer(l, n, &ids)?;
             let mut wanted: Vec<u32> = Vec::new();
             for &e in &ids {
                 if !wanted.contains(&e) {
@@ -249,6 +252,7 @@ impl Forward {
             r.serve(&dev, l, last, pool, slot_of)?;
             reads = Some((l, last.clone()));
         }
+        self.trace_end_step()?;
         self.counters.dispatches += dispatches as u64;
         self.counters.submissions += submissions;
         Ok(())

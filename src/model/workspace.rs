@@ -126,6 +126,8 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     w.add("dummy", Storage, &[4])?;
     w.add("token_readback", Readback, &[4])?;
     w.add("ids_readback", Readback, &[t, k])?;
+    // The router's weights, read back only when tracing.
+    w.add("weights_readback", Readback, &[t, k])?;
     // cos/sin per position and rotated pair.
     w.add("rope", Storage, &[ctxlen, cfg.head_dim])?;
     for l in 0..cfg.num_layers {

@@ -1,0 +1,39 @@
+//! `wgmoe simulate` and `wgmoe heatmap`: what a routing trace says.
+
+use std::io::Write;
+
+use wgmoe::error::{Error, Result};
+use wgmoe::simulate::{render, simulate as run_simulation, SimulateOptions};
+use wgmoe::trace::read_trace;
+
+use crate::{stdout_error, SimulateArgs};
+
+pub fn simulate(a: SimulateArgs) -> Result<()> {
+    let trace = read_trace(&a.trace)?;
+    let h = &trace.header;
+    let capacities = if a.capacity.is_empty() {
+        let (e, k) = (h.num_experts, h.top_k);
+        let mut c = vec![h.resident_experts_per_layer];
+        c.extend([e / 4, e / 2, 3 * e / 4].map(|x| x.clamp(k, e)));
+        c.sort_unstable();
+        c.dedup();
+        c
+    } else {
+        a.capacity.clone()
+    };
+    let report = run_simulation(
+        &trace,
+        &SimulateOptions {
+            capacities,
+            decays: a.decay.clone(),
+            fit_fraction: a.fit,
+        },
+    )?;
+    if a.json {
+        let v = serde_json::to_string_pretty(&report).map_err(|e| Error::Other(e.to_string()))?;
+        out!("{v}");
+    } else {
+        out!("{}", render(&report).trim_end());
+    }
+    Ok(())
+}
