@@ -82,6 +82,15 @@ enum Cmd {
     /// Replay a routing trace (`run/bench --trace`) through the cache policies at each
     /// capacity, against Belady's optimal ceiling, with coverage and skew per layer.
     Simulate(SimulateArgs),
+    /// Draw a routing trace's layer x expert grid of activation counts, with the resident
+    /// set and evictions marked, to an SVG or PNG file.
+    Heatmap {
+        /// A trace written by `wgmoe run/bench --trace FILE`.
+        trace: PathBuf,
+        /// Output picture: FILE.svg or FILE.png.
+        #[arg(short, long, value_name = "FILE")]
+        out: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -393,6 +402,7 @@ fn main() -> ExitCode {
         Cmd::Bench(args) => cli::bench::bench(args),
         Cmd::Plan(args) => cli::plan::plan(args),
         Cmd::Simulate(args) => cli::insight::simulate(args),
+        Cmd::Heatmap { trace, out } => cli::insight::heatmap(&trace, &out),
     };
     match r {
         Ok(()) | Err(Error::StdoutClosed) => ExitCode::SUCCESS,
@@ -495,8 +505,9 @@ struct BenchArgs {
     /// Write the records (a JSON array, one object per configuration) to FILE.
     #[arg(long)]
     json_out: Option<PathBuf>,
-    /// Draw decode rate and H2D bytes against resident experts per layer to FILE (SVG).
-    #[arg(long, value_name = "FILE.svg")]
+    /// Draw decode rate and H2D bytes against resident experts per layer to FILE (.svg,
+    /// or .png rasterised).
+    #[arg(long, value_name = "FILE.svg|FILE.png")]
     plot: Option<PathBuf>,
     /// Expert slots per layer to sweep, e.g. 30,40,50,60,64 (default: all resident).
     #[arg(long, value_delimiter = ',')]

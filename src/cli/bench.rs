@@ -15,6 +15,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         check_output_file("--json-out", p)?;
     }
     if let Some(p) = &a.plot {
+        wgmoe::render::format_of("--plot", p)?;
         check_output_file("--plot", p)?;
     }
     if let Some(p) = &a.trace {
@@ -53,7 +54,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             write_atomic(path, (text + "\n").as_bytes())?;
         }
         if let Some(path) = &a.plot {
-            write_atomic(path, wgmoe::bench::plot_svg(records).as_bytes())?;
+            let svg = wgmoe::bench::plot_svg(records);
+            write_atomic(path, &wgmoe::render::image_bytes("--plot", path, &svg)?)?;
         }
         Ok(())
     };

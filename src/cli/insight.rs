@@ -4,7 +4,7 @@ use std::io::Write;
 
 use wgmoe::error::{Error, Result};
 use wgmoe::simulate::{render, simulate as run_simulation, SimulateOptions};
-use wgmoe::trace::read_trace;
+use wgmoe::trace::{read_trace, Grid};
 
 use crate::{stdout_error, SimulateArgs};
 
@@ -35,5 +35,17 @@ pub fn simulate(a: SimulateArgs) -> Result<()> {
     } else {
         out!("{}", render(&report).trim_end());
     }
+    Ok(())
+}
+
+pub fn heatmap(trace: &std::path::Path, out: &std::path::Path) -> Result<()> {
+    wgmoe::render::format_of("--out", out)?;
+    super::check_output_file("--out", out)?;
+    let t = read_trace(trace)?;
+    let g = Grid::of_trace(&t);
+    let labels = wgmoe::heatmap::HeatmapLabels::of_trace(&t, &g);
+    let svg = wgmoe::heatmap::heatmap_svg(&g, &labels);
+    super::write_atomic(out, &wgmoe::render::image_bytes("--out", out, &svg)?)?;
+    eprintln!("wrote {}", out.display());
     Ok(())
 }

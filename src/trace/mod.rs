@@ -8,9 +8,11 @@
 //! its sinks: the JSONL writer ([`JsonlSink`]), the live terminal grid. [`read_trace`]
 //! reads a file back for `simulate` and `heatmap`, naming the line of any malformed record.
 
+mod grid;
 mod jsonl;
 mod read;
 
+pub use grid::Grid;
 pub use jsonl::JsonlSink;
 pub use read::{read_trace, StepGroups, Trace};
 
