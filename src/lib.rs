@@ -23,6 +23,7 @@ pub mod heatmap;
 pub mod inspect;
 pub mod interrupt;
 pub mod limits;
+pub mod live;
 pub mod manifest;
 pub mod model;
 pub mod output_dir;

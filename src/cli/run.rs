@@ -56,6 +56,41 @@ fn sampling_options(
     })
 }
 
+/// The live grid of `--live`, when stdout is a terminal (and not `--json`).
+fn live_view(a: &RunArgs, engine: &Engine) -> Option<wgmoe::live::LiveView> {
+    use std::io::IsTerminal;
+    if !a.live {
+        return None;
+    }
+    if a.json || !std::io::stdout().is_terminal() {
+        eprintln!(
+            "note: --live is off: {}",
+            if a.json {
+                "--json prints one object"
+            } else {
+                "stdout is not a terminal"
+            }
+        );
+        return None;
+    }
+    let cfg = &engine.cfg;
+    let partial = engine.resident_experts < cfg.num_experts;
+    let layers = (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]).collect();
+    let grid = wgmoe::trace::Grid::new(layers, cfg.num_experts, partial);
+    let title = format!(
+        "wgmoe live: {} ({} of {} experts resident{})",
+        a.model.display(),
+        engine.resident_experts,
+        cfg.num_experts,
+        if partial {
+            format!(", {}", a.residency.cache_policy)
+        } else {
+            String::new()
+        }
+    );
+    Some(wgmoe::live::LiveView::new(grid, title))
+}
+
 pub fn run(a: RunArgs) -> Result<()> {
     let (cfg, gen, tok) = Engine::open_host(&a.model)?;
     let seed = a.seed.unwrap_or_else(super::random_seed);
@@ -154,12 +189,13 @@ pub fn run(a: RunArgs) -> Result<()> {
         engine.dev.info().driver_string()
     );
     software_note(&engine.dev, &a.gpu.request());
-    if a.trace.is_some() {
+    let live = live_view(&a, &engine);
+    if a.trace.is_some() || live.is_some() {
         engine.start_trace(
             a.trace.as_deref(),
             &a.residency.cache_policy,
             a.residency.decay,
-            Vec::new(),
+            live.iter().map(|v| v.sink()).collect(),
         )?;
     }
     let opts = GenerateOptions {
@@ -177,6 +213,13 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut on_token = |id: u32| -> Result<()> {
         if json_mode {
             return Ok(());
+        }
+        if let Some(v) = &live {
+            let s = match tokr {
+                Some(t) => stream.push(t, id)?,
+                None => format!("{id} "),
+            };
+            return v.push_text(&s);
         }
         let mut out = stdout.lock();
         match tokr {
@@ -252,6 +295,9 @@ pub fn run(a: RunArgs) -> Result<()> {
             }
         });
         out!("{obj}");
+    } else if let Some(v) = &live {
+        v.finish()?;
+        out!("{text}");
     } else {
         if let Some(t) = tokr {
             let tail = stream.finish(t)?;
