@@ -24,8 +24,9 @@ pub struct Measured {
     pub h2d_gbps: f64,
     /// Host to device through the queue's buffer write.
     pub write_buffer_gbps: f64,
-    /// Bytes moved by one repetition of each measurement.
-    pub bytes: u64,
+    /// Bytes of the matrix read, and of one host-to-device transfer.
+    pub read_bytes: u64,
+    pub h2d_bytes: u64,
     pub repetitions: usize,
     pub date_utc: String,
 }
@@ -141,7 +142,8 @@ mod tests {
             device_read_gbps: read,
             h2d_gbps: 1.0,
             write_buffer_gbps: 1.0,
-            bytes: 1,
+            read_bytes: 1,
+            h2d_bytes: 1,
             repetitions: 1,
             date_utc: date.into(),
         }

@@ -25,6 +25,7 @@ pub mod interrupt;
 pub mod limits;
 pub mod live;
 pub mod manifest;
+pub mod measure;
 pub mod model;
 pub mod output_dir;
 pub mod planner;

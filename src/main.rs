@@ -32,6 +32,10 @@ enum Cmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Measure the default adapter's (or --adapter's) device read and host-to-device
+        /// bandwidths and store them for `wgmoe plan`.
+        #[arg(long)]
+        measure: bool,
     },
     /// Generate text from a Hugging Face checkpoint directory (or a converted one).
     Run(RunArgs),
@@ -388,7 +392,8 @@ fn main() -> ExitCode {
     // and exits (2 for errors, 0 for --help/--version); bare `wgmoe` prints the help.
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Devices { gpu, json } => cli::tools::devices(&gpu, json),
+        Cmd::Devices { gpu, json, measure: true } => cli::tools::measure(&gpu, json),
+        Cmd::Devices { gpu, json, .. } => cli::tools::devices(&gpu, json),
         Cmd::Run(args) => cli::run::run(args),
         Cmd::Quantize { model, out, force } => cli::tools::quantize(&model, &out, force),
         Cmd::Inspect {

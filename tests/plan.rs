@@ -225,7 +225,7 @@ fn bandwidths_come_from_the_measurements_file_and_say_so() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("bandwidth.json"),
-        r#"{"entries":[{"adapter":"Test GPU","backend":"vulkan","driver":"x 1","device_type":"DiscreteGpu","device_read_gbps":500.0,"h2d_gbps":12.5,"write_buffer_gbps":10.0,"bytes":67108864,"repetitions":5,"date_utc":"2025-01-01T00:00:00Z"}]}"#,
+        r#"{"entries":[{"adapter":"Test GPU","backend":"vulkan","driver":"x 1","device_type":"DiscreteGpu","device_read_gbps":500.0,"h2d_gbps":12.5,"write_buffer_gbps":10.0,"read_bytes":268435456,"h2d_bytes":67108864,"repetitions":5,"date_utc":"2025-01-01T00:00:00Z"}]}"#,
     )
     .unwrap();
     let run = |extra: &[&str]| {
@@ -354,4 +354,46 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
             "{name}: runtime peak {peak} vs plan {at_n}\n{r}"
         );
     }
+}
+
+/// `devices --measure` stores the adapter's figures (keyed by adapter and driver) where
+/// `plan` finds them; a second measurement replaces the first. Speeds are not asserted.
+#[test]
+fn devices_measure_stores_what_plan_predicts_with() {
+    let cache = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let o = command().env("XDG_CACHE_HOME", cache.path()).args(args).output().unwrap();
+        Run {
+            cmd: format!("wgmoe {}", args.join(" ")),
+            code: o.status.code(),
+            stdout: String::from_utf8_lossy(&o.stdout).into(),
+            stderr: String::from_utf8_lossy(&o.stderr).into(),
+        }
+    };
+    let r = run(&["devices", "--measure"]);
+    assert_ok(&r);
+    for want in ["device read:", "host -> device:", "queue write:", "stored in"] {
+        assert!(r.stdout.contains(want), "{r}");
+    }
+    assert_ok(&run(&["devices", "--measure"]));
+    let file = cache.path().join("wgmoe/bandwidth.json");
+    let store: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let entries = store["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "the second measurement replaced the first");
+    let m = &entries[0];
+    let devices = json_of(&wgmoe(["devices", "--json"]));
+    let default = devices.as_array().unwrap().iter().find(|d| d["default"] == true).unwrap();
+    assert_eq!(m["adapter"], default["name"]);
+    for k in ["device_read_gbps", "h2d_gbps", "write_buffer_gbps"] {
+        let v = m[k].as_f64().unwrap();
+        assert!(v.is_finite() && v > 0.0, "{k}: {v}");
+    }
+    let cpu = m["device_type"] == "Cpu";
+    assert_eq!(cpu, r.stderr.contains("these are CPU numbers"), "{r}");
+    let p = run(&["plan", &config("qwen3-30b-a3b.json"), "--vram", "8GiB", "--json"]);
+    let p = json_of(&p);
+    assert_eq!(p["bandwidths"]["device_read_gbps"], m["device_read_gbps"]);
+    assert_eq!(p["bandwidths"]["h2d_gbps"], m["h2d_gbps"]);
+    assert_eq!(p["bandwidths"]["software_adapter"], cpu);
+    assert!(p["predicted_decode_tokens_per_s"].as_f64().unwrap() > 0.0);
 }
