@@ -167,6 +167,9 @@ mod tests {
         assert!(s.pick(Some("nothing")).is_none());
         std::fs::write(&path, "{not json").unwrap();
         let e = Store::load(&path).unwrap_err().to_string();
-        assert!(e.contains("bandwidth.json") && e.contains("--measure"), "{e}");
+        assert!(
+            e.contains("bandwidth.json") && e.contains("--measure"),
+            "{e}"
+        );
     }
 }

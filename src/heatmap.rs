@@ -259,7 +259,12 @@ mod tests {
         assert_eq!(svg.matches(r#"class="cell""#).count(), 6);
         assert_eq!(svg.matches(r#"class="evicted""#).count(), 1);
         assert_eq!(svg.matches(r#"class="resident""#).count(), 4);
-        for label in ["routed expert", "MoE layer", "tokens routed to the expert", "never chosen"] {
+        for label in [
+            "routed expert",
+            "MoE layer",
+            "tokens routed to the expert",
+            "never chosen",
+        ] {
             assert!(svg.contains(label), "{label}");
         }
     }

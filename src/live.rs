@@ -113,7 +113,11 @@ impl LiveState {
         let rows = bins(g.layers.len(), 40);
         let max = g.max_count();
         // Lines wider than the terminal would wrap and break drawing over the last frame.
-        let fit = |s: String| s.chars().take(self.width.saturating_sub(1)).collect::<String>();
+        let fit = |s: String| {
+            s.chars()
+                .take(self.width.saturating_sub(1))
+                .collect::<String>()
+        };
         let mut out = vec![fit(format!(
             "step {}  tokens {}  {}",
             self.steps,

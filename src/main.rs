@@ -392,7 +392,11 @@ fn main() -> ExitCode {
     // and exits (2 for errors, 0 for --help/--version); bare `wgmoe` prints the help.
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Devices { gpu, json, measure: true } => cli::tools::measure(&gpu, json),
+        Cmd::Devices {
+            gpu,
+            json,
+            measure: true,
+        } => cli::tools::measure(&gpu, json),
         Cmd::Devices { gpu, json, .. } => cli::tools::devices(&gpu, json),
         Cmd::Run(args) => cli::run::run(args),
         Cmd::Quantize { model, out, force } => cli::tools::quantize(&model, &out, force),

@@ -33,7 +33,10 @@ pub fn format_of(option: &str, path: &Path) -> Result<ImageFormat> {
         Some("png") => Ok(ImageFormat::Png),
         _ => Err(Error::option(
             option,
-            format!("{}: give a file name ending in .svg or .png", path.display()),
+            format!(
+                "{}: give a file name ending in .svg or .png",
+                path.display()
+            ),
         )),
     }
 }
@@ -48,11 +51,19 @@ pub fn svg_to_png(svg: &str, scale: f32) -> Result<Vec<u8>> {
     opt.font_family = "DejaVu Sans".to_string();
     let tree = resvg::usvg::Tree::from_str(svg, &opt)
         .map_err(|e| Error::Other(format!("internal: the SVG does not parse: {e}")))?;
-    let size = tree.size().to_int_size().scale_by(scale).ok_or_else(|| {
-        Error::Other("internal: the picture has no size".to_string())
-    })?;
-    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height())
-        .ok_or_else(|| Error::Other(format!("a {}x{} picture is too large", size.width(), size.height())))?;
+    let size = tree
+        .size()
+        .to_int_size()
+        .scale_by(scale)
+        .ok_or_else(|| Error::Other("internal: the picture has no size".to_string()))?;
+    let mut pixmap =
+        resvg::tiny_skia::Pixmap::new(size.width(), size.height()).ok_or_else(|| {
+            Error::Other(format!(
+                "a {}x{} picture is too large",
+                size.width(),
+                size.height()
+            ))
+        })?;
     resvg::render(
         &tree,
         resvg::tiny_skia::Transform::from_scale(scale, scale),
@@ -91,6 +102,9 @@ mod tests {
             .count();
         assert!(dark > 10, "{dark} dark pixels: no text drawn");
         assert!(format_of("-o", Path::new("a.jpg")).is_err());
-        assert_eq!(format_of("-o", Path::new("a.PNG")).unwrap(), ImageFormat::Png);
+        assert_eq!(
+            format_of("-o", Path::new("a.PNG")).unwrap(),
+            ImageFormat::Png
+        );
     }
 }

@@ -41,4 +41,3 @@ pub fn tick_label(v: f64) -> String {
         s.trim_end_matches('0').trim_end_matches('.').to_string()
     }
 }
-

@@ -27,7 +27,11 @@ fn live_is_off_when_stdout_is_not_a_terminal() {
     let plain = wgmoe(args(false));
     let live = wgmoe(args(true));
     assert_ok(&live);
-    assert!(live.stderr.contains("--live is off: stdout is not a terminal"), "{live}");
+    assert!(
+        live.stderr
+            .contains("--live is off: stdout is not a terminal"),
+        "{live}"
+    );
     assert_eq!(live.stdout, plain.stdout);
     assert!(!live.stdout.contains('\x1b'));
 }
@@ -48,13 +52,23 @@ fn live_draws_frames_in_a_terminal() {
         .stdin(std::process::Stdio::null())
         .output()
         .expect("util-linux `script` runs the command in a pseudo-terminal");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let screen = std::fs::read_to_string(&log).unwrap();
-    assert!(screen.contains("wgmoe live:") && screen.contains("4 of 7 experts resident, lru"), "{screen}");
+    assert!(
+        screen.contains("wgmoe live:") && screen.contains("4 of 7 experts resident, lru"),
+        "{screen}"
+    );
     assert!(screen.contains("\x1b[48;5;"), "coloured cells");
     // The final frame says every step was seen: 4 prompt tokens + 11 decoded = 12 steps
     // (one prefill step, 11 decode steps), 15 tokens.
-    assert!(screen.contains("step 12  tokens 15  wgmoe live:"), "{screen}");
+    assert!(
+        screen.contains("step 12  tokens 15  wgmoe live:"),
+        "{screen}"
+    );
     // Frames after the first are drawn over the previous one (cursor up 5 lines: title,
     // legend, two MoE layers, text).
     assert!(screen.contains("\x1b[5A"), "{screen}");

@@ -48,7 +48,11 @@ fn real_configs_pin_expert_bytes_and_fit_the_most_experts_the_vram_holds() {
             assert_eq!(u(&p, "expert_bytes"), expert, "{file}");
             assert_eq!(u(&p, "moe_layers"), layers, "{file}");
             assert_eq!(u(&p, "num_experts"), experts, "{file}");
-            assert_eq!(u(&p, "routed_expert_bytes"), layers * experts * expert, "{file}");
+            assert_eq!(
+                u(&p, "routed_expert_bytes"),
+                layers * experts * expert,
+                "{file}"
+            );
             let per = u(&p, "bytes_per_resident_expert");
             assert_eq!(per, layers * expert);
             let comps: u64 = p["components"]
@@ -57,14 +61,26 @@ fn real_configs_pin_expert_bytes_and_fit_the_most_experts_the_vram_holds() {
                 .iter()
                 .map(|c| c["bytes"].as_u64().unwrap())
                 .sum();
-            assert_eq!(comps, u(&p, "non_routed_bytes"), "{file}: components add up");
+            assert_eq!(
+                comps,
+                u(&p, "non_routed_bytes"),
+                "{file}: components add up"
+            );
             let k = u(&p, "top_k");
-            let fixed = u(&p, "non_routed_bytes") + u(&p, "kv_cache_bytes") + u(&p, "workspace_bytes");
+            let fixed =
+                u(&p, "non_routed_bytes") + u(&p, "kv_cache_bytes") + u(&p, "workspace_bytes");
             let extra = k * per + u(&p, "staging_bytes");
-            assert_eq!(u(&p, "hot_bytes"), fixed + k * per + extra, "{file}: the hot part");
+            assert_eq!(
+                u(&p, "hot_bytes"),
+                fixed + k * per + extra,
+                "{file}: the hot part"
+            );
             assert_eq!(u(&p, "all_resident_bytes"), fixed + experts * per, "{file}");
             let v = u(&p, "vram_bytes");
-            assert_eq!(v, vram.trim_end_matches("GiB").parse::<u64>().unwrap() * GIB);
+            assert_eq!(
+                v,
+                vram.trim_end_matches("GiB").parse::<u64>().unwrap() * GIB
+            );
             match p["resident_experts_per_layer"].as_u64() {
                 Some(n) if n == experts => {
                     assert!(u(&p, "all_resident_bytes") <= v);
@@ -75,7 +91,10 @@ fn real_configs_pin_expert_bytes_and_fit_the_most_experts_the_vram_holds() {
                     // The most that fits: n fits, n + 1 (or every expert) does not.
                     let at = |n: u64| fixed + n * per + extra;
                     assert_eq!(u(&p, "gpu_bytes"), at(n));
-                    assert!(at(n) <= v && (at(n + 1) > v || n + 1 == experts), "{file} {vram}: {n}");
+                    assert!(
+                        at(n) <= v && (at(n + 1) > v || n + 1 == experts),
+                        "{file} {vram}: {n}"
+                    );
                     assert!(u(&p, "all_resident_bytes") > v);
                     assert_eq!(u(&p, "host_source_bytes"), u(&p, "routed_expert_bytes"));
                     assert!(n >= previous);
@@ -95,9 +114,10 @@ fn real_configs_pin_expert_bytes_and_fit_the_most_experts_the_vram_holds() {
 
 #[test]
 fn qwen3_on_12gib_reads_as_arithmetic_and_ends_with_the_command() {
-    let r = wgmoe([
+    let cfg = config("qwen3-30b-a3b.json");
+    let args = [
         "plan",
-        &config("qwen3-30b-a3b.json"),
+        &cfg,
         "--vram",
         "12GiB",
         "--ram",
@@ -106,20 +126,10 @@ fn qwen3_on_12gib_reads_as_arithmetic_and_ends_with_the_command() {
         "400",
         "--h2d-gbps",
         "25",
-    ]);
+    ];
+    let r = wgmoe(args);
     assert_ok(&r);
-    let p = plan_json(&[
-        &config("qwen3-30b-a3b.json"),
-        "--vram",
-        "12GiB",
-        "--ram",
-        "32GiB",
-        "--device-gbps",
-        "400",
-        "--h2d-gbps",
-        "25",
-        "--json",
-    ]);
+    let p = plan_json(&[&args[1..], &["--json"]].concat());
     let n = u(&p, "resident_experts_per_layer");
     for want in [
         "48 layers x 128 experts x 2,396,160 B = 14,722,007,040 B",
@@ -132,7 +142,11 @@ fn qwen3_on_12gib_reads_as_arithmetic_and_ends_with_the_command() {
         assert!(r.stdout.contains(want), "missing `{want}`:\n{r}");
     }
     let last = r.stdout.trim_end().lines().last().unwrap();
-    assert_eq!(last.trim(), format!("wgmoe run MODEL_DIR --resident-experts {n}"), "{r}");
+    assert_eq!(
+        last.trim(),
+        format!("wgmoe run MODEL_DIR --resident-experts {n}"),
+        "{r}"
+    );
     // The prediction is the formula of its own terms.
     let pr = &p["predictions"][0];
     let f = |k: &str| pr[k].as_f64().unwrap();
@@ -231,7 +245,14 @@ fn bandwidths_come_from_the_measurements_file_and_say_so() {
     let run = |extra: &[&str]| {
         let mut c = command();
         c.env("XDG_CACHE_HOME", cache.path())
-            .args(["plan", &config("olmoe-1b-7b-0924.json"), "--vram", "2GiB", "--ram", "64GiB"])
+            .args([
+                "plan",
+                &config("olmoe-1b-7b-0924.json"),
+                "--vram",
+                "2GiB",
+                "--ram",
+                "64GiB",
+            ])
             .args(extra);
         let o = c.output().unwrap();
         Run {
@@ -244,21 +265,31 @@ fn bandwidths_come_from_the_measurements_file_and_say_so() {
     let r = run(&[]);
     assert_ok(&r);
     assert!(
-        r.stdout.contains("measured by `wgmoe devices --measure` on Test GPU")
-            && r.stdout.contains("device read 500.0 GB/s, host->device 12.5 GB/s"),
+        r.stdout
+            .contains("measured by `wgmoe devices --measure` on Test GPU")
+            && r.stdout
+                .contains("device read 500.0 GB/s, host->device 12.5 GB/s"),
         "{r}"
     );
     let j = json_of(&run(&["--h2d-gbps", "25", "--json"]));
     assert_eq!(j["bandwidths"]["device_read_gbps"], 500.0);
     assert_eq!(j["bandwidths"]["h2d_gbps"], 25.0);
-    assert!(j["bandwidths"]["source"].as_str().unwrap().contains("--h2d-gbps"));
+    assert!(j["bandwidths"]["source"]
+        .as_str()
+        .unwrap()
+        .contains("--h2d-gbps"));
     let e = run(&["--adapter", "radeon"]);
     assert_error(&e, &["--adapter", "radeon"]);
     // No file: no prediction, and the hint.
     let empty = tempfile::tempdir().unwrap();
     let mut c = command();
-    c.env("XDG_CACHE_HOME", empty.path())
-        .args(["plan", &config("olmoe-1b-7b-0924.json"), "--vram", "2GiB", "--json"]);
+    c.env("XDG_CACHE_HOME", empty.path()).args([
+        "plan",
+        &config("olmoe-1b-7b-0924.json"),
+        "--vram",
+        "2GiB",
+        "--json",
+    ]);
     let o = c.output().unwrap();
     assert!(o.status.success());
     let j: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -271,14 +302,43 @@ fn bad_input_is_named() {
     let r = wgmoe(["plan", &cfg, "--vram", "12XB"]);
     assert_no_panic(&r);
     assert_eq!(r.code, Some(2), "{r}");
-    assert!(r.stderr.contains("--vram") && r.stderr.contains("12XB"), "{r}");
+    assert!(
+        r.stderr.contains("--vram") && r.stderr.contains("12XB"),
+        "{r}"
+    );
     for (args, names) in [
-        (vec!["/nonexistent/config.json", "--vram", "8GiB"], vec!["/nonexistent/config.json"]),
-        (vec![&cfg, "--vram", "8GiB", "--context", "0"], vec!["--context"]),
-        (vec![&cfg, "--vram", "8GiB", "--context", "999999999"], vec!["--context", "max_position_embeddings"]),
-        (vec![&cfg, "--vram", "8GiB", "--hit-rate", "1.5"], vec!["--hit-rate"]),
-        (vec![&cfg, "--vram", "8GiB", "--device-gbps", "0", "--h2d-gbps", "3"], vec!["--device-gbps"]),
-        (vec![&cfg, "--vram", "8GiB", "--staging-buffers", "0"], vec!["--staging-buffers"]),
+        (
+            vec!["/nonexistent/config.json", "--vram", "8GiB"],
+            vec!["/nonexistent/config.json"],
+        ),
+        (
+            vec![&cfg, "--vram", "8GiB", "--context", "0"],
+            vec!["--context"],
+        ),
+        (
+            vec![&cfg, "--vram", "8GiB", "--context", "999999999"],
+            vec!["--context", "max_position_embeddings"],
+        ),
+        (
+            vec![&cfg, "--vram", "8GiB", "--hit-rate", "1.5"],
+            vec!["--hit-rate"],
+        ),
+        (
+            vec![
+                &cfg,
+                "--vram",
+                "8GiB",
+                "--device-gbps",
+                "0",
+                "--h2d-gbps",
+                "3",
+            ],
+            vec!["--device-gbps"],
+        ),
+        (
+            vec![&cfg, "--vram", "8GiB", "--staging-buffers", "0"],
+            vec!["--staging-buffers"],
+        ),
     ] {
         let mut a = vec!["plan"];
         a.extend(args);
@@ -287,8 +347,14 @@ fn bad_input_is_named() {
     let t = tempfile::tempdir().unwrap();
     let bad = t.path().join("config.json");
     std::fs::write(&bad, "{\"model_type\": \"olmoe\"").unwrap();
-    assert_error(&wgmoe(["plan", &bad.display().to_string(), "--vram", "8GiB"]), &["config.json", "JSON"]);
-    assert_error(&wgmoe(["plan", &t.path().display().to_string(), "--vram", "8GiB"]), &["config.json"]);
+    assert_error(
+        &wgmoe(["plan", &bad.display().to_string(), "--vram", "8GiB"]),
+        &["config.json", "JSON"],
+    );
+    assert_error(
+        &wgmoe(["plan", &t.path().display().to_string(), "--vram", "8GiB"]),
+        &["config.json"],
+    );
 }
 
 /// The planner's bytes are what the loader allocates: the non-routed weights plus N + top_k
@@ -362,7 +428,11 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
 fn devices_measure_stores_what_plan_predicts_with() {
     let cache = tempfile::tempdir().unwrap();
     let run = |args: &[&str]| {
-        let o = command().env("XDG_CACHE_HOME", cache.path()).args(args).output().unwrap();
+        let o = command()
+            .env("XDG_CACHE_HOME", cache.path())
+            .args(args)
+            .output()
+            .unwrap();
         Run {
             cmd: format!("wgmoe {}", args.join(" ")),
             code: o.status.code(),
@@ -372,17 +442,31 @@ fn devices_measure_stores_what_plan_predicts_with() {
     };
     let r = run(&["devices", "--measure"]);
     assert_ok(&r);
-    for want in ["device read:", "host -> device:", "queue write:", "stored in"] {
+    for want in [
+        "device read:",
+        "host -> device:",
+        "queue write:",
+        "stored in",
+    ] {
         assert!(r.stdout.contains(want), "{r}");
     }
     assert_ok(&run(&["devices", "--measure"]));
     let file = cache.path().join("wgmoe/bandwidth.json");
     let store: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let entries = store["entries"].as_array().unwrap();
-    assert_eq!(entries.len(), 1, "the second measurement replaced the first");
+    assert_eq!(
+        entries.len(),
+        1,
+        "the second measurement replaced the first"
+    );
     let m = &entries[0];
     let devices = json_of(&wgmoe(["devices", "--json"]));
-    let default = devices.as_array().unwrap().iter().find(|d| d["default"] == true).unwrap();
+    let default = devices
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["default"] == true)
+        .unwrap();
     assert_eq!(m["adapter"], default["name"]);
     for k in ["device_read_gbps", "h2d_gbps", "write_buffer_gbps"] {
         let v = m[k].as_f64().unwrap();
@@ -390,7 +474,13 @@ fn devices_measure_stores_what_plan_predicts_with() {
     }
     let cpu = m["device_type"] == "Cpu";
     assert_eq!(cpu, r.stderr.contains("these are CPU numbers"), "{r}");
-    let p = run(&["plan", &config("qwen3-30b-a3b.json"), "--vram", "8GiB", "--json"]);
+    let p = run(&[
+        "plan",
+        &config("qwen3-30b-a3b.json"),
+        "--vram",
+        "8GiB",
+        "--json",
+    ]);
     let p = json_of(&p);
     assert_eq!(p["bandwidths"]["device_read_gbps"], m["device_read_gbps"]);
     assert_eq!(p["bandwidths"]["h2d_gbps"], m["h2d_gbps"]);

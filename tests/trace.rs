@@ -65,7 +65,11 @@ fn a_trace_holds_every_token_and_layer_and_does_not_change_the_tokens() {
             "12",
             "--ignore-eos",
         ]));
-        assert_eq!(ids(&traced, "generated_ids"), ids(&plain, "generated_ids"), "{name}");
+        assert_eq!(
+            ids(&traced, "generated_ids"),
+            ids(&plain, "generated_ids"),
+            "{name}"
+        );
         let v = lines(&path);
         let h = &v[0];
         assert_eq!(h["wgmoe_trace"], 1);
@@ -89,10 +93,18 @@ fn a_trace_holds_every_token_and_layer_and_does_not_change_the_tokens() {
             d.dedup();
             assert_eq!(d.len(), e.len(), "distinct experts per token: {r}");
             assert!(e.iter().all(|&x| x < cfg.num_experts as u64));
-            let w: Vec<f64> = r["weights"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            let w: Vec<f64> = r["weights"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
             assert!(w.windows(2).all(|p| p[0] >= p[1]), "router order: {r}");
             let sum: f64 = w.iter().sum();
-            assert!(sum <= 1.0 + 1e-5 && (!norm || (sum - 1.0).abs() < 1e-4), "{name}: weights {w:?}");
+            assert!(
+                sum <= 1.0 + 1e-5 && (!norm || (sum - 1.0).abs() < 1e-4),
+                "{name}: weights {w:?}"
+            );
             assert!(r["hit"].as_array().unwrap().iter().all(|x| x == true));
             let phase = r["phase"].as_str().unwrap();
             let token = u(&r["token"]);
@@ -115,7 +127,14 @@ fn simulated_hits_equal_the_runs_counted_hits() {
             let run = run_traced(
                 name,
                 &path,
-                &["--resident-experts", &n.to_string(), "--cache-policy", policy, "--decay", decay],
+                &[
+                    "--resident-experts",
+                    &n.to_string(),
+                    "--cache-policy",
+                    policy,
+                    "--decay",
+                    decay,
+                ],
             );
             let m = &run["metrics"];
             assert!(u(&m["expert_misses"]) > 0);
@@ -133,15 +152,25 @@ fn simulated_hits_equal_the_runs_counted_hits() {
             for (i, &l) in ids(&sim, "moe_layers").iter().enumerate() {
                 let (h, mi) = (hits[l as usize], misses[l as usize]);
                 let r = row["per_layer_hit_rate"][i].as_f64().unwrap();
-                assert!((r - h as f64 / (h + mi) as f64).abs() < 1e-12, "{what} layer {l}");
+                assert!(
+                    (r - h as f64 / (h + mi) as f64).abs() < 1e-12,
+                    "{what} layer {l}"
+                );
             }
             assert_eq!(u(&sim["recorded"]["hits"]), u(&m["expert_hits"]), "{what}");
-            assert_eq!(u(&sim["recorded"]["misses"]), u(&m["expert_misses"]), "{what}");
+            assert_eq!(
+                u(&sim["recorded"]["misses"]),
+                u(&m["expert_misses"]),
+                "{what}"
+            );
             // Belady is the ceiling of every row.
             let belady = rows.iter().find(|r| r["policy"] == "belady").unwrap();
             for r in rows {
                 assert!(u(&belady["hits"]) >= u(&r["hits"]), "{what}: {r}");
-                assert_eq!(u(&r["hits"]) + u(&r["misses"]), u(&m["expert_hits"]) + u(&m["expert_misses"]));
+                assert_eq!(
+                    u(&r["hits"]) + u(&r["misses"]),
+                    u(&m["expert_hits"]) + u(&m["expert_misses"])
+                );
             }
             // Evictions are on the lines and add up.
             let evicted: usize = lines(&path)[1..]
@@ -158,24 +187,23 @@ fn bench_traces_mark_warm_up_and_count_like_the_record() {
     let t = tempfile::tempdir().unwrap();
     let trace = t.path().join("b.jsonl");
     let out = t.path().join("b.json");
-    let r = wgmoe([
-        "bench",
-        &s(&fixture(OLMOE)),
-        "--prompts",
-        "2",
-        "--blocks",
-        "1",
-        "-n",
-        "4",
-        "--warmup",
-        "1",
-        "--resident-experts",
-        "4",
-        "--trace",
-        &s(&trace),
-        "--json-out",
-        &s(&out),
-    ]);
+    let r = quick_bench(
+        &fixture(OLMOE),
+        &[
+            "--prompts",
+            "2",
+            "-n",
+            "4",
+            "--warmup",
+            "1",
+            "--resident-experts",
+            "4",
+            "--trace",
+            &s(&trace),
+            "--json-out",
+            &s(&out),
+        ],
+    );
     assert_ok(&r);
     let rec: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let rec = &rec[0];
@@ -190,24 +218,16 @@ fn bench_traces_mark_warm_up_and_count_like_the_record() {
     let note = rec["note"].as_str().unwrap_or_default();
     assert!(note.contains("--trace"), "{note}");
     // Two configurations: two files.
-    let r = wgmoe([
-        "bench",
-        &s(&fixture(OLMOE)),
-        "--prompts",
-        "1",
-        "--blocks",
-        "1",
-        "-n",
-        "2",
-        "--warmup",
-        "0",
-        "--resident-experts",
-        "3,7",
-        "--trace",
-        &s(&t.path().join("two.jsonl")),
-    ]);
+    let two = s(&t.path().join("two.jsonl"));
+    let r = quick_bench(
+        &fixture(OLMOE),
+        &["-n", "2", "--resident-experts", "3,7", "--trace", &two],
+    );
     assert_ok(&r);
-    assert!(t.path().join("two.0.jsonl").is_file() && t.path().join("two.1.jsonl").is_file(), "{r}");
+    assert!(
+        t.path().join("two.0.jsonl").is_file() && t.path().join("two.1.jsonl").is_file(),
+        "{r}"
+    );
 }
 
 #[test]
@@ -217,20 +237,37 @@ fn simulate_tables_and_bad_traces() {
     run_traced(QWEN3, &path, &["--resident-experts", "4"]);
     let r = wgmoe(["simulate", &s(&path), "--capacity", "3,4,7"]);
     assert_ok(&r);
-    for want in ["Coverage:", "uniform routing expects", "Skew:", "belady (ceiling)", "lfu-decay 0.5", "profile", "held-out", "Capacity 4 of 7"] {
+    for want in [
+        "Coverage:",
+        "uniform routing expects",
+        "Skew:",
+        "belady (ceiling)",
+        "lfu-decay 0.5",
+        "profile",
+        "held-out",
+        "Capacity 4 of 7",
+    ] {
         assert!(r.stdout.contains(want), "missing `{want}`:\n{r}");
     }
     let sim = simulate(&path, &["--capacity", "7"]);
     // Every expert resident: only cold misses, the same for every policy.
     let rows = sim["capacities"][0]["policies"].as_array().unwrap();
-    assert!(rows.iter().all(|r| r["misses"] == rows[0]["misses"] && u(&r["evictions"]) == 0));
+    assert!(rows
+        .iter()
+        .all(|r| r["misses"] == rows[0]["misses"] && u(&r["evictions"]) == 0));
     let cov = sim["uniform_expected_touched"].as_f64().unwrap();
     let n = u(&sim["tokens"]) as f64;
     assert!((cov - 7.0 * (1.0 - (1.0 - 3.0 / 7.0f64).powf(n))).abs() < 1e-9);
     // Bad input, each named.
-    assert_error(&wgmoe(["simulate", &s(&path), "--capacity", "2"]), &["--capacity", "3..=7"]);
+    assert_error(
+        &wgmoe(["simulate", &s(&path), "--capacity", "2"]),
+        &["--capacity", "3..=7"],
+    );
     assert_error(&wgmoe(["simulate", &s(&path), "--fit", "1.5"]), &["--fit"]);
-    assert_error(&wgmoe(["simulate", "/nonexistent/t.jsonl"]), &["/nonexistent/t.jsonl"]);
+    assert_error(
+        &wgmoe(["simulate", "/nonexistent/t.jsonl"]),
+        &["/nonexistent/t.jsonl"],
+    );
     let text = std::fs::read_to_string(&path).unwrap();
     let ls: Vec<String> = text.lines().map(String::from).collect();
     let edit = |f: &dyn Fn(&mut Value)| {
@@ -241,8 +278,16 @@ fn simulate_tables_and_bad_traces() {
     let cases = [
         (2, "{not json".to_string(), "not a trace record"),
         (1, edit(&|v| v["layer"] = 1.into()), "not an MoE layer"),
-        (1, edit(&|v| v["experts"][0] = 99.into()), "expert 99 is outside"),
-        (1, edit(&|v| v["weights"] = serde_json::json!([0.5])), "the header's top_k is 3"),
+        (
+            1,
+            edit(&|v| v["experts"][0] = 99.into()),
+            "expert 99 is outside",
+        ),
+        (
+            1,
+            edit(&|v| v["weights"] = serde_json::json!([0.5])),
+            "the header's top_k is 3",
+        ),
         (1, edit(&|v| v["step"] = 5.into()), "steps must not go back"),
     ];
     for (i, (at, line, want)) in cases.into_iter().enumerate() {
@@ -258,7 +303,10 @@ fn simulate_tables_and_bad_traces() {
     std::fs::write(&empty, "").unwrap();
     assert_error(&wgmoe(["simulate", &s(&empty)]), &["empty.jsonl", "header"]);
     std::fs::write(&empty, "{\"step\":0}\n").unwrap();
-    assert_error(&wgmoe(["simulate", &s(&empty)]), &["empty.jsonl:1", "header"]);
+    assert_error(
+        &wgmoe(["simulate", &s(&empty)]),
+        &["empty.jsonl:1", "header"],
+    );
     // --trace into a directory that does not exist fails before loading.
     let r = wgmoe([
         "run",

@@ -1,12 +1,10 @@
 //! `wgmoe simulate` and `wgmoe heatmap`: what a routing trace says.
 
-use std::io::Write;
-
-use wgmoe::error::{Error, Result};
+use wgmoe::error::Result;
 use wgmoe::simulate::{render, simulate as run_simulation, SimulateOptions};
 use wgmoe::trace::{read_trace, Grid};
 
-use crate::{stdout_error, SimulateArgs};
+use crate::SimulateArgs;
 
 pub fn simulate(a: SimulateArgs) -> Result<()> {
     let trace = read_trace(&a.trace)?;
@@ -29,13 +27,7 @@ pub fn simulate(a: SimulateArgs) -> Result<()> {
             fit_fraction: a.fit,
         },
     )?;
-    if a.json {
-        let v = serde_json::to_string_pretty(&report).map_err(|e| Error::Other(e.to_string()))?;
-        out!("{v}");
-    } else {
-        out!("{}", render(&report).trim_end());
-    }
-    Ok(())
+    super::print_report(a.json, &report, render)
 }
 
 pub fn heatmap(trace: &std::path::Path, out: &std::path::Path) -> Result<()> {

@@ -1,6 +1,5 @@
 //! `wgmoe plan`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use wgmoe::bandwidth::{store_path, Store};
@@ -8,7 +7,7 @@ use wgmoe::config::ModelConfig;
 use wgmoe::error::{Error, Result};
 use wgmoe::planner::{plan as make_plan, render, Bandwidths, PlanOptions};
 
-use crate::{stdout_error, PlanArgs};
+use crate::PlanArgs;
 
 /// The config.json of a model directory or the file itself, and the directory `run` takes.
 fn config_path(model: &Path) -> Result<(PathBuf, PathBuf)> {
@@ -36,7 +35,11 @@ fn config_path(model: &Path) -> Result<(PathBuf, PathBuf)> {
                         e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
                     })
                 });
-            let dir = if weights { dir } else { PathBuf::from("MODEL_DIR") };
+            let dir = if weights {
+                dir
+            } else {
+                PathBuf::from("MODEL_DIR")
+            };
             Ok((model.to_path_buf(), dir))
         }
     }
@@ -132,11 +135,5 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             hit_rate: a.hit_rate,
         },
     )?;
-    if a.json {
-        let v = serde_json::to_string_pretty(&report).map_err(|e| Error::Other(e.to_string()))?;
-        out!("{v}");
-    } else {
-        out!("{}", render(&report).trim_end());
-    }
-    Ok(())
+    super::print_report(a.json, &report, render)
 }

@@ -75,7 +75,9 @@ fn live_view(a: &RunArgs, engine: &Engine) -> Option<wgmoe::live::LiveView> {
     }
     let cfg = &engine.cfg;
     let partial = engine.resident_experts < cfg.num_experts;
-    let layers = (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]).collect();
+    let layers = (0..cfg.num_layers)
+        .filter(|&l| cfg.sparse_layers[l])
+        .collect();
     let grid = wgmoe::trace::Grid::new(layers, cfg.num_experts, partial);
     let title = format!(
         "wgmoe live: {} ({} of {} experts resident{})",

@@ -99,13 +99,24 @@ pub fn measure(gpu: &GpuArgs, as_json: bool) -> Result<()> {
         out!("{v}");
     } else {
         out!("{} ({}, {}):", m.adapter, m.backend, m.driver);
-        out!("  device read:     {:8.2} GB/s  (f16 matmul of one token over {} MiB)", m.device_read_gbps, m.read_bytes >> 20);
+        out!(
+            "  device read:     {:8.2} GB/s  (f16 matmul of one token over {} MiB)",
+            m.device_read_gbps,
+            m.read_bytes >> 20
+        );
         out!("  host -> device:  {:8.2} GB/s  (mapped staging buffer + copy of {} MiB: the expert upload path)", m.h2d_gbps, m.h2d_bytes >> 20);
-        out!("  queue write:     {:8.2} GB/s  (write_buffer of {} MiB)", m.write_buffer_gbps, m.h2d_bytes >> 20);
+        out!(
+            "  queue write:     {:8.2} GB/s  (write_buffer of {} MiB)",
+            m.write_buffer_gbps,
+            m.h2d_bytes >> 20
+        );
         out!("stored in {} for `wgmoe plan`", path.display());
     }
     if info.device_type == DeviceType::Cpu {
-        eprintln!("note: {} is a software adapter: these are CPU numbers, not a GPU's", info.name);
+        eprintln!(
+            "note: {} is a software adapter: these are CPU numbers, not a GPU's",
+            info.name
+        );
     }
     Ok(())
 }

@@ -245,7 +245,8 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
             ),
         ));
     }
-    let cost = AdmissionCost::new(cfg, &input).map_err(|e| Error::option("--context", e.to_string()))?;
+    let cost =
+        AdmissionCost::new(cfg, &input).map_err(|e| Error::option("--context", e.to_string()))?;
     let shape = planned_shape(cfg, o.context, o.prefill_chunk, false);
     let ws_all = workspace_bytes(cfg, &shape)?;
     let kv = kv_cache_bytes(cfg, &shape)?;
@@ -254,7 +255,10 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
     let (e, k, moe) = (cfg.num_experts, cfg.top_k, cfg.num_sparse_layers());
     let expert = slot_bytes(cfg, true);
     let expert_f16 = slot_bytes(cfg, false);
-    let routed = cost.per_slot.checked_mul(e as u64).ok_or_else(|| count("routed experts"))?;
+    let routed = cost
+        .per_slot
+        .checked_mul(e as u64)
+        .ok_or_else(|| count("routed experts"))?;
     let routed_f16 = (moe as u64)
         .checked_mul(e as u64)
         .and_then(|x| x.checked_mul(expert_f16))
@@ -286,10 +290,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
     }
     let command = match (n, too_big) {
         (Some(n), false) if n == e => Some(format!("wgmoe run {}", o.model_dir)),
-        (Some(n), false) => Some(format!(
-            "wgmoe run {} --resident-experts {n}",
-            o.model_dir
-        )),
+        (Some(n), false) => Some(format!("wgmoe run {} --resident-experts {n}", o.model_dir)),
         _ => None,
     };
     Ok(PlanReport {
@@ -330,7 +331,8 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
         predicted_decode_tokens_per_s: predictions.first().map(|p| p.tokens_per_s),
         predictions,
         command,
-        cluster: too_big.then(|| cluster_advice(dense_params, routed_params, weights_int4, o.gpu_memory)),
+        cluster: too_big
+            .then(|| cluster_advice(dense_params, routed_params, weights_int4, o.gpu_memory)),
     })
 }
 

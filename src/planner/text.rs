@@ -40,8 +40,15 @@ pub fn render(r: &PlanReport) -> String {
         params(r.routed_parameters)
     );
     let _ = writeln!(o);
-    let _ = writeln!(o, "Weights on the GPU (f16, rows padded to 8 halves; routed experts INT4)");
-    let _ = writeln!(o, "  {:<22} {:>8} {:>12} {:>30}", "component", "tensors", "parameters", "bytes");
+    let _ = writeln!(
+        o,
+        "Weights on the GPU (f16, rows padded to 8 halves; routed experts INT4)"
+    );
+    let _ = writeln!(
+        o,
+        "  {:<22} {:>8} {:>12} {:>30}",
+        "component", "tensors", "parameters", "bytes"
+    );
     for c in &r.components {
         let _ = writeln!(
             o,
@@ -52,7 +59,14 @@ pub fn render(r: &PlanReport) -> String {
             b(c.bytes)
         );
     }
-    let _ = writeln!(o, "  {:<22} {:>8} {:>12} {:>30}", "non-routed total", "", "", b(r.non_routed_bytes));
+    let _ = writeln!(
+        o,
+        "  {:<22} {:>8} {:>12} {:>30}",
+        "non-routed total",
+        "",
+        "",
+        b(r.non_routed_bytes)
+    );
     let _ = writeln!(
         o,
         "  routed experts, INT4:  {l} layers x {e} experts x {} B = {}",
@@ -66,7 +80,11 @@ pub fn render(r: &PlanReport) -> String {
         b(r.routed_expert_bytes_f16)
     );
     let _ = writeln!(o);
-    let _ = writeln!(o, "Context {} positions, prefill chunk {}", r.context, r.prefill_chunk);
+    let _ = writeln!(
+        o,
+        "Context {} positions, prefill chunk {}",
+        r.context, r.prefill_chunk
+    );
     let _ = writeln!(
         o,
         "  KV cache:  {} positions x {} B per position (f32 keys and values, every layer) = {}",
@@ -82,7 +100,11 @@ pub fn render(r: &PlanReport) -> String {
     let _ = writeln!(o);
     let fixed = r.non_routed_bytes + r.kv_cache_bytes + r.workspace_bytes;
     let _ = writeln!(o, "The hot part (on the card at any residency)");
-    let _ = writeln!(o, "  non-routed + KV cache + workspace                = {}", b(fixed));
+    let _ = writeln!(
+        o,
+        "  non-routed + KV cache + workspace                = {}",
+        b(fixed)
+    );
     if r.spare_slots_per_layer > 0 {
         let _ = writeln!(
             o,
@@ -103,8 +125,16 @@ pub fn render(r: &PlanReport) -> String {
             b(r.staging_bytes)
         );
     }
-    let _ = writeln!(o, "  = hot part                                        {}", b(r.hot_bytes));
-    let _ = writeln!(o, "  every expert resident (no spares, no staging):     {}", b(r.all_resident_bytes));
+    let _ = writeln!(
+        o,
+        "  = hot part                                        {}",
+        b(r.hot_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "  every expert resident (no spares, no staging):     {}",
+        b(r.all_resident_bytes)
+    );
     let _ = writeln!(o);
     let _ = writeln!(o, "Fit on {}", b(r.vram_bytes));
     match r.resident_experts_per_layer {
@@ -206,7 +236,10 @@ pub fn render(r: &PlanReport) -> String {
         for e in &c.engines {
             let _ = writeln!(o, "    - {e}");
         }
-        let _ = writeln!(o, "  wgmoe runs one model on one machine; it does not split a model across GPUs.");
+        let _ = writeln!(
+            o,
+            "  wgmoe runs one model on one machine; it does not split a model across GPUs."
+        );
     }
     if r.cluster.is_none() {
         let _ = writeln!(o);
@@ -295,7 +328,10 @@ fn prediction(o: &mut String, r: &PlanReport) {
             p.tokens_per_s
         );
     }
-    if r.predictions.iter().any(|p| p.hit_rate_source.starts_with("uniform")) {
+    if r.predictions
+        .iter()
+        .any(|p| p.hit_rate_source.starts_with("uniform"))
+    {
         let _ = writeln!(
             o,
             "  (routing is rarely uniform: measure yours with `wgmoe run ... --trace t.jsonl`, `wgmoe simulate t.jsonl --capacity N`, and pass its hit rate as --hit-rate)"

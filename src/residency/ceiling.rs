@@ -12,27 +12,7 @@
 
 use super::error::ConfigError;
 use super::policy::Policy;
-use super::replay::{belady_steps, distinct, replay, total};
-
-/// Outcome of running a trace.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SimStats {
-    pub hits: u64,
-    pub misses: u64,
-    pub evictions: u64,
-}
-
-impl SimStats {
-    /// hits / (hits + misses); 0 for an empty trace.
-    pub fn hit_rate(&self) -> f64 {
-        let total = self.hits + self.misses;
-        if total == 0 {
-            0.0
-        } else {
-            self.hits as f64 / total as f64
-        }
-    }
-}
+use super::replay::{belady_steps, distinct, replay, total, SimStats};
 
 fn check_groups(groups: &[Vec<u32>], capacity: usize) -> Result<(), ConfigError> {
     match groups.iter().position(|g| g.len() > capacity) {
@@ -109,7 +89,7 @@ pub fn simulate(
 mod tests {
     use super::super::policy::{LfuDecay, Lru, StaticProfile};
     use super::super::profile::Profile;
-    use super::super::testutil::{zipf_trace, Rng};
+    use super::super::testutil::{brute_force_min_misses, zipf_trace, Rng};
     use super::*;
 
     fn singles(refs: &[u32]) -> Vec<Vec<u32>> {
@@ -138,41 +118,6 @@ mod tests {
         assert_eq!(belady_hit_rate(&[], 2).unwrap(), 0.0);
     }
 
-    /// Exhaustive optimum over every eviction choice (dynamic programming over resident sets).
-    fn brute_force_min_misses(trace: &[Vec<u32>], capacity: usize) -> u64 {
-        use std::collections::BTreeMap;
-        let mut states: BTreeMap<u64, u64> = BTreeMap::from([(0u64, 0u64)]);
-        for group in trace {
-            let g = distinct(group);
-            let gmask: u64 = g.iter().fold(0, |m, &e| m | 1 << e);
-            let mut next: BTreeMap<u64, u64> = BTreeMap::new();
-            for (&set, &cost) in &states {
-                let missing = (gmask & !set).count_ones() as usize;
-                let need = (set.count_ones() as usize + missing).saturating_sub(capacity);
-                let evictable: Vec<u64> = (0..64).filter(|&e| set & !gmask & 1 << e != 0).collect();
-                // Every subset of `evictable` of size `need`.
-                let n = evictable.len();
-                for sub in 0u64..1 << n {
-                    if sub.count_ones() as usize != need {
-                        continue;
-                    }
-                    let mut s = set;
-                    for (i, &e) in evictable.iter().enumerate() {
-                        if sub & 1 << i != 0 {
-                            s &= !(1 << e);
-                        }
-                    }
-                    s |= gmask;
-                    let c = cost + missing as u64;
-                    let entry = next.entry(s).or_insert(u64::MAX);
-                    *entry = (*entry).min(c);
-                }
-            }
-            states = next;
-        }
-        states.values().copied().min().unwrap_or(0)
-    }
-
     #[test]
     fn belady_is_optimal_on_small_grouped_traces() {
         let mut rng = Rng::new(11);
@@ -190,7 +135,8 @@ mod tests {
             let opt = belady(&trace, cap).unwrap();
             assert_eq!(
                 opt.misses,
-                brute_force_min_misses(&trace, cap),
+                // Groups of at most cap experts: every step is one plan.
+                brute_force_min_misses(&trace, cap, cap),
                 "case {case}: E={e} cap={cap} {trace:?}"
             );
         }

@@ -34,13 +34,11 @@ pub use cache::{
     AbortReport, CacheConfig, CacheStats, ExpertCache, Placement, Plan, SlotInfo, SlotState,
     SlotTable, NO_SLOT,
 };
-pub use ceiling::{
-    belady, belady_hit_rate, expected_experts_touched, frequency_ceiling, simulate, SimStats,
-};
+pub use ceiling::{belady, belady_hit_rate, expected_experts_touched, frequency_ceiling, simulate};
 pub use error::{CacheError, ConfigError, StagingError};
 pub use fence::{Fence, MockFence};
 pub use host_source::{HostLayer, HostSource};
 pub use policy::{build_policy, LfuDecay, Lru, Policy, PolicyKind, StaticProfile};
 pub use profile::Profile;
-pub use replay::{belady_steps, distinct, replay, total};
+pub use replay::{belady_steps, distinct, replay, total, SimStats};
 pub use staging::{StagingPool, StagingStats};

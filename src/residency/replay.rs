@@ -10,10 +10,29 @@ use std::collections::HashMap;
 
 use super::batches::expert_batches;
 use super::cache::{CacheConfig, ExpertCache};
-use super::ceiling::SimStats;
 use super::error::ConfigError;
 use super::fence::MockFence;
 use super::policy::Policy;
+
+/// Outcome of running a trace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+}
+
+impl SimStats {
+    /// hits / (hits + misses); 0 for an empty trace.
+    pub fn hit_rate(&self) -> f64 {
+        let total = self.hits + self.misses;
+        if total == 0 {
+            0.0
+        } else {
+            self.hits as f64 / total as f64
+        }
+    }
+}
 
 /// Distinct ids in first-appearance order (what the runtime plans).
 pub fn distinct(ids: &[u32]) -> Vec<u32> {

@@ -3,6 +3,7 @@
 //! least every policy on random traces (proptest).
 
 use super::*;
+use crate::residency::testutil::brute_force_min_misses;
 use crate::residency::{LfuDecay, Lru, Profile, StaticProfile};
 
 fn singles(refs: &[u32]) -> Vec<Vec<u32>> {
@@ -22,20 +23,50 @@ fn lru_on_a_hand_computed_trace() {
     // [0]m [1]m [0]h [2]m evicts 1, [1]m evicts 0 (used at 2; 2 at 3), [0]m evicts 2.
     let s = replay(0, &singles(&SMALL), 4, 1, 2, &mut Lru::new()).unwrap();
     assert_eq!(hm(&s), (1, 5, 3));
-    assert_eq!(s[2], SimStats { hits: 1, misses: 0, evictions: 0 });
-    assert_eq!(s[5], SimStats { hits: 0, misses: 1, evictions: 1 });
+    assert_eq!(
+        s[2],
+        SimStats {
+            hits: 1,
+            misses: 0,
+            evictions: 0
+        }
+    );
+    assert_eq!(
+        s[5],
+        SimStats {
+            hits: 0,
+            misses: 1,
+            evictions: 1
+        }
+    );
 }
 
 #[test]
 fn lfu_decay_on_a_hand_computed_trace() {
     // Plain LFU: at [2] expert 0 has 2 uses, 1 has 1: evict 1. At [1]: 0 (2) vs 2 (1):
     // evict 2. [0] hits.
-    let s = replay(0, &singles(&SMALL), 4, 1, 2, &mut LfuDecay::new(1.0).unwrap()).unwrap();
+    let s = replay(
+        0,
+        &singles(&SMALL),
+        4,
+        1,
+        2,
+        &mut LfuDecay::new(1.0).unwrap(),
+    )
+    .unwrap();
     assert_eq!(hm(&s), (2, 4, 2));
     // decay 0.1: at [2] (step 3) expert 0 = (0.1^2 + 1) * 0.1 = 0.101, 1 = 0.01: evict 1;
     // at [1] (step 4) expert 0 = 0.0101, 2 = 0.1: evict 0; at [0] (step 5) 2 = 0.01,
     // 1 = 0.1: evict 2.
-    let s = replay(0, &singles(&SMALL), 4, 1, 2, &mut LfuDecay::new(0.1).unwrap()).unwrap();
+    let s = replay(
+        0,
+        &singles(&SMALL),
+        4,
+        1,
+        2,
+        &mut LfuDecay::new(0.1).unwrap(),
+    )
+    .unwrap();
     assert_eq!(hm(&s), (1, 5, 3));
 }
 
@@ -48,7 +79,14 @@ fn static_profile_on_a_hand_computed_trace() {
     let mut p = StaticProfile::new(&prof, 2);
     let s = replay(0, &singles(&SMALL), 4, 1, 2, &mut p).unwrap();
     assert_eq!(hm(&s), (2, 4, 2));
-    assert_eq!(s[4], SimStats { hits: 0, misses: 1, evictions: 1 });
+    assert_eq!(
+        s[4],
+        SimStats {
+            hits: 0,
+            misses: 1,
+            evictions: 1
+        }
+    );
 }
 
 #[test]
@@ -67,12 +105,40 @@ fn a_step_larger_than_a_plan_runs_in_batches() {
     // Batches [0, 1], [2, 3] (evicts 0, the older of the step), [4] (evicts 1): {2, 3, 4}.
     // Then [4, 1]: 4 hits, 1 misses and evicts 2.
     let s = replay(0, &steps, 6, 2, 3, &mut Lru::new()).unwrap();
-    assert_eq!(s[0], SimStats { hits: 0, misses: 5, evictions: 2 });
-    assert_eq!(s[1], SimStats { hits: 1, misses: 1, evictions: 1 });
+    assert_eq!(
+        s[0],
+        SimStats {
+            hits: 0,
+            misses: 5,
+            evictions: 2
+        }
+    );
+    assert_eq!(
+        s[1],
+        SimStats {
+            hits: 1,
+            misses: 1,
+            evictions: 1
+        }
+    );
     // Belady keeps the 3 used soonest of {0..4}: 1 and 4 (step 1), then 3: both hit.
     let b = belady_steps(&steps, 3, 2);
-    assert_eq!(b[0], SimStats { hits: 0, misses: 5, evictions: 2 });
-    assert_eq!(b[1], SimStats { hits: 2, misses: 0, evictions: 0 });
+    assert_eq!(
+        b[0],
+        SimStats {
+            hits: 0,
+            misses: 5,
+            evictions: 2
+        }
+    );
+    assert_eq!(
+        b[1],
+        SimStats {
+            hits: 2,
+            misses: 0,
+            evictions: 0
+        }
+    );
 }
 
 #[test]
@@ -83,63 +149,16 @@ fn every_expert_resident_only_misses_cold() {
     assert_eq!(hm(&belady_steps(&steps, 4, 0)), (4, 4, 0));
 }
 
-/// The fewest misses any schedule achieves, by dynamic programming over resident sets: a
-/// step served in one plan keeps its set (evicting just enough others); one served in
-/// batches may keep any `capacity` of the resident and wanted experts.
-fn brute_force_min_misses(steps: &[Vec<u32>], capacity: usize, spares: usize) -> u64 {
-    use std::collections::BTreeMap;
-    let mut states: BTreeMap<u64, u64> = BTreeMap::from([(0u64, 0u64)]);
-    for step in steps {
-        let g = distinct(step);
-        let gmask: u64 = g.iter().fold(0, |m, &e| m | 1 << e);
-        let mut next: BTreeMap<u64, u64> = BTreeMap::new();
-        for (&set, &cost) in &states {
-            let missing = (gmask & !set).count_ones() as usize;
-            let c = cost + missing as u64;
-            let mut keep = |s: u64| {
-                let e = next.entry(s).or_insert(u64::MAX);
-                *e = (*e).min(c);
-            };
-            let union = set | gmask;
-            if g.len() <= capacity && missing <= spares.min(capacity) {
-                let need = (union.count_ones() as usize).saturating_sub(capacity);
-                let evictable: Vec<u64> = (0..64).filter(|&e| set & !gmask & 1 << e != 0).collect();
-                for sub in 0u64..1 << evictable.len() {
-                    if sub.count_ones() as usize == need {
-                        let mut s = union;
-                        for (i, &e) in evictable.iter().enumerate() {
-                            if sub & 1 << i != 0 {
-                                s &= !(1 << e);
-                            }
-                        }
-                        keep(s);
-                    }
-                }
-            } else {
-                let members: Vec<u64> = (0..64).filter(|&e| union & 1 << e != 0).collect();
-                for sub in 0u64..1 << members.len() {
-                    if sub.count_ones() as usize <= capacity {
-                        let s = members
-                            .iter()
-                            .enumerate()
-                            .filter(|(i, _)| sub & 1 << i != 0)
-                            .fold(0u64, |m, (_, &e)| m | 1 << e);
-                        keep(s);
-                    }
-                }
-            }
-        }
-        states = next;
-    }
-    states.values().copied().min().unwrap_or(0)
-}
-
 fn random_steps(rng: &mut crate::residency::testutil::Rng, e: usize, k: usize) -> Vec<Vec<u32>> {
     let steps = 3 + rng.below(10);
     (0..steps)
         .map(|_| {
             // Mostly decode-like groups of up to k, sometimes a prefill of several tokens.
-            let tokens = if rng.below(4) == 0 { 1 + rng.below(4) } else { 1 };
+            let tokens = if rng.below(4) == 0 {
+                1 + rng.below(4)
+            } else {
+                1
+            };
             (0..tokens * (1 + rng.below(k)))
                 .map(|_| rng.below(e) as u32)
                 .collect()
@@ -174,12 +193,7 @@ mod property {
         (2usize..10, 1usize..4).prop_flat_map(|(e, k)| {
             let k = k.min(e);
             let step = prop::collection::vec(0..e as u32, 1..=(3 * k));
-            (
-                Just(e),
-                Just(k),
-                k..=e,
-                prop::collection::vec(step, 1..60),
-            )
+            (Just(e), Just(k), k..=e, prop::collection::vec(step, 1..60))
         })
     }
 

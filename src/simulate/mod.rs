@@ -124,7 +124,13 @@ fn sum(per_step: &[SimStats], g: &StepGroups, from: usize) -> (SimStats, SimStat
     (all, held)
 }
 
-fn layer_counts(g: &StepGroups, layer: usize, k: usize, e: usize, steps: std::ops::Range<usize>) -> Vec<u64> {
+fn layer_counts(
+    g: &StepGroups,
+    layer: usize,
+    k: usize,
+    e: usize,
+    steps: std::ops::Range<usize>,
+) -> Vec<u64> {
     let mut c = vec![0u64; e];
     for s in steps {
         if !g.counted[s] {
@@ -157,7 +163,10 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
         return Err(Error::option("--capacity", "give at least one capacity"));
     }
     if !(o.fit_fraction > 0.0 && o.fit_fraction < 1.0) {
-        return Err(Error::option("--fit", format!("{} is not in (0, 1)", o.fit_fraction)));
+        return Err(Error::option(
+            "--fit",
+            format!("{} is not in (0, 1)", o.fit_fraction),
+        ));
     }
     for &d in &o.decays {
         crate::residency::LfuDecay::new(d).map_err(|er| Error::option("--decay", er.0))?;
@@ -187,8 +196,21 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
         profile.counts[layer] = layer_counts(&g, i, k, e, 0..fit_steps);
         let counts = layer_counts(&g, i, k, e, 0..nsteps);
         let total: u64 = counts.iter().sum();
-        let p: Vec<f64> = counts.iter().map(|&c| if total == 0 { 0.0 } else { c as f64 / total as f64 }).collect();
-        let entropy = -p.iter().filter(|&&x| x > 0.0).map(|&x| x * x.log2()).sum::<f64>();
+        let p: Vec<f64> = counts
+            .iter()
+            .map(|&c| {
+                if total == 0 {
+                    0.0
+                } else {
+                    c as f64 / total as f64
+                }
+            })
+            .collect();
+        let entropy = -p
+            .iter()
+            .filter(|&&x| x > 0.0)
+            .map(|&x| x * x.log2())
+            .sum::<f64>();
         let touched = counts.iter().filter(|&&c| c > 0).count();
         touched_sum += touched;
         skew.push(LayerSkew {
@@ -196,7 +218,11 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
             experts_touched: touched,
             entropy_bits: entropy,
             max_entropy_bits: (e as f64).log2(),
-            top_share: o.capacities.iter().map(|&c| frequency_ceiling(&p, c)).collect(),
+            top_share: o
+                .capacities
+                .iter()
+                .map(|&c| frequency_ceiling(&p, c))
+                .collect(),
         });
     }
     let mut recorded = Recorded {
@@ -209,7 +235,8 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
     let mut capacities = Vec::new();
     for &c in &o.capacities {
         let spares = if c < e { k } else { 0 };
-        let mut policies: Vec<(String, Option<f64>, PolicyKind)> = vec![("lru".into(), None, PolicyKind::Lru)];
+        let mut policies: Vec<(String, Option<f64>, PolicyKind)> =
+            vec![("lru".into(), None, PolicyKind::Lru)];
         for &d in &o.decays {
             policies.push(("lfu-decay".into(), Some(d), PolicyKind::LfuDecay));
         }
@@ -226,12 +253,32 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
                         .map_err(|er| Error::bad_file(&trace.path, er.0))?,
                 );
             }
-            results.push(result(name, decay, &per_layer, &g, fit_steps, h.expert_bytes));
+            results.push(result(
+                name,
+                decay,
+                &per_layer,
+                &g,
+                fit_steps,
+                h.expert_bytes,
+            ));
         }
-        let per_layer: Vec<Vec<SimStats>> =
-            g.steps.iter().map(|steps| belady_steps(steps, c, spares)).collect();
-        results.push(result("belady".into(), None, &per_layer, &g, fit_steps, h.expert_bytes));
-        capacities.push(CapacityResult { capacity: c, policies: results });
+        let per_layer: Vec<Vec<SimStats>> = g
+            .steps
+            .iter()
+            .map(|steps| belady_steps(steps, c, spares))
+            .collect();
+        results.push(result(
+            "belady".into(),
+            None,
+            &per_layer,
+            &g,
+            fit_steps,
+            h.expert_bytes,
+        ));
+        capacities.push(CapacityResult {
+            capacity: c,
+            policies: results,
+        });
     }
     let layers = g.layers.len().max(1);
     Ok(SimReport {

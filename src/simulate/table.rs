@@ -29,7 +29,11 @@ pub fn render(r: &SimReport) -> String {
         "Coverage: {:.1} of {e} experts touched per layer (mean); uniform routing expects E(1-(1-k/E)^n) = {e}(1-(1-{k}/{e})^{}) = {:.1}",
         r.mean_experts_touched, r.tokens, r.uniform_expected_touched
     );
-    let caps: Vec<String> = r.capacities.iter().map(|c| format!("top-{}", c.capacity)).collect();
+    let caps: Vec<String> = r
+        .capacities
+        .iter()
+        .map(|c| format!("top-{}", c.capacity))
+        .collect();
     let _ = writeln!(
         o,
         "Skew:  {:>5} {:>8} {:>14}  share of accesses to the layer's {}",
@@ -75,7 +79,11 @@ pub fn render(r: &SimReport) -> String {
                 ("belady", None) => "belady (ceiling)".to_string(),
                 (n, None) => n.to_string(),
             };
-            let layers: Vec<String> = p.per_layer_hit_rate.iter().map(|x| format!("{x:.3}")).collect();
+            let layers: Vec<String> = p
+                .per_layer_hit_rate
+                .iter()
+                .map(|x| format!("{x:.3}"))
+                .collect();
             let _ = writeln!(
                 o,
                 "  {:<16} {:>8} {:>8} {:>9.3} {:>9.3} {:>12}  {}",

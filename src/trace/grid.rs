@@ -33,7 +33,15 @@ impl Grid {
 
     /// Add one layer of one step: `ids`/`hit` are tokens x top_k; misses become resident,
     /// `evicted` experts leave.
-    pub fn observe(&mut self, layer: usize, ids: &[u32], hit: &[bool], evicted: &[u32], top_k: usize, counted: bool) {
+    pub fn observe(
+        &mut self,
+        layer: usize,
+        ids: &[u32],
+        hit: &[bool],
+        evicted: &[u32],
+        top_k: usize,
+        counted: bool,
+    ) {
         let Some(row) = self.layers.iter().position(|&l| l == layer) else {
             return;
         };
@@ -73,7 +81,11 @@ impl Grid {
     /// The grid of a whole trace file.
     pub fn of_trace(t: &Trace) -> Self {
         let h = &t.header;
-        let mut g = Grid::new(h.moe_layers.clone(), h.num_experts, h.resident_experts_per_layer < h.num_experts);
+        let mut g = Grid::new(
+            h.moe_layers.clone(),
+            h.num_experts,
+            h.resident_experts_per_layer < h.num_experts,
+        );
         for r in &t.lines {
             g.observe(r.layer, &r.experts, &r.hit, &r.evicted, h.top_k, !r.warmup);
         }

@@ -42,7 +42,11 @@ impl RoutingSink for JsonlSink {
                 experts: ids.to_vec(),
                 weights: r.weights.get(at.clone()).unwrap_or_default().to_vec(),
                 hit: r.hit.get(at).unwrap_or_default().to_vec(),
-                evicted: if t == 0 { r.evicted.to_vec() } else { Vec::new() },
+                evicted: if t == 0 {
+                    r.evicted.to_vec()
+                } else {
+                    Vec::new()
+                },
                 warmup: r.warmup,
             };
             self.write(&line)?;

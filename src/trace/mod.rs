@@ -218,7 +218,9 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
-    struct Collect(Arc<Mutex<Vec<(usize, Vec<bool>, Vec<u32>, u64)>>>);
+    /// (layer, hit, evicted, step) of each record.
+    type Seen = Vec<(usize, Vec<bool>, Vec<u32>, u64)>;
+    struct Collect(Arc<Mutex<Seen>>);
     impl RoutingSink for Collect {
         fn layer(&mut self, r: &LayerRouting<'_>) -> Result<()> {
             self.0
@@ -237,7 +239,12 @@ mod tests {
         t.begin_step(0, Phase::Prefill);
         // Layer 0: 4 experts, {0, 1} resident; tokens want [0, 2] and [3, 2]; afterwards
         // {2, 3} resident: 0 and 1 evicted (0 was used, 1 was not).
-        t.layer(0, &[0, 2, 3, 2], &[0.5; 4], Some(vec![true, true, false, false]));
+        t.layer(
+            0,
+            &[0, 2, 3, 2],
+            &[0.5; 4],
+            Some(vec![true, true, false, false]),
+        );
         // Layer 1: every expert resident.
         t.layer(1, &[1, 0, 1, 3], &[0.5; 4], None);
         t.end_step(|l| (l == 0).then(|| vec![false, false, true, true]))

@@ -49,10 +49,24 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
                 at(path, n, format!("not a wgmoe trace header ({e}); traces are written by `wgmoe run/bench --trace FILE`"))
             })?;
             if h.wgmoe_trace != TRACE_VERSION {
-                return Err(at(path, n, format!("trace format {} (this wgmoe reads {TRACE_VERSION})", h.wgmoe_trace)));
+                return Err(at(
+                    path,
+                    n,
+                    format!(
+                        "trace format {} (this wgmoe reads {TRACE_VERSION})",
+                        h.wgmoe_trace
+                    ),
+                ));
             }
-            if h.top_k == 0 || h.top_k > h.num_experts || h.moe_layers.iter().any(|&l| l >= h.num_layers) {
-                return Err(at(path, n, "header: top_k, num_experts and moe_layers do not agree"));
+            if h.top_k == 0
+                || h.top_k > h.num_experts
+                || h.moe_layers.iter().any(|&l| l >= h.num_layers)
+            {
+                return Err(at(
+                    path,
+                    n,
+                    "header: top_k, num_experts and moe_layers do not agree",
+                ));
             }
             header = Some(h);
             continue;
@@ -60,22 +74,55 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
         let r: TraceLine = serde_json::from_str(&line)
             .map_err(|e| at(path, n, format!("not a trace record: {e}")))?;
         if !h.moe_layers.contains(&r.layer) {
-            return Err(at(path, n, format!("layer {} is not an MoE layer of the header ({:?})", r.layer, h.moe_layers)));
+            return Err(at(
+                path,
+                n,
+                format!(
+                    "layer {} is not an MoE layer of the header ({:?})",
+                    r.layer, h.moe_layers
+                ),
+            ));
         }
         if r.experts.len() != h.top_k || r.weights.len() != h.top_k || r.hit.len() != h.top_k {
-            return Err(at(path, n, format!(
-                "{} experts, {} weights and {} hit flags; the header's top_k is {}",
-                r.experts.len(), r.weights.len(), r.hit.len(), h.top_k
-            )));
+            return Err(at(
+                path,
+                n,
+                format!(
+                    "{} experts, {} weights and {} hit flags; the header's top_k is {}",
+                    r.experts.len(),
+                    r.weights.len(),
+                    r.hit.len(),
+                    h.top_k
+                ),
+            ));
         }
-        if let Some(&e) = r.experts.iter().chain(&r.evicted).find(|&&e| e as usize >= h.num_experts) {
-            return Err(at(path, n, format!("expert {e} is outside the header's {} experts", h.num_experts)));
+        if let Some(&e) = r
+            .experts
+            .iter()
+            .chain(&r.evicted)
+            .find(|&&e| e as usize >= h.num_experts)
+        {
+            return Err(at(
+                path,
+                n,
+                format!(
+                    "expert {e} is outside the header's {} experts",
+                    h.num_experts
+                ),
+            ));
         }
         if let Some(w) = r.weights.iter().find(|w| !w.is_finite()) {
             return Err(at(path, n, format!("router weight {w} is not finite")));
         }
         if r.step < last_step {
-            return Err(at(path, n, format!("step {} after step {last_step}: steps must not go back", r.step)));
+            return Err(at(
+                path,
+                n,
+                format!(
+                    "step {} after step {last_step}: steps must not go back",
+                    r.step
+                ),
+            ));
         }
         last_step = r.step;
         lines.push(r);

@@ -317,3 +317,22 @@ pub fn wgmoe_within<S: AsRef<OsStr>>(secs: u64, args: &[S]) -> Run {
         stderr: err.join().unwrap(),
     }
 }
+
+/// `wgmoe bench DIR` on one prompt, one block, no warm-up, then `extra` (later options win).
+pub fn quick_bench(dir: &Path, extra: &[&str]) -> Run {
+    let mut args: Vec<String> = [
+        "bench",
+        &s(dir),
+        "--prompts",
+        "1",
+        "--blocks",
+        "1",
+        "--warmup",
+        "0",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    wgmoe(args)
+}
