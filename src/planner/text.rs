@@ -312,12 +312,12 @@ fn prediction(o: &mut String, r: &PlanReport) {
             p.misses_per_token,
             p.misses_per_token,
             grouped(r.expert_bytes),
-            human(p.bytes_not_resident_per_token as u64)
+            b(p.bytes_not_resident_per_token.round() as u64)
         );
         let _ = writeln!(
             o,
-            "  t_transfer = {} / {:.1} GB/s = {}",
-            human(p.bytes_not_resident_per_token as u64),
+            "  t_transfer = {} B / {:.1} GB/s = {}",
+            grouped(p.bytes_not_resident_per_token.round() as u64),
             bw.h2d_gbps,
             secs(p.t_transfer_s)
         );
