@@ -318,21 +318,15 @@ pub fn wgmoe_within<S: AsRef<OsStr>>(secs: u64, args: &[S]) -> Run {
     }
 }
 
-/// `wgmoe bench DIR` on one prompt, one block, no warm-up, then `extra` (later options win).
+/// `wgmoe bench DIR` with `extra`, on one prompt, one block and no warm-up unless `extra`
+/// says otherwise.
 pub fn quick_bench(dir: &Path, extra: &[&str]) -> Run {
-    let mut args: Vec<String> = [
-        "bench",
-        &s(dir),
-        "--prompts",
-        "1",
-        "--blocks",
-        "1",
-        "--warmup",
-        "0",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+    let mut args: Vec<String> = vec!["bench".into(), s(dir)];
+    for (opt, value) in [("--prompts", "1"), ("--blocks", "1"), ("--warmup", "0")] {
+        if !extra.contains(&opt) {
+            args.extend([opt.to_string(), value.to_string()]);
+        }
+    }
     args.extend(extra.iter().map(|a| a.to_string()));
     wgmoe(args)
 }
