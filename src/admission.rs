@@ -10,7 +10,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::inspect::human;
 use crate::model::tensors::{pad8, ExpertPool};
-use crate::model::workspace::{effective_chunk, workspace_bytes, WorkspaceShape};
+use crate::model::workspace::{planned_shape, workspace_bytes};
 use crate::quant::Q4SlotLayout;
 use crate::residency::MissPolicy;
 
@@ -41,25 +41,35 @@ pub fn slot_bytes(cfg: &ModelConfig, int4: bool) -> u64 {
     }
 }
 
+/// Bytes one non-routed tensor of `shape` takes on the device: f16 (biases f32), a matrix's
+/// rows padded to 8 halves, any other tensor padded to 8 values.
+pub fn tensor_gpu_bytes(name: &str, shape: &[usize]) -> u128 {
+    let n: u128 = match shape {
+        [rows, cols] => *rows as u128 * pad8(*cols) as u128,
+        other => other
+            .iter()
+            .map(|&d| d as u128)
+            .product::<u128>()
+            .next_multiple_of(8),
+    };
+    n * if name.ends_with(".bias") { 4 } else { 2 }
+}
+
+/// Bytes of the per-layer expert->slot tables on the device.
+pub fn slot_table_bytes(cfg: &ModelConfig) -> u128 {
+    let table = (cfg.num_experts as u128 * 4).max(16).next_multiple_of(16);
+    cfg.num_sparse_layers() as u128 * table
+}
+
 /// Bytes of every non-routed weight as the device holds it (f16, rows padded to 8 halves;
 /// biases f32), with the shared experts and dense MLPs in their slot layout, and the
 /// per-layer expert->slot tables (`u64::MAX` when they cannot be counted).
 pub fn dense_gpu_bytes(cfg: &ModelConfig) -> u64 {
-    let mut total = 0u128;
-    for (name, shape) in crate::manifest::expected_tensors(cfg) {
-        let n: u128 = match shape.as_slice() {
-            [rows, cols] => *rows as u128 * pad8(*cols) as u128,
-            other => other
-                .iter()
-                .map(|&d| d as u128)
-                .product::<u128>()
-                .next_multiple_of(8),
-        };
-        total += n * if name.ends_with(".bias") { 4 } else { 2 };
-    }
-    let table = (cfg.num_experts as u128 * 4).max(16).next_multiple_of(16);
-    total += cfg.num_sparse_layers() as u128 * table;
-    u64::try_from(total).unwrap_or(u64::MAX)
+    let tensors: u128 = crate::manifest::expected_tensors(cfg)
+        .iter()
+        .map(|(name, shape)| tensor_gpu_bytes(name, shape))
+        .sum();
+    u64::try_from(tensors + slot_table_bytes(cfg)).unwrap_or(u64::MAX)
 }
 
 /// Device bytes with `n` experts resident per layer, from parts computed once.
@@ -95,14 +105,13 @@ impl AdmissionCost {
         let ws = |host_experts: bool| {
             workspace_bytes(
                 cfg,
-                &WorkspaceShape {
-                    max_context: a.max_context,
-                    chunk: effective_chunk(cfg, a.max_context, a.prefill_chunk, None),
-                    all_logits: a.all_logits,
-                    // Not known before the device: counted, as an upper bound.
-                    expert_major: None,
+                &planned_shape(
+                    cfg,
+                    a.max_context,
+                    a.prefill_chunk,
+                    a.all_logits,
                     host_experts,
-                },
+                ),
             )
         };
         let (ws, ws_host) = (ws(false)?, ws(true)?);

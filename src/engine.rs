@@ -269,6 +269,60 @@ impl Engine {
     pub fn eos_ids(&self) -> Vec<u32> {
         eos_ids(&self.cfg, self.generation.as_ref())
     }
+
+    /// The header of a routing trace of this engine; `policy` as `--cache-policy` names it.
+    pub fn trace_header(&self, policy: &str, decay: f64) -> crate::trace::TraceHeader {
+        let partial = self.resident_experts < self.cfg.num_experts;
+        crate::trace::TraceHeader {
+            wgmoe_trace: crate::trace::TRACE_VERSION,
+            model: self.dir.display().to_string(),
+            model_type: self.cfg.arch.model_type().to_string(),
+            num_layers: self.cfg.num_layers,
+            moe_layers: (0..self.cfg.num_layers)
+                .filter(|&l| self.cfg.sparse_layers[l])
+                .collect(),
+            num_experts: self.cfg.num_experts,
+            top_k: self.cfg.top_k,
+            expert_bytes: crate::admission::slot_bytes(&self.cfg, true),
+            resident_experts_per_layer: self.resident_experts,
+            cache_policy: partial.then(|| policy.to_string()),
+            decay,
+            prefill_chunk: self.fwd.opts.prefill_chunk,
+            miss_policy: self
+                .fwd
+                .residency
+                .as_ref()
+                .map(|r| r.miss.name().to_string()),
+        }
+    }
+
+    /// Trace routing from now on into `path` (JSONL), and into any `extra` sinks.
+    pub fn start_trace(
+        &mut self,
+        path: Option<&Path>,
+        policy: &str,
+        decay: f64,
+        extra: Vec<Box<dyn crate::trace::RoutingSink>>,
+    ) -> Result<()> {
+        let mut t = crate::trace::Tracer::new(self.cfg.top_k);
+        if let Some(p) = path {
+            let header = self.trace_header(policy, decay);
+            t.add(Box::new(crate::trace::JsonlSink::create(p, &header)?));
+        }
+        for s in extra {
+            t.add(s);
+        }
+        self.fwd.trace = Some(t);
+        Ok(())
+    }
+
+    /// Flush the trace's sinks (the file is complete afterwards).
+    pub fn finish_trace(&mut self) -> Result<()> {
+        match self.fwd.trace.as_mut() {
+            Some(t) => t.finish(),
+            None => Ok(()),
+        }
+    }
 }
 
 /// One short prefill and one decode step, discarded: a device's first submission and each

@@ -90,21 +90,10 @@ impl Inspection {
     ) -> Result<()> {
         let option = |e: Error| Error::option("--max-context", e.to_string());
         crate::model::workspace::check_context(cfg, max_context, chunk).map_err(option)?;
-        let shape = crate::model::workspace::WorkspaceShape {
-            max_context,
-            chunk: crate::model::workspace::effective_chunk(cfg, max_context, chunk, None),
-            all_logits: false,
-            expert_major: None,
-            host_experts: false,
-        };
+        let shape = crate::model::workspace::planned_shape(cfg, max_context, chunk, false, false);
         let total = crate::model::workspace::workspace_bytes(cfg, &shape).map_err(option)?;
         // The workspace table holds the KV cache too; report it apart.
-        let kv: u64 = crate::model::workspace::workspace(cfg, &shape)
-            .map_err(option)?
-            .iter()
-            .filter(|r| r.name.starts_with("cache_"))
-            .map(|r| r.bytes.max(16).div_ceil(16) * 16)
-            .sum();
+        let kv = crate::model::workspace::kv_cache_bytes(cfg, &shape).map_err(option)?;
         self.max_context = Some(max_context);
         self.kv_cache_bytes = Some(kv);
         self.workspace_bytes = Some(total - kv);

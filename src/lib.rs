@@ -9,6 +9,7 @@
 
 pub mod admission;
 pub mod backend;
+pub mod bandwidth;
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
@@ -19,18 +20,26 @@ pub mod error;
 pub mod eval;
 pub mod format;
 pub mod generate;
+pub mod heatmap;
 pub mod inspect;
 pub mod interrupt;
 pub mod limits;
+pub mod live;
 pub mod manifest;
+pub mod measure;
 pub mod model;
 pub mod output_dir;
+pub mod planner;
 pub mod quant;
+pub mod render;
 pub mod residency;
 pub mod sampling;
 pub mod serve;
 pub mod session;
+pub mod simulate;
+pub mod svg;
 pub mod synth;
 pub mod tokenizer;
+pub mod trace;
 
 pub use error::{Error, Result};

@@ -32,6 +32,10 @@ enum Cmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Measure the default adapter's (or --adapter's) device read and host-to-device
+        /// bandwidths and store them for `wgmoe plan`.
+        #[arg(long)]
+        measure: bool,
     },
     /// Generate text from a Hugging Face checkpoint directory (or a converted one).
     Run(RunArgs),
@@ -81,6 +85,87 @@ enum Cmd {
     /// The measurement contract: a fixed prompt set in blocks, fixed new tokens, greedy,
     /// EOS suppressed, warm-up excluded; comma-separated lists sweep configurations.
     Bench(BenchArgs),
+    /// What must live on the card, from config.json alone: bytes per component, KV cache,
+    /// workspace, the hot part, experts per layer that fit, host RAM, predicted decode
+    /// speed, and the `wgmoe run` command line.
+    Plan(PlanArgs),
+    /// Replay a routing trace (`run/bench --trace`) through the cache policies at each
+    /// capacity, against Belady's optimal ceiling, with coverage and skew per layer.
+    Simulate(SimulateArgs),
+    /// Draw a routing trace's layer x expert grid of activation counts, with the resident
+    /// set and evictions marked, to an SVG or PNG file.
+    Heatmap {
+        /// A trace written by `wgmoe run/bench --trace FILE`.
+        trace: PathBuf,
+        /// Output picture: FILE.svg or FILE.png.
+        #[arg(short, long, value_name = "FILE")]
+        out: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct SimulateArgs {
+    /// A trace written by `wgmoe run/bench --trace FILE`.
+    trace: PathBuf,
+    /// Resident experts per layer to simulate, comma-separated (default: the run's, and
+    /// a quarter, half and three quarters of the experts).
+    #[arg(long, value_delimiter = ',')]
+    capacity: Vec<usize>,
+    /// LFU decay factors to sweep, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,0.8,0.9,0.95,0.99")]
+    decay: Vec<f64>,
+    /// Share of the trace's steps the static profile is fitted on (scored on the rest).
+    #[arg(long, default_value_t = 0.5)]
+    fit: f64,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// Model directory, or its config.json (no weights needed).
+    model: PathBuf,
+    /// GPU memory wgmoe may use (e.g. 12GiB, 8G, 512MiB, bytes).
+    #[arg(long, value_parser = parse_size)]
+    vram: u64,
+    /// KV-cache positions to plan for (prompt + generated tokens).
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
+    /// Host RAM (default: this machine's, from /proc/meminfo).
+    #[arg(long, value_parser = parse_size)]
+    ram: Option<u64>,
+    /// Prompt tokens per prefill submission (as `run --prefill-chunk`).
+    #[arg(long, default_value_t = 64)]
+    prefill_chunk: usize,
+    /// Staging buffers for expert uploads (as `run --staging-buffers`).
+    #[arg(long, default_value_t = 4)]
+    staging_buffers: usize,
+    /// Memory of one GPU of a serving cluster, for a model too big for one machine.
+    #[arg(long, value_parser = parse_size, default_value = "80GiB")]
+    gpu_memory: u64,
+    /// Device memory read bandwidth in GB/s (default: from `wgmoe devices --measure`).
+    #[arg(long)]
+    device_gbps: Option<f64>,
+    /// Host-to-device bandwidth in GB/s (default: from `wgmoe devices --measure`).
+    #[arg(long)]
+    h2d_gbps: Option<f64>,
+    /// The CPU expert kernel's read rate in GB/s (default: from `wgmoe devices --measure`).
+    #[arg(long)]
+    cpu_gbps: Option<f64>,
+    /// Where misses run, as `run --miss-policy`: upload (needs top_k resident per layer),
+    /// cpu, or auto (the default: either per miss; any count from 0 works).
+    #[arg(long, value_enum, default_value = "auto")]
+    miss_policy: wgmoe::residency::MissPolicy,
+    /// Expert hit rate to predict with (e.g. from `wgmoe simulate`; default: uniform routing).
+    #[arg(long)]
+    hit_rate: Option<f64>,
+    /// Use the stored measurements of the adapter whose name contains this text.
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Print the plan as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -289,6 +374,14 @@ struct RunArgs {
     prefill_chunk: usize,
     #[command(flatten)]
     residency: ResidencyArgs,
+    /// Write the routing to FILE (JSONL: one line per token and MoE layer with the expert
+    /// ids, router weights and hits); reads each layer's routing back (slower).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Draw the layer x expert activation grid in the terminal while generating (off when
+    /// stdout is not a terminal); reads each layer's routing back (slower).
+    #[arg(long)]
+    live: bool,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -416,7 +509,12 @@ fn main() -> ExitCode {
     // and exits (2 for errors, 0 for --help/--version); bare `wgmoe` prints the help.
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Devices { gpu, json } => cli::tools::devices(&gpu, json),
+        Cmd::Devices {
+            gpu,
+            json,
+            measure: true,
+        } => cli::tools::measure(&gpu, json),
+        Cmd::Devices { gpu, json, .. } => cli::tools::devices(&gpu, json),
         Cmd::Run(args) => cli::run::run(args),
         Cmd::Chat(args) => cli::chat::chat(args),
         Cmd::Serve(args) => cli::serve::serve(args),
@@ -430,6 +528,9 @@ fn main() -> ExitCode {
         Cmd::Eval(args) => cli::tools::eval(args),
         Cmd::Synth(args) => cli::tools::synth(args),
         Cmd::Bench(args) => cli::bench::bench(args),
+        Cmd::Plan(args) => cli::plan::plan(args),
+        Cmd::Simulate(args) => cli::insight::simulate(args),
+        Cmd::Heatmap { trace, out } => cli::insight::heatmap(&trace, &out),
     };
     match r {
         Ok(()) | Err(Error::StdoutClosed) => ExitCode::SUCCESS,
@@ -532,8 +633,9 @@ struct BenchArgs {
     /// Write the records (a JSON array, one object per configuration) to FILE.
     #[arg(long)]
     json_out: Option<PathBuf>,
-    /// Draw decode rate and H2D bytes against resident experts per layer to FILE (SVG).
-    #[arg(long, value_name = "FILE.svg")]
+    /// Draw decode rate and H2D bytes against resident experts per layer to FILE (.svg,
+    /// or .png rasterised).
+    #[arg(long, value_name = "FILE.svg|FILE.png")]
     plot: Option<PathBuf>,
     /// Expert slots per layer to sweep, e.g. 30,40,50,60,64 (default: all resident).
     #[arg(long, value_delimiter = ',')]
@@ -559,6 +661,11 @@ struct BenchArgs {
     /// Threads of the CPU expert kernel (default: one per core).
     #[arg(long)]
     cpu_threads: Option<usize>,
+    /// Write each configuration's routing trace to FILE (JSONL; several configurations:
+    /// FILE with .0, .1, ... before the extension); warm-up lines are marked. Reads each
+    /// layer's routing back (slower).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     #[command(flatten)]
     gpu: GpuArgs,
 }

@@ -58,6 +58,25 @@ pub struct BenchOptions {
     pub miss_policies: Vec<crate::residency::MissPolicy>,
     pub n_cpu_moe: usize,
     pub cpu_threads: Option<usize>,
+    /// Write each configuration's routing trace (see [`trace_path`]).
+    pub trace: Option<PathBuf>,
+}
+
+/// The trace file of configuration `index` of `count`: `base` itself for one
+/// configuration, else `base` with `.index` before its extension (`t.jsonl` -> `t.2.jsonl`).
+pub fn trace_path(base: &std::path::Path, index: usize, count: usize) -> PathBuf {
+    if count <= 1 {
+        return base.to_path_buf();
+    }
+    let stem = base
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let name = match base.extension() {
+        Some(x) => format!("{stem}.{index}.{}", x.to_string_lossy()),
+        None => format!("{stem}.{index}"),
+    };
+    base.with_file_name(name)
 }
 
 /// One point of the sweep.
@@ -291,12 +310,25 @@ pub fn run_bench(
             ),
         );
     }
+    if o.trace.is_some() {
+        notes.push(
+            "routing traced (--trace): every layer's routing is read back, so rates are lower than untraced".to_string(),
+        );
+    }
     let git = git_revision();
     let mut records = Vec::new();
-    for c in sweep(o, &cfg) {
+    let configs = sweep(o, &cfg);
+    for (ci, c) in configs.iter().enumerate() {
         let rss_reset = reset_peak_rss();
-        let mut engine = Engine::load(&o.model, &engine_options(o, &c, max_context))
-            .map_err(|e| Error::Other(format!("configuration {}: {e}", describe(&c))))?;
+        let mut engine = Engine::load(&o.model, &engine_options(o, c, max_context))
+            .map_err(|e| Error::Other(format!("configuration {}: {e}", describe(c))))?;
+        if let Some(base) = &o.trace {
+            let path = trace_path(base, ci, configs.len());
+            engine.start_trace(Some(&path), c.cache_policy.as_str(), o.decay, Vec::new())?;
+            if let Some(t) = engine.fwd.trace.as_mut() {
+                t.set_warmup(o.warmup > 0);
+            }
+        }
         let gen_opts = GenerateOptions {
             max_new_tokens: o.new_tokens,
             sampling: SamplingOptions::greedy(),
@@ -355,13 +387,17 @@ pub fn run_bench(
                 if let Some(r) = engine.fwd.residency.as_mut() {
                     r.reset_stats();
                 }
+                if let Some(t) = engine.fwd.trace.as_mut() {
+                    t.set_warmup(false);
+                }
             }
             pb.inc(1);
         }
         pb.finish_and_clear();
+        engine.finish_trace()?;
         let rec = record(
             o,
-            &c,
+            c,
             &engine,
             &responses,
             RecordContext {

@@ -1,6 +1,7 @@
 //! The SVG plot of a sweep: decode rate and H2D bytes against resident experts per layer.
 
 use super::record::{name_of, BenchRecord};
+use crate::svg::{nice_ticks, tick_label, xml_escape};
 
 /// One line of the plot: a (precision, executor, policy) combination.
 #[derive(Clone, Debug)]
@@ -62,47 +63,6 @@ pub fn plot_series(records: &[BenchRecord]) -> Vec<PlotSeries> {
         s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
     series
-}
-
-pub(super) fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-/// About `n` round tick values covering [lo, hi] (steps of 1, 2 or 5 times a power of ten).
-pub(super) fn nice_ticks(lo: f64, hi: f64, n: usize, integer: bool) -> Vec<f64> {
-    let span = (hi - lo).max(f64::MIN_POSITIVE);
-    let raw = span / n.max(1) as f64;
-    let mag = 10f64.powf(raw.log10().floor());
-    let mut step = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|&s| s >= raw)
-        .unwrap_or(10.0 * mag);
-    if integer {
-        step = step.max(1.0).round();
-    }
-    let first = (lo / step).ceil() * step;
-    let mut v = Vec::new();
-    let mut t = first;
-    while t <= hi + step * 1e-9 && v.len() < 50 {
-        v.push(if t.abs() < step * 1e-9 { 0.0 } else { t });
-        t += step;
-    }
-    v
-}
-
-pub(super) fn tick_label(v: f64) -> String {
-    if v == v.round() && v.abs() < 1e15 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        let s = format!("{v:.3}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    }
 }
 
 /// Bytes unit for an axis whose values reach `max`: (divisor, name).

@@ -15,7 +15,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         check_output_file("--json-out", p)?;
     }
     if let Some(p) = &a.plot {
+        wgmoe::render::format_of("--plot", p)?;
         check_output_file("--plot", p)?;
+    }
+    if let Some(p) = &a.trace {
+        check_output_file("--trace", p)?;
     }
     let opts = wgmoe::bench::BenchOptions {
         model: a.model.clone(),
@@ -44,6 +48,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         miss_policies: a.miss_policy.clone(),
         n_cpu_moe: a.n_cpu_moe,
         cpu_threads: a.cpu_threads,
+        trace: a.trace.clone(),
     };
     let write = |records: &[BenchRecord]| -> Result<()> {
         if let Some(path) = &a.json_out {
@@ -52,7 +57,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             write_atomic(path, (text + "\n").as_bytes())?;
         }
         if let Some(path) = &a.plot {
-            write_atomic(path, wgmoe::bench::plot_svg(records).as_bytes())?;
+            let svg = wgmoe::bench::plot_svg(records);
+            write_atomic(path, &wgmoe::render::image_bytes("--plot", path, &svg)?)?;
         }
         Ok(())
     };
@@ -109,6 +115,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     if let Some(p) = &a.plot {
         eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &a.trace {
+        for i in 0..records.len() {
+            let path = wgmoe::bench::trace_path(p, i, records.len());
+            eprintln!("wrote routing trace {}", path.display());
+        }
     }
     Ok(())
 }

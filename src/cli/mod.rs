@@ -4,6 +4,8 @@
 
 pub mod bench;
 pub mod chat;
+pub mod insight;
+pub mod plan;
 pub mod run;
 pub mod serve;
 pub mod tools;
@@ -187,6 +189,24 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         Error::io(path, e)
     })
+}
+
+/// A report on stdout: pretty JSON with `--json`, else its text.
+pub fn print_report<T: serde::Serialize>(
+    json: bool,
+    report: &T,
+    text: impl FnOnce(&T) -> String,
+) -> Result<()> {
+    use std::io::Write;
+    let s = if json {
+        serde_json::to_string_pretty(report).map_err(|e| Error::Other(e.to_string()))?
+    } else {
+        text(report).trim_end().to_string()
+    };
+    let mut o = std::io::stdout().lock();
+    writeln!(o, "{s}")
+        .and_then(|_| o.flush())
+        .map_err(crate::stdout_error)
 }
 
 /// The hint for a machine whose only adapter is a software one.

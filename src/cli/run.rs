@@ -59,6 +59,43 @@ pub fn sampling_options(
     })
 }
 
+/// The live grid of `--live`, when stdout is a terminal (and not `--json`).
+fn live_view(a: &RunArgs, engine: &Engine) -> Option<wgmoe::live::LiveView> {
+    use std::io::IsTerminal;
+    if !a.live {
+        return None;
+    }
+    if a.json || !std::io::stdout().is_terminal() {
+        eprintln!(
+            "note: --live is off: {}",
+            if a.json {
+                "--json prints one object"
+            } else {
+                "stdout is not a terminal"
+            }
+        );
+        return None;
+    }
+    let cfg = &engine.cfg;
+    let partial = engine.resident_experts < cfg.num_experts;
+    let layers = (0..cfg.num_layers)
+        .filter(|&l| cfg.sparse_layers[l])
+        .collect();
+    let grid = wgmoe::trace::Grid::new(layers, cfg.num_experts, partial);
+    let title = format!(
+        "wgmoe live: {} ({} of {} experts resident{})",
+        a.model.display(),
+        engine.resident_experts,
+        cfg.num_experts,
+        if partial {
+            format!(", {}", a.residency.cache_policy)
+        } else {
+            String::new()
+        }
+    );
+    Some(wgmoe::live::LiveView::new(grid, title))
+}
+
 pub fn run(a: RunArgs) -> Result<()> {
     let (cfg, gen, tok) = Engine::open_host(&a.model)?;
     let seed = a.sampling.seed.unwrap_or_else(super::random_seed);
@@ -132,6 +169,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     if let Some(p) = &a.residency.write_profile {
         super::check_output_file("--write-profile", p)?;
     }
+    if let Some(p) = &a.trace {
+        super::check_output_file("--trace", p)?;
+    }
     let mut engine = Engine::load(
         &a.model,
         &EngineOptions {
@@ -154,6 +194,15 @@ pub fn run(a: RunArgs) -> Result<()> {
         engine.dev.info().driver_string()
     );
     software_note(&engine.dev, &a.gpu.request());
+    let live = live_view(&a, &engine);
+    if a.trace.is_some() || live.is_some() {
+        engine.start_trace(
+            a.trace.as_deref(),
+            &a.residency.cache_policy,
+            a.residency.decay,
+            live.iter().map(|v| v.sink()).collect(),
+        )?;
+    }
     let opts = GenerateOptions {
         max_new_tokens: max_new,
         sampling,
@@ -169,6 +218,13 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut on_token = |id: u32| -> Result<()> {
         if json_mode {
             return Ok(());
+        }
+        if let Some(v) = &live {
+            let s = match tokr {
+                Some(t) => stream.push(t, id)?,
+                None => format!("{id} "),
+            };
+            return v.push_text(&s);
         }
         let mut out = stdout.lock();
         match tokr {
@@ -195,6 +251,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         Some(r) => (r.stats(), Some(r.host.checksum()?)),
         None => (Default::default(), None),
     };
+    engine.finish_trace()?;
+    if let Some(p) = &a.trace {
+        eprintln!("wrote routing trace {}", p.display());
+    }
     if let (Some(path), Some(p)) = (&a.residency.write_profile, engine.fwd.profile.as_ref()) {
         p.save(path)?;
         eprintln!("wrote expert profile {}", path.display());
@@ -251,6 +311,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         obj["metrics"]["cost_figures"] = json!(rs.cost_figures);
         obj["metrics"]["expert_placement"] = json!(engine.fwd.opts.placement);
         out!("{obj}");
+    } else if let Some(v) = &live {
+        v.finish()?;
+        out!("{text}");
     } else {
         if let Some(t) = tokr {
             let tail = stream.finish(t)?;

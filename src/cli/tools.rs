@@ -73,6 +73,60 @@ pub fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
     Ok(())
 }
 
+pub fn measure(gpu: &GpuArgs, as_json: bool) -> Result<()> {
+    let req = gpu.request();
+    let dev = Device::open(&req)?;
+    let info = dev.info().clone();
+    eprintln!(
+        "measuring {} ({}, {}): device read of {} MiB by the f16 matmul, {} MiB host->device; median of {} runs",
+        info.name,
+        info.backend,
+        info.driver_string(),
+        wgmoe::measure::READ_BYTES >> 20,
+        wgmoe::measure::H2D_BYTES >> 20,
+        wgmoe::measure::REPETITIONS
+    );
+    let date = wgmoe::bench::rfc3339_utc(std::time::SystemTime::now());
+    let m = wgmoe::measure::measure(&dev, &gpu.kernels(), date)?;
+    let path = wgmoe::bandwidth::store_path().ok_or_else(|| {
+        Error::Other("cannot store the measurements: neither XDG_CACHE_HOME nor HOME is set".into())
+    })?;
+    let mut store = wgmoe::bandwidth::Store::load(&path)?;
+    store.put(m.clone());
+    store.save(&path)?;
+    if as_json {
+        let v = serde_json::to_string_pretty(&m).map_err(|e| Error::Other(e.to_string()))?;
+        out!("{v}");
+    } else {
+        out!("{} ({}, {}):", m.adapter, m.backend, m.driver);
+        out!(
+            "  device read:     {:8.2} GB/s  (f16 matmul of one token over {} MiB)",
+            m.device_read_gbps,
+            m.read_bytes >> 20
+        );
+        out!("  host -> device:  {:8.2} GB/s  (mapped staging buffer + copy of {} MiB: the expert upload path)", m.h2d_gbps, m.h2d_bytes >> 20);
+        out!(
+            "  queue write:     {:8.2} GB/s  (write_buffer of {} MiB)",
+            m.write_buffer_gbps,
+            m.h2d_bytes >> 20
+        );
+        if let (Some(g), Some(t), Some(isa)) = (m.cpu_expert_gbps, m.cpu_threads, &m.cpu_isa) {
+            out!(
+                "  CPU experts:     {g:8.2} GB/s  (INT4 expert kernel, one token x {} experts of 2048 x 1024, {t} threads, {isa})",
+                wgmoe::measure::CPU_EXPERTS
+            );
+        }
+        out!("stored in {} for `wgmoe plan`", path.display());
+    }
+    if info.device_type == DeviceType::Cpu {
+        eprintln!(
+            "note: {} is a software adapter: these are CPU numbers, not a GPU's",
+            info.name
+        );
+    }
+    Ok(())
+}
+
 pub fn quantize(model: &std::path::Path, out: &std::path::Path, force: bool) -> Result<()> {
     wgmoe::interrupt::install()?;
     let pb =

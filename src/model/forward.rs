@@ -17,6 +17,7 @@ use crate::model::tensors::{ExpertPool, ExpertStore};
 use crate::model::weights::{Mlp, ModelWeights};
 use crate::model::workspace::{self, WorkspaceShape};
 use crate::residency::Profile;
+use crate::trace::Tracer;
 
 #[derive(Clone, Debug)]
 pub struct ForwardOptions {
@@ -141,6 +142,9 @@ pub struct Forward {
     pub record_routing: bool,
     /// Per-layer expert frequencies recorded from the routing (`--write-profile`).
     pub profile: Option<Profile>,
+    /// Routing traces (`--trace`, `--live`): reads each layer's routing back, like
+    /// `record_routing`, with the router's weights (`model::trace_hook`).
+    pub trace: Option<Tracer>,
     pub counters: Counters,
 }
 
@@ -283,6 +287,7 @@ impl Forward {
             residency: None,
             record_routing: false,
             profile: None,
+            trace: None,
             counters: Counters::default(),
         })
     }

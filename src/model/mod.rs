@@ -8,6 +8,7 @@ pub mod ops;
 pub mod residency;
 mod step;
 pub mod tensors;
+mod trace_hook;
 pub mod weights;
 pub mod workspace;
 

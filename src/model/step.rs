@@ -1,6 +1,6 @@
 //! Running steps of the forward pass: one submission per step with every expert
 //! resident, or one per layer (plus expert batches) when the routing must reach the host
-//! (partial residency, profile recording).
+//! (partial residency, profile recording, routing traces).
 
 use crate::backend::{KernelTimes, Prepared, Work};
 use crate::error::{Error, Result};
@@ -46,7 +46,8 @@ impl Forward {
             self.dev.write(&self.ids, 0, bytemuck::cast_slice(ids))?;
         }
         self.dev.write_step(&self.step, pos0, n)?;
-        if self.residency.is_some() || self.record_routing {
+        if self.residency.is_some() || self.record_routing || self.tracing() {
+            self.trace_begin(pos0, ids.is_some());
             return self.submit_segmented(n, head);
         }
         let heads = heads(self, head)?;
@@ -143,6 +144,8 @@ impl Forward {
         let mut reads: Option<(usize, Vec<u32>)> = None;
         let layers = self.layers.len();
         let (ids_bytes, xn_bytes) = ((n * k * 4) as u64, (n * h * 4) as u64);
+        // Traces read the router's weights back too, after the ids (as CPU experts do).
+        let tracing = self.tracing();
         for l in 0..=layers {
             let placement = self
                 .residency
@@ -150,7 +153,7 @@ impl Forward {
                 .map_or(ExpertPlacement::Device, |r| r.placement(l));
             let routed = l < layers
                 && self.cfg.sparse_layers[l]
-                && (placement != ExpertPlacement::Device || self.record_routing);
+                && (placement != ExpertPlacement::Device || self.record_routing || tracing);
             let host_term = routed && placement.host_term();
             let mut work: Vec<Work> = Vec::new();
             if l > 0 {
@@ -187,7 +190,7 @@ impl Forward {
                     bytes: ids_bytes,
                 });
             }
-            if host_term {
+            if host_term || (routed && tracing) {
                 work.push(Work::Copy {
                     src: &self.topk_weights,
                     src_offset: 0,
@@ -195,6 +198,8 @@ impl Forward {
                     dst_offset: ids_bytes,
                     bytes: ids_bytes,
                 });
+            }
+            if host_term {
                 work.push(Work::Copy {
                     src: &self.xn,
                     src_offset: 0,
@@ -218,6 +223,8 @@ impl Forward {
             }
             let read_bytes = if host_term {
                 2 * ids_bytes + xn_bytes
+            } else if tracing {
+                2 * ids_bytes
             } else {
                 ids_bytes
             };
@@ -230,6 +237,10 @@ impl Forward {
                 )));
             }
             let ids = &route[..n * k];
+            if tracing {
+                let weights: &[f32] = bytemuck::cast_slice(&route[n * k..2 * n * k]);
+                self.trace_layer(l, ids, weights);
+            }
             if let Some(p) = self.profile.as_mut() {
                 for g in ids.chunks(k) {
                     p.record_group(l, g);
@@ -300,6 +311,7 @@ impl Forward {
             r.serve(&dev, l, last, pool, slot_of)?;
             reads = Some((l, last.clone()));
         }
+        self.trace_end_step()?;
         self.counters.dispatches += dispatches as u64;
         self.counters.submissions += submissions;
         Ok(())

@@ -129,13 +129,13 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     w.add("logits", Storage, &[logit_rows, v])?;
     w.add("dummy", Storage, &[4])?;
     w.add("token_readback", Readback, &[4])?;
-    // Per routed layer: the router's ids (and, with CPU experts, its weights and the
-    // experts' input xn), read back in one copy.
+    // Per routed layer: the router's ids and weights (the weights used by CPU experts and
+    // traces; CPU experts also read the experts' input xn), read back in one copy.
     if s.host_experts {
         w.add("route_readback", Readback, &[t, 2 * k + h])?;
         w.add("host_y", Storage, &[t, h])?;
     } else {
-        w.add("route_readback", Readback, &[t, k])?;
+        w.add("route_readback", Readback, &[t, 2 * k])?;
     }
     // cos/sin per position and rotated pair.
     w.add("rope", Storage, &[ctxlen, cfg.head_dim])?;
@@ -153,6 +153,37 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     Ok(w.rows)
 }
 
+impl WorkspaceBuffer {
+    /// Bytes as the device allocates them (rounded up to 16).
+    pub fn device_bytes(&self) -> u64 {
+        self.bytes.max(16).div_ceil(16) * 16
+    }
+
+    /// A row of the KV cache (keys or values of one layer).
+    pub fn is_kv_cache(&self) -> bool {
+        self.name.starts_with("cache_")
+    }
+}
+
+/// The shape admission, `inspect` and `plan` count before any device exists: the chunk as
+/// far as it is known without the binding limit, and the expert-major buffers counted.
+pub fn planned_shape(
+    cfg: &ModelConfig,
+    max_context: usize,
+    chunk: usize,
+    all_logits: bool,
+    host_experts: bool,
+) -> WorkspaceShape {
+    WorkspaceShape {
+        max_context,
+        chunk: effective_chunk(cfg, max_context, chunk, None),
+        all_logits,
+        // Not known before the device: counted, as an upper bound.
+        expert_major: None,
+        host_experts,
+    }
+}
+
 /// Bytes of the workspace as the device allocates it (rows rounded to 16 bytes), plus the
 /// parameter uniforms' allowance and the step uniform.
 pub fn workspace_bytes(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<u64> {
@@ -160,10 +191,20 @@ pub fn workspace_bytes(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<u64> {
     let mut total = params_allowance(cfg) + 16;
     for r in rows {
         total = total
-            .checked_add(r.bytes.max(16).div_ceil(16) * 16)
+            .checked_add(r.device_bytes())
             .ok_or_else(|| Error::DoesNotFit("the workspace's size overflows 64 bits".into()))?;
     }
     Ok(total)
+}
+
+/// The KV cache's bytes within [`workspace_bytes`] (the table holds it, reports show it
+/// apart).
+pub fn kv_cache_bytes(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<u64> {
+    Ok(workspace(cfg, s)?
+        .iter()
+        .filter(|r| r.is_kv_cache())
+        .map(|r| r.device_bytes())
+        .sum())
 }
 
 /// Find a row of the table by name.

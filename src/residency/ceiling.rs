@@ -4,48 +4,15 @@
 //!   resident expert, outside the current group, whose next use is farthest away).
 //! - [`frequency_ceiling`]: for a static placement, the sum of the `capacity` largest access
 //!   probabilities.
-//! - [`simulate`]: the real [`ExpertCache`] driven by a policy on a trace, with a fence that
-//!   completes immediately.
+//! - [`simulate`]: the real [`ExpertCache`](super::ExpertCache) driven by a policy on a
+//!   trace, with a fence that completes immediately (`super::replay`).
 //!
 //! All three count the same way: every distinct expert of a group is one access, a hit if it
 //! was resident, a miss otherwise; cold misses count; evictions happen only when full.
 
-use std::collections::HashMap;
-
-use super::cache::{CacheConfig, ExpertCache};
 use super::error::ConfigError;
-use super::fence::MockFence;
 use super::policy::Policy;
-
-/// Outcome of running a trace.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SimStats {
-    pub hits: u64,
-    pub misses: u64,
-    pub evictions: u64,
-}
-
-impl SimStats {
-    /// hits / (hits + misses); 0 for an empty trace.
-    pub fn hit_rate(&self) -> f64 {
-        let total = self.hits + self.misses;
-        if total == 0 {
-            0.0
-        } else {
-            self.hits as f64 / total as f64
-        }
-    }
-}
-
-fn distinct(group: &[u32]) -> Vec<u32> {
-    let mut d: Vec<u32> = Vec::with_capacity(group.len());
-    for &e in group {
-        if !d.contains(&e) {
-            d.push(e);
-        }
-    }
-    d
-}
+use super::replay::{belady_steps, distinct, replay, total, SimStats};
 
 fn check_groups(groups: &[Vec<u32>], capacity: usize) -> Result<(), ConfigError> {
     match groups.iter().position(|g| g.len() > capacity) {
@@ -58,49 +25,13 @@ fn check_groups(groups: &[Vec<u32>], capacity: usize) -> Result<(), ConfigError>
 }
 
 /// Belady's optimal policy on `trace` (per step, the group wanted by one layer) with
-/// `capacity` resident experts.
+/// `capacity` resident experts; every group must fit (see [`super::belady_steps`] for
+/// steps that do not).
 pub fn belady(trace: &[Vec<u32>], capacity: usize) -> Result<SimStats, ConfigError> {
     let groups: Vec<Vec<u32>> = trace.iter().map(|g| distinct(g)).collect();
     check_groups(&groups, capacity)?;
-    // next_use[t][i]: the next step after t that wants groups[t][i] (u64::MAX: never).
-    let mut next_use: Vec<Vec<u64>> = vec![Vec::new(); groups.len()];
-    let mut seen: HashMap<u32, u64> = HashMap::new();
-    for t in (0..groups.len()).rev() {
-        next_use[t] = groups[t]
-            .iter()
-            .map(|e| seen.get(e).copied().unwrap_or(u64::MAX))
-            .collect();
-        for &e in &groups[t] {
-            seen.insert(e, t as u64);
-        }
-    }
-    let mut resident: HashMap<u32, u64> = HashMap::new(); // expert -> its next use
-    let mut stats = SimStats::default();
-    for (t, group) in groups.iter().enumerate() {
-        let misses: Vec<u32> = group
-            .iter()
-            .copied()
-            .filter(|e| !resident.contains_key(e))
-            .collect();
-        stats.hits += (group.len() - misses.len()) as u64;
-        stats.misses += misses.len() as u64;
-        let need = (resident.len() + misses.len()).saturating_sub(capacity);
-        for _ in 0..need {
-            let victim = resident
-                .iter()
-                .filter(|(e, _)| !group.contains(e))
-                .max_by_key(|&(&e, &next)| (next, std::cmp::Reverse(e)))
-                .map(|(&e, _)| e);
-            if let Some(v) = victim {
-                resident.remove(&v);
-                stats.evictions += 1;
-            }
-        }
-        for (i, &e) in group.iter().enumerate() {
-            resident.insert(e, next_use[t][i]);
-        }
-    }
-    Ok(stats)
+    // Every group fits one plan (spares: the capacity).
+    Ok(total(&belady_steps(&groups, capacity, capacity)))
 }
 
 /// Belady's hit rate on `trace` with `capacity` resident experts.
@@ -131,8 +62,9 @@ pub fn expected_experts_touched(num_experts: usize, top_k: usize, tokens: u64) -
     e * (1.0 - miss.powf(tokens as f64))
 }
 
-/// Runs the real [`ExpertCache`] of `layer` on `trace` with `policy` (the fence completes
-/// every submission at once, so `NotNow` never happens). Spares: the largest group size.
+/// Runs the real [`ExpertCache`](super::ExpertCache) of `layer` on `trace` with `policy` (the fence completes
+/// every submission at once, so `NotNow` never happens). Spares: the largest group size;
+/// every group must fit.
 pub fn simulate(
     layer: usize,
     trace: &[Vec<u32>],
@@ -140,44 +72,24 @@ pub fn simulate(
     capacity: usize,
     policy: &mut dyn Policy,
 ) -> Result<SimStats, ConfigError> {
-    let top_k = trace
-        .iter()
-        .map(|g| distinct(g).len())
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    let config = CacheConfig::partial(layer, num_experts, top_k, capacity);
-    let mut cache = ExpertCache::<MockFence>::new(config)?;
-    let mut fence = MockFence::new();
-    let fail = |t: usize, e: &dyn std::fmt::Display| ConfigError::new(format!("step {t}: {e}"));
-    for (t, group) in trace.iter().enumerate() {
-        let plan = cache.plan(group, policy, &fence).map_err(|e| fail(t, &e))?;
-        if !plan.is_all_hits() {
-            let copy = fence.submit();
-            cache
-                .complete_uploads(&plan, copy)
-                .map_err(|e| fail(t, &e))?;
-        }
-        cache.publish(&plan, policy).map_err(|e| fail(t, &e))?;
-        let read = fence.submit();
-        cache
-            .mark_read(plan.wanted(), read)
-            .map_err(|e| fail(t, &e))?;
-        fence.complete_all();
-    }
-    let s = cache.stats();
-    Ok(SimStats {
-        hits: s.hits,
-        misses: s.misses,
-        evictions: s.evictions,
-    })
+    let groups: Vec<Vec<u32>> = trace.iter().map(|g| distinct(g)).collect();
+    check_groups(&groups, capacity)?;
+    let top_k = groups.iter().map(Vec::len).max().unwrap_or(1).max(1);
+    Ok(total(&replay(
+        layer,
+        &groups,
+        num_experts,
+        top_k,
+        capacity,
+        policy,
+    )?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::policy::{LfuDecay, Lru, StaticProfile};
     use super::super::profile::Profile;
-    use super::super::testutil::{zipf_trace, Rng};
+    use super::super::testutil::{brute_force_min_misses, zipf_trace, Rng};
     use super::*;
 
     fn singles(refs: &[u32]) -> Vec<Vec<u32>> {
@@ -206,41 +118,6 @@ mod tests {
         assert_eq!(belady_hit_rate(&[], 2).unwrap(), 0.0);
     }
 
-    /// Exhaustive optimum over every eviction choice (dynamic programming over resident sets).
-    fn brute_force_min_misses(trace: &[Vec<u32>], capacity: usize) -> u64 {
-        use std::collections::BTreeMap;
-        let mut states: BTreeMap<u64, u64> = BTreeMap::from([(0u64, 0u64)]);
-        for group in trace {
-            let g = distinct(group);
-            let gmask: u64 = g.iter().fold(0, |m, &e| m | 1 << e);
-            let mut next: BTreeMap<u64, u64> = BTreeMap::new();
-            for (&set, &cost) in &states {
-                let missing = (gmask & !set).count_ones() as usize;
-                let need = (set.count_ones() as usize + missing).saturating_sub(capacity);
-                let evictable: Vec<u64> = (0..64).filter(|&e| set & !gmask & 1 << e != 0).collect();
-                // Every subset of `evictable` of size `need`.
-                let n = evictable.len();
-                for sub in 0u64..1 << n {
-                    if sub.count_ones() as usize != need {
-                        continue;
-                    }
-                    let mut s = set;
-                    for (i, &e) in evictable.iter().enumerate() {
-                        if sub & 1 << i != 0 {
-                            s &= !(1 << e);
-                        }
-                    }
-                    s |= gmask;
-                    let c = cost + missing as u64;
-                    let entry = next.entry(s).or_insert(u64::MAX);
-                    *entry = (*entry).min(c);
-                }
-            }
-            states = next;
-        }
-        states.values().copied().min().unwrap_or(0)
-    }
-
     #[test]
     fn belady_is_optimal_on_small_grouped_traces() {
         let mut rng = Rng::new(11);
@@ -258,7 +135,8 @@ mod tests {
             let opt = belady(&trace, cap).unwrap();
             assert_eq!(
                 opt.misses,
-                brute_force_min_misses(&trace, cap),
+                // Groups of at most cap experts: every step is one plan.
+                brute_force_min_misses(&trace, cap, cap),
                 "case {case}: E={e} cap={cap} {trace:?}"
             );
         }

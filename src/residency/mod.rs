@@ -7,7 +7,8 @@
 //! - [`Policy`]: [`Lru`], [`LfuDecay`], [`StaticProfile`] (from a [`Profile`]).
 //! - [`HostSource`]: the immutable, already-quantised expert set in host memory.
 //! - [`MissPolicy`] and the cost model: where a miss runs (uploaded, or on the CPU).
-//! - Ceilings: [`belady`], [`frequency_ceiling`], and [`simulate`] to compare policies.
+//! - Ceilings: [`belady`], [`frequency_ceiling`], and [`simulate`] to compare policies;
+//!   [`replay`] and [`belady_steps`] over recorded steps served as the runtime serves them.
 //!
 //! Nothing here touches a device; the backend seam supplies a `Fence` over its submission
 //! tokens, and `model::residency` performs the copies a [`Plan`] lists and uploads
@@ -22,6 +23,7 @@ mod host_source;
 mod miss;
 mod policy;
 mod profile;
+mod replay;
 mod staging;
 
 #[cfg(test)]
@@ -34,13 +36,12 @@ pub use cache::{
     AbortReport, CacheConfig, CacheStats, ExpertCache, Placement, Plan, SlotInfo, SlotState,
     SlotTable, NO_SLOT,
 };
-pub use ceiling::{
-    belady, belady_hit_rate, expected_experts_touched, frequency_ceiling, simulate, SimStats,
-};
+pub use ceiling::{belady, belady_hit_rate, expected_experts_touched, frequency_ceiling, simulate};
 pub use error::{CacheError, ConfigError, StagingError};
 pub use fence::{Fence, MockFence};
 pub use host_source::{HostLayer, HostSource};
 pub use miss::{choose_uploads, CostFigures, MissPolicy, Reuse};
 pub use policy::{build_policy, LfuDecay, Lru, Policy, PolicyKind, StaticProfile};
 pub use profile::Profile;
+pub use replay::{belady_steps, distinct, replay, total, SimStats};
 pub use staging::{StagingPool, StagingStats};

@@ -63,3 +63,54 @@ pub fn zipf_trace(
         })
         .collect()
 }
+
+/// The fewest misses any schedule achieves, by dynamic programming over resident sets: a
+/// step served in one plan keeps its set (evicting just enough others); one served in
+/// batches may keep any `capacity` of the resident and wanted experts.
+pub fn brute_force_min_misses(steps: &[Vec<u32>], capacity: usize, spares: usize) -> u64 {
+    use std::collections::BTreeMap;
+    let mut states: BTreeMap<u64, u64> = BTreeMap::from([(0u64, 0u64)]);
+    for step in steps {
+        let g = super::replay::distinct(step);
+        let gmask: u64 = g.iter().fold(0, |m, &e| m | 1 << e);
+        let mut next: BTreeMap<u64, u64> = BTreeMap::new();
+        for (&set, &cost) in &states {
+            let missing = (gmask & !set).count_ones() as usize;
+            let c = cost + missing as u64;
+            let mut keep = |s: u64| {
+                let e = next.entry(s).or_insert(u64::MAX);
+                *e = (*e).min(c);
+            };
+            let union = set | gmask;
+            if g.len() <= capacity && missing <= spares.min(capacity) {
+                let need = (union.count_ones() as usize).saturating_sub(capacity);
+                let evictable: Vec<u64> = (0..64).filter(|&e| set & !gmask & 1 << e != 0).collect();
+                for sub in 0u64..1 << evictable.len() {
+                    if sub.count_ones() as usize == need {
+                        let mut s = union;
+                        for (i, &e) in evictable.iter().enumerate() {
+                            if sub & 1 << i != 0 {
+                                s &= !(1 << e);
+                            }
+                        }
+                        keep(s);
+                    }
+                }
+            } else {
+                let members: Vec<u64> = (0..64).filter(|&e| union & 1 << e != 0).collect();
+                for sub in 0u64..1 << members.len() {
+                    if sub.count_ones() as usize <= capacity {
+                        let s = members
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| sub & 1 << i != 0)
+                            .fold(0u64, |m, (_, &e)| m | 1 << e);
+                        keep(s);
+                    }
+                }
+            }
+        }
+        states = next;
+    }
+    states.values().copied().min().unwrap_or(0)
+}

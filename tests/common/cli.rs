@@ -317,3 +317,16 @@ pub fn wgmoe_within<S: AsRef<OsStr>>(secs: u64, args: &[S]) -> Run {
         stderr: err.join().unwrap(),
     }
 }
+
+/// `wgmoe bench DIR` with `extra`, on one prompt, one block and no warm-up unless `extra`
+/// says otherwise.
+pub fn quick_bench(dir: &Path, extra: &[&str]) -> Run {
+    let mut args: Vec<String> = vec!["bench".into(), s(dir)];
+    for (opt, value) in [("--prompts", "1"), ("--blocks", "1"), ("--warmup", "0")] {
+        if !extra.contains(&opt) {
+            args.extend([opt.to_string(), value.to_string()]);
+        }
+    }
+    args.extend(extra.iter().map(|a| a.to_string()));
+    wgmoe(args)
+}

@@ -1,0 +1,151 @@
+//! `wgmoe plan`.
+
+use std::path::{Path, PathBuf};
+
+use wgmoe::bandwidth::{store_path, Store};
+use wgmoe::config::ModelConfig;
+use wgmoe::error::{Error, Result};
+use wgmoe::planner::{plan as make_plan, render, Bandwidths, PlanOptions};
+
+use crate::PlanArgs;
+
+/// The config.json of a model directory or the file itself, and the directory `run` takes.
+fn config_path(model: &Path) -> Result<(PathBuf, PathBuf)> {
+    match std::fs::metadata(model) {
+        Err(e) => Err(Error::io(model, e)),
+        Ok(m) if m.is_dir() => {
+            let c = model.join("config.json");
+            if !c.is_file() {
+                return Err(Error::bad_file(
+                    model,
+                    "holds no config.json: give a model directory or a config.json file",
+                ));
+            }
+            Ok((c, model.to_path_buf()))
+        }
+        Ok(_) => {
+            let dir = match model.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            // A config.json beside its weights is a model directory; a config alone is not.
+            let weights = model.file_name().is_some_and(|n| n == "config.json")
+                && std::fs::read_dir(&dir).is_ok_and(|mut d| {
+                    d.any(|e| {
+                        e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                    })
+                });
+            let dir = if weights {
+                dir
+            } else {
+                PathBuf::from("MODEL_DIR")
+            };
+            Ok((model.to_path_buf(), dir))
+        }
+    }
+}
+
+/// This machine's memory (Linux: MemTotal).
+fn mem_total() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn check_gbps(option: &str, v: Option<f64>) -> Result<Option<f64>> {
+    match v {
+        Some(x) if !(x.is_finite() && x > 0.0) => Err(Error::option(
+            option,
+            format!("{x} is not a bandwidth in GB/s (> 0)"),
+        )),
+        other => Ok(other),
+    }
+}
+
+/// The bandwidths of the prediction: the options, else the stored measurements, and
+/// which of them each figure is.
+fn bandwidths(a: &PlanArgs) -> Result<Option<Bandwidths>> {
+    let dev = check_gbps("--device-gbps", a.device_gbps)?;
+    let h2d = check_gbps("--h2d-gbps", a.h2d_gbps)?;
+    let cpu = check_gbps("--cpu-gbps", a.cpu_gbps)?;
+    if let (Some(d), Some(h)) = (dev, h2d) {
+        return Ok(Some(Bandwidths {
+            device_read_gbps: d,
+            h2d_gbps: h,
+            cpu_expert_gbps: cpu,
+            source: format!(
+                "given as --device-gbps and --h2d-gbps{}",
+                if cpu.is_some() { " and --cpu-gbps" } else { "" }
+            ),
+            software_adapter: false,
+        }));
+    }
+    let Some(path) = store_path() else {
+        return Ok(None);
+    };
+    let store = Store::load(&path)?;
+    let Some((m, why)) = store.pick(a.adapter.as_deref()) else {
+        if let Some(ad) = &a.adapter {
+            if !store.entries.is_empty() {
+                return Err(Error::option(
+                    "--adapter",
+                    format!("no adapter measured in {} matches `{ad}`", path.display()),
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    let measured = format!(
+        "measured by `wgmoe devices --measure` on {} ({}, {}) at {}; {why}; {}",
+        m.adapter,
+        m.backend,
+        m.driver,
+        m.date_utc,
+        path.display()
+    );
+    let source = match (dev, h2d) {
+        (Some(_), None) => format!("device read from --device-gbps; host->device {measured}"),
+        (None, Some(_)) => format!("host->device from --h2d-gbps; device read {measured}"),
+        _ => measured,
+    };
+    let source = if cpu.is_some() {
+        format!("CPU experts from --cpu-gbps; {source}")
+    } else {
+        source
+    };
+    Ok(Some(Bandwidths {
+        device_read_gbps: dev.unwrap_or(m.device_read_gbps),
+        h2d_gbps: h2d.unwrap_or(m.h2d_gbps),
+        cpu_expert_gbps: cpu.or(m.cpu_expert_gbps),
+        source,
+        software_adapter: m.device_type == "Cpu",
+    }))
+}
+
+pub fn plan(a: PlanArgs) -> Result<()> {
+    let (config, dir) = config_path(&a.model)?;
+    let text = std::fs::read_to_string(&config).map_err(|e| Error::io(&config, e))?;
+    let cfg = ModelConfig::from_json(&text, &config)?;
+    let ram = match a.ram {
+        Some(r) => Some((r, "--ram".to_string())),
+        None => mem_total().map(|r| (r, "this machine's MemTotal".to_string())),
+    };
+    let report = make_plan(
+        &cfg,
+        &PlanOptions {
+            model: a.model.display().to_string(),
+            model_dir: dir.display().to_string(),
+            vram: a.vram,
+            context: a.context,
+            prefill_chunk: a.prefill_chunk,
+            staging_buffers: a.staging_buffers,
+            ram,
+            gpu_memory: a.gpu_memory,
+            bandwidths: bandwidths(&a)?,
+            hit_rate: a.hit_rate,
+            miss_policy: a.miss_policy,
+        },
+    )?;
+    super::print_report(a.json, &report, render)
+}

@@ -1,0 +1,165 @@
+//! `wgmoe devices --measure`: the two bandwidths `wgmoe plan` predicts with, measured on an
+//! adapter through the backend seam.
+//!
+//! - Device read: the f16 matmul of one token (the kernel a decode step runs, as the kernel
+//!   plan picks it for this device) over a matrix of [`READ_BYTES`], several runs per
+//!   submission; bytes of the matrix over the wall time of the submission.
+//! - Host to device: [`H2D_BYTES`] through a mapped staging buffer and a copy (what an
+//!   expert upload does), and through the queue's buffer write.
+//! - The CPU expert kernel (`--miss-policy cpu`): one token through [`CPU_EXPERTS`] distinct
+//!   INT4 experts of OLMoE's shape (hidden 2048, intermediate 1024), packed bytes read over
+//!   the wall time, on every core.
+//!
+//! Each figure is the median of [`REPETITIONS`] timed repetitions after one untimed.
+
+use std::time::Instant;
+
+use half::f16;
+
+use crate::backend::cpu::{CpuExperts, ExpertPair};
+use crate::backend::{Device, KernelOverrides, KernelPlan, Program, Usage, Work};
+use crate::bandwidth::Measured;
+use crate::error::Result;
+use crate::model::ops::{matmul, OpEnv};
+use crate::model::tensors::F16Matrix;
+
+/// Bytes of the matrix the read measurement streams.
+pub const READ_BYTES: u64 = 256 << 20;
+/// Matmul runs per timed submission.
+pub const READ_RUNS: usize = 4;
+/// Bytes of one host-to-device transfer.
+pub const H2D_BYTES: u64 = 64 << 20;
+pub const REPETITIONS: usize = 5;
+/// Experts of the CPU measurement (a decode step's top-8 of one layer).
+pub const CPU_EXPERTS: usize = 8;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// GB/s of `bytes` moved by `f`, median of the timed repetitions.
+fn rate(bytes: u64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut v = Vec::with_capacity(REPETITIONS);
+    for _ in 0..REPETITIONS {
+        let t = Instant::now();
+        f()?;
+        v.push(bytes as f64 / t.elapsed().as_secs_f64().max(1e-9) / 1e9);
+    }
+    Ok(median(v))
+}
+
+/// Device memory read by the one-token f16 matmul, GB/s.
+pub fn device_read_gbps(dev: &Device, overrides: &KernelOverrides) -> Result<f64> {
+    let cols = 4096usize;
+    let rows = (READ_BYTES / (cols as u64 * 2)) as usize;
+    let data: Vec<f16> = (0..rows * cols)
+        .map(|i| f16::from_f32(((i % 17) as f32 - 8.0) * 1e-3))
+        .collect();
+    let m = F16Matrix::upload(dev, "bandwidth_matrix", rows, cols, &data)?;
+    drop(data);
+    let plan = KernelPlan::decide(dev.info(), overrides)?;
+    // Window-capable like the activations a decode step reads.
+    let x = dev.alloc(
+        "bandwidth_x",
+        (cols * 4 + crate::backend::params::UNIFORM_WINDOW_BYTES) as u64,
+        Usage::Window,
+    )?;
+    dev.write(&x, 0, bytemuck::cast_slice(&vec![1.0f32; cols]))?;
+    let out = dev.alloc("bandwidth_out", rows as u64 * 4, Usage::Storage)?;
+    let dummy = dev.alloc("bandwidth_dummy", 16, Usage::Storage)?;
+    let step = dev.step_buffer(0, 1)?;
+    let env = OpEnv {
+        plan: &plan,
+        chunk: 1,
+        dummy: &dummy,
+    };
+    let mut prog = Program::default();
+    matmul(&mut prog, &env, &m, &x, None, &out, rows, 0);
+    let p = dev.prepare(prog, &step)?;
+    let work: Vec<Work> = (0..READ_RUNS)
+        .map(|_| Work::Run {
+            program: &p,
+            tokens: 1,
+        })
+        .collect();
+    let bytes = m.chunks.iter().map(|c| c.buffer.size()).sum::<u64>() * READ_RUNS as u64;
+    rate(bytes, || {
+        dev.submit(&work)?;
+        dev.sync()
+    })
+}
+
+/// Host to device through a mapped staging buffer and a copy, and through the queue's
+/// write: GB/s each.
+pub fn h2d_gbps(dev: &Device) -> Result<(f64, f64)> {
+    let data: Vec<u8> = (0..H2D_BYTES).map(|i| (i % 251) as u8).collect();
+    let dst = dev.alloc("bandwidth_dst", H2D_BYTES, Usage::Storage)?;
+    let staging = dev.staging(H2D_BYTES)?;
+    let staged = rate(H2D_BYTES, || {
+        dev.fill_staging(&staging, &data)?;
+        let s = dev.submit(&[Work::Upload {
+            staging: &staging,
+            dst: &dst,
+            dst_offset: 0,
+            bytes: H2D_BYTES,
+        }])?;
+        dev.wait(s.token)
+    })?;
+    let written = rate(H2D_BYTES, || {
+        dev.write(&dst, 0, &data)?;
+        dev.sync()
+    })?;
+    Ok((staged, written))
+}
+
+/// The CPU expert kernel's packed-weight read rate, GB/s, with its threads and ISA.
+pub fn cpu_expert_gbps(threads: Option<usize>) -> Result<(f64, usize, &'static str)> {
+    let layout = crate::quant::Q4SlotLayout::new(2048, 1024);
+    let cpu = CpuExperts::new(layout, threads)?;
+    // Zero weights and scales: the kernel's work does not depend on the values.
+    let slots: Vec<Vec<u8>> = (0..CPU_EXPERTS).map(|_| vec![0u8; layout.bytes]).collect();
+    let expert = |e: u32| -> Result<&[u8]> {
+        slots
+            .get(e as usize)
+            .map(|v| v.as_slice())
+            .ok_or_else(|| crate::error::Error::Other(format!("internal: expert {e}")))
+    };
+    let x = vec![0.01f32; layout.hidden];
+    let pairs: Vec<ExpertPair> = (0..CPU_EXPERTS as u32)
+        .map(|e| ExpertPair {
+            token: 0,
+            expert: e,
+            weight: 0.125,
+        })
+        .collect();
+    let mut out = vec![0.0f32; layout.hidden];
+    let bytes = (CPU_EXPERTS * layout.bytes) as u64;
+    let gbps = rate(bytes, || cpu.run(&expert, &x, &pairs, &mut out).map(|_| ()))?;
+    Ok((gbps, cpu.threads(), cpu.isa()))
+}
+
+/// Every measurement on `dev` (and this machine's CPU), as the bandwidth file stores them.
+pub fn measure(dev: &Device, overrides: &KernelOverrides, date_utc: String) -> Result<Measured> {
+    let read = device_read_gbps(dev, overrides)?;
+    let (h2d, write) = h2d_gbps(dev)?;
+    let (cpu, cpu_threads, cpu_isa) = cpu_expert_gbps(None)?;
+    let info = dev.info();
+    Ok(Measured {
+        adapter: info.name.clone(),
+        backend: info.backend.clone(),
+        driver: info.driver_string(),
+        device_type: format!("{:?}", info.device_type),
+        device_read_gbps: read,
+        h2d_gbps: h2d,
+        write_buffer_gbps: write,
+        cpu_expert_gbps: Some(cpu),
+        cpu_threads: Some(cpu_threads),
+        cpu_isa: Some(cpu_isa.to_string()),
+        read_bytes: READ_BYTES,
+        h2d_bytes: H2D_BYTES,
+        repetitions: REPETITIONS,
+        date_utc,
+    })
+}

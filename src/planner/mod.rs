@@ -1,0 +1,475 @@
+//! `wgmoe plan`: what a model needs on a card, from its config.json alone. Every byte count
+//! comes from the arithmetic the loader and admission control use (`manifest`'s tensors,
+//! `admission`'s per-tensor bytes and closed-form cost, the workspace table, the INT4 slot
+//! layout), so the plan is what a run allocates; the decode prediction is
+//! `t_token = t_compute + bytes_not_resident / bandwidth` with measured or given bandwidths.
+
+mod cluster;
+mod text;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::admission::{slot_bytes, tensor_gpu_bytes, AdmissionCost, AdmissionInput};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::inspect::{classify, TensorClass};
+use crate::model::workspace::{kv_cache_bytes, planned_shape, workspace_bytes};
+use crate::residency::MissPolicy;
+
+pub use cluster::{cluster_advice, ClusterAdvice, PrecisionNeed};
+pub use text::render;
+
+/// Bandwidths the prediction uses, and where they came from.
+#[derive(Clone, Debug, Serialize)]
+pub struct Bandwidths {
+    pub device_read_gbps: f64,
+    pub h2d_gbps: f64,
+    /// The CPU expert kernel's packed-weight read rate (None: not measured, not given).
+    pub cpu_expert_gbps: Option<f64>,
+    /// e.g. "measured by `wgmoe devices --measure` on <adapter> (<file>)" or "--device-gbps".
+    pub source: String,
+    /// The adapter measured is a software one (lavapipe): its numbers are CPU numbers.
+    pub software_adapter: bool,
+}
+
+/// What the plan is for.
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    /// Shown as the model in the report and in the command line printed at the end.
+    pub model: String,
+    /// The directory `wgmoe run` takes (`MODEL_DIR` when the config stands alone).
+    pub model_dir: String,
+    pub vram: u64,
+    pub context: usize,
+    pub prefill_chunk: usize,
+    pub staging_buffers: usize,
+    /// Host RAM, and where that figure came from; None: unknown (not checked).
+    pub ram: Option<(u64, String)>,
+    /// Memory of one GPU of a serving cluster (for a model too big for one machine).
+    pub gpu_memory: u64,
+    pub bandwidths: Option<Bandwidths>,
+    /// Expert hit rate to predict with (e.g. from `wgmoe simulate`); None: uniform routing.
+    pub hit_rate: Option<f64>,
+    /// Where misses run (as `run --miss-policy`; auto is the runtime's default).
+    pub miss_policy: MissPolicy,
+}
+
+/// Bytes of one class of non-routed tensors as the device holds them.
+#[derive(Clone, Debug, Serialize)]
+pub struct Component {
+    pub name: String,
+    pub tensors: usize,
+    pub parameters: u64,
+    pub bytes: u64,
+}
+
+/// The decode-time prediction for one miss policy, with its terms.
+#[derive(Clone, Debug, Serialize)]
+pub struct Prediction {
+    /// `upload` (misses copied to the card and computed there) or `cpu` (misses computed
+    /// on the CPU from the host copy).
+    pub miss_policy: MissPolicy,
+    pub hit_rate: f64,
+    pub hit_rate_source: String,
+    /// Weights and KV cache a decode step reads on the device (with `cpu`, only the hits
+    /// among the routed experts).
+    pub bytes_read_per_token: u64,
+    pub t_compute_s: f64,
+    pub misses_per_token: f64,
+    pub bytes_not_resident_per_token: f64,
+    /// Host-to-device time of the misses (`upload`; 0 with `cpu`).
+    pub t_transfer_s: f64,
+    /// CPU time of the misses (`cpu`; 0 with `upload`), not overlapped with the device's.
+    pub t_cpu_s: f64,
+    pub t_token_s: f64,
+    pub tokens_per_s: f64,
+}
+
+/// The whole plan (`--json` prints it; field names are stable).
+#[derive(Clone, Debug, Serialize)]
+pub struct PlanReport {
+    pub model: String,
+    pub model_type: String,
+    pub num_layers: usize,
+    pub moe_layers: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub parameters: u64,
+    pub routed_parameters: u64,
+    pub components: Vec<Component>,
+    pub non_routed_bytes: u64,
+    pub expert_bytes: u64,
+    pub expert_bytes_f16: u64,
+    pub routed_expert_bytes: u64,
+    pub routed_expert_bytes_f16: u64,
+    pub context: usize,
+    pub prefill_chunk: usize,
+    pub kv_cache_bytes: u64,
+    pub kv_cache_bytes_per_position: u64,
+    pub workspace_bytes: u64,
+    /// Where misses run in this plan (`--miss-policy`, default auto as in `run`).
+    pub miss_policy: MissPolicy,
+    /// With CPU experts (cpu, auto): their sum buffer and the wider routing readback.
+    pub host_experts_bytes: u64,
+    /// Per MoE layer at the planned residency, below full residency: the unpublished
+    /// slots uploads land in (top_k with upload, min(top_k, resident) otherwise).
+    pub spare_slots_per_layer: usize,
+    pub staging_buffers: usize,
+    pub staging_bytes: u64,
+    /// Bytes that must be on the card at any residency: non-routed weights, KV cache and
+    /// workspace; with upload also top_k expert slots and top_k spares per MoE layer and
+    /// the staging buffers (cpu and auto: the CPU experts' buffers, no expert at all).
+    pub hot_bytes: u64,
+    /// The fewest resident experts per layer of the policy (top_k with upload, else 0).
+    pub min_resident_experts: usize,
+    /// Bytes with every expert resident (no spares, no staging).
+    pub all_resident_bytes: u64,
+    /// Each further resident expert per layer.
+    pub bytes_per_resident_expert: u64,
+    pub vram_bytes: u64,
+    /// The most experts per layer the VRAM holds (min_resident_experts..=num_experts);
+    /// null: not even the minimum.
+    pub resident_experts_per_layer: Option<usize>,
+    /// The same with every miss uploaded (`--miss-policy upload`), for comparison.
+    pub resident_experts_per_layer_upload: Option<usize>,
+    /// GPU bytes at that residency.
+    pub gpu_bytes: Option<u64>,
+    /// Host RAM holding every expert as INT4 below full residency (0 at full residency).
+    pub host_source_bytes: u64,
+    pub ram_bytes: Option<u64>,
+    pub ram_source: Option<String>,
+    pub fits: bool,
+    /// "all experts resident", "partial residency", "does not fit the card" or
+    /// "too big for one machine" (the INT4 weights exceed the host RAM; the host source,
+    /// the only part that must stay in RAM, is the routed experts, so RAM is checked there).
+    pub verdict: String,
+    pub bandwidths: Option<Bandwidths>,
+    pub predictions: Vec<Prediction>,
+    pub predicted_decode_tokens_per_s: Option<f64>,
+    /// The `wgmoe run` command line of the plan.
+    pub command: Option<String>,
+    pub cluster: Option<ClusterAdvice>,
+}
+
+fn class_name(c: TensorClass) -> String {
+    serde_json::to_value(c)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+fn count(what: &str) -> Error {
+    Error::DoesNotFit(format!("{what}: the byte count overflows 64 bits"))
+}
+
+/// Per class, the non-routed tensors the config implies as the device holds them, plus
+/// the expert->slot tables; and the parameter counts (non-routed, routed).
+fn components(cfg: &ModelConfig) -> Result<(Vec<Component>, u64, u64)> {
+    let mut by: BTreeMap<TensorClass, Component> = BTreeMap::new();
+    let mut params: u128 = 0;
+    for (name, shape) in crate::manifest::expected_tensors(cfg) {
+        let class = classify(&name);
+        let c = by.entry(class).or_insert_with(|| Component {
+            name: class_name(class),
+            tensors: 0,
+            parameters: 0,
+            bytes: 0,
+        });
+        let n: u128 = shape.iter().map(|&d| d as u128).product();
+        params += n;
+        c.tensors += 1;
+        c.parameters = u64::try_from(c.parameters as u128 + n).map_err(|_| count("parameters"))?;
+        c.bytes = u64::try_from(c.bytes as u128 + tensor_gpu_bytes(&name, &shape))
+            .map_err(|_| count(&name))?;
+    }
+    // In the order a token meets them.
+    let order = [
+        TensorClass::Embeddings,
+        TensorClass::Attention,
+        TensorClass::Norms,
+        TensorClass::Router,
+        TensorClass::SharedExperts,
+        TensorClass::DenseMlp,
+        TensorClass::LmHead,
+        TensorClass::RoutedExperts,
+        TensorClass::Other,
+    ];
+    let mut out: Vec<Component> = order.iter().filter_map(|c| by.remove(c)).collect();
+    out.push(Component {
+        name: "expert_slot_tables".into(),
+        tensors: cfg.num_sparse_layers(),
+        parameters: 0,
+        bytes: u64::try_from(crate::admission::slot_table_bytes(cfg))
+            .map_err(|_| count("slot tables"))?,
+    });
+    let routed = 3u128
+        * cfg.hidden_size as u128
+        * cfg.moe_intermediate as u128
+        * cfg.num_experts as u128
+        * cfg.num_sparse_layers() as u128;
+    let p = u64::try_from(params).map_err(|_| count("parameters"))?;
+    let r = u64::try_from(routed).map_err(|_| count("routed parameters"))?;
+    Ok((out, p, r))
+}
+
+/// The plan of `cfg` under `o`.
+pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
+    if o.context == 0 || o.context > cfg.max_position_embeddings {
+        return Err(Error::option(
+            "--context",
+            format!(
+                "{} positions: must be in 1..={} (max_position_embeddings)",
+                o.context, cfg.max_position_embeddings
+            ),
+        ));
+    }
+    if o.prefill_chunk == 0 {
+        return Err(Error::option("--prefill-chunk", "must be at least 1"));
+    }
+    if let Some(h) = o.hit_rate {
+        if !(0.0..=1.0).contains(&h) {
+            return Err(Error::option("--hit-rate", format!("{h} is not in [0, 1]")));
+        }
+    }
+    if o.staging_buffers == 0 || o.staging_buffers > crate::admission::MAX_STAGING_BUFFERS {
+        return Err(Error::option(
+            "--staging-buffers",
+            format!(
+                "{} is outside 1..={}",
+                o.staging_buffers,
+                crate::admission::MAX_STAGING_BUFFERS
+            ),
+        ));
+    }
+    let admission = |miss: MissPolicy| {
+        let input = AdmissionInput {
+            int4: true,
+            max_context: o.context,
+            prefill_chunk: o.prefill_chunk,
+            all_logits: false,
+            staging_buffers: o.staging_buffers,
+            miss,
+            cpu_layers: 0,
+        };
+        AdmissionCost::new(cfg, &input).map_err(|e| Error::option("--context", e.to_string()))
+    };
+    let cost = admission(o.miss_policy)?;
+    let upload = admission(MissPolicy::Upload)?;
+    let shape = planned_shape(cfg, o.context, o.prefill_chunk, false, false);
+    let ws_all = workspace_bytes(cfg, &shape)?;
+    let kv = kv_cache_bytes(cfg, &shape)?;
+    let (components, dense_params, routed_params) = components(cfg)?;
+    let non_routed: u64 = components.iter().map(|c| c.bytes).sum();
+    let (e, k, moe) = (cfg.num_experts, cfg.top_k, cfg.num_sparse_layers());
+    let expert = slot_bytes(cfg, true);
+    let expert_f16 = slot_bytes(cfg, false);
+    let per_slot = cost.device_layers * cost.slot;
+    let routed = per_slot
+        .checked_mul(e as u64)
+        .ok_or_else(|| count("routed experts"))?;
+    let routed_f16 = (moe as u64)
+        .checked_mul(e as u64)
+        .and_then(|x| x.checked_mul(expert_f16))
+        .ok_or_else(|| count("routed experts (f16)"))?;
+    let staging = o.staging_buffers as u64 * expert;
+    let lo = cost.min_experts().min(e);
+    let hot = cost.bytes(lo);
+    let n = cost.most_within(o.vram);
+    let host_source = match n {
+        Some(n) if n < e => routed,
+        _ => 0,
+    };
+    let weights_int4 = non_routed.saturating_add(routed);
+    let ram = o.ram.as_ref().map(|r| r.0);
+    let too_big = ram.is_some_and(|r| weights_int4 > r);
+    let fits = n.is_some() && ram.is_none_or(|r| host_source <= r);
+    let verdict = if too_big {
+        "too big for one machine"
+    } else {
+        match n {
+            None => "does not fit the card",
+            Some(n) if n == e => "all experts resident",
+            Some(0) => "every routed expert on the CPU",
+            Some(_) => "partial residency",
+        }
+    };
+    let kv_per_pos = kv / o.context.max(1) as u64;
+    let mut predictions = Vec::new();
+    if let (Some(bw), Some(n), false) = (&o.bandwidths, n, too_big) {
+        let ways: &[MissPolicy] = match o.miss_policy {
+            _ if n == e => &[MissPolicy::Upload],
+            MissPolicy::Upload => &[MissPolicy::Upload],
+            MissPolicy::Cpu => &[MissPolicy::Cpu],
+            MissPolicy::Auto => &[MissPolicy::Upload, MissPolicy::Cpu],
+        };
+        for &w in ways {
+            if let Some(p) = predict(cfg, o, bw, &components, kv, expert, n, w)? {
+                predictions.push(p);
+            }
+        }
+    }
+    // Auto serves each miss the cheaper way: the faster prediction is its own.
+    let best = predictions
+        .iter()
+        .map(|p| p.tokens_per_s)
+        .max_by(f64::total_cmp);
+    let policy_flag = match o.miss_policy {
+        MissPolicy::Auto => String::new(),
+        m => format!(" --miss-policy {}", m.name()),
+    };
+    let command = match (n, too_big) {
+        (Some(n), false) if n == e => Some(format!("wgmoe run {}", o.model_dir)),
+        (Some(n), false) => Some(format!(
+            "wgmoe run {}{policy_flag} --resident-experts {n}",
+            o.model_dir
+        )),
+        _ => None,
+    };
+    let planned = n.unwrap_or(lo);
+    Ok(PlanReport {
+        model: o.model.clone(),
+        model_type: cfg.arch.model_type().to_string(),
+        num_layers: cfg.num_layers,
+        moe_layers: moe,
+        num_experts: e,
+        top_k: k,
+        parameters: dense_params.saturating_add(routed_params),
+        routed_parameters: routed_params,
+        components,
+        non_routed_bytes: non_routed,
+        expert_bytes: expert,
+        expert_bytes_f16: expert_f16,
+        routed_expert_bytes: routed,
+        routed_expert_bytes_f16: routed_f16,
+        context: o.context,
+        prefill_chunk: shape.chunk,
+        kv_cache_bytes: kv,
+        kv_cache_bytes_per_position: kv_per_pos,
+        workspace_bytes: ws_all - kv,
+        miss_policy: o.miss_policy,
+        host_experts_bytes: if o.miss_policy == MissPolicy::Upload {
+            0
+        } else {
+            cost.host_extra
+        },
+        spare_slots_per_layer: if planned < e {
+            (cost.slots(planned) as usize).saturating_sub(planned)
+        } else {
+            0
+        },
+        staging_buffers: o.staging_buffers,
+        staging_bytes: staging,
+        hot_bytes: hot,
+        min_resident_experts: lo,
+        all_resident_bytes: cost.bytes(e),
+        bytes_per_resident_expert: per_slot,
+        vram_bytes: o.vram,
+        resident_experts_per_layer: n,
+        resident_experts_per_layer_upload: upload.most_within(o.vram),
+        gpu_bytes: n.map(|n| cost.bytes(n)),
+        host_source_bytes: host_source,
+        ram_bytes: ram,
+        ram_source: o.ram.as_ref().map(|r| r.1.clone()),
+        fits: fits && !too_big,
+        verdict: verdict.to_string(),
+        bandwidths: o.bandwidths.clone(),
+        predicted_decode_tokens_per_s: best,
+        predictions,
+        command,
+        cluster: too_big
+            .then(|| cluster_advice(dense_params, routed_params, weights_int4, o.gpu_memory)),
+    })
+}
+
+/// Bytes a decode step reads on the device: every non-routed weight but the embedding
+/// table (one row of it, unless it is also the lm_head), top_k experts per MoE layer, and
+/// the KV cache at the last position of the context.
+pub fn bytes_read_per_token(
+    cfg: &ModelConfig,
+    components: &[Component],
+    kv: u64,
+    expert: u64,
+) -> u64 {
+    let embed = components
+        .iter()
+        .find(|c| c.name == class_name(TensorClass::Embeddings))
+        .map_or(0, |c| c.bytes);
+    let non_routed: u64 = components.iter().map(|c| c.bytes).sum();
+    let dense = if cfg.tie_word_embeddings {
+        non_routed
+    } else {
+        non_routed - embed + crate::model::tensors::F16Matrix::row_bytes(cfg.hidden_size)
+    };
+    let experts = (cfg.num_sparse_layers() * cfg.top_k) as u64 * expert;
+    dense.saturating_add(experts).saturating_add(kv)
+}
+
+/// The prediction with `n` experts resident per layer, misses served `way` (upload or
+/// cpu); None for cpu without a CPU bandwidth.
+#[allow(clippy::too_many_arguments)]
+fn predict(
+    cfg: &ModelConfig,
+    o: &PlanOptions,
+    bw: &Bandwidths,
+    components: &[Component],
+    kv: u64,
+    expert: u64,
+    n: usize,
+    way: MissPolicy,
+) -> Result<Option<Prediction>> {
+    let e = cfg.num_experts;
+    let (hit_rate, hit_rate_source) = match o.hit_rate {
+        _ if n == e => (1.0, "every expert resident".to_string()),
+        Some(h) => (h, "--hit-rate".to_string()),
+        None => (
+            n as f64 / e as f64,
+            format!("uniform routing: {n}/{e} resident (the worst case for a cache)"),
+        ),
+    };
+    let pairs = (cfg.num_sparse_layers() * cfg.top_k) as f64;
+    let misses = pairs * (1.0 - hit_rate);
+    let not_resident = misses * expert as f64;
+    let gb = 1e9;
+    let all = bytes_read_per_token(cfg, components, kv, expert);
+    let (read, t_transfer, t_cpu) = match way {
+        MissPolicy::Cpu => {
+            let Some(cpu) = bw.cpu_expert_gbps else {
+                return Ok(None);
+            };
+            // The device reads only the hits; the CPU reads the misses once each.
+            let read = all.saturating_sub(not_resident.round() as u64);
+            (read, 0.0, not_resident / (cpu * gb))
+        }
+        _ => (all, not_resident / (bw.h2d_gbps * gb), 0.0),
+    };
+    let t_compute = read as f64 / (bw.device_read_gbps * gb);
+    let t_token = t_compute + t_transfer + t_cpu;
+    Ok(Some(Prediction {
+        miss_policy: way,
+        hit_rate,
+        hit_rate_source,
+        bytes_read_per_token: read,
+        t_compute_s: t_compute,
+        misses_per_token: misses,
+        bytes_not_resident_per_token: not_resident,
+        t_transfer_s: t_transfer,
+        t_cpu_s: t_cpu,
+        t_token_s: t_token,
+        tokens_per_s: if t_token > 0.0 { 1.0 / t_token } else { 0.0 },
+    }))
+}
+
+/// `12,884,901,888`: exact byte counts, readable.
+pub fn grouped(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

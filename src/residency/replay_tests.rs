@@ -1,0 +1,222 @@
+//! Replay and Belady over steps: hand-computed traces for every policy (steps that fit one
+//! plan and steps served in batches), Belady against an exhaustive optimum, and Belady at
+//! least every policy on random traces (proptest).
+
+use super::*;
+use crate::residency::testutil::brute_force_min_misses;
+use crate::residency::{LfuDecay, Lru, Profile, StaticProfile};
+
+fn singles(refs: &[u32]) -> Vec<Vec<u32>> {
+    refs.iter().map(|&r| vec![r]).collect()
+}
+
+fn hm(s: &[SimStats]) -> (u64, u64, u64) {
+    let t = total(s);
+    (t.hits, t.misses, t.evictions)
+}
+
+/// 4 experts, top-1, 2 resident; steps [0] [1] [0] [2] [1] [0].
+const SMALL: [u32; 6] = [0, 1, 0, 2, 1, 0];
+
+#[test]
+fn lru_on_a_hand_computed_trace() {
+    // [0]m [1]m [0]h [2]m evicts 1, [1]m evicts 0 (used at 2; 2 at 3), [0]m evicts 2.
+    let s = replay(0, &singles(&SMALL), 4, 1, 2, &mut Lru::new()).unwrap();
+    assert_eq!(hm(&s), (1, 5, 3));
+    assert_eq!(
+        s[2],
+        SimStats {
+            hits: 1,
+            misses: 0,
+            evictions: 0
+        }
+    );
+    assert_eq!(
+        s[5],
+        SimStats {
+            hits: 0,
+            misses: 1,
+            evictions: 1
+        }
+    );
+}
+
+#[test]
+fn lfu_decay_on_a_hand_computed_trace() {
+    // Plain LFU: at [2] expert 0 has 2 uses, 1 has 1: evict 1. At [1]: 0 (2) vs 2 (1):
+    // evict 2. [0] hits.
+    let s = replay(
+        0,
+        &singles(&SMALL),
+        4,
+        1,
+        2,
+        &mut LfuDecay::new(1.0).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(hm(&s), (2, 4, 2));
+    // decay 0.1: at [2] (step 3) expert 0 = (0.1^2 + 1) * 0.1 = 0.101, 1 = 0.01: evict 1;
+    // at [1] (step 4) expert 0 = 0.0101, 2 = 0.1: evict 0; at [0] (step 5) 2 = 0.01,
+    // 1 = 0.1: evict 2.
+    let s = replay(
+        0,
+        &singles(&SMALL),
+        4,
+        1,
+        2,
+        &mut LfuDecay::new(0.1).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(hm(&s), (1, 5, 3));
+}
+
+#[test]
+fn static_profile_on_a_hand_computed_trace() {
+    // Pinned {0, 1} (counts 3, 2, 1, 0). At [2] both candidates are pinned: evict the lower
+    // count, 1. At [1]: unpinned 2 goes. [0] hits.
+    let mut prof = Profile::new("m", 1, 4);
+    prof.counts[0] = vec![3, 2, 1, 0];
+    let mut p = StaticProfile::new(&prof, 2);
+    let s = replay(0, &singles(&SMALL), 4, 1, 2, &mut p).unwrap();
+    assert_eq!(hm(&s), (2, 4, 2));
+    assert_eq!(
+        s[4],
+        SimStats {
+            hits: 0,
+            misses: 1,
+            evictions: 1
+        }
+    );
+}
+
+#[test]
+fn belady_on_a_hand_computed_trace() {
+    // At [2]: 0 is next used at step 5, 1 at step 4: evict 0. [1] hits. At [0]: neither 1
+    // nor 2 is used again: the lower id, 1, goes.
+    let s = belady_steps(&singles(&SMALL), 2, 1);
+    assert_eq!(hm(&s), (2, 4, 2));
+    assert_eq!(s[4].hits, 1);
+}
+
+/// 6 experts, top-2, 3 resident (2 spares): a prefill step wanting 5 experts, then [1, 4].
+#[test]
+fn a_step_larger_than_a_plan_runs_in_batches() {
+    let steps = vec![vec![0, 1, 2, 3, 4, 0], vec![1, 4]];
+    // Batches [0, 1], [2, 3] (evicts 0, the older of the step), [4] (evicts 1): {2, 3, 4}.
+    // Then [4, 1]: 4 hits, 1 misses and evicts 2.
+    let s = replay(0, &steps, 6, 2, 3, &mut Lru::new()).unwrap();
+    assert_eq!(
+        s[0],
+        SimStats {
+            hits: 0,
+            misses: 5,
+            evictions: 2
+        }
+    );
+    assert_eq!(
+        s[1],
+        SimStats {
+            hits: 1,
+            misses: 1,
+            evictions: 1
+        }
+    );
+    // Belady keeps the 3 used soonest of {0..4}: 1 and 4 (step 1), then 3: both hit.
+    let b = belady_steps(&steps, 3, 2);
+    assert_eq!(
+        b[0],
+        SimStats {
+            hits: 0,
+            misses: 5,
+            evictions: 2
+        }
+    );
+    assert_eq!(
+        b[1],
+        SimStats {
+            hits: 2,
+            misses: 0,
+            evictions: 0
+        }
+    );
+}
+
+#[test]
+fn every_expert_resident_only_misses_cold() {
+    let steps = vec![vec![0, 1], vec![2, 3], vec![1, 0], vec![3, 2]];
+    let s = replay(0, &steps, 4, 2, 4, &mut Lru::new()).unwrap();
+    assert_eq!(hm(&s), (4, 4, 0));
+    assert_eq!(hm(&belady_steps(&steps, 4, 0)), (4, 4, 0));
+}
+
+fn random_steps(rng: &mut crate::residency::testutil::Rng, e: usize, k: usize) -> Vec<Vec<u32>> {
+    let steps = 3 + rng.below(10);
+    (0..steps)
+        .map(|_| {
+            // Mostly decode-like groups of up to k, sometimes a prefill of several tokens.
+            let tokens = if rng.below(4) == 0 {
+                1 + rng.below(4)
+            } else {
+                1
+            };
+            (0..tokens * (1 + rng.below(k)))
+                .map(|_| rng.below(e) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn belady_steps_is_optimal_on_small_traces() {
+    let mut rng = crate::residency::testutil::Rng::new(7);
+    for case in 0..300 {
+        let e = 3 + rng.below(5);
+        let k = 1 + rng.below(2);
+        let cap = k + rng.below(e - k + 1);
+        let steps = random_steps(&mut rng, e, k);
+        let spares = if cap < e { k } else { 0 };
+        let b = total(&belady_steps(&steps, cap, spares));
+        assert_eq!(
+            b.misses,
+            brute_force_min_misses(&steps, cap, spares),
+            "case {case}: E={e} k={k} cap={cap} {steps:?}"
+        );
+    }
+}
+
+mod property {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// (experts, top_k, capacity, steps).
+    fn traces() -> impl Strategy<Value = (usize, usize, usize, Vec<Vec<u32>>)> {
+        (2usize..10, 1usize..4).prop_flat_map(|(e, k)| {
+            let k = k.min(e);
+            let step = prop::collection::vec(0..e as u32, 1..=(3 * k));
+            (Just(e), Just(k), k..=e, prop::collection::vec(step, 1..60))
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn belady_hits_at_least_every_policy((e, k, cap, steps) in traces()) {
+            let b = total(&belady_steps(&steps, cap, if cap < e { k } else { 0 }));
+            let mut prof = Profile::new("p", 1, e);
+            for s in &steps {
+                prof.record_group(0, s);
+            }
+            let mut policies: Vec<Box<dyn Policy>> = vec![
+                Box::new(Lru::new()),
+                Box::new(LfuDecay::new(1.0).unwrap()),
+                Box::new(LfuDecay::new(0.9).unwrap()),
+                Box::new(LfuDecay::new(0.5).unwrap()),
+                Box::new(StaticProfile::new(&prof, cap)),
+            ];
+            for p in policies.iter_mut() {
+                let r = total(&replay(0, &steps, e, k, cap, p.as_mut()).unwrap());
+                prop_assert_eq!(r.hits + r.misses, b.hits + b.misses);
+                prop_assert!(b.hits >= r.hits, "{}: belady {} < {}", p.name(), b.hits, r.hits);
+            }
+        }
+    }
+}

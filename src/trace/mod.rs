@@ -1,0 +1,260 @@
+//! Routing traces: which experts every token chose in every MoE layer, with the router's
+//! weights and whether each expert was resident, as one JSONL line per (token, layer)
+//! after a header line.
+//!
+//! The runtime reports each step's routing to a [`Tracer`] (`model::trace_hook` reads the
+//! router's ids and weights back per layer); the tracer works out hits and evictions from
+//! the cache's published tables before and after the step and hands complete records to
+//! its sinks: the JSONL writer ([`JsonlSink`]), the live terminal grid. [`read_trace`]
+//! reads a file back for `simulate` and `heatmap`, naming the line of any malformed record.
+
+mod grid;
+mod jsonl;
+mod read;
+
+pub use grid::Grid;
+pub use jsonl::JsonlSink;
+pub use read::{read_trace, StepGroups, Trace};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+
+/// The format version written in every header.
+pub const TRACE_VERSION: u32 = 1;
+
+/// The first line of a trace: what ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceHeader {
+    pub wgmoe_trace: u32,
+    pub model: String,
+    pub model_type: String,
+    pub num_layers: usize,
+    /// The layers with routed experts.
+    pub moe_layers: Vec<usize>,
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// INT4 bytes of one expert (what a miss uploads).
+    pub expert_bytes: u64,
+    pub resident_experts_per_layer: usize,
+    /// None at full residency.
+    pub cache_policy: Option<String>,
+    pub decay: f64,
+    pub prefill_chunk: usize,
+    /// Where the run's misses went (`upload`, `cpu`, `auto`); None at full residency and
+    /// in traces written before CPU experts existed.
+    #[serde(default)]
+    pub miss_policy: Option<String>,
+}
+
+/// One (token, layer) record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceLine {
+    /// The forward step (submission of one chunk or one decoded token) it belongs to.
+    pub step: u64,
+    /// Position of the token in its sequence.
+    pub token: usize,
+    pub phase: Phase,
+    pub layer: usize,
+    /// The router's top-k, in its order.
+    pub experts: Vec<u32>,
+    pub weights: Vec<f32>,
+    /// Per expert: resident when the step's layer was served.
+    pub hit: Vec<bool>,
+    /// Experts the cache evicted serving this step's layer (on the step's first line of
+    /// the layer only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evicted: Vec<u32>,
+    /// A warm-up response (bench): replayed, not counted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warmup: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Prefill,
+    Decode,
+}
+
+/// One layer of one step, complete.
+#[derive(Clone, Debug)]
+pub struct LayerRouting<'a> {
+    pub step: u64,
+    pub pos0: usize,
+    pub phase: Phase,
+    pub warmup: bool,
+    pub layer: usize,
+    pub top_k: usize,
+    /// tokens x top_k.
+    pub ids: &'a [u32],
+    pub weights: &'a [f32],
+    pub hit: &'a [bool],
+    pub evicted: &'a [u32],
+}
+
+/// Where routing records go.
+pub trait RoutingSink: Send {
+    fn layer(&mut self, r: &LayerRouting<'_>) -> Result<()>;
+    /// The step is complete (every layer reported).
+    fn end_step(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+struct Pending {
+    layer: usize,
+    ids: Vec<u32>,
+    weights: Vec<f32>,
+    /// Per expert, resident before the step (None: every expert is).
+    before: Option<Vec<bool>>,
+}
+
+/// Collects a step's routing layer by layer and reports it to the sinks when the step ends.
+pub struct Tracer {
+    sinks: Vec<Box<dyn RoutingSink>>,
+    top_k: usize,
+    step: u64,
+    pos0: usize,
+    phase: Phase,
+    warmup: bool,
+    pending: Vec<Pending>,
+}
+
+impl Tracer {
+    pub fn new(top_k: usize) -> Self {
+        Tracer {
+            sinks: Vec::new(),
+            top_k,
+            step: 0,
+            pos0: 0,
+            phase: Phase::Prefill,
+            warmup: false,
+            pending: Vec::new(),
+        }
+    }
+
+    pub fn add(&mut self, sink: Box<dyn RoutingSink>) {
+        self.sinks.push(sink);
+    }
+
+    /// Mark the steps from now on as warm-up (or not).
+    pub fn set_warmup(&mut self, on: bool) {
+        self.warmup = on;
+    }
+
+    pub fn begin_step(&mut self, pos0: usize, phase: Phase) {
+        self.pos0 = pos0;
+        self.phase = phase;
+        self.pending.clear();
+    }
+
+    /// Layer `layer` routed its tokens to `ids` (tokens x top_k) with `weights`;
+    /// `before`: which experts were resident before the step served it.
+    pub fn layer(&mut self, layer: usize, ids: &[u32], weights: &[f32], before: Option<Vec<bool>>) {
+        self.pending.push(Pending {
+            layer,
+            ids: ids.to_vec(),
+            weights: weights.to_vec(),
+            before,
+        });
+    }
+
+    /// The step is done; `after(layer)` says which experts each layer holds now.
+    pub fn end_step(&mut self, after: impl Fn(usize) -> Option<Vec<bool>>) -> Result<()> {
+        let pending = std::mem::take(&mut self.pending);
+        for p in &pending {
+            let resident = |set: &Option<Vec<bool>>, e: u32| {
+                set.as_ref()
+                    .is_none_or(|s| s.get(e as usize).copied().unwrap_or(false))
+            };
+            let hit: Vec<bool> = p.ids.iter().map(|&e| resident(&p.before, e)).collect();
+            // Evicted: resident before or uploaded now, and gone after.
+            let now = after(p.layer);
+            let mut evicted: Vec<u32> = Vec::new();
+            if let Some(now) = &now {
+                let loaded = |e: usize| {
+                    p.before.as_ref().is_some_and(|b| b[e]) || p.ids.contains(&(e as u32))
+                };
+                for (e, &r) in now.iter().enumerate() {
+                    if !r && loaded(e) {
+                        evicted.push(e as u32);
+                    }
+                }
+            }
+            let rec = LayerRouting {
+                step: self.step,
+                pos0: self.pos0,
+                phase: self.phase,
+                warmup: self.warmup,
+                layer: p.layer,
+                top_k: self.top_k,
+                ids: &p.ids,
+                weights: &p.weights,
+                hit: &hit,
+                evicted: &evicted,
+            };
+            for s in &mut self.sinks {
+                s.layer(&rec)?;
+            }
+        }
+        for s in &mut self.sinks {
+            s.end_step()?;
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    /// Flush every sink (the JSONL file is complete after this).
+    pub fn finish(&mut self) -> Result<()> {
+        for s in &mut self.sinks {
+            s.finish()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// (layer, hit, evicted, step) of each record.
+    type Seen = Vec<(usize, Vec<bool>, Vec<u32>, u64)>;
+    struct Collect(Arc<Mutex<Seen>>);
+    impl RoutingSink for Collect {
+        fn layer(&mut self, r: &LayerRouting<'_>) -> Result<()> {
+            self.0
+                .lock()
+                .unwrap()
+                .push((r.layer, r.hit.to_vec(), r.evicted.to_vec(), r.step));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn hits_come_from_before_and_evictions_from_before_and_after() {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let mut t = Tracer::new(2);
+        t.add(Box::new(Collect(got.clone())));
+        t.begin_step(0, Phase::Prefill);
+        // Layer 0: 4 experts, {0, 1} resident; tokens want [0, 2] and [3, 2]; afterwards
+        // {2, 3} resident: 0 and 1 evicted (0 was used, 1 was not).
+        t.layer(
+            0,
+            &[0, 2, 3, 2],
+            &[0.5; 4],
+            Some(vec![true, true, false, false]),
+        );
+        // Layer 1: every expert resident.
+        t.layer(1, &[1, 0, 1, 3], &[0.5; 4], None);
+        t.end_step(|l| (l == 0).then(|| vec![false, false, true, true]))
+            .unwrap();
+        let got = got.lock().unwrap();
+        assert_eq!(got[0], (0, vec![true, false, false, false], vec![0, 1], 0));
+        assert_eq!(got[1], (1, vec![true; 4], vec![], 0));
+    }
+}
