@@ -184,6 +184,48 @@ fn simulated_hits_equal_the_runs_counted_hits() {
     }
 }
 
+/// With CPU misses the trace's hit flags are the residency each layer was served with
+/// (an admission of the previous step published first), so they count what the run
+/// counted; the header names the miss policy and simulate says its rows upload instead.
+#[test]
+fn cpu_miss_traces_count_like_the_run() {
+    let t = tempfile::tempdir().unwrap();
+    for (name, n, policy) in [(OLMOE, 3, "cpu"), (QWEN3, 4, "cpu"), (MIXTRAL, 3, "auto")] {
+        let path = t.path().join(format!("{name}-{policy}.jsonl"));
+        let run = run_traced(
+            name,
+            &path,
+            &[
+                "--resident-experts",
+                &n.to_string(),
+                "--miss-policy",
+                policy,
+            ],
+        );
+        let m = &run["metrics"];
+        let what = format!("{name} N={n} {policy}");
+        assert!(u(&m["cpu_misses"]) > 0, "{what}: {m}");
+        assert_eq!(lines(&path)[0]["miss_policy"], policy, "{what}");
+        let sim = simulate(&path, &["--capacity", &n.to_string()]);
+        assert_eq!(u(&sim["recorded"]["hits"]), u(&m["expert_hits"]), "{what}");
+        assert_eq!(
+            u(&sim["recorded"]["misses"]),
+            u(&m["expert_misses"]),
+            "{what}"
+        );
+        assert_eq!(sim["recorded"]["miss_policy"], policy, "{what}");
+        let r = wgmoe(["simulate", &s(&path), "--capacity", &n.to_string()]);
+        assert!(r.stdout.contains("upload every miss"), "{r}");
+        // Evictions on the lines are the run's (an expert computed on the CPU was never
+        // loaded, so it is not evicted).
+        let evicted: usize = lines(&path)[1..]
+            .iter()
+            .map(|r| r["evicted"].as_array().map_or(0, |a| a.len()))
+            .sum();
+        assert_eq!(evicted as u64, u(&m["expert_evictions"]), "{what}");
+    }
+}
+
 #[test]
 fn bench_traces_mark_warm_up_and_count_like_the_record() {
     let t = tempfile::tempdir().unwrap();

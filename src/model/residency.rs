@@ -309,8 +309,13 @@ impl Residency {
 
     /// Publish the layer's admission of its previous step (its copies were submitted then,
     /// so every later submission sees the data); the table write lands before the next
-    /// submission.
-    fn publish_pending(&mut self, dev: &Device, layer: usize, slot_of: &Buffer) -> Result<()> {
+    /// submission. Idempotent: a second call in the same step finds nothing pending.
+    pub(crate) fn publish_pending(
+        &mut self,
+        dev: &Device,
+        layer: usize,
+        slot_of: &Buffer,
+    ) -> Result<()> {
         let Some(plan) = self.pending.get_mut(layer).and_then(Option::take) else {
             return Ok(());
         };

@@ -238,6 +238,17 @@ impl Forward {
             }
             let ids = &route[..n * k];
             if tracing {
+                // A CPU-experts layer first publishes its previous step's admission, so the
+                // trace's hit flags are the residency the layer is served with.
+                if let (true, Some(r), Mlp::Moe { slot_of, .. }) = (
+                    host_term,
+                    self.residency.as_mut(),
+                    &self.weights.layers[l].mlp,
+                ) {
+                    if r.caches.get(l).is_some_and(|c| c.is_some()) {
+                        r.publish_pending(&dev, l, slot_of)?;
+                    }
+                }
                 let weights: &[f32] = bytemuck::cast_slice(&route[n * k..2 * n * k]);
                 self.trace_layer(l, ids, weights);
             }

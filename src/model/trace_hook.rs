@@ -40,8 +40,14 @@ impl Forward {
     /// token), before the cache serves them.
     pub(crate) fn trace_layer(&mut self, l: usize, ids: &[u32], weights: &[f32]) {
         let before = self.resident_flags(l);
+        // Only a cached layer uploads its misses in the step; a CPU-experts layer computes
+        // them and publishes any admission at its next step.
+        let uploads = self
+            .residency
+            .as_ref()
+            .is_none_or(|r| r.placement(l) == crate::model::residency::ExpertPlacement::Cached);
         if let Some(t) = self.trace.as_mut() {
-            t.layer(l, ids, weights, before);
+            t.layer(l, ids, weights, before, uploads);
         }
     }
 

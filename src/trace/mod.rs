@@ -111,6 +111,9 @@ struct Pending {
     weights: Vec<f32>,
     /// Per expert, resident before the step (None: every expert is).
     before: Option<Vec<bool>>,
+    /// Misses are uploaded into the cache this step (false: computed on the CPU, and any
+    /// admission is published at the layer's next step).
+    uploads: bool,
 }
 
 /// Collects a step's routing layer by layer and reports it to the sinks when the step ends.
@@ -154,12 +157,20 @@ impl Tracer {
 
     /// Layer `layer` routed its tokens to `ids` (tokens x top_k) with `weights`;
     /// `before`: which experts were resident before the step served it.
-    pub fn layer(&mut self, layer: usize, ids: &[u32], weights: &[f32], before: Option<Vec<bool>>) {
+    pub fn layer(
+        &mut self,
+        layer: usize,
+        ids: &[u32],
+        weights: &[f32],
+        before: Option<Vec<bool>>,
+        uploads: bool,
+    ) {
         self.pending.push(Pending {
             layer,
             ids: ids.to_vec(),
             weights: weights.to_vec(),
             before,
+            uploads,
         });
     }
 
@@ -177,7 +188,8 @@ impl Tracer {
             let mut evicted: Vec<u32> = Vec::new();
             if let Some(now) = &now {
                 let loaded = |e: usize| {
-                    p.before.as_ref().is_some_and(|b| b[e]) || p.ids.contains(&(e as u32))
+                    p.before.as_ref().is_some_and(|b| b[e])
+                        || (p.uploads && p.ids.contains(&(e as u32)))
                 };
                 for (e, &r) in now.iter().enumerate() {
                     if !r && loaded(e) {
@@ -248,13 +260,28 @@ mod tests {
             &[0, 2, 3, 2],
             &[0.5; 4],
             Some(vec![true, true, false, false]),
+            true,
         );
         // Layer 1: every expert resident.
-        t.layer(1, &[1, 0, 1, 3], &[0.5; 4], None);
-        t.end_step(|l| (l == 0).then(|| vec![false, false, true, true]))
-            .unwrap();
+        t.layer(1, &[1, 0, 1, 3], &[0.5; 4], None, true);
+        // Layer 2: CPU misses: {0, 1} resident, 2 and 3 computed on the CPU (never loaded),
+        // 1 evicted by an admission.
+        t.layer(
+            2,
+            &[0, 2, 3, 2],
+            &[0.5; 4],
+            Some(vec![true, true, false, false]),
+            false,
+        );
+        t.end_step(|l| match l {
+            0 => Some(vec![false, false, true, true]),
+            2 => Some(vec![true, false, false, false]),
+            _ => None,
+        })
+        .unwrap();
         let got = got.lock().unwrap();
         assert_eq!(got[0], (0, vec![true, false, false, false], vec![0, 1], 0));
         assert_eq!(got[1], (1, vec![true; 4], vec![], 0));
+        assert_eq!(got[2], (2, vec![true, false, false, false], vec![1], 0));
     }
 }
