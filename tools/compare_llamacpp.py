@@ -228,7 +228,9 @@ def convert_to_q4_0(model: Path, tools: dict, work: Path, python: str, force: bo
 # The two runtimes
 
 
-def run_wgmoe(args, wgmoe: str, work: Path) -> dict:
+def run_wgmoe(args, wgmoe: str, work: Path) -> list[dict]:
+    """One row per configuration wgmoe bench measured (one, or the --resident-experts x
+    --miss-policy sweep)."""
     out_json = work / "wgmoe-bench.json"
     cmd = [wgmoe, "bench", str(args.model), "--prompts", str(args.prompts), "--blocks",
            str(args.blocks), "-n", str(args.n), "--warmup", str(args.warmup), "--executor",
@@ -237,6 +239,13 @@ def run_wgmoe(args, wgmoe: str, work: Path) -> dict:
         cmd += ["--backend", args.wgmoe_backend]
     if args.wgmoe_adapter:
         cmd += ["--adapter", args.wgmoe_adapter]
+    if args.resident_experts:
+        cmd += ["--resident-experts", args.resident_experts]
+    if args.miss_policy:
+        cmd += ["--miss-policy", args.miss_policy]
+    if args.resident_experts or args.miss_policy:
+        # CPU experts use as many threads as llama.cpp gets.
+        cmd += ["--cpu-threads", str(args.threads)]
     env = dict(os.environ)
     env.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
     code, rss, out = run_measured(cmd, work / "wgmoe-bench.log", env)
@@ -244,12 +253,21 @@ def run_wgmoe(args, wgmoe: str, work: Path) -> dict:
     recs = json.loads(out_json.read_text())
     if not recs:
         raise ToolError("wgmoe bench wrote no records")
-    r = recs[0]
+    return [wgmoe_row(r, rss) for r in recs]
+
+
+def wgmoe_row(r: dict, rss) -> dict:
+    config = f"{r['expert_precision']}/{r['executor']}"
+    n, e = r.get("resident_experts_per_layer"), r.get("num_experts")
+    if n is not None and e is not None and n < e:
+        config += f", {n}/{e} experts resident, misses {r.get('miss_policy') or 'upload'}"
+        if r.get("cpu_expert_seconds") is not None:
+            config += f" (CPU experts {r['cpu_expert_seconds']:.2f} s)"
     return {
         "runtime": "wgmoe",
         "version": f"wgmoe {r['wgmoe_version']} ({r['git_revision'][:12]})",
         "backend": f"{r['backend']}: {r['adapter']}",
-        "config": f"{r['expert_precision']}/{r['executor']}",
+        "config": config,
         "decode_tok_s": r["decode_tokens_per_s"],
         "prefill_tok_s": r["prefill_tokens_per_s"],
         "ttft_s": r["ttft_s_mean"],
@@ -470,11 +488,12 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"{r['runtime']} [{r['config']}]: {r['version']}; backend {r['backend']}"
                      + (f"; {r['note']}" if r.get("note") else ""))
-    w = next((r for r in rows if r["runtime"] == "wgmoe"), None)
-    if w and w["decode_tok_s"]:
+    for w in rows:
+        if w["runtime"] != "wgmoe" or not w["decode_tok_s"]:
+            continue
         for r in rows:
             if r["runtime"] != "wgmoe" and r["decode_tok_s"]:
-                lines.append(f"wgmoe / llama.cpp [{r['config']}] decode: "
+                lines.append(f"wgmoe [{w['config']}] / llama.cpp [{r['config']}] decode: "
                              f"{w['decode_tok_s'] / r['decode_tok_s']:.2f}x")
     return "\n".join(lines)
 
@@ -508,6 +527,11 @@ def parse_args(argv=None):
     ap.add_argument("--executor", default="grouped", help="wgmoe executor (default grouped)")
     ap.add_argument("--wgmoe-backend", help="wgmoe --backend")
     ap.add_argument("--wgmoe-adapter", help="wgmoe --adapter")
+    ap.add_argument("--resident-experts", metavar="LIST",
+                    help="wgmoe bench --resident-experts sweep, e.g. 0,64 (0: every routed "
+                         "expert on the CPU, llama.cpp's --cpu-moe); CPU experts get --threads")
+    ap.add_argument("--miss-policy", metavar="LIST",
+                    help="wgmoe bench --miss-policy sweep (upload,cpu,auto)")
     ap.add_argument("--llama-runner", choices=["auto", "bench", "cli"], default="auto",
                     help="llama-bench (synthetic prompt of the same token count) or llama-cli "
                          "(wgmoe's prompt texts); auto: llama-bench when present")
@@ -546,7 +570,7 @@ def main(argv=None) -> int:
         work = args.work_dir or Path(tempfile.mkdtemp(prefix="compare-llamacpp-"))
         work.mkdir(parents=True, exist_ok=True)
         print(f"work directory: {work}", file=sys.stderr)
-        rows = [run_wgmoe(args, wgmoe, work)]
+        rows = run_wgmoe(args, wgmoe, work)
         w = rows[0]
         if tools is not None:
             version = llama_version(tools)

@@ -244,6 +244,37 @@ fn common(o: &Map<String, Value>, prompt: PromptInput) -> ApiResult<Request> {
     if opt_bool(o, "logprobs")? == Some(true) {
         return Err(ApiError::invalid("logprobs", "`logprobs` is not supported"));
     }
+    // Options that change the tokens are refused rather than ignored; their neutral
+    // values (which many clients send) are accepted.
+    for penalty in ["frequency_penalty", "presence_penalty"] {
+        if let Some(x) = opt_number(o, penalty)? {
+            if x != 0.0 {
+                return Err(ApiError::invalid(
+                    penalty,
+                    format!("`{penalty}` {x}: penalties are not supported (0 or leave it out)"),
+                ));
+            }
+        }
+    }
+    match field(o, "logit_bias") {
+        None => {}
+        Some(Value::Object(m)) if m.is_empty() => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                "`logit_bias` is not supported (leave it out or send {})",
+            ))
+        }
+    }
+    if let Some(rf) = field(o, "response_format") {
+        let kind = rf.get("type").and_then(Value::as_str);
+        if kind != Some("text") {
+            return Err(ApiError::invalid(
+                "response_format",
+                "`response_format`: only {\"type\": \"text\"} is supported (no JSON mode or schemas)",
+            ));
+        }
+    }
     let include_usage = match field(o, "stream_options") {
         None => false,
         Some(Value::Object(so)) => opt_bool(so, "include_usage")
@@ -503,6 +534,14 @@ mod tests {
             (json!({"n": 2}), "n"),
             (json!({"model": 1}), "model"),
             (json!({"tools": [{"type": "function"}]}), "tools"),
+            (json!({"frequency_penalty": 0.5}), "frequency_penalty"),
+            (json!({"presence_penalty": -1}), "presence_penalty"),
+            (json!({"presence_penalty": "x"}), "presence_penalty"),
+            (json!({"logit_bias": {"42": 10}}), "logit_bias"),
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
             (
                 json!({"stream_options": {"include_usage": 1}}),
                 "stream_options.include_usage",
@@ -515,6 +554,20 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
             assert!(e.message.contains(param), "{body}: {e:?}");
         }
+    }
+
+    #[test]
+    fn neutral_values_of_unsupported_options_are_accepted() {
+        let body = json!({
+            "messages": [{"role": "user", "content": "x"}],
+            "frequency_penalty": 0,
+            "presence_penalty": 0.0,
+            "logit_bias": {},
+            "response_format": {"type": "text"},
+            "tools": [],
+            "logprobs": false,
+        });
+        assert!(chat(body.clone()).is_ok(), "{body}");
     }
 
     #[test]
