@@ -240,8 +240,10 @@ fn memory_read(bencher: divan::Bencher, On(threads): On<usize>) {
 /// The CPU expert kernel (`wgmoe::backend::cpu`, missed experts computed from the host
 /// source) on one MoE layer's routed experts for `tokens` tokens: 8 distinct experts
 /// (top-8) of OLMoE-1B-7B (hidden 2048, intermediate 1024) or of the scaled shape (1024,
-/// 512), a different expert set per token. Counter: packed expert bytes read (each
-/// expert once per call); compare with `memory_read` of the same thread count.
+/// 512), a different expert set per token. Each iteration moves on to the next experts of
+/// a pool of 64 (204 MB at OLMoE's shape), so the weights come from memory, not from a
+/// cache holding the last iteration's. Counter: packed expert bytes read (each expert once
+/// per call); compare with `memory_read` of the same thread count.
 #[divan::bench(args = [(1usize, 2048usize, 1024usize, 1usize), (2, 2048, 1024, 1), (2, 1024, 512, 1), (2, 1024, 512, 16)], sample_count = 20)]
 fn cpu_experts(bencher: divan::Bencher, (threads, h, i, tokens): (usize, usize, usize, usize)) {
     use wgmoe::backend::cpu::{CpuExperts, ExpertPair};
@@ -255,20 +257,34 @@ fn cpu_experts(bencher: divan::Bencher, (threads, h, i, tokens): (usize, usize, 
         .iter()
         .map(|&r| (r as f32 / u32::MAX as f32) - 0.5)
         .collect();
-    let pairs: Vec<ExpertPair> = (0..tokens * k)
+    // Iteration j reads the experts of `base` shifted by 8 j (mod 64): the same count of
+    // distinct experts every time, never the set the last iteration read.
+    let base: Vec<ExpertPair> = (0..tokens * k)
         .map(|p| ExpertPair {
             token: (p / k) as u32,
             expert: ((p * 7 + p / k) % e) as u32,
             weight: 0.125,
         })
         .collect();
-    let distinct: std::collections::BTreeSet<u32> = pairs.iter().map(|p| p.expert).collect();
+    let distinct: std::collections::BTreeSet<u32> = base.iter().map(|p| p.expert).collect();
+    let sets: Vec<Vec<ExpertPair>> = (0..e / k)
+        .map(|j| {
+            base.iter()
+                .map(|p| ExpertPair {
+                    expert: ((p.expert as usize + j * k) % e) as u32,
+                    ..*p
+                })
+                .collect()
+        })
+        .collect();
     let mut out = vec![0.0f32; tokens * h];
+    let mut j = 0usize;
     eprintln!("cpu experts: {} ({} threads)", cpu.isa(), cpu.threads());
     bencher
         .counter(BytesCount::new(distinct.len() * layout.bytes))
         .bench_local(|| {
-            cpu.run(&|e| Ok(&slots[e as usize][..]), &x, &pairs, &mut out)
+            j = (j + 1) % sets.len();
+            cpu.run(&|e| Ok(&slots[e as usize][..]), &x, &sets[j], &mut out)
                 .expect("cpu experts")
         });
 }

@@ -33,6 +33,10 @@ pub struct Measured {
     pub cpu_threads: Option<usize>,
     #[serde(default)]
     pub cpu_isa: Option<String>,
+    /// One sync point of a segmented step (a submission and a mapped readback), in
+    /// microseconds. Absent in older files.
+    #[serde(default)]
+    pub round_trip_us: Option<f64>,
     /// Bytes of the matrix read, and of one host-to-device transfer.
     pub read_bytes: u64,
     pub h2d_bytes: u64,
@@ -154,6 +158,7 @@ mod tests {
             cpu_expert_gbps: Some(5.0),
             cpu_threads: Some(2),
             cpu_isa: Some("avx2+fma".into()),
+            round_trip_us: Some(50.0),
             read_bytes: 1,
             h2d_bytes: 1,
             repetitions: 1,

@@ -153,6 +153,10 @@ struct PlanArgs {
     /// The CPU expert kernel's read rate in GB/s (default: from `wgmoe devices --measure`).
     #[arg(long)]
     cpu_gbps: Option<f64>,
+    /// One sync point (submission + readback) in microseconds (default: from
+    /// `wgmoe devices --measure`; without it, sync time is not counted).
+    #[arg(long)]
+    round_trip_us: Option<f64>,
     /// Where misses run, as `run --miss-policy`: upload (needs top_k resident per layer),
     /// cpu, or auto (the default: either per miss; any count from 0 works).
     #[arg(long, value_enum, default_value = "auto")]

@@ -8,7 +8,10 @@
 //!   expert upload does), and through the queue's buffer write.
 //! - The CPU expert kernel (`--miss-policy cpu`): one token through [`CPU_EXPERTS`] distinct
 //!   INT4 experts of OLMoE's shape (hidden 2048, intermediate 1024), packed bytes read over
-//!   the wall time, on every core.
+//!   the wall time, on every core; each call takes the next experts of a pool of
+//!   [`CPU_POOL`] (over 200 MB, more than a CPU cache holds), as decode steps do.
+//! - The round trip of a segmented step's sync point: a submission of a small copy, then
+//!   its readback mapped (what each MoE layer below full residency waits for).
 //!
 //! Each figure is the median of [`REPETITIONS`] timed repetitions after one untimed.
 
@@ -32,6 +35,10 @@ pub const H2D_BYTES: u64 = 64 << 20;
 pub const REPETITIONS: usize = 5;
 /// Experts of the CPU measurement (a decode step's top-8 of one layer).
 pub const CPU_EXPERTS: usize = 8;
+/// Distinct experts the CPU measurement cycles through (64 x 3.2 MB).
+pub const CPU_POOL: usize = 64;
+/// Timed round trips (the median is kept).
+pub const ROUND_TRIPS: usize = 21;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -118,8 +125,9 @@ pub fn h2d_gbps(dev: &Device) -> Result<(f64, f64)> {
 pub fn cpu_expert_gbps(threads: Option<usize>) -> Result<(f64, usize, &'static str)> {
     let layout = crate::quant::Q4SlotLayout::new(2048, 1024);
     let cpu = CpuExperts::new(layout, threads)?;
-    // Zero weights and scales: the kernel's work does not depend on the values.
-    let slots: Vec<Vec<u8>> = (0..CPU_EXPERTS).map(|_| vec![0u8; layout.bytes]).collect();
+    // Zero weights and scales: the kernel's work does not depend on the values. Written,
+    // so every page is resident before timing.
+    let slots: Vec<Vec<u8>> = (0..CPU_POOL).map(|_| vec![0u8; layout.bytes]).collect();
     let expert = |e: u32| -> Result<&[u8]> {
         slots
             .get(e as usize)
@@ -127,17 +135,48 @@ pub fn cpu_expert_gbps(threads: Option<usize>) -> Result<(f64, usize, &'static s
             .ok_or_else(|| crate::error::Error::Other(format!("internal: expert {e}")))
     };
     let x = vec![0.01f32; layout.hidden];
-    let pairs: Vec<ExpertPair> = (0..CPU_EXPERTS as u32)
-        .map(|e| ExpertPair {
-            token: 0,
-            expert: e,
-            weight: 0.125,
-        })
-        .collect();
     let mut out = vec![0.0f32; layout.hidden];
     let bytes = (CPU_EXPERTS * layout.bytes) as u64;
-    let gbps = rate(bytes, || cpu.run(&expert, &x, &pairs, &mut out).map(|_| ()))?;
+    let mut call = 0usize;
+    let gbps = rate(bytes, || {
+        // The next CPU_EXPERTS of the pool: never the experts the last calls read.
+        let first = (call * CPU_EXPERTS) % CPU_POOL;
+        call += 1;
+        let pairs: Vec<ExpertPair> = (0..CPU_EXPERTS)
+            .map(|i| ExpertPair {
+                token: 0,
+                expert: ((first + i) % CPU_POOL) as u32,
+                weight: 0.125,
+            })
+            .collect();
+        cpu.run(&expert, &x, &pairs, &mut out).map(|_| ())
+    })?;
     Ok((gbps, cpu.threads(), cpu.isa()))
+}
+
+/// Seconds of one sync point of a segmented step: submit a 64-byte copy into a readback
+/// buffer and map it (median of [`ROUND_TRIPS`] after one untimed).
+pub fn round_trip_s(dev: &Device) -> Result<f64> {
+    let src = dev.alloc("round_trip_src", 64, Usage::Storage)?;
+    let dst = dev.alloc("round_trip_dst", 64, Usage::Readback)?;
+    let once = || -> Result<()> {
+        dev.submit(&[Work::Copy {
+            src: &src,
+            src_offset: 0,
+            dst: &dst,
+            dst_offset: 0,
+            bytes: 64,
+        }])?;
+        dev.map_read(&dst, 64).map(|_| ())
+    };
+    once()?;
+    let mut v = Vec::with_capacity(ROUND_TRIPS);
+    for _ in 0..ROUND_TRIPS {
+        let t = Instant::now();
+        once()?;
+        v.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(v))
 }
 
 /// Every measurement on `dev` (and this machine's CPU), as the bandwidth file stores them.
@@ -145,6 +184,7 @@ pub fn measure(dev: &Device, overrides: &KernelOverrides, date_utc: String) -> R
     let read = device_read_gbps(dev, overrides)?;
     let (h2d, write) = h2d_gbps(dev)?;
     let (cpu, cpu_threads, cpu_isa) = cpu_expert_gbps(None)?;
+    let round_trip = round_trip_s(dev)?;
     let info = dev.info();
     Ok(Measured {
         adapter: info.name.clone(),
@@ -157,6 +197,7 @@ pub fn measure(dev: &Device, overrides: &KernelOverrides, date_utc: String) -> R
         cpu_expert_gbps: Some(cpu),
         cpu_threads: Some(cpu_threads),
         cpu_isa: Some(cpu_isa.to_string()),
+        round_trip_us: Some(round_trip * 1e6),
         read_bytes: READ_BYTES,
         h2d_bytes: H2D_BYTES,
         repetitions: REPETITIONS,

@@ -286,6 +286,50 @@ fn cpu_misses_are_predicted_from_the_cpu_bandwidth_and_auto_takes_the_faster() {
         let cmd = a["command"].as_str().unwrap();
         assert!(!cmd.contains("--miss-policy"), "{cmd}");
     }
+    // A round trip counts once per sync point: every MoE layer's routing readback and the
+    // token's below full residency, the token's alone at full residency.
+    let rt = with(&[
+        "--miss-policy",
+        "cpu",
+        "--cpu-gbps",
+        "40",
+        "--round-trip-us",
+        "100",
+    ]);
+    let p = &rt["predictions"][0];
+    assert_eq!(p["sync_points_per_token"], 49, "{rt}");
+    assert!((p["t_sync_s"].as_f64().unwrap() - 49.0 * 100e-6).abs() < 1e-12);
+    let g = |k: &str| p[k].as_f64().unwrap();
+    assert!((g("t_token_s") - (g("t_compute_s") + g("t_cpu_s") + g("t_sync_s"))).abs() < 1e-12);
+    assert_eq!(
+        cpu["predictions"][0]["t_sync_s"], 0.0,
+        "no round trip given: not counted"
+    );
+    let full = plan_json(&[
+        &config("olmoe-1b-7b-0924.json"),
+        "--vram",
+        "12GiB",
+        "--device-gbps",
+        "400",
+        "--h2d-gbps",
+        "25",
+        "--round-trip-us",
+        "100",
+        "--json",
+    ]);
+    assert_eq!(full["predictions"][0]["sync_points_per_token"], 1, "{full}");
+    let bad = wgmoe([
+        "plan",
+        &cfg,
+        "--vram",
+        "8GiB",
+        "--device-gbps",
+        "1",
+        "--h2d-gbps",
+        "1",
+        "--round-trip-us=-3",
+    ]);
+    assert_error(&bad, &["--round-trip-us"]);
     // No CPU figure: the CPU prediction is left out, not guessed.
     let none = with(&["--miss-policy", "cpu"]);
     assert!(
@@ -637,6 +681,7 @@ fn devices_measure_stores_what_plan_predicts_with() {
         "host -> device:",
         "queue write:",
         "CPU experts:",
+        "round trip:",
         "stored in",
     ] {
         assert!(r.stdout.contains(want), "{r}");
@@ -664,6 +709,7 @@ fn devices_measure_stores_what_plan_predicts_with() {
         "h2d_gbps",
         "write_buffer_gbps",
         "cpu_expert_gbps",
+        "round_trip_us",
     ] {
         let v = m[k].as_f64().unwrap();
         assert!(v.is_finite() && v > 0.0, "{k}: {v}");

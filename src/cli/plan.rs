@@ -69,11 +69,21 @@ fn bandwidths(a: &PlanArgs) -> Result<Option<Bandwidths>> {
     let dev = check_gbps("--device-gbps", a.device_gbps)?;
     let h2d = check_gbps("--h2d-gbps", a.h2d_gbps)?;
     let cpu = check_gbps("--cpu-gbps", a.cpu_gbps)?;
+    let round_trip = match a.round_trip_us {
+        Some(x) if !(x.is_finite() && x >= 0.0) => {
+            return Err(Error::option(
+                "--round-trip-us",
+                format!("{x} is not a time in microseconds (>= 0)"),
+            ))
+        }
+        other => other.map(|us| us * 1e-6),
+    };
     if let (Some(d), Some(h)) = (dev, h2d) {
         return Ok(Some(Bandwidths {
             device_read_gbps: d,
             h2d_gbps: h,
             cpu_expert_gbps: cpu,
+            round_trip_s: round_trip,
             source: format!(
                 "given as --device-gbps and --h2d-gbps{}",
                 if cpu.is_some() { " and --cpu-gbps" } else { "" }
@@ -118,6 +128,7 @@ fn bandwidths(a: &PlanArgs) -> Result<Option<Bandwidths>> {
         device_read_gbps: dev.unwrap_or(m.device_read_gbps),
         h2d_gbps: h2d.unwrap_or(m.h2d_gbps),
         cpu_expert_gbps: cpu.or(m.cpu_expert_gbps),
+        round_trip_s: round_trip.or(m.round_trip_us.map(|us| us * 1e-6)),
         source,
         software_adapter: m.device_type == "Cpu",
     }))

@@ -112,9 +112,13 @@ pub fn measure(gpu: &GpuArgs, as_json: bool) -> Result<()> {
         );
         if let (Some(g), Some(t), Some(isa)) = (m.cpu_expert_gbps, m.cpu_threads, &m.cpu_isa) {
             out!(
-                "  CPU experts:     {g:8.2} GB/s  (INT4 expert kernel, one token x {} experts of 2048 x 1024, {t} threads, {isa})",
-                wgmoe::measure::CPU_EXPERTS
+                "  CPU experts:     {g:8.2} GB/s  (INT4 expert kernel, one token x {} experts of 2048 x 1024 from a pool of {}, {t} threads, {isa})",
+                wgmoe::measure::CPU_EXPERTS,
+                wgmoe::measure::CPU_POOL
             );
+        }
+        if let Some(us) = m.round_trip_us {
+            out!("  round trip:      {us:8.1} us    (submit a small copy, map its readback: one sync point of a MoE layer below full residency)");
         }
         out!("stored in {} for `wgmoe plan`", path.display());
     }

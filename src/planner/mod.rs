@@ -28,6 +28,8 @@ pub struct Bandwidths {
     pub h2d_gbps: f64,
     /// The CPU expert kernel's packed-weight read rate (None: not measured, not given).
     pub cpu_expert_gbps: Option<f64>,
+    /// One sync point (a submission and a mapped readback), seconds (None: not counted).
+    pub round_trip_s: Option<f64>,
     /// e.g. "measured by `wgmoe devices --measure` on <adapter> (<file>)" or "--device-gbps".
     pub source: String,
     /// The adapter measured is a software one (lavapipe): its numbers are CPU numbers.
@@ -83,6 +85,11 @@ pub struct Prediction {
     pub t_transfer_s: f64,
     /// CPU time of the misses (`cpu`; 0 with `upload`), not overlapped with the device's.
     pub t_cpu_s: f64,
+    /// Sync points a decode step waits for: the token's readback, and below full residency
+    /// one routing readback per MoE layer.
+    pub sync_points_per_token: usize,
+    /// sync points x the measured round trip (0 when no round trip is known).
+    pub t_sync_s: f64,
     pub t_token_s: f64,
     pub tokens_per_s: f64,
 }
@@ -445,7 +452,13 @@ fn predict(
         _ => (all, not_resident / (bw.h2d_gbps * gb), 0.0),
     };
     let t_compute = read as f64 / (bw.device_read_gbps * gb);
-    let t_token = t_compute + t_transfer + t_cpu;
+    let syncs = if n < e {
+        cfg.num_sparse_layers() + 1
+    } else {
+        1
+    };
+    let t_sync = bw.round_trip_s.map_or(0.0, |r| syncs as f64 * r);
+    let t_token = t_compute + t_transfer + t_cpu + t_sync;
     Ok(Some(Prediction {
         miss_policy: way,
         hit_rate,
@@ -456,6 +469,8 @@ fn predict(
         bytes_not_resident_per_token: not_resident,
         t_transfer_s: t_transfer,
         t_cpu_s: t_cpu,
+        sync_points_per_token: syncs,
+        t_sync_s: t_sync,
         t_token_s: t_token,
         tokens_per_s: if t_token > 0.0 { 1.0 / t_token } else { 0.0 },
     }))

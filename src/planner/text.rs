@@ -329,12 +329,15 @@ fn prediction(o: &mut String, r: &PlanReport) {
     };
     let _ = writeln!(
         o,
-        "Bandwidths: device read {:.1} GB/s, host->device {:.1} GB/s, CPU experts {} ({}){}",
+        "Bandwidths: device read {:.1} GB/s, host->device {:.1} GB/s, CPU experts {}, round trip {} ({}){}",
         bw.device_read_gbps,
         bw.h2d_gbps,
         bw.cpu_expert_gbps
-            .map_or("not measured (--cpu-gbps)".to_string(), |c| format!(
-                "{c:.1} GB/s"
+            .map_or("not measured (--cpu-gbps)".to_string(), |c| format!("{c:.1} GB/s")),
+        bw.round_trip_s
+            .map_or("not measured (--round-trip-us)".to_string(), |r| format!(
+                "{:.1} us",
+                r * 1e6
             )),
         bw.source,
         if bw.software_adapter {
@@ -384,9 +387,10 @@ fn prediction(o: &mut String, r: &PlanReport) {
                 bw.cpu_expert_gbps.unwrap_or(0.0),
                 secs(p.t_cpu_s)
             );
+            sync_line(o, bw, p);
             let _ = writeln!(
                 o,
-                "  t_token = t_compute + t_cpu = {} -> {:.2} tokens/s (CPU and device time added, no overlap counted: an upper bound of the time)",
+                "  t_token = t_compute + t_cpu + t_sync = {} -> {:.2} tokens/s (CPU and device time added, no overlap counted)",
                 secs(p.t_token_s),
                 p.tokens_per_s
             );
@@ -398,9 +402,10 @@ fn prediction(o: &mut String, r: &PlanReport) {
                 bw.h2d_gbps,
                 secs(p.t_transfer_s)
             );
+            sync_line(o, bw, p);
             let _ = writeln!(
                 o,
-                "  t_token = t_compute + t_transfer = {} -> {:.2} tokens/s",
+                "  t_token = t_compute + t_transfer + t_sync = {} -> {:.2} tokens/s",
                 secs(p.t_token_s),
                 p.tokens_per_s
             );
@@ -422,4 +427,21 @@ fn prediction(o: &mut String, r: &PlanReport) {
             "  (routing is rarely uniform: measure yours with `wgmoe run ... --trace t.jsonl`, `wgmoe simulate t.jsonl --capacity N`, and pass its hit rate as --hit-rate)"
         );
     }
+}
+
+fn sync_line(o: &mut String, bw: &super::Bandwidths, p: &super::Prediction) {
+    let _ = match bw.round_trip_s {
+        Some(r) => writeln!(
+            o,
+            "  t_sync     = {} sync points x {:.1} us = {}",
+            p.sync_points_per_token,
+            r * 1e6,
+            secs(p.t_sync_s)
+        ),
+        None => writeln!(
+            o,
+            "  t_sync     = not counted ({} sync points per token; no round trip measured, --round-trip-us)",
+            p.sync_points_per_token
+        ),
+    };
 }
