@@ -8,11 +8,11 @@
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::inspect::human;
 use crate::model::tensors::{pad8, ExpertPool};
 use crate::model::workspace::{planned_shape, workspace_bytes};
 use crate::quant::Q4SlotLayout;
 use crate::residency::MissPolicy;
+use crate::units::human;
 
 /// Most mapped staging buffers for expert uploads.
 pub const MAX_STAGING_BUFFERS: usize = 1024;

@@ -145,11 +145,9 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
     if let Some(st) = classes.get_mut(&TensorClass::RoutedExperts) {
         st.int4_bytes = int4_all;
     }
-    let dense_f16: u64 = classes
-        .iter()
-        .filter(|(c, _)| **c != TensorClass::RoutedExperts)
-        .map(|(_, s)| s.f16_bytes)
-        .sum();
+    // The non-routed weights as the device holds them (rows padded, the expert->slot
+    // tables): admission's arithmetic, so `inspect`, `plan` and the loader agree.
+    let dense_gpu = crate::admission::dense_gpu_bytes(cfg);
     let f16_per_expert = ExpertPool::slot_bytes(cfg.hidden_size, cfg.moe_intermediate);
     Ok(Inspection {
         converted_int4: converted,
@@ -157,11 +155,13 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
         routed_expert_count: routed_count,
         int4_bytes_per_expert: layout.bytes as u64,
         f16_bytes_per_expert: f16_per_expert,
-        gpu_weight_bytes_int4: dense_f16 + int4_all,
+        gpu_weight_bytes_int4: dense_gpu
+            .checked_add(int4_all)
+            .ok_or_else(|| overflow("GPU bytes"))?,
         gpu_weight_bytes_f16: (!converted)
             .then(|| mul(routed_count as u64, f16_per_expert, "f16 expert bytes"))
             .transpose()?
-            .map(|b| dense_f16 + b),
+            .map(|b| dense_gpu.saturating_add(b)),
         kv_cache_bytes_per_position: mul(
             cfg.num_layers as u64 * 2,
             cfg.num_kv_heads as u64 * cfg.head_dim as u64 * 4,
@@ -174,18 +174,7 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
     })
 }
 
-pub fn human(bytes: u64) -> String {
-    let b = bytes as f64;
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else if b >= (1u64 << 20) as f64 {
-        format!("{:.2} MiB", b / (1u64 << 20) as f64)
-    } else if b >= 1024.0 {
-        format!("{:.1} KiB", b / 1024.0)
-    } else {
-        format!("{bytes} B")
-    }
-}
+pub use crate::units::human;
 
 pub fn table(i: &Inspection) -> String {
     use std::fmt::Write;

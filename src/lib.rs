@@ -41,5 +41,6 @@ pub mod svg;
 pub mod synth;
 pub mod tokenizer;
 pub mod trace;
+pub mod units;
 
 pub use error::{Error, Result};

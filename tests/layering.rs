@@ -173,6 +173,7 @@ fn the_module_graph_has_no_cycle() {
         "bandwidth",
         "svg",
         "render",
+        "units",
     ];
     let above = [
         "backend",

@@ -656,6 +656,25 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
     }
 }
 
+/// `inspect --max-context N` and `plan --context N` count the same bytes with every expert
+/// resident (one arithmetic: admission's per-tensor bytes and slot tables, the workspace
+/// table).
+#[test]
+fn inspect_and_plan_agree_on_the_fixtures() {
+    for name in [OLMOE, QWEN, QWEN3, MIXTRAL] {
+        let dir = s(&fixture(name));
+        let i = json_of(&wgmoe(["inspect", &dir, "--json", "--max-context", "40"]));
+        let p = plan_json(&[&dir, "--vram", "64GiB", "--context", "40", "--json"]);
+        assert_eq!(
+            u(&i, "total_gpu_bytes_int4"),
+            u(&p, "all_resident_bytes"),
+            "{name}"
+        );
+        assert_eq!(u(&i, "kv_cache_bytes"), u(&p, "kv_cache_bytes"), "{name}");
+        assert_eq!(u(&i, "workspace_bytes"), u(&p, "workspace_bytes"), "{name}");
+    }
+}
+
 /// `devices --measure` stores the adapter's figures (keyed by adapter and driver) where
 /// `plan` finds them; a second measurement replaces the first. Speeds are not asserted.
 #[test]
