@@ -23,6 +23,9 @@ pub(super) enum Isa {
     Baseline,
     /// x86-64 with AVX2 and FMA (checked at run time).
     Avx2Fma,
+    /// x86-64 with AVX-512F besides AVX2 and FMA (checked at run time): 16-wide nibble
+    /// dots; the rest of the kernel as with AVX2.
+    Avx512,
 }
 
 impl Isa {
@@ -30,15 +33,33 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                if std::is_x86_feature_detected!("avx512f") {
+                    return Isa::Avx512;
+                }
                 return Isa::Avx2Fma;
             }
         }
         Isa::Baseline
     }
 
+    /// This one, or `cap` where `cap` is the weaker (tests run every path the CPU has).
+    pub(super) fn at_most(self, cap: Isa) -> Isa {
+        let rank = |i: Isa| match i {
+            Isa::Baseline => 0,
+            Isa::Avx2Fma => 1,
+            Isa::Avx512 => 2,
+        };
+        if rank(cap) < rank(self) {
+            cap
+        } else {
+            self
+        }
+    }
+
     pub(super) fn name(self) -> &'static str {
         match self {
             Isa::Avx2Fma => "avx2+fma",
+            Isa::Avx512 => "avx512f+fma",
             Isa::Baseline if cfg!(target_arch = "aarch64") => "neon",
             Isa::Baseline if cfg!(target_arch = "x86_64") => "sse2",
             Isa::Baseline => "scalar",
@@ -138,20 +159,69 @@ fn nibble_dot_avx2(q: &[u8], lo: &[f32], hi: &[f32]) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The same sum with AVX-512F: 16 bytes widened to 16 nibbles each side per step, two
+/// steps per iteration, four independent multiply-add chains of 16 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn nibble_dot_avx512(q: &[u8], lo: &[f32], hi: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = q.len().min(lo.len()).min(hi.len()) & !15;
+    let (q, lo, hi) = (&q[..n], &lo[..n], &hi[..n]);
+    // SAFETY (the loads below): every pointer is within a slice of length n, 16 elements
+    // from `i`, and `i + 16 <= n` (`i + 32 <= n` in the paired steps); unaligned loads.
+    let mask = _mm512_set1_epi32(15);
+    let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let (mut b0, mut b1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut i = 0;
+    while i + 32 <= n {
+        unsafe {
+            let w0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.as_ptr().add(i).cast()));
+            let w1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.as_ptr().add(i + 16).cast()));
+            let l0 = _mm512_cvtepi32_ps(_mm512_and_si512(w0, mask));
+            let l1 = _mm512_cvtepi32_ps(_mm512_and_si512(w1, mask));
+            let h0 = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(w0));
+            let h1 = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(w1));
+            a0 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(lo.as_ptr().add(i)), a0);
+            a1 = _mm512_fmadd_ps(l1, _mm512_loadu_ps(lo.as_ptr().add(i + 16)), a1);
+            b0 = _mm512_fmadd_ps(h0, _mm512_loadu_ps(hi.as_ptr().add(i)), b0);
+            b1 = _mm512_fmadd_ps(h1, _mm512_loadu_ps(hi.as_ptr().add(i + 16)), b1);
+        }
+        i += 32;
+    }
+    if i + 16 <= n {
+        unsafe {
+            let w = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.as_ptr().add(i).cast()));
+            let l = _mm512_cvtepi32_ps(_mm512_and_si512(w, mask));
+            let h = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(w));
+            a0 = _mm512_fmadd_ps(l, _mm512_loadu_ps(lo.as_ptr().add(i)), a0);
+            b0 = _mm512_fmadd_ps(h, _mm512_loadu_ps(hi.as_ptr().add(i)), b0);
+        }
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(b0, b1)))
+}
+
+/// Which dot the loops use: 0 portable, 1 AVX2, 2 AVX-512.
 #[inline(always)]
-fn nibble_dot<const AVX2: bool>(q: &[u8], lo: &[f32], hi: &[f32]) -> f32 {
+fn nibble_dot<const SIMD: u8>(q: &[u8], lo: &[f32], hi: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if AVX2 {
-        // SAFETY: instantiated with AVX2 = true only inside functions compiled for AVX2 +
-        // FMA, which run only when the CPU has them (Isa::detect).
-        return unsafe { nibble_dot_avx2(q, lo, hi) };
+    {
+        if SIMD == 2 {
+            // SAFETY: instantiated with SIMD = 2 only inside functions compiled for
+            // AVX-512F, AVX2 and FMA, which run only when the CPU has them (Isa::detect).
+            return unsafe { nibble_dot_avx512(q, lo, hi) };
+        }
+        if SIMD == 1 {
+            // SAFETY: instantiated with SIMD = 1 only inside functions compiled for AVX2 +
+            // FMA, which run only when the CPU has them (Isa::detect).
+            return unsafe { nibble_dot_avx2(q, lo, hi) };
+        }
     }
     nibble_dot_portable(q, lo, hi)
 }
 
 /// One packed row (`q`, its f16 `scales`) dot one token's activations.
 #[inline(always)]
-fn row_dot<const AVX2: bool>(q: &[u8], scales: &[u8], x: &Interleaved) -> f32 {
+fn row_dot<const SIMD: u8>(q: &[u8], scales: &[u8], x: &Interleaved) -> f32 {
     let mut acc = 0.0f32;
     for (b, (qb, sb)) in q
         .chunks(BLOCK_BYTES)
@@ -159,7 +229,7 @@ fn row_dot<const AVX2: bool>(q: &[u8], scales: &[u8], x: &Interleaved) -> f32 {
         .enumerate()
     {
         let o = b * BLOCK_BYTES;
-        let d = nibble_dot::<AVX2>(qb, &x.lo[o..o + qb.len()], &x.hi[o..o + qb.len()]);
+        let d = nibble_dot::<SIMD>(qb, &x.lo[o..o + qb.len()], &x.hi[o..o + qb.len()]);
         let s = f16::from_le_bytes([sb[0], sb[1]]).to_f32();
         acc += s * (d - 8.0 * x.block_sums[b]);
     }
@@ -174,7 +244,7 @@ fn scale_row<'a>(m: &Q4Matrix, s: &'a [u8], n: usize) -> &'a [u8] {
 /// Rows `n0 ..` of gate and up for each token of `acts`: `out[(n - n0) * T + t] =
 /// silu(gate_n . x_t) * (up_n . x_t)`, T = `acts.len()`.
 #[inline(always)]
-fn swiglu_impl<const AVX2: bool>(
+fn swiglu_impl<const SIMD: u8>(
     l: &Q4SlotLayout,
     slot: &[u8],
     n0: usize,
@@ -189,8 +259,8 @@ fn swiglu_impl<const AVX2: bool>(
         let (g_row, u_row) = (row_bytes(&l.gate, gq, n), row_bytes(&l.gate, uq, n));
         let (g_sc, u_sc) = (scale_row(&l.gate, gs, n), scale_row(&l.gate, us, n));
         for (o, x) in row.iter_mut().zip(acts) {
-            let g = row_dot::<AVX2>(g_row, g_sc, x);
-            let u = row_dot::<AVX2>(u_row, u_sc, x);
+            let g = row_dot::<SIMD>(g_row, g_sc, x);
+            let u = row_dot::<SIMD>(u_row, u_sc, x);
             *o = g / (1.0 + (-g).exp()) * u;
         }
     }
@@ -199,7 +269,7 @@ fn swiglu_impl<const AVX2: bool>(
 /// Rows `m0 ..` of down for each pair: `out[(m - m0) * tokens + t] += w * (down_m . h)`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn down_impl<const AVX2: bool>(
+fn down_impl<const SIMD: u8>(
     l: &Q4SlotLayout,
     slot: &[u8],
     m0: usize,
@@ -214,7 +284,7 @@ fn down_impl<const AVX2: bool>(
         let m = m0 + r;
         let (q, s) = (row_bytes(&l.down, dq, m), scale_row(&l.down, ds, m));
         for (&(t, w), x) in toks.iter().zip(acts) {
-            row[t] += w * row_dot::<AVX2>(q, s, x);
+            row[t] += w * row_dot::<SIMD>(q, s, x);
         }
     }
 }
@@ -222,7 +292,13 @@ fn down_impl<const AVX2: bool>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn swiglu_avx2(l: &Q4SlotLayout, slot: &[u8], n0: usize, acts: &[&Interleaved], out: &mut [f32]) {
-    swiglu_impl::<true>(l, slot, n0, acts, out)
+    swiglu_impl::<1>(l, slot, n0, acts, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn swiglu_avx512(l: &Q4SlotLayout, slot: &[u8], n0: usize, acts: &[&Interleaved], out: &mut [f32]) {
+    swiglu_impl::<2>(l, slot, n0, acts, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -237,7 +313,22 @@ fn down_avx2(
     tokens: usize,
     out: &mut [f32],
 ) {
-    down_impl::<true>(l, slot, m0, toks, acts, tokens, out)
+    down_impl::<1>(l, slot, m0, toks, acts, tokens, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn down_avx512(
+    l: &Q4SlotLayout,
+    slot: &[u8],
+    m0: usize,
+    toks: &[(usize, f32)],
+    acts: &[Interleaved],
+    tokens: usize,
+    out: &mut [f32],
+) {
+    down_impl::<2>(l, slot, m0, toks, acts, tokens, out)
 }
 
 /// FMA where the baseline has it (aarch64), separate multiply and add elsewhere.
@@ -252,13 +343,15 @@ pub(super) fn swiglu_rows(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma {
+    match isa {
+        // SAFETY: Isa::Avx512 is only chosen when the CPU reports AVX-512F, AVX2 and FMA.
+        Isa::Avx512 => return unsafe { swiglu_avx512(l, slot, n0, acts, out) },
         // SAFETY: Isa::Avx2Fma is only chosen when the CPU reports AVX2 and FMA.
-        unsafe { swiglu_avx2(l, slot, n0, acts, out) };
-        return;
+        Isa::Avx2Fma => return unsafe { swiglu_avx2(l, slot, n0, acts, out) },
+        Isa::Baseline => {}
     }
     let _ = isa;
-    swiglu_impl::<false>(l, slot, n0, acts, out)
+    swiglu_impl::<0>(l, slot, n0, acts, out)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -273,11 +366,13 @@ pub(super) fn down_rows(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma {
+    match isa {
         // SAFETY: as above.
-        unsafe { down_avx2(l, slot, m0, toks, acts, tokens, out) };
-        return;
+        Isa::Avx512 => return unsafe { down_avx512(l, slot, m0, toks, acts, tokens, out) },
+        // SAFETY: as above.
+        Isa::Avx2Fma => return unsafe { down_avx2(l, slot, m0, toks, acts, tokens, out) },
+        Isa::Baseline => {}
     }
     let _ = isa;
-    down_impl::<false>(l, slot, m0, toks, acts, tokens, out)
+    down_impl::<0>(l, slot, m0, toks, acts, tokens, out)
 }

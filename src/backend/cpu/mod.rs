@@ -6,8 +6,8 @@
 //! [`CpuExperts::run`] computes `out[t] += w · down(silu(gate · x_t) * (up · x_t))` for a
 //! set of (token, expert, weight) pairs, in f32, the pairs of one expert sharing each read
 //! of its weights. Rows are spread over a rayon pool; the inner loops are written for the
-//! compiler's auto-vectorisation, built twice on x86-64 (baseline SSE2, and AVX2 + FMA
-//! chosen at run time when the CPU has them).
+//! compiler's auto-vectorisation, built three times on x86-64 (baseline SSE2, AVX2 + FMA,
+//! and AVX-512F, the best the CPU has chosen at run time).
 
 mod kernel;
 
@@ -75,6 +75,13 @@ impl CpuExperts {
     /// path CPUs without AVX2 + FMA take).
     pub fn with_baseline_isa(mut self) -> Self {
         self.isa = Isa::Baseline;
+        self
+    }
+
+    /// At most the AVX2 + FMA loops, even where the CPU has AVX-512 (tests of the path
+    /// CPUs without AVX-512 take).
+    pub fn without_avx512(mut self) -> Self {
+        self.isa = self.isa.at_most(Isa::Avx2Fma);
         self
     }
 
