@@ -264,7 +264,7 @@ fn safetensors_header(meta: &BTreeMap<String, String>, plan: &[PlannedTensor]) -
         off += p.bytes;
     }
     let mut h = serde_json::Value::Object(obj).to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     h

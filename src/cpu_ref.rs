@@ -22,7 +22,7 @@ fn need(what: &str, got: usize, want: usize) -> Result<()> {
 }
 
 fn rows_of(what: &str, len: usize, width: usize) -> Result<usize> {
-    if width == 0 || len % width != 0 {
+    if width == 0 || !len.is_multiple_of(width) {
         return Err(Error::Other(format!(
             "cpu_ref: {what} of {len} values is not whole rows of {width}"
         )));
@@ -245,7 +245,7 @@ pub fn attention(
     let t = rows_of("attention q", q.len(), q_dim)?;
     let positions = rows_of("k cache", cache_k.len(), kv_dim)?;
     need("v cache", cache_v.len(), cache_k.len())?;
-    if heads.n_kv == 0 || heads.n_heads % heads.n_kv != 0 || pos0 + t > positions {
+    if heads.n_kv == 0 || !heads.n_heads.is_multiple_of(heads.n_kv) || pos0 + t > positions {
         return Err(Error::Other(format!(
             "cpu_ref: attention shape {heads:?}, pos0 {pos0}, {t} tokens, {positions} cached"
         )));

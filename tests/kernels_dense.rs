@@ -687,6 +687,9 @@ fn window_tokens_respects_size_and_alignment() {
     for (row, chunk) in [(4000usize, 64usize), (400, 500), (4096, 64), (1056, 300)] {
         let tw = window_tokens(row, chunk, 256);
         assert!(tw * row <= UNIFORM_WINDOW_BYTES && tw >= 1);
-        assert!(tw == chunk || (tw * row) % 256 == 0, "row {row}: {tw}");
+        assert!(
+            tw == chunk || (tw * row).is_multiple_of(256),
+            "row {row}: {tw}"
+        );
     }
 }

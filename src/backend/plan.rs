@@ -189,8 +189,8 @@ impl KernelPlan {
     /// activations (hidden) and its k intermediates must fit 64 KiB, rows 16-byte aligned.
     pub fn q4_decode_uniform(&self, hidden: usize, inter: usize, top_k: usize) -> bool {
         self.uniform_decode
-            && hidden % 4 == 0
-            && inter % 4 == 0
+            && hidden.is_multiple_of(4)
+            && inter.is_multiple_of(4)
             && hidden * 4 <= UNIFORM_WINDOW_BYTES
             && top_k * inter * 4 <= UNIFORM_WINDOW_BYTES
     }
@@ -205,7 +205,7 @@ impl KernelPlan {
     /// Tokens per uniform window of a multi-token matmul over `cols` inputs in chunks of
     /// `chunk` tokens; 0 means the storage matmul serves it.
     pub fn matmul_window_tokens(&self, cols: usize, chunk: usize) -> usize {
-        if !self.window_prefill || chunk < 2 || cols % 4 != 0 {
+        if !self.window_prefill || chunk < 2 || !cols.is_multiple_of(4) {
             return 0;
         }
         window_tokens(cols * 4, chunk, self.uniform_align)
@@ -214,7 +214,7 @@ impl KernelPlan {
     /// The attention kernel of a model with `head_dim`, prefilled `chunk` tokens at a time.
     /// The window kernel serves one-token steps too (about 30% faster on lavapipe).
     pub fn attention(&self, head_dim: usize, chunk: usize) -> Kernel {
-        if self.window_prefill && chunk > 1 && head_dim % 4 == 0 {
+        if self.window_prefill && chunk > 1 && head_dim.is_multiple_of(4) {
             Kernel::AttentionWindow
         } else {
             Kernel::Attention
@@ -416,7 +416,7 @@ mod tests {
         for (row, chunk, align) in [(4096, 64, 256), (400, 300, 64), (12, 9000, 32)] {
             let tw = window_tokens(row, chunk, align);
             assert!(tw * row <= UNIFORM_WINDOW_BYTES);
-            assert!(tw == chunk || (tw * row) % align == 0);
+            assert!(tw == chunk || (tw * row).is_multiple_of(align));
         }
     }
 }

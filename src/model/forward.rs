@@ -170,7 +170,7 @@ fn check_shapes(dev: &Device, cfg: &ModelConfig, ctxlen: usize) -> Result<()> {
         )));
     }
     let hd = cfg.head_dim;
-    if hd > ATTENTION_MAX_HEAD_DIM || hd % 2 != 0 {
+    if hd > ATTENTION_MAX_HEAD_DIM || !hd.is_multiple_of(2) {
         return Err(Error::DoesNotFit(format!(
             "head_dim {hd}: attention supports even head dims up to {ATTENTION_MAX_HEAD_DIM}"
         )));

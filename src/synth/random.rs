@@ -121,7 +121,7 @@ pub(super) fn fill_q4_matrix(m: Q4Matrix, st: &mut u64, q: &mut [u8], s: &mut [u
         }
     }
     let nv = m.vec4_per_row();
-    if m.inp % 32 != 0 {
+    if !m.inp.is_multiple_of(32) {
         for n in 0..m.out {
             for k in m.inp..nv * 32 {
                 let (c, j, r) = (k / 32, (k % 32) / 8, k % 8);

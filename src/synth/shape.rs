@@ -171,7 +171,7 @@ impl SynthShape {
         // (1:1 for OLMoE and Qwen1.5, 8:1 for Qwen3, 4:1 for Mixtral).
         let kv_default = if o.heads.is_none() {
             s.kv_heads
-        } else if s.heads % preset_ratio == 0 {
+        } else if s.heads.is_multiple_of(preset_ratio) {
             s.heads / preset_ratio
         } else {
             s.heads
@@ -222,7 +222,7 @@ impl SynthShape {
                     ),
                 ));
             }
-            if s.hidden % s.heads != 0 {
+            if !s.hidden.is_multiple_of(s.heads) {
                 return Err(Error::option(
                     "--heads",
                     format!("{} does not divide --hidden {}", s.heads, s.hidden),
@@ -230,7 +230,7 @@ impl SynthShape {
             }
             s.head_dim = s.hidden / s.heads;
         }
-        if s.head_dim % 2 != 0 {
+        if !s.head_dim.is_multiple_of(2) {
             return Err(Error::option(
                 if arch.explicit_head_dim() {
                     "--head-dim"
@@ -240,7 +240,7 @@ impl SynthShape {
                 format!("head dim {} is odd; RoPE needs it even", s.head_dim),
             ));
         }
-        if s.heads % s.kv_heads != 0 {
+        if !s.heads.is_multiple_of(s.kv_heads) {
             return Err(Error::option(
                 "--kv-heads",
                 format!("{} does not divide --heads {}", s.kv_heads, s.heads),

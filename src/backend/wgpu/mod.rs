@@ -240,7 +240,7 @@ impl Backend for WgpuDevice {
         }
         let b = self.native(buf);
         // queue.write_buffer needs a multiple of 4 bytes.
-        if data.len() % 4 == 0 {
+        if data.len().is_multiple_of(4) {
             self.queue.write_buffer(b, offset, data);
         } else {
             let mut v = data.to_vec();
