@@ -1,0 +1,263 @@
+//! The CUDA C kernels (`kernels/cuda/`, ports of the WGSL kernels under `shaders/`) and
+//! their compilation to PTX with NVRTC. The CUDA backend offers the portable set the kernel
+//! plan picks on it (no subgroup, f16-arithmetic or uniform-window variants: the device
+//! reports none of those features), so every kernel that plan can pick has a CUDA version
+//! here; any other is refused by name. PTX is cached per process and architecture.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::{Mutex, OnceLock};
+
+use cudarc::nvrtc::sys as nv;
+
+use super::load;
+use crate::backend::kernel::{Kernel, Q4Variant};
+use crate::error::{Error, Result};
+
+const COMMON: &str = include_str!("../../../kernels/cuda/common.cuh");
+
+/// The CUDA sources, by file name under `kernels/cuda/`.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("embed.cu", include_str!("../../../kernels/cuda/embed.cu")),
+    (
+        "rmsnorm.cu",
+        include_str!("../../../kernels/cuda/rmsnorm.cu"),
+    ),
+    ("matmul.cu", include_str!("../../../kernels/cuda/matmul.cu")),
+    (
+        "rope_kv.cu",
+        include_str!("../../../kernels/cuda/rope_kv.cu"),
+    ),
+    (
+        "attention.cu",
+        include_str!("../../../kernels/cuda/attention.cu"),
+    ),
+    (
+        "router_topk.cu",
+        include_str!("../../../kernels/cuda/router_topk.cu"),
+    ),
+    ("ffn.cu", include_str!("../../../kernels/cuda/ffn.cu")),
+    ("q4.cu", include_str!("../../../kernels/cuda/q4.cu")),
+    (
+        "moe_combine.cu",
+        include_str!("../../../kernels/cuda/moe_combine.cu"),
+    ),
+    ("argmax.cu", include_str!("../../../kernels/cuda/argmax.cu")),
+];
+
+/// How one kernel is built and launched.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaKernel {
+    /// Its source file under `kernels/cuda/`.
+    pub file: &'static str,
+    /// The `extern "C"` entry point.
+    pub entry: &'static str,
+    /// A macro the file's variants are selected by.
+    pub define: Option<&'static str>,
+    /// The binding numbers the kernel takes after the params and the step, in order.
+    pub bindings: &'static [u32],
+    /// Threads per block (the WGSL workgroup size).
+    pub block: u32,
+}
+
+/// The CUDA version of a kernel, `None` when this backend has none.
+pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
+    let c = |file, entry, bindings, block| CudaKernel {
+        file,
+        entry,
+        define: None,
+        bindings,
+        block,
+    };
+    Some(match k {
+        Kernel::Embed => c("embed.cu", "embed", &[2, 3, 4], 64),
+        Kernel::RmsNorm => c("rmsnorm.cu", "rmsnorm", &[2, 3, 4], 64),
+        Kernel::Matmul => c("matmul.cu", "matmul", &[2, 3, 4, 5], 64),
+        Kernel::RopeKv => c("rope_kv.cu", "rope_kv", &[2, 3, 4, 5, 6, 7, 8], 64),
+        Kernel::Attention => c("attention.cu", "attention", &[2, 3, 4, 5, 6], 64),
+        Kernel::RouterTopk => c("router_topk.cu", "router_topk", &[2, 3, 4], 64),
+        Kernel::FfnGateUp => c("ffn.cu", "ffn_gate_up", &[2, 3, 4, 5, 6], 64),
+        Kernel::FfnDown => c("ffn.cu", "ffn_down", &[2, 3, 4, 5, 6], 64),
+        Kernel::Q4GateUp(Q4Variant::PORTABLE) => CudaKernel {
+            define: Some("Q4_GATE_UP"),
+            ..c("q4.cu", "ffn_gate_up_q4", &[2, 3, 4, 5, 6, 7, 15], 64)
+        },
+        Kernel::Q4Down(Q4Variant::PORTABLE) => {
+            c("q4.cu", "ffn_down_q4", &[2, 3, 4, 5, 6, 7, 15], 64)
+        }
+        Kernel::Q4DownCombine(Q4Variant::PORTABLE) => CudaKernel {
+            define: Some("Q4_DOWN_COMBINE"),
+            ..c(
+                "q4.cu",
+                "ffn_down_q4_combine",
+                &[2, 3, 4, 5, 6, 7, 8, 15],
+                64,
+            )
+        },
+        Kernel::MoeCombine => c(
+            "moe_combine.cu",
+            "moe_combine",
+            &[2, 3, 4, 5, 6, 7, 8, 9],
+            64,
+        ),
+        Kernel::Argmax => c("argmax.cu", "argmax", &[2, 3], 256),
+        _ => return None,
+    })
+}
+
+/// Every kernel with a CUDA version.
+pub fn kernels() -> Vec<Kernel> {
+    Kernel::all()
+        .into_iter()
+        .filter(|k| cuda_kernel(*k).is_some())
+        .collect()
+}
+
+/// The error for a kernel this backend has no version of.
+pub fn no_cuda_version(k: Kernel) -> Error {
+    Error::Gpu(format!(
+        "kernel {k} has no CUDA version (the CUDA backend runs the portable storage kernels; --portable-kernels and the default plan pick only those)"
+    ))
+}
+
+/// The complete CUDA C source of a kernel: the params size its layout check compares
+/// with, the variant macro, the common header, the file.
+pub fn source(k: Kernel) -> Result<String> {
+    let ck = cuda_kernel(k).ok_or_else(|| no_cuda_version(k))?;
+    let body = SOURCES
+        .iter()
+        .find(|(f, _)| *f == ck.file)
+        .map(|(_, s)| *s)
+        .ok_or_else(|| Error::Other(format!("internal: no CUDA source {}", ck.file)))?;
+    let (_, size) = k.params_layout();
+    let mut s = format!("#define WGMOE_PARAMS_BYTES {size}\n");
+    if let Some(d) = ck.define {
+        s.push_str(&format!("#define {d} 1\n"));
+    }
+    s.push_str(COMMON);
+    s.push('\n');
+    s.push_str(body);
+    Ok(s)
+}
+
+/// PTX of a kernel for a virtual architecture (`compute_90`; `None`: NVRTC's default),
+/// compiled on first use and cached for the process.
+pub fn ptx(k: Kernel, arch: Option<&str>) -> Result<String> {
+    type Cache = Mutex<HashMap<(Kernel, Option<String>), String>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Cache::default);
+    let key = (k, arch.map(str::to_string));
+    if let Some(p) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return Ok(p);
+    }
+    let p = compile(k, arch)?;
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, p.clone());
+    }
+    Ok(p)
+}
+
+/// NVRTC's error string for a result.
+fn nvrtc_error(r: nv::nvrtcResult) -> String {
+    // SAFETY: nvrtcGetErrorString returns a static string for any result value.
+    let p = unsafe { nv::nvrtcGetErrorString(r) };
+    if p.is_null() {
+        return format!("{r:?}");
+    }
+    // SAFETY: non-null, NUL-terminated, static.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn compile(k: Kernel, arch: Option<&str>) -> Result<String> {
+    let name = cuda_kernel(k).map_or("kernel.cu", |c| c.file);
+    compile_source(&format!("{k} ({name})"), &source(k)?, arch)
+}
+
+/// Compile CUDA C source to PTX with NVRTC (through its C API: cudarc's wrapper unwraps
+/// the log); the error holds the compiler's log.
+pub fn compile_source(name: &str, src: &str, arch: Option<&str>) -> Result<String> {
+    load::nvrtc()?;
+    let fail = |what: &str, r: nv::nvrtcResult| {
+        Error::Gpu(format!("NVRTC {what} of {name}: {}", nvrtc_error(r)))
+    };
+    let csrc = CString::new(src).map_err(|_| Error::Other(format!("internal: NUL in {name}")))?;
+    let cname = CString::new("kernel.cu").map_err(|_| Error::Other(format!("internal: {name}")))?;
+    let mut opts = vec!["--std=c++14".to_string()];
+    if let Some(a) = arch {
+        opts.push(format!("--gpu-architecture={a}"));
+    }
+    let copts: Vec<CString> = opts
+        .iter()
+        .filter_map(|o| CString::new(o.as_str()).ok())
+        .collect();
+    let optp: Vec<*const std::ffi::c_char> = copts.iter().map(|o| o.as_ptr()).collect();
+    load::guard("NVRTC", || {
+        let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
+        // SAFETY: every pointer refers to a live NUL-terminated string; no headers.
+        let r = unsafe {
+            nv::nvrtcCreateProgram(
+                &mut prog,
+                csrc.as_ptr(),
+                cname.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        if r != nv::nvrtcResult::NVRTC_SUCCESS {
+            return Err(fail("program creation", r));
+        }
+        let out = (|| {
+            // SAFETY: `prog` was created above; `optp` holds live option strings.
+            let r = unsafe { nv::nvrtcCompileProgram(prog, optp.len() as i32, optp.as_ptr()) };
+            if r != nv::nvrtcResult::NVRTC_SUCCESS {
+                let log = program_log(prog);
+                return Err(Error::Gpu(format!(
+                    "NVRTC compilation of {name} (options {opts:?}) failed: {}\n{log}",
+                    nvrtc_error(r)
+                )));
+            }
+            let mut size = 0usize;
+            // SAFETY: out-pointer to a live usize.
+            let r = unsafe { nv::nvrtcGetPTXSize(prog, &mut size) };
+            if r != nv::nvrtcResult::NVRTC_SUCCESS {
+                return Err(fail("PTX size", r));
+            }
+            let mut buf = vec![0u8; size];
+            // SAFETY: `buf` holds the `size` bytes NVRTC reported.
+            let r = unsafe { nv::nvrtcGetPTX(prog, buf.as_mut_ptr().cast()) };
+            if r != nv::nvrtcResult::NVRTC_SUCCESS {
+                return Err(fail("PTX", r));
+            }
+            while buf.last() == Some(&0) {
+                buf.pop();
+            }
+            String::from_utf8(buf)
+                .map_err(|_| Error::Gpu(format!("NVRTC: PTX of {name} is not text")))
+        })();
+        // SAFETY: destroys the program created above, once.
+        unsafe { nv::nvrtcDestroyProgram(&mut prog) };
+        out
+    })?
+}
+
+/// The compiler's log of a program (errors and warnings).
+fn program_log(prog: nv::nvrtcProgram) -> String {
+    let mut size = 0usize;
+    // SAFETY: out-pointer to a live usize; `prog` is live.
+    if unsafe { nv::nvrtcGetProgramLogSize(prog, &mut size) } != nv::nvrtcResult::NVRTC_SUCCESS {
+        return String::new();
+    }
+    let mut buf = vec![0u8; size.max(1)];
+    // SAFETY: `buf` holds `size` bytes.
+    if unsafe { nv::nvrtcGetProgramLog(prog, buf.as_mut_ptr().cast()) }
+        != nv::nvrtcResult::NVRTC_SUCCESS
+    {
+        return String::new();
+    }
+    String::from_utf8_lossy(&buf)
+        .trim_end_matches('\0')
+        .to_string()
+}
