@@ -25,6 +25,9 @@ pub fn fixture(name: &str) -> PathBuf {
     repo().join("models").join(name)
 }
 
+#[allow(unused_imports)] // not every test binary picks a backend
+pub use gpu::{test_backend, use_backend};
+
 pub fn init_env() {
     // Keeps the Vulkan loader quiet, as the README asks users to do.
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
