@@ -1,6 +1,7 @@
 //! The CUDA kernels compile (`--features cuda`; no GPU needed): every kernel the kernel
 //! plan can pick on a CUDA device has a CUDA version, and NVRTC compiles each of them to
-//! PTX for the default, an A100 (compute_80) and an H100/H200 (compute_90) target.
+//! PTX for the default, an A100 (compute_80) and an H100/H200 (compute_90) target, and to
+//! the CUBINs the device loads (sm_80, sm_90).
 //!
 //! NVRTC convention: `WGMOE_NVRTC_LIB` names the libnvrtc file (CI: the one in PyPI's
 //! `nvidia-cuda-nvrtc-cu12` wheel). When it is set, a failure to load it fails the test.
@@ -71,7 +72,7 @@ fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
 }
 
 #[test]
-fn nvrtc_compiles_every_cuda_kernel_to_ptx() {
+fn nvrtc_compiles_every_cuda_kernel_to_ptx_and_cubin() {
     let required = std::env::var_os(load::NVRTC_ENV).is_some();
     let version = match load::nvrtc() {
         Ok(v) => v,
@@ -97,7 +98,21 @@ fn nvrtc_compiles_every_cuda_kernel_to_ptx() {
             );
         }
     }
-    println!("compiled {} CUDA kernels for 3 targets", all.len());
+    // What the device loads: a CUBIN for its own architecture (A100, H100/H200).
+    for arch in ["sm_80", "sm_90"] {
+        for &k in &all {
+            let cubin =
+                kernels::binary(k, Some(arch)).unwrap_or_else(|e| panic!("{k} ({arch}): {e}"));
+            assert!(
+                cubin.starts_with(b"\x7fELF"),
+                "{k} ({arch}): not an ELF CUBIN"
+            );
+        }
+    }
+    println!(
+        "compiled {} CUDA kernels to PTX for 3 targets and CUBIN for 2",
+        all.len()
+    );
 }
 
 #[test]

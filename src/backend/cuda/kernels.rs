@@ -2,7 +2,10 @@
 //! their compilation to PTX with NVRTC. The CUDA backend offers the portable set the kernel
 //! plan picks on it (no subgroup, f16-arithmetic or uniform-window variants: the device
 //! reports none of those features), so every kernel that plan can pick has a CUDA version
-//! here; any other is refused by name. PTX is cached per process and architecture.
+//! here; any other is refused by name. The device loads a CUBIN for its own architecture
+//! (no PTX JIT: a CUBIN from any CUDA 12 NVRTC loads on any CUDA 12 driver, while PTX from
+//! a newer NVRTC than the driver does not), PTX where NVRTC does not know the architecture.
+//! Compiled code is cached per process and architecture.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -140,21 +143,34 @@ pub fn source(k: Kernel) -> Result<String> {
     Ok(s)
 }
 
-/// PTX of a kernel for a virtual architecture (`compute_90`; `None`: NVRTC's default),
-/// compiled on first use and cached for the process.
-pub fn ptx(k: Kernel, arch: Option<&str>) -> Result<String> {
-    type Cache = Mutex<HashMap<(Kernel, Option<String>), String>>;
+/// A kernel compiled for `arch`: PTX text for a virtual architecture (`compute_90`, or
+/// `None` for NVRTC's default), a CUBIN for a real one (`sm_90`). Compiled on first use and
+/// cached for the process.
+pub fn binary(k: Kernel, arch: Option<&str>) -> Result<Vec<u8>> {
+    type Cache = Mutex<HashMap<(Kernel, Option<String>), Vec<u8>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Cache::default);
     let key = (k, arch.map(str::to_string));
     if let Some(p) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
         return Ok(p);
     }
-    let p = compile(k, arch)?;
+    let name = cuda_kernel(k).map_or("kernel.cu", |c| c.file);
+    let p = compile_source(&format!("{k} ({name})"), &source(k)?, arch)?;
     if let Ok(mut c) = cache.lock() {
         c.insert(key, p.clone());
     }
     Ok(p)
+}
+
+/// PTX of a kernel (`arch`: a virtual architecture or `None`), as text.
+pub fn ptx(k: Kernel, arch: Option<&str>) -> Result<String> {
+    if arch.is_some_and(|a| a.starts_with("sm_")) {
+        return Err(Error::Other(format!(
+            "internal: PTX asked for a real architecture {arch:?}"
+        )));
+    }
+    String::from_utf8(binary(k, arch)?)
+        .map_err(|_| Error::Gpu(format!("NVRTC: the PTX of {k} is not text")))
 }
 
 /// NVRTC's error string for a result.
@@ -170,14 +186,11 @@ fn nvrtc_error(r: nv::nvrtcResult) -> String {
         .into_owned()
 }
 
-fn compile(k: Kernel, arch: Option<&str>) -> Result<String> {
-    let name = cuda_kernel(k).map_or("kernel.cu", |c| c.file);
-    compile_source(&format!("{k} ({name})"), &source(k)?, arch)
-}
-
-/// Compile CUDA C source to PTX with NVRTC (through its C API: cudarc's wrapper unwraps
-/// the log); the error holds the compiler's log.
-pub fn compile_source(name: &str, src: &str, arch: Option<&str>) -> Result<String> {
+/// Compile CUDA C source with NVRTC (through its C API: cudarc's wrapper unwraps the log
+/// and has no CUBIN): PTX text, or a CUBIN when `arch` is a real architecture (`sm_90`).
+/// The error holds the compiler's log.
+pub fn compile_source(name: &str, src: &str, arch: Option<&str>) -> Result<Vec<u8>> {
+    let cubin = arch.is_some_and(|a| a.starts_with("sm_"));
     load::nvrtc()?;
     let fail = |what: &str, r: nv::nvrtcResult| {
         Error::Gpu(format!("NVRTC {what} of {name}: {}", nvrtc_error(r)))
@@ -221,21 +234,35 @@ pub fn compile_source(name: &str, src: &str, arch: Option<&str>) -> Result<Strin
             }
             let mut size = 0usize;
             // SAFETY: out-pointer to a live usize.
-            let r = unsafe { nv::nvrtcGetPTXSize(prog, &mut size) };
+            let r = unsafe {
+                if cubin {
+                    nv::nvrtcGetCUBINSize(prog, &mut size)
+                } else {
+                    nv::nvrtcGetPTXSize(prog, &mut size)
+                }
+            };
             if r != nv::nvrtcResult::NVRTC_SUCCESS {
-                return Err(fail("PTX size", r));
+                return Err(fail("output size", r));
             }
             let mut buf = vec![0u8; size];
             // SAFETY: `buf` holds the `size` bytes NVRTC reported.
-            let r = unsafe { nv::nvrtcGetPTX(prog, buf.as_mut_ptr().cast()) };
+            let r = unsafe {
+                if cubin {
+                    nv::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
+                } else {
+                    nv::nvrtcGetPTX(prog, buf.as_mut_ptr().cast())
+                }
+            };
             if r != nv::nvrtcResult::NVRTC_SUCCESS {
-                return Err(fail("PTX", r));
+                return Err(fail("output", r));
             }
-            while buf.last() == Some(&0) {
-                buf.pop();
+            if !cubin {
+                // PTX text ends with its NUL.
+                while buf.last() == Some(&0) {
+                    buf.pop();
+                }
             }
-            String::from_utf8(buf)
-                .map_err(|_| Error::Gpu(format!("NVRTC: PTX of {name} is not text")))
+            Ok(buf)
         })();
         // SAFETY: destroys the program created above, once.
         unsafe { nv::nvrtcDestroyProgram(&mut prog) };

@@ -111,8 +111,8 @@ pub struct CudaDevice {
     ctx: Ctx,
     stream: Stream,
     info: DeviceInfo,
-    /// "compute_90" for a compute capability 9.0 device (NVRTC's target).
-    arch: String,
+    /// Compute capability (9, 0) -> NVRTC's targets sm_90 (CUBIN) and compute_90 (PTX).
+    arch: (i32, i32),
     tracker: Arc<MemTracker>,
     binding_cap: Option<u64>,
     functions: Mutex<HashMap<Kernel, Function>>,
@@ -185,7 +185,7 @@ pub fn device_info(
 }
 
 /// A device's handle, info and NVRTC architecture.
-fn describe(ordinal: i32) -> Result<(cu::CUdevice, DeviceInfo, String)> {
+fn describe(ordinal: i32) -> Result<(cu::CUdevice, DeviceInfo, (i32, i32))> {
     let mut dev = 0;
     // SAFETY: out-pointer to a live handle.
     ok("cuDeviceGet", unsafe { cu::cuDeviceGet(&mut dev, ordinal) })?;
@@ -223,7 +223,7 @@ fn describe(ordinal: i32) -> Result<(cu::CUdevice, DeviceInfo, String)> {
         shared.max(0) as u32,
         threads.max(0) as u32,
     );
-    Ok((dev, info, format!("compute_{major}{minor}")))
+    Ok((dev, info, (major, minor)))
 }
 
 fn device_count() -> Result<i32> {
@@ -333,15 +333,33 @@ impl CudaDevice {
         if let Some(f) = cache.get(&k) {
             return Ok(*f);
         }
-        let ptx = kernels::ptx(k, Some(&self.arch))?;
-        let ptx = std::ffi::CString::new(ptx)
-            .map_err(|_| Error::Gpu(format!("cuda: PTX of {k} holds a NUL byte")))?;
+        let (major, minor) = self.arch;
+        // A CUBIN for this device; PTX (JIT-compiled by the driver) only where this NVRTC
+        // cannot target the device's architecture.
+        let (image, what) = match kernels::binary(k, Some(&format!("sm_{major}{minor}"))) {
+            Ok(cubin) => (cubin, "CUBIN"),
+            Err(cubin_err) => {
+                let mut ptx = kernels::binary(k, Some(&format!("compute_{major}{minor}")))
+                    .map_err(|e| Error::Gpu(format!("{cubin_err}; PTX: {e}")))?;
+                ptx.push(0);
+                (ptx, "PTX")
+            }
+        };
         self.ctx.current()?;
         let mut module = std::ptr::null_mut();
-        // SAFETY: a NUL-terminated PTX image; the module stays loaded for the process.
-        ok(&format!("loading the PTX of {k}"), unsafe {
-            cu::cuModuleLoadData(&mut module, ptx.as_ptr().cast())
-        })?;
+        // SAFETY: a complete CUBIN, or PTX text with its NUL; the module stays loaded for
+        // the process.
+        let r = unsafe { cu::cuModuleLoadData(&mut module, image.as_ptr().cast()) };
+        if r == cu::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
+            return Err(Error::Gpu(format!(
+                "cuda: the driver cannot load the {what} of {k}: NVRTC {}.{} is newer than the driver ({}); use an NVRTC no newer than the driver ({})",
+                load::nvrtc().map_or(0, |v| v.0),
+                load::nvrtc().map_or(0, |v| v.1),
+                self.info.driver_info,
+                load::NVRTC_ENV
+            )));
+        }
+        ok(&format!("loading the {what} of {k}"), r)?;
         let entry = std::ffi::CString::new(ck.entry)
             .map_err(|_| Error::Other(format!("internal: entry of {k}")))?;
         let mut func = std::ptr::null_mut();
