@@ -17,8 +17,12 @@ use std::path::PathBuf;
 
 use safetensors::{Dtype, SafeTensors};
 
+/// The repository root: where the tests were built, or `WGMOE_REPO_DIR` for test binaries
+/// run from another checkout (tools/gpu-check.sh on a machine without a Rust toolchain).
 pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("WGMOE_REPO_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 pub fn fixture(name: &str) -> PathBuf {
