@@ -15,6 +15,7 @@ use cudarc::nvrtc::sys as nv;
 
 use super::load;
 use crate::backend::kernel::{Kernel, Q4Variant};
+use crate::backend::Op;
 use crate::error::{Error, Result};
 
 const COMMON: &str = include_str!("../../../kernels/cuda/common.cuh");
@@ -114,6 +115,36 @@ pub fn kernels() -> Vec<Kernel> {
         .into_iter()
         .filter(|k| cuda_kernel(*k).is_some())
         .collect()
+}
+
+/// Check that `op`, run with `kernel` (its own or its one-token alternative), fits the CUDA
+/// kernel: exactly the bindings it takes and a params block of its size. The launcher calls
+/// this for every op it prepares; tests call it on the forward pass's programs.
+pub fn check_op(op: &Op, kernel: Kernel) -> Result<CudaKernel> {
+    let ck = cuda_kernel(kernel).ok_or_else(|| no_cuda_version(kernel))?;
+    let (_, size) = kernel.params_layout();
+    if op.params.len() != size || size % 4 != 0 {
+        return Err(Error::Other(format!(
+            "internal: {kernel}: {} parameter bytes, the kernel takes {size}",
+            op.params.len()
+        )));
+    }
+    if let Some(b) = ck
+        .bindings
+        .iter()
+        .find(|b| !op.binds.iter().any(|x| x.binding == **b))
+    {
+        return Err(Error::Other(format!(
+            "internal: {kernel}: binding {b} is not bound"
+        )));
+    }
+    if let Some(x) = op.binds.iter().find(|x| !ck.bindings.contains(&x.binding)) {
+        return Err(Error::Other(format!(
+            "internal: {kernel}: binding {} is not one of the kernel's {:?}",
+            x.binding, ck.bindings
+        )));
+    }
+    Ok(ck)
 }
 
 /// The error for a kernel this backend has no version of.

@@ -34,13 +34,12 @@ pub struct NativePrepared {
 
 /// The pointers of an op's bindings in the order `kernel` takes them.
 fn pointers(dev: &CudaDevice, op: &Op, kernel: Kernel) -> Result<Vec<cu::CUdeviceptr>> {
-    let ck = kernels::cuda_kernel(kernel).ok_or_else(|| kernels::no_cuda_version(kernel))?;
+    let ck = kernels::check_op(op, kernel)?;
     let mut out = Vec::with_capacity(ck.bindings.len());
     for b in ck.bindings {
-        let bound =
-            op.binds.iter().find(|x| x.binding == *b).ok_or_else(|| {
-                Error::Other(format!("internal: {kernel}: binding {b} is not bound"))
-            })?;
+        let Some(bound) = op.binds.iter().find(|x| x.binding == *b) else {
+            continue; // check_op found every one
+        };
         let buf: &Buffer = match &bound.resource {
             Resource::Buffer(buf) => buf,
             // No CUDA kernel reads a uniform window: a window binding is its whole buffer,
@@ -49,26 +48,12 @@ fn pointers(dev: &CudaDevice, op: &Op, kernel: Kernel) -> Result<Vec<cu::CUdevic
         };
         out.push(dev.ptr(buf));
     }
-    if let Some(extra) = op.binds.iter().find(|x| !ck.bindings.contains(&x.binding)) {
-        return Err(Error::Other(format!(
-            "internal: {kernel}: binding {} is not one of the kernel's",
-            extra.binding
-        )));
-    }
     Ok(out)
 }
 
 pub fn prepare(dev: &CudaDevice, program: &Program, step: &Buffer) -> Result<NativePrepared> {
     let mut ops = Vec::with_capacity(program.ops.len());
     for op in &program.ops {
-        let (_, size) = op.kernel.params_layout();
-        if op.params.len() != size || size % 4 != 0 {
-            return Err(Error::Other(format!(
-                "internal: {}: {} parameter bytes, the kernel takes {size}",
-                op.kernel,
-                op.params.len()
-            )));
-        }
         let main = dev.function(op.kernel)?;
         let ptrs = pointers(dev, op, op.kernel)?;
         let decode = match op.decode {

@@ -410,7 +410,11 @@ impl CudaDevice {
             match r {
                 cu::CUresult::CUDA_SUCCESS => {}
                 cu::CUresult::CUDA_ERROR_NOT_READY => break,
-                e => return Err(cu_err("a submission failed", e.result().unwrap_err())),
+                e => {
+                    return Err(Error::Gpu(format!(
+                        "cuda: submission {token} failed: {e:?}"
+                    )))
+                }
             }
             self.completed.fetch_max(*token, Ordering::AcqRel);
             // SAFETY: completed, destroyed once.
