@@ -31,11 +31,16 @@ struct Step { u32 pos0; u32 n_tokens; u32 _a; u32 _b; };
 // WGMOE_PARAMS_BYTES from Kernel::params_layout): a drifted layout fails to compile.
 #define CHECK_PARAMS(T) static_assert(sizeof(T) == WGMOE_PARAMS_BYTES, #T " does not match its Rust twin")
 
-// IEEE half bits to f32, exactly (PTX cvt; no cuda_fp16.h needed).
+// IEEE half bits to f32, exactly (PTX cvt; no cuda_fp16.h needed). The CPU emulation of
+// the tests (tests/cuda_emu.h) has no PTX and converts the bits by hand.
 __device__ __forceinline__ float f16_to_f32(u32 bits) {
     unsigned short h = (unsigned short)(bits & 0xffffu);
     float f;
+#ifdef WGMOE_CUDA_EMULATION
+    f = emu_f16_to_f32(h);
+#else
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+#endif
     return f;
 }
 
