@@ -62,13 +62,19 @@ pub fn driver() -> Result<()> {
 pub fn nvrtc() -> Result<(i32, i32)> {
     static INIT: OnceLock<std::result::Result<(i32, i32), String>> = OnceLock::new();
     INIT.get_or_init(|| {
+        // SAFETY: probes dlopen of NVRTC's library names.
+        let found = || unsafe { nv::is_culib_present() };
         if let Some(path) = std::env::var_os(NVRTC_ENV) {
             preload(&path)?;
+        } else if !found() {
+            // Not on the loader path: a CUDA 12 toolkit where toolkits usually are.
+            if let Some(p) = toolkit_nvrtc() {
+                preload(p.as_os_str())?;
+            }
         }
-        // SAFETY: probes dlopen of NVRTC's library names.
-        if !unsafe { nv::is_culib_present() } {
+        if !found() {
             return Err(format!(
-                "--backend cuda: the NVRTC library (libnvrtc.so) was not found; install the CUDA runtime compiler (e.g. `pip install nvidia-cuda-nvrtc-cu12`) and set {NVRTC_ENV} to the libnvrtc.so.12 file, or put its folder on LD_LIBRARY_PATH"
+                "--backend cuda: the NVRTC library (libnvrtc.so.12) was not found; install the CUDA 12 runtime compiler (e.g. `pip install nvidia-cuda-nvrtc-cu12`) and set {NVRTC_ENV} to its libnvrtc.so.12 file, or put its folder on LD_LIBRARY_PATH"
             ));
         }
         let (mut major, mut minor) = (0, 0);
@@ -82,6 +88,19 @@ pub fn nvrtc() -> Result<(i32, i32)> {
     })
     .clone()
     .map_err(Error::Gpu)
+}
+
+/// NVRTC 12 of a CUDA toolkit under `CUDA_HOME`, `CUDA_PATH` or /usr/local/cuda (cudarc
+/// looks libraries up by name, and 12 is the soname its CUDA 12 bindings know).
+fn toolkit_nvrtc() -> Option<std::path::PathBuf> {
+    let roots = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(std::path::PathBuf::from)
+        .chain([std::path::PathBuf::from("/usr/local/cuda")]);
+    roots
+        .map(|r| r.join("lib64").join("libnvrtc.so.12"))
+        .find(|p| p.is_file())
 }
 
 /// Load the NVRTC file the variable names, globally and for the life of the process.
