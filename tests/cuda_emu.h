@@ -4,7 +4,6 @@
 // statics (one block at a time uses them). A launch takes its arguments as cuLaunchKernel
 // does: an array of pointers to each argument's value. Not a CUDA implementation: no warps,
 // no memory model beyond the barrier; it checks the kernels' logic and argument order.
-#define WGMOE_CUDA_EMULATION 1
 #include <barrier>
 #include <cmath>
 #include <math.h>
@@ -36,7 +35,9 @@ static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 static inline unsigned atomicOr(unsigned* p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
 
-static inline float emu_f16_to_f32(unsigned short h) {
+// IEEE half bits to f32, exactly (the CUDA build uses PTX's cvt: kernels/cuda/f16.cuh).
+static inline float f16_to_f32(unsigned int word) {
+    unsigned short h = (unsigned short)(word & 0xffffu);
     unsigned sign = (unsigned)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
     if (exp == 0x1f) {
         bits = sign | 0x7f800000u | (man << 13);

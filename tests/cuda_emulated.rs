@@ -23,12 +23,38 @@ use wgmoe::model::Executor;
 
 const EMU_H: &str = include_str!("cuda_emu.h");
 
-type Launch = unsafe extern "C" fn(u32, u32, u32, u32, *mut *mut std::ffi::c_void);
+type Launch = unsafe extern "C" fn(
+    *const std::ffi::c_char,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut *mut std::ffi::c_void,
+) -> i32;
 
-/// The emulated kernels, one shared library each.
+/// The emulated kernels: one shared library per CUDA source file.
 struct Emulator {
     _libs: Vec<libloading::Library>,
     launch: HashMap<Kernel, Launch>,
+}
+
+impl Emulator {
+    /// Launch `k` with cuLaunchKernel's argument convention.
+    fn launch(&self, k: Kernel, grid: [u32; 3], block: u32, args: &mut [*mut std::ffi::c_void]) {
+        let entry = std::ffi::CString::new(kernels::cuda_kernel(k).unwrap().entry).unwrap();
+        // SAFETY: `args` is the kernel's argument list (see `emulate`).
+        let r = unsafe {
+            (self.launch[&k])(
+                entry.as_ptr(),
+                grid[0],
+                grid[1],
+                grid[2],
+                block,
+                args.as_mut_ptr(),
+            )
+        };
+        assert_eq!(r, 0, "{k}: no emulated entry point");
+    }
 }
 
 fn build(dir: &Path) -> Option<Emulator> {
@@ -43,18 +69,25 @@ fn build(dir: &Path) -> Option<Emulator> {
     }
     let mut libs = Vec::new();
     let mut launch = HashMap::new();
-    for k in kernels::kernels() {
-        let ck = kernels::cuda_kernel(k).unwrap();
-        let src = kernels::source(k).unwrap();
+    for (file, _) in kernels::SOURCES {
+        // The very text NVRTC compiles, but for the f16 piece (PTX asm: tests/cuda_emu.h
+        // has a C++ one).
+        let src = kernels::assemble(file, "").unwrap();
         let barriers = src.contains("__syncthreads()");
-        let name = format!("{}_{}", ck.entry, libs.len());
-        let cpp = dir.join(format!("{name}.cpp"));
-        let so = dir.join(format!("lib{name}.so"));
+        let mut dispatch = String::new();
+        for k in kernels::kernels_of(file) {
+            let e = kernels::cuda_kernel(k).unwrap().entry;
+            dispatch.push_str(&format!(
+                "    if (!strcmp(entry, \"{e}\")) {{ emu::launch({e}, {barriers}, gx, gy, gz, block, args); return 0; }}\n"
+            ));
+        }
+        let stem = file.trim_end_matches(".cu");
+        let cpp = dir.join(format!("{stem}.cpp"));
+        let so = dir.join(format!("lib{stem}.so"));
         std::fs::write(
             &cpp,
             format!(
-                "{EMU_H}\n{src}\nextern \"C\" void wgmoe_emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args) {{ emu::launch({}, {barriers}, gx, gy, gz, block, args); }}\n",
-                ck.entry
+                "{EMU_H}\n{src}\nextern \"C\" int wgmoe_emu_launch(const char* entry, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args) {{\n{dispatch}    return -1;\n}}\n"
             ),
         )
         .unwrap();
@@ -74,15 +107,17 @@ fn build(dir: &Path) -> Option<Emulator> {
             .unwrap();
         assert!(
             out.status.success(),
-            "{k}: the emulated kernel does not compile:\n{}",
+            "{file}: the emulated kernels do not compile:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         // SAFETY: a library just built from our own source; its initialisers are the C++
         // runtime's.
         let lib = unsafe { libloading::Library::new(&so) }.unwrap();
-        // SAFETY: the symbol has exactly the `Launch` signature (defined above).
+        // SAFETY: the symbol has exactly the `Launch` signature (written above).
         let f: Launch = unsafe { *lib.get::<Launch>(b"wgmoe_emu_launch").unwrap() };
-        launch.insert(k, f);
+        for k in kernels::kernels_of(file) {
+            launch.insert(k, f);
+        }
         libs.push(lib);
     }
     Some(Emulator {
@@ -159,9 +194,9 @@ fn emulate(
         for p in ptrs.iter_mut() {
             args.push((p as *mut *mut u8).cast());
         }
-        // SAFETY: the arguments are the kernel's (params, step pointer, one pointer per
-        // binding in order, each to a live host copy of the buffer's whole size).
-        unsafe { (emu.launch[&kernel])(grid[0], grid[1], grid[2], ck.block, args.as_mut_ptr()) };
+        // The arguments are the kernel's: params, step pointer, one pointer per binding in
+        // order, each to a live host copy of the buffer's whole size.
+        emu.launch(kernel, grid, ck.block, &mut args);
     }
 }
 

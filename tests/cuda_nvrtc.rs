@@ -123,8 +123,8 @@ fn a_kernel_that_does_not_compile_fails_with_the_log() {
     }
     // A params struct of the wrong size trips common.cuh's static_assert.
     let src = kernels::source(Kernel::Embed).unwrap().replacen(
-        "WGMOE_PARAMS_BYTES 16",
-        "WGMOE_PARAMS_BYTES 20",
+        "WGMOE_SIZE_EmbedParams 16",
+        "WGMOE_SIZE_EmbedParams 20",
         1,
     );
     let e = kernels::compile_source("embed (bad size)", &src, None)
@@ -142,14 +142,26 @@ fn a_kernel_that_does_not_compile_fails_with_the_log() {
 
 #[test]
 fn the_cuda_sources_check_their_params_layout() {
-    // The static_assert in common.cuh ties each CUDA params struct to its Rust twin.
-    let src = kernels::source(Kernel::Embed).unwrap();
-    assert!(src.starts_with(&format!(
-        "#define WGMOE_PARAMS_BYTES {}\n",
-        Kernel::Embed.params_layout().1
-    )));
-    assert!(src.contains("CHECK_PARAMS(EmbedParams)"));
+    // The static_assert in common.cuh ties each CUDA params struct to its Rust twin: every
+    // struct a kernel names is checked in its file, with the Rust size defined.
     for k in kernels::kernels() {
-        assert!(kernels::source(k).unwrap().contains("CHECK_PARAMS("), "{k}");
+        let ck = kernels::cuda_kernel(k).unwrap();
+        let src = kernels::source(k).unwrap();
+        assert!(
+            src.contains(&format!(
+                "#define WGMOE_SIZE_{} {}\n",
+                ck.params,
+                k.params_layout().1
+            )),
+            "{k}"
+        );
+        assert!(
+            src.contains(&format!("CHECK_PARAMS({});", ck.params)),
+            "{k}"
+        );
+        assert!(
+            src.contains(&format!("extern \"C\" __global__ void {}(", ck.entry)),
+            "{k}"
+        );
     }
 }

@@ -1,5 +1,6 @@
-// Shared by every CUDA kernel (prepended by src/backend/cuda/kernels.rs; NVRTC compiles
-// each family as one source, no #include, so no CUDA header is needed at run time).
+// Shared by every CUDA kernel (joined before each file by src/backend/cuda/kernels.rs, after
+// the params sizes and f16.cuh; NVRTC compiles each file as one source, no #include, so no
+// CUDA header is needed at run time).
 // The CUDA twins of shaders/common/step.wgsl, flags.wgsl and f16_halves.wgsl.
 //
 // Calling convention (src/backend/cuda/launch.rs): the op's params struct by value, then a
@@ -27,22 +28,9 @@ struct Step { u32 pos0; u32 n_tokens; u32 _a; u32 _b; };
 #define ROPE_QK_NORM_PER_HEAD 4u
 #define ARGMAX_LAST_ROW 1u
 
-// The params struct must be exactly the Rust struct's size (the host defines
-// WGMOE_PARAMS_BYTES from Kernel::params_layout): a drifted layout fails to compile.
-#define CHECK_PARAMS(T) static_assert(sizeof(T) == WGMOE_PARAMS_BYTES, #T " does not match its Rust twin")
-
-// IEEE half bits to f32, exactly (PTX cvt; no cuda_fp16.h needed). The CPU emulation of
-// the tests (tests/cuda_emu.h) has no PTX and converts the bits by hand.
-__device__ __forceinline__ float f16_to_f32(u32 bits) {
-    unsigned short h = (unsigned short)(bits & 0xffffu);
-    float f;
-#ifdef WGMOE_CUDA_EMULATION
-    f = emu_f16_to_f32(h);
-#else
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-#endif
-    return f;
-}
+// A params struct must be exactly its Rust twin's size (the host defines WGMOE_SIZE_<name>
+// from Kernel::params_layout): a drifted layout fails to compile.
+#define CHECK_PARAMS(T) static_assert(sizeof(T) == WGMOE_SIZE_##T, #T " does not match its Rust twin")
 
 // Half `i` of an array of f16 pairs (WGSL: unpack2x16float(w[i / 2])[i % 2]).
 __device__ __forceinline__ float half_at(const u32* w, u32 i) {

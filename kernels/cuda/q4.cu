@@ -8,11 +8,8 @@
 
 struct Q4GateUpParams { u32 hidden; u32 inter; u32 top_k; u32 j_base; u32 x_stride; u32 slot_vec4; u32 first_slot; u32 chunk_slots; u32 gate_q; u32 up_q; u32 gate_s; u32 up_s; u32 _a; u32 _b; u32 _c; u32 _d; };
 struct Q4DownParams { u32 hidden; u32 inter; u32 top_k; u32 j_base; u32 slot_vec4; u32 first_slot; u32 chunk_slots; u32 down_q; u32 down_s; u32 _a; u32 _b; u32 _c; };
-#ifdef Q4_GATE_UP
 CHECK_PARAMS(Q4GateUpParams);
-#else
 CHECK_PARAMS(Q4DownParams);
-#endif
 
 // q . (a, b) over the 8 columns of one word of nibbles (WGSL dot8 of q4_dot_f32).
 __device__ __forceinline__ float q4_dot8(u32 w, const float* a) {
@@ -51,7 +48,6 @@ __device__ __forceinline__ float q4_scale(const u32* ws, u32 word_base, u32 half
     return half_at(ws + word_base, half_index);
 }
 
-#ifdef Q4_GATE_UP
 extern "C" __global__ void ffn_gate_up_q4(Q4GateUpParams p, const Step* step, const float* x,
                                           const u32* ids, const u32* slot_of, const uint4* wq,
                                           const u32* ws, float* out, const float4* x4) {
@@ -80,7 +76,7 @@ extern "C" __global__ void ffn_gate_up_q4(Q4GateUpParams p, const Step* step, co
     }
     out[(t * p.top_k + j) * p.inter + n] = g / (1.0f + expf(-g)) * u;
 }
-#else
+
 // down_e[m] . h[hb ..] for the expert in chunk-relative slot `rel` (WGSL lane_dot, 1 lane).
 __device__ float lane_dot(const Q4DownParams& p, const float* x, const float4* x4,
                           const uint4* wq, const u32* ws, u32 rel, u32 m, u32 hb) {
@@ -97,7 +93,6 @@ __device__ float lane_dot(const Q4DownParams& p, const float* x, const float4* x
     return acc;
 }
 
-#ifdef Q4_DOWN_COMBINE
 // x[t, m] += sum_j w[t, j] * (down_e[m] . h[t, j, :]) over the picks whose slot is in
 // this chunk (chunks are successive launches on one stream: no race on x).
 extern "C" __global__ void ffn_down_q4_combine(Q4DownParams p, const Step* step, const float* x,
@@ -121,7 +116,7 @@ extern "C" __global__ void ffn_down_q4_combine(Q4DownParams p, const Step* step,
     }
     if (hit) out[t * p.hidden + m] += acc;
 }
-#else
+
 // y[t, j, m] = down_e[m] . h[t, j, :] for the top-k indices j_base .. j_base + grid y.
 extern "C" __global__ void ffn_down_q4(Q4DownParams p, const Step* step, const float* x,
                                        const u32* ids, const u32* slot_of, const uint4* wq,
@@ -135,5 +130,3 @@ extern "C" __global__ void ffn_down_q4(Q4DownParams p, const Step* step, const f
     if (slot < p.first_slot || slot >= p.first_slot + p.chunk_slots) return;
     out[tj * p.hidden + m] = lane_dot(p, x, x4, wq, ws, slot - p.first_slot, m, tj * p.inter);
 }
-#endif
-#endif

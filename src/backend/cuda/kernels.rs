@@ -19,6 +19,8 @@ use crate::backend::Op;
 use crate::error::{Error, Result};
 
 const COMMON: &str = include_str!("../../../kernels/cuda/common.cuh");
+/// The f16 conversion with PTX (the CPU emulation of the tests brings its own).
+pub const F16_PTX: &str = include_str!("../../../kernels/cuda/f16.cuh");
 
 /// The CUDA sources, by file name under `kernels/cuda/`.
 pub const SOURCES: &[(&str, &str)] = &[
@@ -56,8 +58,8 @@ pub struct CudaKernel {
     pub file: &'static str,
     /// The `extern "C"` entry point.
     pub entry: &'static str,
-    /// A macro the file's variants are selected by.
-    pub define: Option<&'static str>,
+    /// Its params struct in the file (checked against the Rust twin's size).
+    pub params: &'static str,
     /// The binding numbers the kernel takes after the params and the step, in order.
     pub bindings: &'static [u32],
     /// Threads per block (the WGSL workgroup size).
@@ -66,45 +68,76 @@ pub struct CudaKernel {
 
 /// The CUDA version of a kernel, `None` when this backend has none.
 pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
-    let c = |file, entry, bindings, block| CudaKernel {
+    let c = |file, entry, params, bindings, block| CudaKernel {
         file,
         entry,
-        define: None,
+        params,
         bindings,
         block,
     };
+    const Q4: Q4Variant = Q4Variant::PORTABLE;
     Some(match k {
-        Kernel::Embed => c("embed.cu", "embed", &[2, 3, 4], 64),
-        Kernel::RmsNorm => c("rmsnorm.cu", "rmsnorm", &[2, 3, 4], 64),
-        Kernel::Matmul => c("matmul.cu", "matmul", &[2, 3, 4, 5], 64),
-        Kernel::RopeKv => c("rope_kv.cu", "rope_kv", &[2, 3, 4, 5, 6, 7, 8], 64),
-        Kernel::Attention => c("attention.cu", "attention", &[2, 3, 4, 5, 6], 64),
-        Kernel::RouterTopk => c("router_topk.cu", "router_topk", &[2, 3, 4], 64),
-        Kernel::FfnGateUp => c("ffn.cu", "ffn_gate_up", &[2, 3, 4, 5, 6], 64),
-        Kernel::FfnDown => c("ffn.cu", "ffn_down", &[2, 3, 4, 5, 6], 64),
-        Kernel::Q4GateUp(Q4Variant::PORTABLE) => CudaKernel {
-            define: Some("Q4_GATE_UP"),
-            ..c("q4.cu", "ffn_gate_up_q4", &[2, 3, 4, 5, 6, 7, 15], 64)
-        },
-        Kernel::Q4Down(Q4Variant::PORTABLE) => {
-            c("q4.cu", "ffn_down_q4", &[2, 3, 4, 5, 6, 7, 15], 64)
-        }
-        Kernel::Q4DownCombine(Q4Variant::PORTABLE) => CudaKernel {
-            define: Some("Q4_DOWN_COMBINE"),
-            ..c(
-                "q4.cu",
-                "ffn_down_q4_combine",
-                &[2, 3, 4, 5, 6, 7, 8, 15],
-                64,
-            )
-        },
+        Kernel::Embed => c("embed.cu", "embed", "EmbedParams", &[2, 3, 4], 64),
+        Kernel::RmsNorm => c("rmsnorm.cu", "rmsnorm", "RmsNormParams", &[2, 3, 4], 64),
+        Kernel::Matmul => c("matmul.cu", "matmul", "MatmulParams", &[2, 3, 4, 5], 64),
+        Kernel::RopeKv => c(
+            "rope_kv.cu",
+            "rope_kv",
+            "RopeKvParams",
+            &[2, 3, 4, 5, 6, 7, 8],
+            64,
+        ),
+        Kernel::Attention => c(
+            "attention.cu",
+            "attention",
+            "AttentionParams",
+            &[2, 3, 4, 5, 6],
+            64,
+        ),
+        Kernel::RouterTopk => c(
+            "router_topk.cu",
+            "router_topk",
+            "RouterTopkParams",
+            &[2, 3, 4],
+            64,
+        ),
+        Kernel::FfnGateUp => c(
+            "ffn.cu",
+            "ffn_gate_up",
+            "FfnGateUpParams",
+            &[2, 3, 4, 5, 6],
+            64,
+        ),
+        Kernel::FfnDown => c("ffn.cu", "ffn_down", "FfnDownParams", &[2, 3, 4, 5, 6], 64),
+        Kernel::Q4GateUp(Q4) => c(
+            "q4.cu",
+            "ffn_gate_up_q4",
+            "Q4GateUpParams",
+            &[2, 3, 4, 5, 6, 7, 15],
+            64,
+        ),
+        Kernel::Q4Down(Q4) => c(
+            "q4.cu",
+            "ffn_down_q4",
+            "Q4DownParams",
+            &[2, 3, 4, 5, 6, 7, 15],
+            64,
+        ),
+        Kernel::Q4DownCombine(Q4) => c(
+            "q4.cu",
+            "ffn_down_q4_combine",
+            "Q4DownParams",
+            &[2, 3, 4, 5, 6, 7, 8, 15],
+            64,
+        ),
         Kernel::MoeCombine => c(
             "moe_combine.cu",
             "moe_combine",
+            "MoeCombineParams",
             &[2, 3, 4, 5, 6, 7, 8, 9],
             64,
         ),
-        Kernel::Argmax => c("argmax.cu", "argmax", &[2, 3], 256),
+        Kernel::Argmax => c("argmax.cu", "argmax", "ArgmaxParams", &[2, 3], 256),
         _ => return None,
     })
 }
@@ -154,39 +187,61 @@ pub fn no_cuda_version(k: Kernel) -> Error {
     ))
 }
 
-/// The complete CUDA C source of a kernel: the params size its layout check compares
-/// with, the variant macro, the common header, the file.
-pub fn source(k: Kernel) -> Result<String> {
-    let ck = cuda_kernel(k).ok_or_else(|| no_cuda_version(k))?;
+/// The kernels of one source file.
+pub fn kernels_of(file: &str) -> Vec<Kernel> {
+    kernels()
+        .into_iter()
+        .filter(|k| cuda_kernel(*k).is_some_and(|c| c.file == file))
+        .collect()
+}
+
+/// The complete CUDA C source of a file: every params struct's Rust size (for the file's
+/// layout checks), the f16 conversion piece, the common header, the file.
+pub fn assemble(file: &str, f16: &str) -> Result<String> {
     let body = SOURCES
         .iter()
-        .find(|(f, _)| *f == ck.file)
+        .find(|(f, _)| *f == file)
         .map(|(_, s)| *s)
-        .ok_or_else(|| Error::Other(format!("internal: no CUDA source {}", ck.file)))?;
-    let (_, size) = k.params_layout();
-    let mut s = format!("#define WGMOE_PARAMS_BYTES {size}\n");
-    if let Some(d) = ck.define {
-        s.push_str(&format!("#define {d} 1\n"));
+        .ok_or_else(|| Error::Other(format!("internal: no CUDA source {file}")))?;
+    let mut s = String::new();
+    let mut seen = Vec::new();
+    for k in kernels() {
+        let Some(ck) = cuda_kernel(k) else { continue };
+        if !seen.contains(&ck.params) {
+            seen.push(ck.params);
+            s.push_str(&format!(
+                "#define WGMOE_SIZE_{} {}\n",
+                ck.params,
+                k.params_layout().1
+            ));
+        }
     }
+    s.push_str(f16);
     s.push_str(COMMON);
     s.push('\n');
     s.push_str(body);
     Ok(s)
 }
 
-/// A kernel compiled for `arch`: PTX text for a virtual architecture (`compute_90`, or
-/// `None` for NVRTC's default), a CUBIN for a real one (`sm_90`). Compiled on first use and
-/// cached for the process.
+/// The source NVRTC compiles for a kernel (its file's).
+pub fn source(k: Kernel) -> Result<String> {
+    let ck = cuda_kernel(k).ok_or_else(|| no_cuda_version(k))?;
+    assemble(ck.file, F16_PTX)
+}
+
+/// The compiled file holding a kernel, for `arch`: PTX text for a virtual architecture
+/// (`compute_90`, or `None` for NVRTC's default), a CUBIN for a real one (`sm_90`). Each
+/// file is compiled once per process and architecture.
 pub fn binary(k: Kernel, arch: Option<&str>) -> Result<Vec<u8>> {
-    type Cache = Mutex<HashMap<(Kernel, Option<String>), Vec<u8>>>;
+    type Cache = Mutex<HashMap<(&'static str, Option<String>), Vec<u8>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
+    let ck = cuda_kernel(k).ok_or_else(|| no_cuda_version(k))?;
     let cache = CACHE.get_or_init(Cache::default);
-    let key = (k, arch.map(str::to_string));
+    let key = (ck.file, arch.map(str::to_string));
     if let Some(p) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
         return Ok(p);
     }
-    let name = cuda_kernel(k).map_or("kernel.cu", |c| c.file);
-    let p = compile_source(&format!("{k} ({name})"), &source(k)?, arch)?;
+    let p = compile_source(ck.file, &source(k)?, arch)?;
     if let Ok(mut c) = cache.lock() {
         c.insert(key, p.clone());
     }

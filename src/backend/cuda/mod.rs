@@ -98,7 +98,12 @@ struct Event(cu::CUevent);
 // SAFETY: as Stream.
 unsafe impl Send for Event {}
 
-/// A compiled kernel: its module (kept loaded) and entry point.
+/// A loaded module (one source file; kept loaded for the process).
+struct Module(cu::CUmodule);
+// SAFETY: module handles may be used from any thread of the context.
+unsafe impl Send for Module {}
+
+/// A compiled kernel: its entry point in a loaded module.
 #[derive(Clone, Copy)]
 struct Function {
     func: cu::CUfunction,
@@ -115,6 +120,7 @@ pub struct CudaDevice {
     arch: (i32, i32),
     tracker: Arc<MemTracker>,
     binding_cap: Option<u64>,
+    modules: Mutex<HashMap<&'static str, Module>>,
     functions: Mutex<HashMap<Kernel, Function>>,
     /// Serialises submissions: tokens are handed out in stream order.
     submit_lock: Mutex<()>,
@@ -286,6 +292,7 @@ impl CudaDevice {
             arch,
             tracker: Arc::default(),
             binding_cap: req.max_binding,
+            modules: Mutex::default(),
             functions: Mutex::default(),
             submit_lock: Mutex::new(()),
             submitted: AtomicU64::new(0),
@@ -323,15 +330,15 @@ impl CudaDevice {
         }
     }
 
-    /// The launchable function of a kernel, compiled and loaded on first use.
-    fn function(&self, k: Kernel) -> Result<Function> {
+    /// The loaded module of a kernel's source file, compiled and loaded on first use.
+    fn module(&self, k: Kernel) -> Result<cu::CUmodule> {
         let ck = kernels::cuda_kernel(k).ok_or_else(|| kernels::no_cuda_version(k))?;
-        let mut cache = self
-            .functions
+        let mut modules = self
+            .modules
             .lock()
-            .map_err(|_| Error::Gpu("cuda: function cache poisoned".into()))?;
-        if let Some(f) = cache.get(&k) {
-            return Ok(*f);
+            .map_err(|_| Error::Gpu("cuda: module cache poisoned".into()))?;
+        if let Some(m) = modules.get(ck.file) {
+            return Ok(m.0);
         }
         let (major, minor) = self.arch;
         // A CUBIN for this device; PTX (JIT-compiled by the driver) only where this NVRTC
@@ -352,14 +359,30 @@ impl CudaDevice {
         let r = unsafe { cu::cuModuleLoadData(&mut module, image.as_ptr().cast()) };
         if r == cu::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
             return Err(Error::Gpu(format!(
-                "cuda: the driver cannot load the {what} of {k}: NVRTC {}.{} is newer than the driver ({}); use an NVRTC no newer than the driver ({})",
+                "cuda: the driver cannot load the {what} of {}: NVRTC {}.{} is newer than the driver ({}); use an NVRTC no newer than the driver ({})",
+                ck.file,
                 load::nvrtc().map_or(0, |v| v.0),
                 load::nvrtc().map_or(0, |v| v.1),
                 self.info.driver_info,
                 load::NVRTC_ENV
             )));
         }
-        ok(&format!("loading the {what} of {k}"), r)?;
+        ok(&format!("loading the {what} of {}", ck.file), r)?;
+        modules.insert(ck.file, Module(module));
+        Ok(module)
+    }
+
+    /// The launchable function of a kernel, compiled and loaded on first use.
+    fn function(&self, k: Kernel) -> Result<Function> {
+        let ck = kernels::cuda_kernel(k).ok_or_else(|| kernels::no_cuda_version(k))?;
+        let mut cache = self
+            .functions
+            .lock()
+            .map_err(|_| Error::Gpu("cuda: function cache poisoned".into()))?;
+        if let Some(f) = cache.get(&k) {
+            return Ok(*f);
+        }
+        let module = self.module(k)?;
         let entry = std::ffi::CString::new(ck.entry)
             .map_err(|_| Error::Other(format!("internal: entry of {k}")))?;
         let mut func = std::ptr::null_mut();
