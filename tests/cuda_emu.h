@@ -1,10 +1,12 @@
 // Just enough of CUDA C to run wgmoe's CUDA kernels on the CPU (tests/cuda_emulated.rs):
-// blocks run one after another, the threads of a block as OS threads with a barrier for
-// __syncthreads (kernels without one run their threads in a loop), __shared__ arrays are
-// statics (one block at a time uses them). A launch takes its arguments as cuLaunchKernel
+// blocks run one after another; the threads of a block that synchronises run as coroutines
+// (ucontext) on one OS thread, __syncthreads passing control round-robin to the next live
+// thread, so a thread resumes only once every other one has reached the barrier (kernels
+// without __syncthreads run their threads in a loop); __shared__ arrays are statics (one
+// block at a time uses them). A launch takes its arguments as cuLaunchKernel
 // does: an array of pointers to each argument's value. Not a CUDA implementation: no warps,
 // no memory model beyond the barrier; it checks the kernels' logic and argument order.
-#include <barrier>
+#include <ucontext.h>
 #include <cmath>
 #include <math.h>
 #include <cstring>
@@ -19,16 +21,39 @@ struct float4 { float x, y, z, w; };
 struct uint4 { unsigned x, y, z, w; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
-static thread_local uint3 threadIdx, blockIdx;
-static uint3 blockDim, gridDim;
-static thread_local std::barrier<>* emu_block_barrier;
+static uint3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
 
-static inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+namespace emu {
+// The block's threads as coroutines.
+static ucontext_t main_ctx;
+static std::vector<ucontext_t> ctx;
+static std::vector<char> done;
+static std::vector<std::unique_ptr<char[]>> stacks;
+static const std::size_t STACK = 256 * 1024;
+
+// Pass control from thread `from` to the next live thread (main when none is left).
+static inline void yield_from(unsigned from, bool finished) {
+    unsigned n = blockDim.x;
+    for (unsigned k = 1; k <= n; k++) {
+        unsigned j = (from + k) % n;
+        if (!done[j] && (j != from || !finished)) {
+            if (j == from) return;  // the only live thread: nothing to wait for
+            threadIdx = uint3{j, 0, 0};
+            swapcontext(&ctx[from], &ctx[j]);
+            threadIdx = uint3{from, 0, 0};
+            return;
+        }
+    }
+    swapcontext(&ctx[from], &main_ctx);
+}
+}  // namespace emu
+
+static inline void __syncthreads() { emu::yield_from(threadIdx.x, false); }
 static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
@@ -80,24 +105,33 @@ void launch(void (*f)(A...), bool barriers, unsigned gx, unsigned gy, unsigned g
         }
         return;
     }
-    std::vector<std::unique_ptr<std::barrier<>>> per_block;
-    for (unsigned long b = 0; b < blocks; b++) per_block.emplace_back(new std::barrier<>(block));
-    std::barrier<> between(block);
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < block; t++) {
-        threads.emplace_back([&, t] {
-            for (unsigned long b = 0; b < blocks; b++) {
-                blockIdx = block_id(b);
-                threadIdx = uint3{t, 0, 0};
-                emu_block_barrier = per_block[b].get();
-                call(f, args, std::index_sequence_for<A...>{});
-                // A thread that returned early no longer holds up the block's barriers.
-                per_block[b]->arrive_and_drop();
-                // The next block reuses the __shared__ statics.
-                between.arrive_and_wait();
-            }
-        });
+    // One coroutine per thread, reused for every block.
+    ctx.assign(block, ucontext_t{});
+    done.assign(block, 0);
+    while (stacks.size() < block) stacks.emplace_back(new char[STACK]);
+    static void (*kernel)(A...);
+    static void** kernel_args;
+    kernel = f;
+    kernel_args = args;
+    struct Entry {
+        static void run(int t) {
+            call(kernel, kernel_args, std::index_sequence_for<A...>{});
+            done[t] = 1;
+            yield_from((unsigned)t, true);
+        }
+    };
+    for (unsigned long b = 0; b < blocks; b++) {
+        blockIdx = block_id(b);
+        for (unsigned t = 0; t < block; t++) {
+            done[t] = 0;
+            getcontext(&ctx[t]);
+            ctx[t].uc_stack.ss_sp = stacks[t].get();
+            ctx[t].uc_stack.ss_size = STACK;
+            ctx[t].uc_link = &main_ctx;
+            makecontext(&ctx[t], (void (*)())Entry::run, 1, (int)t);
+        }
+        threadIdx = uint3{0, 0, 0};
+        swapcontext(&main_ctx, &ctx[0]);
     }
-    for (auto& th : threads) th.join();
 }
 }  // namespace emu
