@@ -40,9 +40,12 @@ pub struct NativeBuffer {
 impl Drop for NativeBuffer {
     fn drop(&mut self) {
         if self.ptr != 0 && self.ctx.current().is_ok() {
-            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once; the
-            // driver waits for work still using it.
-            unsafe { cu::cuMemFree_v2(self.ptr) };
+            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once, after
+            // the context's work (which may still use it) has finished.
+            unsafe {
+                cu::cuCtxSynchronize();
+                cu::cuMemFree_v2(self.ptr);
+            }
         }
     }
 }
@@ -65,8 +68,11 @@ unsafe impl Sync for NativeStaging {}
 impl Drop for NativeStaging {
     fn drop(&mut self) {
         if self.ctx.current().is_ok() {
-            // SAFETY: allocated by cuMemHostAlloc, freed once.
-            unsafe { cu::cuMemFreeHost(self.ptr.cast()) };
+            // SAFETY: allocated by cuMemHostAlloc, freed once, after any copy from it.
+            unsafe {
+                cu::cuCtxSynchronize();
+                cu::cuMemFreeHost(self.ptr.cast());
+            }
         }
     }
 }
