@@ -11,7 +11,8 @@
 #include <math.h>
 #include <cstring>
 #include <memory>
-#include <thread>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -86,9 +87,55 @@ void call(void (*f)(A...), void** args, std::index_sequence<I...>) {
     f(*static_cast<typename std::remove_reference<A>::type*>(args[I])...);
 }
 
+// Run a launch now: its blocks one after another.
+template <typename... A>
+void run_now(void (*f)(A...), bool barriers, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+             void** args);
+
+// Set by a fake driver that queues launches on its stream (tests/cuda_fake_driver.cpp):
+// the launch's arguments are copied now, as cuLaunchKernel does, and it runs later.
+extern "C" void wgmoe_emu_enqueue(void (*run)(void*), void* job) __attribute__((weak));
+
+template <typename... A>
+struct Job {
+    void (*f)(A...);
+    bool barriers;
+    unsigned gx, gy, gz, block;
+    std::tuple<typename std::remove_cv<typename std::remove_reference<A>::type>::type...> values;
+    template <std::size_t... I>
+    void run(std::index_sequence<I...>) {
+        void* args[sizeof...(A) + 1] = {(void*)&std::get<I>(values)...};
+        run_now(f, barriers, gx, gy, gz, block, args);
+    }
+    static void go(void* p) {
+        Job* j = (Job*)p;
+        j->run(std::index_sequence_for<A...>{});
+        delete j;
+    }
+};
+
+template <typename... A, std::size_t... I>
+Job<A...>* capture(void (*f)(A...), void** args, std::index_sequence<I...>) {
+    return new Job<A...>{f, false, 0, 0, 0, 0,
+                         {*static_cast<typename std::remove_reference<A>::type*>(args[I])...}};
+}
+
 template <typename... A>
 void launch(void (*f)(A...), bool barriers, unsigned gx, unsigned gy, unsigned gz, unsigned block,
             void** args) {
+    if (wgmoe_emu_enqueue) {
+        Job<A...>* j = capture(f, args, std::index_sequence_for<A...>{});
+        j->barriers = barriers;
+        j->gx = gx; j->gy = gy; j->gz = gz; j->block = block;
+        wgmoe_emu_enqueue(&Job<A...>::go, j);
+        return;
+    }
+    run_now(f, barriers, gx, gy, gz, block, args);
+}
+
+template <typename... A>
+void run_now(void (*f)(A...), bool barriers, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+             void** args) {
     gridDim = uint3{gx, gy, gz};
     blockDim = uint3{block, 1, 1};
     auto block_id = [&](unsigned long b) {

@@ -1,12 +1,20 @@
 // A fake libcuda for tests/cuda_fake_driver.rs: the driver API calls the CUDA backend makes
-// (and nothing else), done on the host at once. Device memory is host memory, copies are
-// memcpy, events complete when recorded, and a launch runs the kernel's CPU emulation
-// (tests/cuda_emu.h, linked into this library, one entry table per kernel file). It lets
-// the real backend code (buffers, offsets, copies, pinned staging, fences, argument
-// packing, grids) run end to end without a GPU. Not a model of CUDA's asynchrony.
+// (and nothing else), on the host. Device memory is host memory; a launch runs the kernel's
+// CPU emulation (tests/cuda_emu.h, linked into this library, one entry table per kernel
+// file). Stream work is queued and runs only when the host waits (stream, event or context
+// synchronisation, or the second query of an event: the first answers "not ready"), so the
+// backend's ordering mistakes show: an async copy from pinned memory reads it when it runs
+// (a staging buffer refilled too early is caught), a synchronous device-to-host copy does
+// not wait for the stream (as with a non-blocking stream), an async copy from pageable
+// memory takes the bytes at once (as the real driver stages them). It lets the real backend
+// code (buffers, offsets, copies, staging, fences, argument packing, grids) run end to end
+// without a GPU; it is no model of the GPU's memory or timing.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <vector>
 
 typedef int CUresult;  // 0: CUDA_SUCCESS
 typedef int CUdevice;
@@ -23,7 +31,29 @@ typedef int (*Dispatch)(const char*, unsigned, unsigned, unsigned, unsigned, voi
 extern "C" Dispatch wgmoe_emu_dispatchers[];
 extern "C" int wgmoe_emu_dispatcher_count;
 
-static int g_ctx, g_stream, g_event, g_module;
+static int g_ctx, g_stream, g_module;
+
+// The stream's queued work, run in order when the host waits.
+static std::vector<std::function<void()>> g_queue;
+static void flush() {
+    std::vector<std::function<void()>> q;
+    q.swap(g_queue);
+    for (auto& w : q) w();
+}
+// Pinned host allocations: start -> size.
+static std::map<uintptr_t, size_t> g_pinned;
+static bool pinned(const void* p) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = g_pinned.upper_bound(a);
+    if (it == g_pinned.begin()) return false;
+    --it;
+    return a < it->first + it->second;
+}
+struct Event { bool done = false; bool queried = false; };
+
+extern "C" void wgmoe_emu_enqueue(void (*run)(void*), void* job) {
+    g_queue.push_back([run, job] { run(job); });
+}
 
 extern "C" {
 CUresult cuInit(unsigned) { return 0; }
@@ -49,36 +79,56 @@ CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice) {
 }
 CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice) { *c = &g_ctx; return 0; }
 CUresult cuCtxSetCurrent(CUcontext c) { return c == &g_ctx ? 0 : 201; }
-CUresult cuCtxSynchronize() { return 0; }
+CUresult cuCtxSynchronize() { flush(); return 0; }
 CUresult cuStreamCreate(CUstream* s, unsigned) { *s = &g_stream; return 0; }
-CUresult cuStreamSynchronize(CUstream) { return 0; }
-CUresult cuStreamDestroy_v2(CUstream) { return 0; }
+CUresult cuStreamSynchronize(CUstream) { flush(); return 0; }
+CUresult cuStreamDestroy_v2(CUstream) { flush(); return 0; }
 CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
     void* m = std::aligned_alloc(256, (n + 255) / 256 * 256);
     if (!m) return 2;  // out of memory
     *p = (CUdeviceptr)(uintptr_t)m;
     return 0;
 }
-CUresult cuMemFree_v2(CUdeviceptr p) { std::free((void*)(uintptr_t)p); return 0; }
-CUresult cuMemHostAlloc(void** p, size_t n, unsigned) {
-    *p = std::aligned_alloc(256, (n + 255) / 256 * 256);
-    return *p ? 0 : 2;
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    if (!g_queue.empty()) return 1;  // freed while queued work may use it: a backend bug
+    std::free((void*)(uintptr_t)p);
+    return 0;
 }
-CUresult cuMemFreeHost(void* p) { std::free(p); return 0; }
+CUresult cuMemHostAlloc(void** p, size_t n, unsigned) {
+    size_t size = (n + 255) / 256 * 256;
+    *p = std::aligned_alloc(256, size);
+    if (!*p) return 2;
+    g_pinned[(uintptr_t)*p] = size;
+    return 0;
+}
+CUresult cuMemFreeHost(void* p) {
+    if (!g_queue.empty()) return 1;  // freed while a queued copy may read it
+    g_pinned.erase((uintptr_t)p);
+    std::free(p);
+    return 0;
+}
 CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream) {
-    std::memset((void*)(uintptr_t)p, v, n);
+    g_queue.push_back([=] { std::memset((void*)(uintptr_t)p, v, n); });
     return 0;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, CUstream) {
-    std::memcpy((void*)(uintptr_t)d, s, n);
+    if (pinned(s)) {
+        // DMA from pinned memory reads it when the copy runs.
+        g_queue.push_back([=] { std::memcpy((void*)(uintptr_t)d, s, n); });
+    } else {
+        // Pageable memory is staged before the call returns.
+        std::vector<char> staged((const char*)s, (const char*)s + n);
+        g_queue.push_back([=] { std::memcpy((void*)(uintptr_t)d, staged.data(), n); });
+    }
     return 0;
 }
 CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) {
+    // The legacy default stream does not wait for a non-blocking stream's queued work.
     std::memcpy(d, (const void*)(uintptr_t)s, n);
     return 0;
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream) {
-    std::memmove((void*)(uintptr_t)d, (const void*)(uintptr_t)s, n);
+    g_queue.push_back([=] { std::memmove((void*)(uintptr_t)d, (const void*)(uintptr_t)s, n); });
     return 0;
 }
 CUresult cuModuleLoadData(CUmodule* m, const void* image) {
@@ -105,11 +155,33 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         if (wgmoe_emu_dispatchers[i](f->name, gx, gy, gz, bx, args) == 0) return 0;
     return 500;  // not found
 }
-CUresult cuEventCreate(CUevent* e, unsigned) { *e = &g_event; return 0; }
-CUresult cuEventRecord(CUevent, CUstream) { return 0; }
-CUresult cuEventQuery(CUevent) { return 0; }
-CUresult cuEventSynchronize(CUevent) { return 0; }
-CUresult cuEventDestroy_v2(CUevent) { return 0; }
+CUresult cuEventCreate(CUevent* e, unsigned) { *e = new Event(); return 0; }
+CUresult cuEventRecord(CUevent e, CUstream) {
+    Event* ev = (Event*)e;
+    ev->done = false;
+    g_queue.push_back([ev] { ev->done = true; });
+    return 0;
+}
+CUresult cuEventQuery(CUevent e) {
+    Event* ev = (Event*)e;
+    if (ev->done) return 0;
+    if (!ev->queried) {
+        ev->queried = true;
+        return 600;  // CUDA_ERROR_NOT_READY
+    }
+    flush();
+    return ev->done ? 0 : 600;
+}
+CUresult cuEventSynchronize(CUevent e) {
+    flush();
+    return ((Event*)e)->done ? 0 : 400;
+}
+CUresult cuEventDestroy_v2(CUevent e) {
+    Event* ev = (Event*)e;
+    if (!ev->done) return 400;  // destroyed before it completed: a backend bug
+    delete ev;
+    return 0;
+}
 CUresult cuGetErrorString(CUresult, const char** s) { *s = "fake driver error"; return 0; }
 CUresult cuGetErrorName(CUresult, const char** s) { *s = "FAKE_ERROR"; return 0; }
 }
