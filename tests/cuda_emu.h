@@ -55,6 +55,18 @@ static inline void yield_from(unsigned from, bool finished) {
 }  // namespace emu
 
 static inline void __syncthreads() { emu::yield_from(threadIdx.x, false); }
+
+// A warp shuffle as the block's exchange: every thread of the block calls it together (the
+// kernels shuffle in block-uniform control flow), so two barriers bracket the swap.
+static float emu_shfl_slots[1024];
+static inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width = 32) {
+    (void)width;  // the partner stays in the group: lane_mask < width
+    emu_shfl_slots[threadIdx.x] = v;
+    __syncthreads();
+    float r = emu_shfl_slots[threadIdx.x ^ (unsigned)lane_mask];
+    __syncthreads();
+    return r;
+}
 static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

@@ -73,7 +73,8 @@ fn build(dir: &Path) -> Option<Emulator> {
         // The very text NVRTC compiles, but for the f16 piece (PTX asm: tests/cuda_emu.h
         // has a C++ one).
         let src = kernels::assemble(file, "").unwrap();
-        let barriers = src.contains("__syncthreads()");
+        // Threads that meet (barriers, shuffles) run as coroutines; the others in a loop.
+        let barriers = src.contains("__syncthreads()") || src.contains("__shfl_");
         let mut dispatch = String::new();
         for k in kernels::kernels_of(file) {
             let e = kernels::cuda_kernel(k).unwrap().entry;
@@ -277,9 +278,9 @@ fn compare(
     kernels
 }
 
-fn cuda_like(s: Setup) -> Setup {
+fn cuda_like(s: Setup, portable: bool) -> Setup {
     Setup {
-        portable: true,
+        portable,
         uniform_decode: Some(false),
         window_prefill: Some(false),
         f16_arithmetic: Some(false),
@@ -301,14 +302,19 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
         "mixtral-tiny",
     ] {
         for (p, s) in [("f16", F16), ("int4", INT4)] {
-            for executor in [Executor::Grouped, Executor::PerExpert] {
-                let s = cuda_like(Setup { executor, ..s });
+            for (executor, portable) in [
+                (Executor::Grouped, false),
+                (Executor::PerExpert, false),
+                (Executor::Grouped, true),
+                (Executor::PerExpert, true),
+            ] {
+                let s = cuda_like(Setup { executor, ..s }, portable);
                 let mut e = try_load_dir(&fixture(name), 64, s).unwrap();
                 // Fill the buffers (activations, KV cache) with a real prefill and decode.
                 let prompt: Vec<u32> = (1..=9).collect();
                 common::engine::greedy(&mut e, &prompt, 2).unwrap();
                 let dev = e.fwd.dev.clone();
-                let what = format!("{name} {p} {executor:?}");
+                let what = format!("{name} {p} {executor:?} portable {portable}");
                 for (li, l) in e.fwd.layers.iter().enumerate() {
                     let runs: [(&str, &Prepared, usize, usize); 4] = [
                         ("pre", &l.pre, 0, 8),

@@ -70,6 +70,7 @@ CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice) {
     switch (attr) {
         case 1: *v = 1024; break;    // max threads per block
         case 8: *v = 49152; break;   // max shared memory per block
+        case 10: *v = 32; break;     // warp size
         case 18: *v = 0; break;      // integrated
         case 75: *v = 9; break;      // compute capability major
         case 76: *v = 0; break;      // minor

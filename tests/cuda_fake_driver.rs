@@ -51,7 +51,8 @@ fn install_fake_driver(dir: &std::path::Path) -> bool {
     for (file, _) in kernels::SOURCES {
         let stem = file.trim_end_matches(".cu");
         let src = kernels::assemble(file, "").unwrap();
-        let barriers = src.contains("__syncthreads()");
+        // Threads that meet (barriers, shuffles) run as coroutines; the others in a loop.
+        let barriers = src.contains("__syncthreads()") || src.contains("__shfl_");
         let mut dispatch = String::new();
         for k in kernels::kernels_of(file) {
             let e = kernels::cuda_kernel(k).unwrap().entry;
@@ -135,6 +136,16 @@ fn the_cuda_backend_on_a_fake_driver_matches_transformers() {
         };
         check_fixture(name, per_expert);
         println!("{name}: f16 and int4 (both executors) match the goldens on the fake driver");
+    }
+    // The one-lane W4A16 kernels (`--portable-kernels`) as well as the 8-lane default.
+    for name in ["olmoe-tiny", "qwen2moe-tiny"] {
+        check_fixture(
+            name,
+            Setup {
+                portable: true,
+                ..INT4
+            },
+        );
     }
     // Partial residency: misses uploaded through pinned staging and event fences.
     for name in ["olmoe-tiny", "qwen2moe-tiny"] {

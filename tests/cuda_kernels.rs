@@ -278,8 +278,27 @@ fn cuda_w4a16_kernels_match_cpu() {
     let Some(g) = cuda("cuda_w4a16_kernels_match_cpu") else {
         return;
     };
+    // The plan's variant (8 lanes per row on a warp) and the portable one (1 lane).
+    let portable = Gpu {
+        dev: g.dev.clone(),
+        plan: plan(
+            &g.dev,
+            &KernelOverrides {
+                portable: true,
+                ..Default::default()
+            },
+        ),
+    };
     for (i, &c) in SHAPES.iter().enumerate() {
-        let s = Setup::random(&g, 100 + i as u64, c);
+        for g in [&g, &portable] {
+            w4a16_case(g, 100 + i as u64, c);
+        }
+    }
+}
+
+fn w4a16_case(g: &Gpu, seed: u64, c: common::q4::Case) {
+    {
+        let s = Setup::random(g, seed, c);
         let all = s.all_chunks();
         let what = s.what();
         check(

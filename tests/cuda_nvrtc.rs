@@ -9,35 +9,36 @@
 //! "not run: no NVRTC" and does not pass silently for lack of a library it was told of.
 #![cfg(feature = "cuda")]
 
-use wgmoe::backend::cuda::{device_info, kernels, load};
+use wgmoe::backend::cuda::{device_info, kernels, load, Properties};
 use wgmoe::backend::{Kernel, KernelOverrides, KernelPlan};
 
 fn h200() -> wgmoe::backend::DeviceInfo {
-    device_info(
-        "NVIDIA H200".into(),
-        141 << 30,
-        12080,
-        (9, 0),
-        false,
-        49152,
-        1024,
-    )
+    device_info(Properties {
+        name: "NVIDIA H200".into(),
+        mem: 141 << 30,
+        driver_version: 12080,
+        capability: (9, 0),
+        integrated: false,
+        shared: 49152,
+        threads: 1024,
+        warp: 32,
+    })
 }
 
-/// Every kernel the plan can pick on a CUDA device: the portable storage set.
+/// Every kernel the plan can pick on a CUDA device: the storage kernels with f32
+/// arithmetic, the W4A16 ones in the plan's variant (8 lanes, or 1 when portable).
 fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
-    assert!(
-        !plan.subgroups && !plan.f16_arithmetic && !plan.uniform_decode && !plan.window_prefill
-    );
+    assert!(!plan.f16_arithmetic && !plan.uniform_decode && !plan.window_prefill);
     Kernel::all()
         .into_iter()
-        .filter(|k| {
-            !k.needs_subgroups()
-                && !k.needs_f16()
-                && !k.uniform_activations()
-                && k.q4_variant().is_none_or(|q| q == plan.q4_storage())
-                // Only the expert-major prefill (window prefill) sorts and gathers pairs.
-                && !matches!(k, Kernel::MoeSort | Kernel::MoeGather)
+        .filter(|k| match k.q4_variant() {
+            Some(q) => q == plan.q4_storage(),
+            None => {
+                !k.needs_subgroups()
+                    && !k.uniform_activations()
+                    // Only the expert-major prefill (window prefill) sorts and gathers pairs.
+                    && !matches!(k, Kernel::MoeSort | Kernel::MoeGather)
+            }
         })
         .collect()
 }
@@ -52,7 +53,9 @@ fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
         },
     ] {
         let plan = KernelPlan::decide(&h200(), &o).unwrap();
+        assert_eq!(plan.subgroups, !o.portable, "warps are subgroups of 32");
         assert_eq!(plan.attention(128, 64), Kernel::Attention);
+        assert_eq!(plan.matmul_window_tokens(2048, 64), 0);
         assert!(!plan.expert_major(true, true, 64));
         for k in plan_kernels(&plan) {
             assert!(kernels::cuda_kernel(k).is_some(), "{k} has no CUDA version");
@@ -66,6 +69,11 @@ fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
     assert!(KernelPlan::decide(&h200(), &o).is_err());
     let o = KernelOverrides {
         f16_arithmetic: Some(wgmoe::backend::plan::Switch::On),
+        ..Default::default()
+    };
+    assert!(KernelPlan::decide(&h200(), &o).is_err());
+    let o = KernelOverrides {
+        prefill: Some(wgmoe::backend::plan::PrefillKernels::Window),
         ..Default::default()
     };
     assert!(KernelPlan::decide(&h200(), &o).is_err());
@@ -87,7 +95,7 @@ fn nvrtc_compiles_every_cuda_kernel_to_ptx_and_cubin() {
     };
     println!("NVRTC {}.{}", version.0, version.1);
     let all = kernels::kernels();
-    assert!(all.len() >= 13, "{all:?}");
+    assert!(all.len() >= 16, "{all:?}");
     for arch in [None, Some("compute_80"), Some("compute_90")] {
         for &k in &all {
             let ptx = kernels::ptx(k, arch).unwrap_or_else(|e| panic!("{k} ({arch:?}): {e}"));

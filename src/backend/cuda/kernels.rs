@@ -1,8 +1,9 @@
 //! The CUDA C kernels (`kernels/cuda/`, ports of the WGSL kernels under `shaders/`) and
-//! their compilation to PTX with NVRTC. The CUDA backend offers the portable set the kernel
-//! plan picks on it (no subgroup, f16-arithmetic or uniform-window variants: the device
-//! reports none of those features), so every kernel that plan can pick has a CUDA version
-//! here; any other is refused by name. The device loads a CUBIN for its own architecture
+//! their compilation with NVRTC. The CUDA backend offers the storage kernels the kernel plan
+//! picks on it: the device reports warps as subgroups of 32 but no SHADER_F16 and no uniform
+//! windows, so the plan picks the 8-lane W4A16 kernels (warp shuffles), or the one-lane ones
+//! with `--portable-kernels`, and never f16-arithmetic, window or expert-major kernels.
+//! Every kernel that plan can pick has a CUDA version here; any other is refused by name. The device loads a CUBIN for its own architecture
 //! (no PTX JIT: a CUBIN from any CUDA 12 NVRTC loads on any CUDA 12 driver, while PTX from
 //! a newer NVRTC than the driver does not), PTX where NVRTC does not know the architecture.
 //! Compiled code is cached per process and architecture.
@@ -14,7 +15,7 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::nvrtc::sys as nv;
 
 use super::load;
-use crate::backend::kernel::{Kernel, Q4Variant};
+use crate::backend::kernel::{Kernel, Lanes, Q4Variant};
 use crate::backend::Op;
 use crate::error::{Error, Result};
 
@@ -76,6 +77,10 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
         block,
     };
     const Q4: Q4Variant = Q4Variant::PORTABLE;
+    const Q4_L8: Q4Variant = Q4Variant {
+        lanes: Lanes::Eight,
+        ..Q4Variant::PORTABLE
+    };
     Some(match k {
         Kernel::Embed => c("embed.cu", "embed", "EmbedParams", &[2, 3, 4], 64),
         Kernel::RmsNorm => c("rmsnorm.cu", "rmsnorm", "RmsNormParams", &[2, 3, 4], 64),
@@ -126,6 +131,27 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
         Kernel::Q4DownCombine(Q4) => c(
             "q4.cu",
             "ffn_down_q4_combine",
+            "Q4DownParams",
+            &[2, 3, 4, 5, 6, 7, 8, 15],
+            64,
+        ),
+        Kernel::Q4GateUp(Q4_L8) => c(
+            "q4.cu",
+            "ffn_gate_up_q4_l8",
+            "Q4GateUpParams",
+            &[2, 3, 4, 5, 6, 7, 15],
+            64,
+        ),
+        Kernel::Q4Down(Q4_L8) => c(
+            "q4.cu",
+            "ffn_down_q4_l8",
+            "Q4DownParams",
+            &[2, 3, 4, 5, 6, 7, 15],
+            64,
+        ),
+        Kernel::Q4DownCombine(Q4_L8) => c(
+            "q4.cu",
+            "ffn_down_q4_combine_l8",
             "Q4DownParams",
             &[2, 3, 4, 5, 6, 7, 8, 15],
             64,
@@ -183,7 +209,7 @@ pub fn check_op(op: &Op, kernel: Kernel) -> Result<CudaKernel> {
 /// The error for a kernel this backend has no version of.
 pub fn no_cuda_version(k: Kernel) -> Error {
     Error::Gpu(format!(
-        "kernel {k} has no CUDA version (the CUDA backend runs the portable storage kernels; --portable-kernels and the default plan pick only those)"
+        "kernel {k} has no CUDA version (the CUDA backend runs the storage kernels with f32 arithmetic; the kernel plan picks only those on it)"
     ))
 }
 

@@ -6,9 +6,9 @@
 //! device memory copied to the host once the stream reaches them.
 //!
 //! The kernels are CUDA C ports of the WGSL kernels (`kernels/cuda/`, [`kernels`]),
-//! compiled by NVRTC on first use. The device reports no subgroups, no SHADER_F16 and no
-//! uniform windows, so the kernel plan picks the portable storage kernels, which are the
-//! ones ported.
+//! compiled by NVRTC on first use. The device reports warps as subgroups but no SHADER_F16
+//! and no uniform windows, so the kernel plan picks the storage kernels with f32
+//! arithmetic, which are the ones ported.
 
 pub mod kernels;
 mod launch;
@@ -150,17 +150,37 @@ fn attribute(dev: cu::CUdevice, a: cu::CUdevice_attribute) -> Result<i32> {
     Ok(v)
 }
 
+/// The properties of a CUDA device that wgmoe reads from the driver.
+#[derive(Clone, Debug)]
+pub struct Properties {
+    pub name: String,
+    /// Total memory in bytes.
+    pub mem: u64,
+    /// cuDriverGetVersion: 1000 * major + 10 * minor.
+    pub driver_version: i32,
+    /// Compute capability (major, minor).
+    pub capability: (i32, i32),
+    pub integrated: bool,
+    /// Shared memory per block, bytes.
+    pub shared: u32,
+    /// Threads per block.
+    pub threads: u32,
+    pub warp: u32,
+}
+
 /// What a CUDA device of these properties reports to the rest of wgmoe (public so the
 /// plan's choice on CUDA can be tested without a device).
-pub fn device_info(
-    name: String,
-    mem: u64,
-    driver_version: i32,
-    (major, minor): (i32, i32),
-    integrated: bool,
-    shared: u32,
-    threads: u32,
-) -> DeviceInfo {
+pub fn device_info(d: Properties) -> DeviceInfo {
+    let Properties {
+        name,
+        mem,
+        driver_version,
+        capability: (major, minor),
+        integrated,
+        shared,
+        threads,
+        warp,
+    } = d;
     DeviceInfo {
         name,
         backend: "cuda".into(),
@@ -175,12 +195,13 @@ pub fn device_info(
             driver_version / 1000,
             driver_version % 1000 / 10
         ),
-        // No f16-arithmetic, subgroup or uniform-window kernels exist for CUDA: reporting
-        // none makes the plan pick the portable storage kernels, the ported ones.
+        // Warps are subgroups (the 8-lane W4A16 kernels use warp shuffles); no
+        // f16-arithmetic or uniform-window kernels exist for CUDA, so it reports neither
+        // SHADER_F16 nor uniform bindings and the plan picks only the ported kernels.
         shader_f16: false,
-        subgroup: false,
-        subgroup_min_size: 0,
-        subgroup_max_size: 0,
+        subgroup: warp >= 8,
+        subgroup_min_size: warp,
+        subgroup_max_size: warp,
         timestamp_query: false,
         limits: Limits {
             max_buffer_size: mem,
@@ -226,15 +247,17 @@ fn describe(ordinal: i32) -> Result<(cu::CUdevice, DeviceInfo, (i32, i32))> {
     let integrated = attribute(dev, A::CU_DEVICE_ATTRIBUTE_INTEGRATED)? != 0;
     let shared = attribute(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?;
     let threads = attribute(dev, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
-    let info = device_info(
+    let warp = attribute(dev, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?;
+    let info = device_info(Properties {
         name,
-        mem as u64,
-        version,
-        (major, minor),
+        mem: mem as u64,
+        driver_version: version,
+        capability: (major, minor),
         integrated,
-        shared.max(0) as u32,
-        threads.max(0) as u32,
-    );
+        shared: shared.max(0) as u32,
+        threads: threads.max(0) as u32,
+        warp: warp.max(0) as u32,
+    });
     Ok((dev, info, (major, minor)))
 }
 
