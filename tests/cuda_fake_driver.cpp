@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <vector>
 
 typedef int CUresult;  // 0: CUDA_SUCCESS
@@ -32,6 +33,11 @@ extern "C" Dispatch wgmoe_emu_dispatchers[];
 extern "C" int wgmoe_emu_dispatcher_count;
 
 static int g_ctx, g_stream, g_module;
+
+// Every call holds this: test binaries call the driver from parallel threads, and the
+// queue, the allocation map and the emulation's globals are shared.
+static std::recursive_mutex g_lock;
+#define LOCKED std::lock_guard<std::recursive_mutex> guard(g_lock)
 
 // The stream's queued work, run in order when the host waits.
 static std::vector<std::function<void()>> g_queue;
@@ -52,21 +58,22 @@ static bool pinned(const void* p) {
 struct Event { bool done = false; bool queried = false; };
 
 extern "C" void wgmoe_emu_enqueue(void (*run)(void*), void* job) {
+    LOCKED;
     g_queue.push_back([run, job] { run(job); });
 }
 
 extern "C" {
-CUresult cuInit(unsigned) { return 0; }
-CUresult cuDriverGetVersion(int* v) { *v = 12080; return 0; }
-CUresult cuDeviceGetCount(int* n) { *n = 1; return 0; }
-CUresult cuDeviceGet(CUdevice* d, int ordinal) { *d = ordinal; return ordinal == 0 ? 0 : 101; }
-CUresult cuDeviceGetName(char* name, int len, CUdevice) {
+CUresult cuInit(unsigned) { LOCKED; return 0; }
+CUresult cuDriverGetVersion(int* v) { LOCKED; *v = 12080; return 0; }
+CUresult cuDeviceGetCount(int* n) { LOCKED; *n = 1; return 0; }
+CUresult cuDeviceGet(CUdevice* d, int ordinal) { LOCKED; *d = ordinal; return ordinal == 0 ? 0 : 101; }
+CUresult cuDeviceGetName(char* name, int len, CUdevice) { LOCKED;
     std::strncpy(name, "wgmoe fake CUDA device (CPU emulation)", len);
     name[len - 1] = 0;
     return 0;
 }
-CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice) { *bytes = size_t(8) << 30; return 0; }
-CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice) {
+CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice) { LOCKED; *bytes = size_t(8) << 30; return 0; }
+CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice) { LOCKED;
     switch (attr) {
         case 1: *v = 1024; break;    // max threads per block
         case 8: *v = 49152; break;   // max shared memory per block
@@ -78,41 +85,41 @@ CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice) {
     }
     return 0;
 }
-CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice) { *c = &g_ctx; return 0; }
-CUresult cuCtxSetCurrent(CUcontext c) { return c == &g_ctx ? 0 : 201; }
-CUresult cuCtxSynchronize() { flush(); return 0; }
-CUresult cuStreamCreate(CUstream* s, unsigned) { *s = &g_stream; return 0; }
-CUresult cuStreamSynchronize(CUstream) { flush(); return 0; }
-CUresult cuStreamDestroy_v2(CUstream) { flush(); return 0; }
-CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
+CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice) { LOCKED; *c = &g_ctx; return 0; }
+CUresult cuCtxSetCurrent(CUcontext c) { LOCKED; return c == &g_ctx ? 0 : 201; }
+CUresult cuCtxSynchronize() { LOCKED; flush(); return 0; }
+CUresult cuStreamCreate(CUstream* s, unsigned) { LOCKED; *s = &g_stream; return 0; }
+CUresult cuStreamSynchronize(CUstream) { LOCKED; flush(); return 0; }
+CUresult cuStreamDestroy_v2(CUstream) { LOCKED; flush(); return 0; }
+CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) { LOCKED;
     void* m = std::aligned_alloc(256, (n + 255) / 256 * 256);
     if (!m) return 2;  // out of memory
     *p = (CUdeviceptr)(uintptr_t)m;
     return 0;
 }
-CUresult cuMemFree_v2(CUdeviceptr p) {
+CUresult cuMemFree_v2(CUdeviceptr p) { LOCKED;
     if (!g_queue.empty()) return 1;  // freed while queued work may use it: a backend bug
     std::free((void*)(uintptr_t)p);
     return 0;
 }
-CUresult cuMemHostAlloc(void** p, size_t n, unsigned) {
+CUresult cuMemHostAlloc(void** p, size_t n, unsigned) { LOCKED;
     size_t size = (n + 255) / 256 * 256;
     *p = std::aligned_alloc(256, size);
     if (!*p) return 2;
     g_pinned[(uintptr_t)*p] = size;
     return 0;
 }
-CUresult cuMemFreeHost(void* p) {
+CUresult cuMemFreeHost(void* p) { LOCKED;
     if (!g_queue.empty()) return 1;  // freed while a queued copy may read it
     g_pinned.erase((uintptr_t)p);
     std::free(p);
     return 0;
 }
-CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream) {
+CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream) { LOCKED;
     g_queue.push_back([=] { std::memset((void*)(uintptr_t)p, v, n); });
     return 0;
 }
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, CUstream) {
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, CUstream) { LOCKED;
     if (pinned(s)) {
         // DMA from pinned memory reads it when the copy runs.
         g_queue.push_back([=] { std::memcpy((void*)(uintptr_t)d, s, n); });
@@ -123,16 +130,16 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, CUstream) 
     }
     return 0;
 }
-CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) {
+CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) { LOCKED;
     // The legacy default stream does not wait for a non-blocking stream's queued work.
     std::memcpy(d, (const void*)(uintptr_t)s, n);
     return 0;
 }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream) {
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream) { LOCKED;
     g_queue.push_back([=] { std::memmove((void*)(uintptr_t)d, (const void*)(uintptr_t)s, n); });
     return 0;
 }
-CUresult cuModuleLoadData(CUmodule* m, const void* image) {
+CUresult cuModuleLoadData(CUmodule* m, const void* image) { LOCKED;
     // The image is a CUBIN (ELF) or PTX text from NVRTC; the emulation runs the same source.
     const unsigned char* b = (const unsigned char*)image;
     bool elf = b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F';
@@ -141,14 +148,14 @@ CUresult cuModuleLoadData(CUmodule* m, const void* image) {
     *m = &g_module;
     return 0;
 }
-CUresult cuModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule, const char* name) { LOCKED;
     Func* fn = new Func();
     std::strncpy(fn->name, name, sizeof fn->name - 1);
     *f = fn;
     return 0;
 }
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                        unsigned bz, unsigned shared, CUstream, void** args, void** extra) {
+                        unsigned bz, unsigned shared, CUstream, void** args, void** extra) { LOCKED;
     if (by != 1 || bz != 1 || shared != 0 || extra != nullptr || gx == 0 || gy == 0 || gz == 0 ||
         gy > 65535 || gz > 65535 || bx > 1024)
         return 1;  // invalid value
@@ -156,14 +163,14 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         if (wgmoe_emu_dispatchers[i](f->name, gx, gy, gz, bx, args) == 0) return 0;
     return 500;  // not found
 }
-CUresult cuEventCreate(CUevent* e, unsigned) { *e = new Event(); return 0; }
-CUresult cuEventRecord(CUevent e, CUstream) {
+CUresult cuEventCreate(CUevent* e, unsigned) { LOCKED; *e = new Event(); return 0; }
+CUresult cuEventRecord(CUevent e, CUstream) { LOCKED;
     Event* ev = (Event*)e;
     ev->done = false;
     g_queue.push_back([ev] { ev->done = true; });
     return 0;
 }
-CUresult cuEventQuery(CUevent e) {
+CUresult cuEventQuery(CUevent e) { LOCKED;
     Event* ev = (Event*)e;
     if (ev->done) return 0;
     if (!ev->queried) {
@@ -173,16 +180,16 @@ CUresult cuEventQuery(CUevent e) {
     flush();
     return ev->done ? 0 : 600;
 }
-CUresult cuEventSynchronize(CUevent e) {
+CUresult cuEventSynchronize(CUevent e) { LOCKED;
     flush();
     return ((Event*)e)->done ? 0 : 400;
 }
-CUresult cuEventDestroy_v2(CUevent e) {
+CUresult cuEventDestroy_v2(CUevent e) { LOCKED;
     Event* ev = (Event*)e;
     if (!ev->done) return 400;  // destroyed before it completed: a backend bug
     delete ev;
     return 0;
 }
-CUresult cuGetErrorString(CUresult, const char** s) { *s = "fake driver error"; return 0; }
-CUresult cuGetErrorName(CUresult, const char** s) { *s = "FAKE_ERROR"; return 0; }
+CUresult cuGetErrorString(CUresult, const char** s) { LOCKED; *s = "fake driver error"; return 0; }
+CUresult cuGetErrorName(CUresult, const char** s) { LOCKED; *s = "FAKE_ERROR"; return 0; }
 }

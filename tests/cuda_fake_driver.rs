@@ -5,8 +5,9 @@
 //! staging, event fences, NVRTC compilation of every kernel file, argument packing, grids)
 //! runs the fixture models against transformers' goldens with the parity tests'
 //! tolerances, full and partial residency. This checks the backend's logic; it is not a
-//! run on a GPU (no asynchrony, no real memory spaces). Needs a C++ compiler (`CXX`,
-//! default g++) and NVRTC (`WGMOE_NVRTC_LIB`); without them it prints "not run".
+//! run on a GPU (no real memory spaces or timing). Needs a C++ compiler (`CXX`, default
+//! g++) and NVRTC (`WGMOE_NVRTC_LIB`); without them it prints "not run". With
+//! `WGMOE_FAKE_CUDA_OUT=DIR` the fake `libcuda.so` is also copied to DIR.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -97,6 +98,13 @@ fn install_fake_driver(dir: &std::path::Path) -> bool {
         "the fake driver does not build:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A copy for running other programs on the fake driver (LD_LIBRARY_PATH), e.g. the CUDA
+    // branch of tools/gpu-check.sh without a GPU.
+    if let Some(out) = std::env::var_os("WGMOE_FAKE_CUDA_OUT") {
+        let out = std::path::Path::new(&out);
+        std::fs::create_dir_all(out).unwrap();
+        std::fs::copy(&so, out.join("libcuda.so")).unwrap();
+    }
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
     // SAFETY: our own library; loading it runs only the C++ runtime's initialisers.
     let lib = unsafe { Library::open(Some(&so), RTLD_NOW | RTLD_GLOBAL) }.unwrap();

@@ -222,7 +222,9 @@ fn cuda_argmax_matches_cpu() {
     for n in [1usize, 255, 256, 257, 3001] {
         let mut logits = rng.vec(2 * n, 10.0);
         let step = dev.step_buffer(0, 2).unwrap();
-        for (last_row, suppress) in [(false, vec![]), (true, vec![0u32]), (true, vec![])] {
+        // (Suppressing the only id of a one-wide row leaves none: not a case.)
+        let sup0 = if n > 1 { vec![0u32] } else { vec![] };
+        for (last_row, suppress) in [(false, vec![]), (true, sup0), (true, vec![])] {
             let row = if last_row { &logits[n..] } else { &logits[..n] };
             let want = cpu_ref::argmax(row, &suppress);
             let lb = f32_buf(dev, &logits);
