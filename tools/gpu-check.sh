@@ -10,6 +10,12 @@
 #   tools/gpu-check.sh REPORT [BUNDLE]  there: run the checks from BUNDLE, writing logs, the
 #                                       bench records and summary.txt into REPORT.
 #
+# On a lent device machine: build here, then run `tools/gpu-check.sh $OUT/report` there with
+# target/gpu-check carried (58 MiB with NVRTC, under the 64 MiB a run may carry).
+# Without a GPU, the CUDA branch can be tried on the fake driver of the tests:
+#   WGMOE_FAKE_CUDA_OUT=/tmp/fake cargo test --release --features cuda --test cuda_fake_driver
+#   LD_LIBRARY_PATH=/tmp/fake tools/gpu-check.sh /tmp/report   # emulated: slow, not a GPU
+#
 # The checks: devices; the Vulkan kernel and parity tests and `wgmoe bench --backend
 # vulkan` where a Vulkan adapter is; on an NVIDIA GPU the CUDA kernel and parity tests
 # (tests/cuda_kernels.rs, tests/cuda_parity.rs with WGMOE_REQUIRE_CUDA=1: a missing device
@@ -162,6 +168,6 @@ check() {
 
 case "${1:-}" in
   build) shift; build "$@" ;;
-  "" | -h | --help) sed -n '2,20p' "$0"; exit 2 ;;
+  "" | -h | --help) sed -n '2,26p' "$0"; exit 2 ;;
   *) check "$@" ;;
 esac
