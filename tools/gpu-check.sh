@@ -168,6 +168,6 @@ check() {
 
 case "${1:-}" in
   build) shift; build "$@" ;;
-  "" | -h | --help) sed -n '2,26p' "$0"; exit 2 ;;
+  "" | -h | --help) sed -n '2,25p' "$0"; exit 2 ;;
   *) check "$@" ;;
 esac
