@@ -16,7 +16,12 @@ pub mod plan;
 pub mod program;
 pub mod wgpu;
 
+// The CUDA backend with the `cuda` feature, else a stub that refuses to open.
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
 mod cuda_stub;
+#[cfg(not(feature = "cuda"))]
 use cuda_stub as cuda;
 
 use std::collections::BTreeMap;
@@ -28,6 +33,14 @@ use crate::residency::Fence;
 pub use kernel::Kernel;
 pub use plan::{KernelOverrides, KernelPlan};
 pub use program::{binds, groups64, Bind, Dim, Op, Program, Resource};
+
+/// The error of one backend's object handed to another backend's device (a bug: each
+/// device only ever sees the objects it made).
+pub(crate) fn foreign(what: &str, backend: &str) -> Error {
+    Error::Other(format!(
+        "internal: a {what} of another backend given to the {backend} device"
+    ))
+}
 
 /// Which API to run on; `None` in [`DeviceRequest`] means the best adapter available.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -157,7 +170,7 @@ struct BufferInner {
 #[doc(hidden)]
 pub enum NativeBuffer {
     Wgpu(self::wgpu::NativeBuffer),
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Cuda(cuda::NativeBuffer),
 }
 
@@ -215,7 +228,7 @@ pub struct Staging(pub(crate) NativeStaging);
 #[doc(hidden)]
 pub enum NativeStaging {
     Wgpu(self::wgpu::NativeStaging),
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Cuda(cuda::NativeStaging),
 }
 
@@ -228,7 +241,7 @@ pub struct Prepared {
 #[doc(hidden)]
 pub enum NativePrepared {
     Wgpu(self::wgpu::NativePrepared),
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Cuda(cuda::NativePrepared),
 }
 
@@ -310,7 +323,7 @@ pub trait Backend {
 #[derive(Clone)]
 pub enum Device {
     Wgpu(Arc<self::wgpu::WgpuDevice>),
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Cuda(Arc<cuda::CudaDevice>),
 }
 

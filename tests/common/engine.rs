@@ -35,7 +35,10 @@ pub fn load_on(
         &fixture(name),
         &EngineOptions {
             residency,
-            adapter: DeviceRequest::default(),
+            adapter: DeviceRequest {
+                backend: super::test_backend(),
+                ..Default::default()
+            },
             kernels,
             expert_precision: ExpertPrecision::Int4,
             executor,

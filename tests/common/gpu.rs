@@ -15,11 +15,38 @@ pub fn init_env() {
     }
 }
 
+/// The backend every GPU test opens: `WGMOE_TEST_BACKEND` (`vulkan`, `cuda`, ... as
+/// `--backend`; tools/gpu-check.sh runs the kernel and parity suites on CUDA with it), or
+/// the one a test file chose with [`use_backend`] before its first device; by default the
+/// best adapter (lavapipe in CI).
+pub fn test_backend() -> Option<wgmoe::backend::BackendChoice> {
+    *BACKEND.get_or_init(|| {
+        let v = std::env::var("WGMOE_TEST_BACKEND").ok()?;
+        let b = <wgmoe::backend::BackendChoice as clap::ValueEnum>::from_str(&v, true)
+            .unwrap_or_else(|e| panic!("WGMOE_TEST_BACKEND={v}: {e}"));
+        Some(b)
+    })
+}
+
+static BACKEND: std::sync::OnceLock<Option<wgmoe::backend::BackendChoice>> =
+    std::sync::OnceLock::new();
+
+/// Make this test binary's devices open `b` (the CUDA test files); call before any device.
+pub fn use_backend(b: wgmoe::backend::BackendChoice) {
+    let _ = BACKEND.set(Some(b));
+    assert_eq!(
+        test_backend(),
+        Some(b),
+        "a device was opened before use_backend"
+    );
+}
+
 /// A fresh device (no cross-talk of validation errors between parallel tests); `cap`
 /// limits the storage binding used to split weights, to force several chunks.
 pub fn device(cap: Option<u64>) -> Device {
     init_env();
     Device::open(&DeviceRequest {
+        backend: test_backend(),
         max_binding: cap,
         ..Default::default()
     })

@@ -17,13 +17,20 @@ use std::path::PathBuf;
 
 use safetensors::{Dtype, SafeTensors};
 
+/// The repository root: where the tests were built, or `WGMOE_REPO_DIR` for test binaries
+/// run from another checkout (tools/gpu-check.sh on a machine without a Rust toolchain).
 pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("WGMOE_REPO_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 pub fn fixture(name: &str) -> PathBuf {
     repo().join("models").join(name)
 }
+
+#[allow(unused_imports)] // not every test binary picks a backend
+pub use gpu::{test_backend, use_backend};
 
 pub fn init_env() {
     // Keeps the Vulkan loader quiet, as the README asks users to do.

@@ -97,6 +97,7 @@ pub fn try_load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> wgmo
         &EngineOptions {
             residency: Default::default(),
             adapter: DeviceRequest {
+                backend: super::test_backend(),
                 max_binding: s.max_binding,
                 ..Default::default()
             },
@@ -133,8 +134,11 @@ pub fn try_load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> wgmo
 /// lavapipe with LP_NATIVE_VECTOR_WIDTH=128 has subgroups of 4.
 pub fn subgroup_kernels_available() -> bool {
     init_env();
-    let dev = wgmoe::backend::Device::open(&DeviceRequest::default())
-        .expect("a GPU adapter (lavapipe in CI)");
+    let dev = wgmoe::backend::Device::open(&DeviceRequest {
+        backend: super::test_backend(),
+        ..Default::default()
+    })
+    .expect("a GPU adapter (lavapipe in CI)");
     dev.info().subgroup && dev.info().subgroup_min_size >= 8
 }
 

@@ -100,17 +100,16 @@ impl WgpuDevice {
         self.binding_cap
     }
 
-    fn native<'b>(&self, b: &'b Buffer) -> &'b ::wgpu::Buffer {
-        match b.native() {
-            SeamBuffer::Wgpu(n) => n,
-            SeamBuffer::Cuda(n) => match *n {},
-        }
+    fn native<'b>(&self, b: &'b Buffer) -> Result<&'b ::wgpu::Buffer> {
+        record::native(b)
     }
 
-    fn staging_of<'s>(&self, s: &'s Staging) -> &'s NativeStaging {
+    fn staging_of<'s>(&self, s: &'s Staging) -> Result<&'s NativeStaging> {
+        // Unreachable without the `cuda` feature (the other variant is uninhabited).
+        #[allow(unreachable_patterns)]
         match &s.0 {
-            SeamStaging::Wgpu(n) => n,
-            SeamStaging::Cuda(n) => match *n {},
+            SeamStaging::Wgpu(n) => Ok(n),
+            _ => Err(crate::backend::foreign("staging buffer", "wgpu")),
         }
     }
 
@@ -238,7 +237,7 @@ impl Backend for WgpuDevice {
                 buf.size()
             )));
         }
-        let b = self.native(buf);
+        let b = self.native(buf)?;
         // queue.write_buffer needs a multiple of 4 bytes.
         if data.len().is_multiple_of(4) {
             self.queue.write_buffer(b, offset, data);
@@ -254,13 +253,13 @@ impl Backend for WgpuDevice {
         let size4 = len.div_ceil(4) * 4;
         let rb = self.alloc("readback", size4, Usage::Readback)?;
         let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(self.native(buf), offset, self.native(&rb), 0, size4);
+        enc.copy_buffer_to_buffer(self.native(buf)?, offset, self.native(&rb)?, 0, size4);
         self.submit_commands(enc.finish());
         self.map_read(&rb, len)
     }
 
     fn map_read(&self, buf: &Buffer, len: u64) -> Result<Vec<u8>> {
-        let b = self.native(buf);
+        let b = self.native(buf)?;
         let (tx, rx) = std::sync::mpsc::channel();
         let slice = b.slice(..);
         slice.map_async(::wgpu::MapMode::Read, move |r| {
@@ -297,7 +296,7 @@ impl Backend for WgpuDevice {
                     // Consecutive programs share one compute pass.
                     let mut pass = enc.begin_compute_pass(&Default::default());
                     while let Some(Work::Run { program, tokens }) = work.get(i) {
-                        dispatches += record::record(program, &mut pass, *tokens);
+                        dispatches += record::record(program, &mut pass, *tokens)?;
                         i += 1;
                     }
                 }
@@ -309,9 +308,9 @@ impl Backend for WgpuDevice {
                     bytes,
                 } => {
                     enc.copy_buffer_to_buffer(
-                        self.native(src),
+                        self.native(src)?,
                         *src_offset,
-                        self.native(dst),
+                        self.native(dst)?,
                         *dst_offset,
                         bytes.div_ceil(4) * 4,
                     );
@@ -323,11 +322,11 @@ impl Backend for WgpuDevice {
                     dst_offset,
                     bytes,
                 } => {
-                    let s = self.staging_of(staging);
+                    let s = self.staging_of(staging)?;
                     enc.copy_buffer_to_buffer(
                         &s.buffer,
                         0,
-                        self.native(dst),
+                        self.native(dst)?,
                         *dst_offset,
                         bytes.div_ceil(4) * 4,
                     );
@@ -397,7 +396,7 @@ impl Backend for WgpuDevice {
     }
 
     fn fill_staging(&self, staging: &Staging, data: &[u8]) -> Result<()> {
-        let s = self.staging_of(staging);
+        let s = self.staging_of(staging)?;
         loop {
             match s.state.load(Ordering::Acquire) {
                 MAPPED => break,
@@ -427,7 +426,9 @@ impl Backend for WgpuDevice {
     }
 
     fn unstage(&self, staging: &Staging) {
-        let s = self.staging_of(staging);
+        let Ok(s) = self.staging_of(staging) else {
+            return;
+        };
         if s.state.load(Ordering::Acquire) == UNMAPPED {
             self.remap(s);
         }

@@ -28,10 +28,12 @@ pub struct NativePrepared {
     ops: Vec<NativeOp>,
 }
 
-fn native(b: &Buffer) -> &::wgpu::Buffer {
+pub(super) fn native(b: &Buffer) -> Result<&::wgpu::Buffer> {
+    // Unreachable without the `cuda` feature (the other variant is uninhabited).
+    #[allow(unreachable_patterns)]
     match b.native() {
-        SeamBuffer::Wgpu(n) => n,
-        SeamBuffer::Cuda(n) => match *n {},
+        SeamBuffer::Wgpu(n) => Ok(n),
+        _ => Err(crate::backend::foreign("buffer", "wgpu")),
     }
 }
 
@@ -48,21 +50,21 @@ fn bind(
     let mut entries = vec![
         ::wgpu::BindGroupEntry {
             binding: 0,
-            resource: native(params).as_entire_binding(),
+            resource: native(params)?.as_entire_binding(),
         },
         ::wgpu::BindGroupEntry {
             binding: 1,
-            resource: native(step).as_entire_binding(),
+            resource: native(step)?.as_entire_binding(),
         },
     ];
     for b in &op.binds {
         let resource = match &b.resource {
-            Resource::Buffer(buf) => native(buf).as_entire_binding(),
+            Resource::Buffer(buf) => native(buf)?.as_entire_binding(),
             // A kernel that reads binding 2 as storage sees the whole buffer.
             Resource::Window { buffer, .. }
                 if !(kernel.uniform_activations() && b.binding == 2) =>
             {
-                native(buffer).as_entire_binding()
+                native(buffer)?.as_entire_binding()
             }
             Resource::Window { buffer, offset } => {
                 // One-token steps read the window at the start of the buffer.
@@ -76,7 +78,7 @@ fn bind(
                     )));
                 }
                 ::wgpu::BindingResource::Buffer(::wgpu::BufferBinding {
-                    buffer: native(buffer),
+                    buffer: native(buffer)?,
                     offset,
                     size: NonZeroU64::new(window),
                 })
@@ -128,16 +130,17 @@ pub fn prepare(dev: &WgpuDevice, program: &Program, step: &Buffer) -> Result<Nat
     Ok(NativePrepared { ops })
 }
 
-fn native_of(p: &Prepared) -> &NativePrepared {
+fn native_of(p: &Prepared) -> Result<&NativePrepared> {
+    #[allow(unreachable_patterns)]
     match &p.native {
-        SeamPrepared::Wgpu(n) => n,
-        SeamPrepared::Cuda(n) => match *n {},
+        SeamPrepared::Wgpu(n) => Ok(n),
+        _ => Err(crate::backend::foreign("program", "wgpu")),
     }
 }
 
 /// Record the step's dispatches into `pass`; returns how many there are.
-pub fn record(p: &Prepared, pass: &mut ::wgpu::ComputePass<'_>, tokens: u32) -> usize {
-    let native = native_of(p);
+pub fn record(p: &Prepared, pass: &mut ::wgpu::ComputePass<'_>, tokens: u32) -> Result<usize> {
+    let native = native_of(p)?;
     let mut n = 0;
     for (op, nop) in p.program().ops.iter().zip(&native.ops) {
         let Some((_, [x, y, z], decode)) = op.dispatch(tokens) else {
@@ -152,12 +155,12 @@ pub fn record(p: &Prepared, pass: &mut ::wgpu::ComputePass<'_>, tokens: u32) -> 
         pass.dispatch_workgroups(x, y, z);
         n += 1;
     }
-    n
+    Ok(n)
 }
 
 /// Every dispatch of a step alone, one submission each, timed (`WGMOE_PROFILE_KERNELS`).
 pub fn profile(dev: &WgpuDevice, p: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
-    let native = native_of(p);
+    let native = native_of(p)?;
     for (op, nop) in p.program().ops.iter().zip(&native.ops) {
         let Some((kernel, [x, y, z], decode)) = op.dispatch(tokens) else {
             continue;

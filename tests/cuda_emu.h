@@ -1,0 +1,196 @@
+// Just enough of CUDA C to run wgmoe's CUDA kernels on the CPU (tests/cuda_emulated.rs):
+// blocks run one after another; the threads of a block that synchronises run as coroutines
+// (ucontext) on one OS thread, __syncthreads passing control round-robin to the next live
+// thread, so a thread resumes only once every other one has reached the barrier (kernels
+// without __syncthreads run their threads in a loop); __shared__ arrays are statics (one
+// block at a time uses them). A launch takes its arguments as cuLaunchKernel
+// does: an array of pointers to each argument's value. Not a CUDA implementation: no warps,
+// no memory model beyond the barrier; it checks the kernels' logic and argument order.
+#include <ucontext.h>
+#include <cmath>
+#include <math.h>
+#include <cstring>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+struct uint3 { unsigned x, y, z; };
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+struct uint4 { unsigned x, y, z, w; };
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+
+static uint3 threadIdx, blockIdx, blockDim, gridDim;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+
+namespace emu {
+// The block's threads as coroutines.
+static ucontext_t main_ctx;
+static std::vector<ucontext_t> ctx;
+static std::vector<char> done;
+static std::vector<std::unique_ptr<char[]>> stacks;
+static const std::size_t STACK = 256 * 1024;
+
+// Pass control from thread `from` to the next live thread (main when none is left).
+static inline void yield_from(unsigned from, bool finished) {
+    unsigned n = blockDim.x;
+    for (unsigned k = 1; k <= n; k++) {
+        unsigned j = (from + k) % n;
+        if (!done[j] && (j != from || !finished)) {
+            if (j == from) return;  // the only live thread: nothing to wait for
+            threadIdx = uint3{j, 0, 0};
+            swapcontext(&ctx[from], &ctx[j]);
+            threadIdx = uint3{from, 0, 0};
+            return;
+        }
+    }
+    swapcontext(&ctx[from], &main_ctx);
+}
+}  // namespace emu
+
+static inline void __syncthreads() { emu::yield_from(threadIdx.x, false); }
+
+// A warp shuffle as the block's exchange: every thread of the block calls it together (the
+// kernels shuffle in block-uniform control flow), so two barriers bracket the swap.
+static float emu_shfl_slots[1024];
+static inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width = 32) {
+    (void)width;  // the partner stays in the group: lane_mask < width
+    emu_shfl_slots[threadIdx.x] = v;
+    __syncthreads();
+    float r = emu_shfl_slots[threadIdx.x ^ (unsigned)lane_mask];
+    __syncthreads();
+    return r;
+}
+static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+static inline unsigned atomicOr(unsigned* p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+
+// IEEE half bits to f32, exactly (the CUDA build uses PTX's cvt: kernels/cuda/f16.cuh).
+static inline float f16_to_f32(unsigned int word) {
+    unsigned short h = (unsigned short)(word & 0xffffu);
+    unsigned sign = (unsigned)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {
+        int e = -1;
+        do { e++; man <<= 1; } while ((man & 0x400u) == 0);
+        bits = sign | ((unsigned)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+namespace emu {
+template <typename... A, std::size_t... I>
+void call(void (*f)(A...), void** args, std::index_sequence<I...>) {
+    f(*static_cast<typename std::remove_reference<A>::type*>(args[I])...);
+}
+
+// Run a launch now: its blocks one after another.
+template <typename... A>
+void run_now(void (*f)(A...), bool barriers, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+             void** args);
+
+// Set by a fake driver that queues launches on its stream (tests/cuda_fake_driver.cpp):
+// the launch's arguments are copied now, as cuLaunchKernel does, and it runs later.
+extern "C" void wgmoe_emu_enqueue(void (*run)(void*), void* job) __attribute__((weak));
+
+template <typename... A>
+struct Job {
+    void (*f)(A...);
+    bool barriers;
+    unsigned gx, gy, gz, block;
+    std::tuple<typename std::remove_cv<typename std::remove_reference<A>::type>::type...> values;
+    template <std::size_t... I>
+    void run(std::index_sequence<I...>) {
+        void* args[sizeof...(A) + 1] = {(void*)&std::get<I>(values)...};
+        run_now(f, barriers, gx, gy, gz, block, args);
+    }
+    static void go(void* p) {
+        Job* j = (Job*)p;
+        j->run(std::index_sequence_for<A...>{});
+        delete j;
+    }
+};
+
+template <typename... A, std::size_t... I>
+Job<A...>* capture(void (*f)(A...), void** args, std::index_sequence<I...>) {
+    return new Job<A...>{f, false, 0, 0, 0, 0,
+                         {*static_cast<typename std::remove_reference<A>::type*>(args[I])...}};
+}
+
+template <typename... A>
+void launch(void (*f)(A...), bool barriers, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+            void** args) {
+    if (wgmoe_emu_enqueue) {
+        Job<A...>* j = capture(f, args, std::index_sequence_for<A...>{});
+        j->barriers = barriers;
+        j->gx = gx; j->gy = gy; j->gz = gz; j->block = block;
+        wgmoe_emu_enqueue(&Job<A...>::go, j);
+        return;
+    }
+    run_now(f, barriers, gx, gy, gz, block, args);
+}
+
+template <typename... A>
+void run_now(void (*f)(A...), bool barriers, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+             void** args) {
+    gridDim = uint3{gx, gy, gz};
+    blockDim = uint3{block, 1, 1};
+    auto block_id = [&](unsigned long b) {
+        return uint3{(unsigned)(b % gx), (unsigned)(b / gx % gy), (unsigned)(b / gx / gy)};
+    };
+    unsigned long blocks = (unsigned long)gx * gy * gz;
+    if (!barriers) {
+        for (unsigned long b = 0; b < blocks; b++) {
+            blockIdx = block_id(b);
+            for (unsigned t = 0; t < block; t++) {
+                threadIdx = uint3{t, 0, 0};
+                call(f, args, std::index_sequence_for<A...>{});
+            }
+        }
+        return;
+    }
+    // One coroutine per thread, reused for every block.
+    ctx.assign(block, ucontext_t{});
+    done.assign(block, 0);
+    while (stacks.size() < block) stacks.emplace_back(new char[STACK]);
+    static void (*kernel)(A...);
+    static void** kernel_args;
+    kernel = f;
+    kernel_args = args;
+    struct Entry {
+        static void run(int t) {
+            call(kernel, kernel_args, std::index_sequence_for<A...>{});
+            done[t] = 1;
+            yield_from((unsigned)t, true);
+        }
+    };
+    for (unsigned long b = 0; b < blocks; b++) {
+        blockIdx = block_id(b);
+        for (unsigned t = 0; t < block; t++) {
+            done[t] = 0;
+            getcontext(&ctx[t]);
+            ctx[t].uc_stack.ss_sp = stacks[t].get();
+            ctx[t].uc_stack.ss_size = STACK;
+            ctx[t].uc_link = &main_ctx;
+            makecontext(&ctx[t], (void (*)())Entry::run, 1, (int)t);
+        }
+        threadIdx = uint3{0, 0, 0};
+        swapcontext(&main_ctx, &ctx[0]);
+    }
+}
+}  // namespace emu

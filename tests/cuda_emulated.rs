@@ -1,0 +1,416 @@
+//! The CUDA kernels run on the CPU (`--features cuda`; no GPU needed): each kernel's CUDA
+//! C source, as NVRTC gets it, is compiled by the host C++ compiler against a small
+//! emulation of CUDA's launch model (tests/cuda_emu.h: blocks in turn, a block's threads
+//! as OS threads with a barrier for __syncthreads). The forward pass's layer programs of
+//! each fixture, recorded on lavapipe under the plan a CUDA device gets, then run twice
+//! from the same buffer contents: on lavapipe (the WGSL kernels) and through the emulated
+//! CUDA kernels with the launcher's argument order and grids. Every buffer must agree.
+//! This checks the kernels' logic and the launch convention, not CUDA itself: it is not a
+//! run on a GPU. Without a C++ compiler (`CXX`, default `g++`) it prints "not run".
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use common::fixture;
+use common::parity::{try_load_dir, Setup, F16, INT4};
+use wgmoe::backend::cuda::kernels;
+use wgmoe::backend::params::Step;
+use wgmoe::backend::{Buffer, Device, Kernel, Prepared, Program, Resource, Work};
+use wgmoe::model::Executor;
+
+const EMU_H: &str = include_str!("cuda_emu.h");
+
+type Launch = unsafe extern "C" fn(
+    *const std::ffi::c_char,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut *mut std::ffi::c_void,
+) -> i32;
+
+/// The emulated kernels: one shared library per CUDA source file.
+struct Emulator {
+    _libs: Vec<libloading::Library>,
+    launch: HashMap<Kernel, Launch>,
+}
+
+impl Emulator {
+    /// Launch `k` with cuLaunchKernel's argument convention.
+    fn launch(&self, k: Kernel, grid: [u32; 3], block: u32, args: &mut [*mut std::ffi::c_void]) {
+        let entry = std::ffi::CString::new(kernels::cuda_kernel(k).unwrap().entry).unwrap();
+        // SAFETY: `args` is the kernel's argument list (see `emulate`).
+        let r = unsafe {
+            (self.launch[&k])(
+                entry.as_ptr(),
+                grid[0],
+                grid[1],
+                grid[2],
+                block,
+                args.as_mut_ptr(),
+            )
+        };
+        assert_eq!(r, 0, "{k}: no emulated entry point");
+    }
+}
+
+fn build(dir: &Path) -> Option<Emulator> {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    if std::process::Command::new(&cxx)
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("not run: no C++ compiler `{cxx}` (set CXX)");
+        return None;
+    }
+    let mut libs = Vec::new();
+    let mut launch = HashMap::new();
+    for (file, _) in kernels::SOURCES {
+        // The very text NVRTC compiles, but for the f16 piece (PTX asm: tests/cuda_emu.h
+        // has a C++ one).
+        let src = kernels::assemble(file, "").unwrap();
+        // Threads that meet (barriers, shuffles) run as coroutines; the others in a loop.
+        let barriers = src.contains("__syncthreads()") || src.contains("__shfl_");
+        let mut dispatch = String::new();
+        for k in kernels::kernels_of(file) {
+            let e = kernels::cuda_kernel(k).unwrap().entry;
+            dispatch.push_str(&format!(
+                "    if (!strcmp(entry, \"{e}\")) {{ emu::launch({e}, {barriers}, gx, gy, gz, block, args); return 0; }}\n"
+            ));
+        }
+        let stem = file.trim_end_matches(".cu");
+        let cpp = dir.join(format!("{stem}.cpp"));
+        let so = dir.join(format!("lib{stem}.so"));
+        std::fs::write(
+            &cpp,
+            format!(
+                "{EMU_H}\n{src}\nextern \"C\" int wgmoe_emu_launch(const char* entry, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args) {{\n{dispatch}    return -1;\n}}\n"
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(&cxx)
+            .args([
+                "-std=c++20",
+                "-O1",
+                "-shared",
+                "-fPIC",
+                "-pthread",
+                "-w",
+                "-o",
+            ])
+            .arg(&so)
+            .arg(&cpp)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{file}: the emulated kernels do not compile:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // SAFETY: a library just built from our own source; its initialisers are the C++
+        // runtime's.
+        let lib = unsafe { libloading::Library::new(&so) }.unwrap();
+        // SAFETY: the symbol has exactly the `Launch` signature (written above).
+        let f: Launch = unsafe { *lib.get::<Launch>(b"wgmoe_emu_launch").unwrap() };
+        for k in kernels::kernels_of(file) {
+            launch.insert(k, f);
+        }
+        libs.push(lib);
+    }
+    Some(Emulator {
+        _libs: libs,
+        launch,
+    })
+}
+
+/// A buffer's bytes on the host, 16-byte aligned as device memory is.
+struct Host(Vec<u128>);
+
+impl Host {
+    fn new(bytes: &[u8]) -> Self {
+        let mut v = vec![0u128; bytes.len().div_ceil(16)];
+        bytemuck::cast_slice_mut::<u128, u8>(&mut v)[..bytes.len()].copy_from_slice(bytes);
+        Host(v)
+    }
+    fn words(&self) -> &[u32] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+/// Every distinct buffer a program binds.
+fn buffers(p: &Program) -> Vec<Buffer> {
+    let mut v: Vec<Buffer> = Vec::new();
+    for op in &p.ops {
+        for b in &op.binds {
+            let buf = match &b.resource {
+                Resource::Buffer(b) => b,
+                Resource::Window { buffer, .. } => buffer,
+            };
+            if !v.iter().any(|x| x.same(buf)) {
+                v.push(buf.clone());
+            }
+        }
+    }
+    v
+}
+
+/// Run `p` through the emulated kernels on host copies, as the CUDA launcher would.
+fn emulate(
+    emu: &Emulator,
+    p: &Program,
+    bufs: &[Buffer],
+    host: &mut [Host],
+    step: Step,
+    tokens: u32,
+) {
+    let mut step = step;
+    for op in &p.ops {
+        let Some((kernel, grid, _)) = op.dispatch(tokens) else {
+            continue;
+        };
+        let ck = kernels::check_op(op, kernel).unwrap();
+        let mut params: Vec<u32> = bytemuck::pod_collect_to_vec(&op.params);
+        let mut step_ptr: *mut Step = &mut step;
+        let mut ptrs: Vec<*mut u8> = ck
+            .bindings
+            .iter()
+            .map(|b| {
+                let bound = op.binds.iter().find(|x| x.binding == *b).unwrap();
+                let buf = match &bound.resource {
+                    Resource::Buffer(b) => b,
+                    Resource::Window { buffer, .. } => buffer,
+                };
+                let i = bufs.iter().position(|x| x.same(buf)).unwrap();
+                host[i].0.as_mut_ptr().cast::<u8>()
+            })
+            .collect();
+        let mut args: Vec<*mut std::ffi::c_void> = vec![
+            params.as_mut_ptr().cast(),
+            (&mut step_ptr as *mut *mut Step).cast(),
+        ];
+        for p in ptrs.iter_mut() {
+            args.push((p as *mut *mut u8).cast());
+        }
+        // The arguments are the kernel's: params, step pointer, one pointer per binding in
+        // order, each to a live host copy of the buffer's whole size.
+        emu.launch(kernel, grid, ck.block, &mut args);
+    }
+}
+
+/// Words that differ beyond f32 rounding: ids and other integers (tiny as floats) must be
+/// equal; floats within 1e-4 of max(1, |lavapipe|).
+fn differences(emu: &[u32], gpu: &[u32]) -> Vec<(usize, u32, u32)> {
+    emu.iter()
+        .zip(gpu)
+        .enumerate()
+        .filter(|(_, (a, b))| {
+            if a == b {
+                return false;
+            }
+            let (fa, fb) = (f32::from_bits(**a), f32::from_bits(**b));
+            let int_like = |w: u32| w & 0x7fff_ffff < 0x0080_0000;
+            if int_like(**a) || int_like(**b) {
+                return true;
+            }
+            if fa.is_nan() && fb.is_nan() {
+                return false;
+            }
+            // NaN against a number differs too.
+            (fa - fb).abs() > 1e-4 * fb.abs().max(1.0) || fa.is_nan() != fb.is_nan()
+        })
+        .map(|(i, (a, b))| (i, *a, *b))
+        .collect()
+}
+
+/// Run a program on lavapipe and emulated from the same buffer contents; returns its kernels.
+fn compare(
+    emu: &Emulator,
+    dev: &Device,
+    what: &str,
+    program: &Program,
+    pos0: usize,
+    tokens: usize,
+) -> Vec<Kernel> {
+    let program = program.clone();
+    let bufs = buffers(&program);
+    let step_b = dev.step_buffer(pos0, tokens).unwrap();
+    let p = dev.prepare(program.clone(), &step_b).unwrap();
+    let before: Vec<Vec<u8>> = bufs
+        .iter()
+        .map(|b| dev.read(b, 0, b.size()).unwrap())
+        .collect();
+    dev.submit(&[Work::Run {
+        program: &p,
+        tokens: tokens as u32,
+    }])
+    .unwrap();
+    dev.sync().unwrap();
+    let after: Vec<Vec<u8>> = bufs
+        .iter()
+        .map(|b| dev.read(b, 0, b.size()).unwrap())
+        .collect();
+    let mut host: Vec<Host> = before.iter().map(|b| Host::new(b)).collect();
+    let step = Step {
+        pos0: pos0 as u32,
+        n_tokens: tokens as u32,
+        ..Default::default()
+    };
+    emulate(emu, &program, &bufs, &mut host, step, tokens as u32);
+    let kernels: Vec<Kernel> = program.kernels();
+    for (i, (h, a)) in host.iter().zip(&after).enumerate() {
+        let gpu: &[u32] = &bytemuck::pod_collect_to_vec::<u8, u32>(&a[..a.len() / 4 * 4]);
+        let d = differences(&h.words()[..gpu.len()], gpu);
+        assert!(
+            d.is_empty(),
+            "{what} (pos0 {pos0}, {tokens} tokens; kernels {kernels:?}): buffer {i} ({:?}): {} words differ, first (word, emulated CUDA, lavapipe): {:?}",
+            bufs[i],
+            d.len(),
+            &d[..d.len().min(5)]
+                .iter()
+                .map(|(w, a, b)| (*w, f32::from_bits(*a), f32::from_bits(*b)))
+                .collect::<Vec<_>>()
+        );
+    }
+    kernels
+}
+
+fn cuda_like(s: Setup, portable: bool) -> Setup {
+    Setup {
+        portable,
+        uniform_decode: Some(false),
+        window_prefill: Some(false),
+        f16_arithmetic: Some(false),
+        ..s
+    }
+}
+
+#[test]
+fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(emu) = build(tmp.path()) else {
+        return;
+    };
+    let mut covered: Vec<Kernel> = Vec::new();
+    for name in [
+        "olmoe-tiny",
+        "qwen2moe-tiny",
+        "qwen3moe-tiny",
+        "mixtral-tiny",
+    ] {
+        for (p, s) in [("f16", F16), ("int4", INT4)] {
+            for (executor, portable) in [
+                (Executor::Grouped, false),
+                (Executor::PerExpert, false),
+                (Executor::Grouped, true),
+                (Executor::PerExpert, true),
+            ] {
+                let s = cuda_like(Setup { executor, ..s }, portable);
+                let mut e = try_load_dir(&fixture(name), 64, s).unwrap();
+                // Fill the buffers (activations, KV cache) with a real prefill and decode.
+                let prompt: Vec<u32> = (1..=9).collect();
+                common::engine::greedy(&mut e, &prompt, 2).unwrap();
+                let dev = e.fwd.dev.clone();
+                let what = format!("{name} {p} {executor:?} portable {portable}");
+                for (li, l) in e.fwd.layers.iter().enumerate() {
+                    let runs: [(&str, &Prepared, usize, usize); 4] = [
+                        ("pre", &l.pre, 0, 8),
+                        ("post", &l.post, 0, 8),
+                        ("pre", &l.pre, 8, 1),
+                        ("post(1)", l.post_for(1), 8, 1),
+                    ];
+                    for (part, prep, pos0, t) in runs {
+                        let w = format!("{what} layer {li} {part}");
+                        covered.extend(compare(&emu, &dev, &w, prep.program(), pos0, t));
+                    }
+                }
+                println!("{what}: {} layers agree", e.fwd.layers.len());
+            }
+        }
+    }
+    covered.extend(head_kernels(&emu));
+    covered.sort();
+    covered.dedup();
+    let missing: Vec<Kernel> = kernels::kernels()
+        .into_iter()
+        .filter(|k| !covered.contains(k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "CUDA kernels never emulated: {missing:?}"
+    );
+    println!("{} CUDA kernels emulated", covered.len());
+}
+
+/// The embedding gather and greedy argmax (the head's kernels outside the layer programs),
+/// over a table split into chunks and rows with ties, NaN and suppressed ids.
+fn head_kernels(emu: &Emulator) -> Vec<Kernel> {
+    use common::rng::Rng;
+    use wgmoe::backend::params::{flags, ArgmaxParams};
+    use wgmoe::backend::{DeviceRequest, Usage};
+    use wgmoe::model::ops;
+    use wgmoe::model::tensors::F16Matrix;
+    common::init_env();
+    let dev = Device::open(&DeviceRequest {
+        max_binding: Some(1024),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut rng = Rng::new(5);
+    let mut out = Vec::new();
+    let (vocab, hidden) = (50, 100);
+    let table = rng.f16s(vocab * hidden, 2.0);
+    let m = F16Matrix::upload(&dev, "embed", vocab, hidden, &table).unwrap();
+    assert!(m.chunks.len() > 1);
+    let ids: Vec<u32> = vec![0, 3, 4, 7, 8, 49, 48, 25, 26];
+    let ids_b = dev
+        .upload("ids", bytemuck::cast_slice(&ids), Usage::Storage)
+        .unwrap();
+    let x = dev
+        .upload(
+            "x",
+            bytemuck::cast_slice(&vec![f32::NAN; ids.len() * hidden]),
+            Usage::Storage,
+        )
+        .unwrap();
+    let mut prog = Program::default();
+    ops::embed(&mut prog, &m, &ids_b, &x, hidden);
+    out.extend(compare(emu, &dev, "embed", &prog, 0, ids.len()));
+    for n in [1usize, 257, 3001] {
+        let mut logits = rng.vec(3 * n, 10.0);
+        logits[n + n / 2] = f32::NAN;
+        let lb = dev
+            .upload("logits", bytemuck::cast_slice(&logits), Usage::Storage)
+            .unwrap();
+        let token = dev.upload("token", &[0u8; 16], Usage::Storage).unwrap();
+        for (fl, suppress) in [(0, [0u32; 4]), (flags::ARGMAX_LAST_ROW, [1, 2, 0, 0])] {
+            let mut prog = Program::default();
+            ops::argmax(
+                &mut prog,
+                &ArgmaxParams {
+                    n: n as u32,
+                    n_suppress: 2,
+                    row_stride: n as u32,
+                    flags: fl,
+                    suppress,
+                },
+                &lb,
+                &token,
+            );
+            for rows in [1, 2, 3] {
+                out.extend(compare(
+                    emu,
+                    &dev,
+                    &format!("argmax n {n} rows {rows}"),
+                    &prog,
+                    0,
+                    rows,
+                ));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,175 @@
+//! The CUDA kernels compile (`--features cuda`; no GPU needed): every kernel the kernel
+//! plan can pick on a CUDA device has a CUDA version, and NVRTC compiles each of them to
+//! PTX for the default, an A100 (compute_80) and an H100/H200 (compute_90) target, and to
+//! the CUBINs the device loads (sm_80, sm_90).
+//!
+//! NVRTC convention: `WGMOE_NVRTC_LIB` names the libnvrtc file (CI: the one in PyPI's
+//! `nvidia-cuda-nvrtc-cu12` wheel). When it is set, a failure to load it fails the test.
+//! When it is unset and no NVRTC is on the loader path, the compile test prints
+//! "not run: no NVRTC" and does not pass silently for lack of a library it was told of.
+#![cfg(feature = "cuda")]
+
+use wgmoe::backend::cuda::{device_info, kernels, load, Properties};
+use wgmoe::backend::{Kernel, KernelOverrides, KernelPlan};
+
+fn h200() -> wgmoe::backend::DeviceInfo {
+    device_info(Properties {
+        name: "NVIDIA H200".into(),
+        mem: 141 << 30,
+        driver_version: 12080,
+        capability: (9, 0),
+        integrated: false,
+        shared: 49152,
+        threads: 1024,
+        warp: 32,
+    })
+}
+
+/// Every kernel the plan can pick on a CUDA device: the storage kernels with f32
+/// arithmetic, the W4A16 ones in the plan's variant (8 lanes, or 1 when portable).
+fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
+    assert!(!plan.f16_arithmetic && !plan.uniform_decode && !plan.window_prefill);
+    Kernel::all()
+        .into_iter()
+        .filter(|k| match k.q4_variant() {
+            Some(q) => q == plan.q4_storage(),
+            None => {
+                !k.needs_subgroups()
+                    && !k.uniform_activations()
+                    // Only the expert-major prefill (window prefill) sorts and gathers pairs.
+                    && !matches!(k, Kernel::MoeSort | Kernel::MoeGather)
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
+    for o in [
+        KernelOverrides::default(),
+        KernelOverrides {
+            portable: true,
+            ..Default::default()
+        },
+    ] {
+        let plan = KernelPlan::decide(&h200(), &o).unwrap();
+        assert_eq!(plan.subgroups, !o.portable, "warps are subgroups of 32");
+        assert_eq!(plan.attention(128, 64), Kernel::Attention);
+        assert_eq!(plan.matmul_window_tokens(2048, 64), 0);
+        assert!(!plan.expert_major(true, true, 64));
+        for k in plan_kernels(&plan) {
+            assert!(kernels::cuda_kernel(k).is_some(), "{k} has no CUDA version");
+        }
+    }
+    // Overrides the CUDA kernels cannot honour are refused, not ignored.
+    let o = KernelOverrides {
+        decode: Some(wgmoe::backend::plan::DecodeKernels::Uniform),
+        ..Default::default()
+    };
+    assert!(KernelPlan::decide(&h200(), &o).is_err());
+    let o = KernelOverrides {
+        f16_arithmetic: Some(wgmoe::backend::plan::Switch::On),
+        ..Default::default()
+    };
+    assert!(KernelPlan::decide(&h200(), &o).is_err());
+    let o = KernelOverrides {
+        prefill: Some(wgmoe::backend::plan::PrefillKernels::Window),
+        ..Default::default()
+    };
+    assert!(KernelPlan::decide(&h200(), &o).is_err());
+}
+
+#[test]
+fn nvrtc_compiles_every_cuda_kernel_to_ptx_and_cubin() {
+    let required = std::env::var_os(load::NVRTC_ENV).is_some();
+    let version = match load::nvrtc() {
+        Ok(v) => v,
+        Err(e) if !required => {
+            println!(
+                "not run: no NVRTC ({e}); set {}=/path/to/libnvrtc.so.12 to run it",
+                load::NVRTC_ENV
+            );
+            return;
+        }
+        Err(e) => panic!("{} is set but NVRTC cannot be used: {e}", load::NVRTC_ENV),
+    };
+    println!("NVRTC {}.{}", version.0, version.1);
+    let all = kernels::kernels();
+    assert!(all.len() >= 16, "{all:?}");
+    for arch in [None, Some("compute_80"), Some("compute_90")] {
+        for &k in &all {
+            let ptx = kernels::ptx(k, arch).unwrap_or_else(|e| panic!("{k} ({arch:?}): {e}"));
+            let entry = kernels::cuda_kernel(k).unwrap().entry;
+            assert!(
+                ptx.contains(&format!(".entry {entry}(")),
+                "{k} ({arch:?}): no entry point `{entry}` in its PTX"
+            );
+        }
+    }
+    // What the device loads: a CUBIN for its own architecture (A100, H100/H200).
+    for arch in ["sm_80", "sm_90"] {
+        for &k in &all {
+            let cubin =
+                kernels::binary(k, Some(arch)).unwrap_or_else(|e| panic!("{k} ({arch}): {e}"));
+            assert!(
+                cubin.starts_with(b"\x7fELF"),
+                "{k} ({arch}): not an ELF CUBIN"
+            );
+        }
+    }
+    println!(
+        "compiled {} CUDA kernels to PTX for 3 targets and CUBIN for 2",
+        all.len()
+    );
+}
+
+#[test]
+fn a_kernel_that_does_not_compile_fails_with_the_log() {
+    if load::nvrtc().is_err() && std::env::var_os(load::NVRTC_ENV).is_none() {
+        println!("not run: no NVRTC");
+        return;
+    }
+    // A params struct of the wrong size trips common.cuh's static_assert.
+    let src = kernels::source(Kernel::Embed).unwrap().replacen(
+        "WGMOE_SIZE_EmbedParams 16",
+        "WGMOE_SIZE_EmbedParams 20",
+        1,
+    );
+    let e = kernels::compile_source("embed (bad size)", &src, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("does not match its Rust twin"), "{e}");
+    let e = kernels::compile_source("broken", "extern \"C\" __global__ void k() { x; }", None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("broken") && e.contains("identifier \"x\" is undefined"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_cuda_sources_check_their_params_layout() {
+    // The static_assert in common.cuh ties each CUDA params struct to its Rust twin: every
+    // struct a kernel names is checked in its file, with the Rust size defined.
+    for k in kernels::kernels() {
+        let ck = kernels::cuda_kernel(k).unwrap();
+        let src = kernels::source(k).unwrap();
+        assert!(
+            src.contains(&format!(
+                "#define WGMOE_SIZE_{} {}\n",
+                ck.params,
+                k.params_layout().1
+            )),
+            "{k}"
+        );
+        assert!(
+            src.contains(&format!("CHECK_PARAMS({});", ck.params)),
+            "{k}"
+        );
+        assert!(
+            src.contains(&format!("extern \"C\" __global__ void {}(", ck.entry)),
+            "{k}"
+        );
+    }
+}

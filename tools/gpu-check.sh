@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# The prepared GPU check: one script for a machine with a GPU but no Rust toolchain and no
+# network, run from the repository root, within 8 minutes.
+#
+#   tools/gpu-check.sh build [BUNDLE]   here (with cargo): build the release wgmoe with
+#                                       `--features cuda` and the test binaries the check
+#                                       runs, into BUNDLE (default target/gpu-check),
+#                                       xz-compressed; with WGMOE_NVRTC_LIB set, that NVRTC
+#                                       (and its builtins) goes in too (~31 MB).
+#   tools/gpu-check.sh REPORT [BUNDLE]  there: run the checks from BUNDLE, writing logs, the
+#                                       bench records and summary.txt into REPORT.
+#
+# On a lent device machine: build here, then run `tools/gpu-check.sh $OUT/report` there with
+# target/gpu-check carried (58 MiB with NVRTC, under the 64 MiB a run may carry).
+# Without a GPU, the CUDA branch can be tried on the fake driver of the tests:
+#   WGMOE_FAKE_CUDA_OUT=/tmp/fake cargo test --release --features cuda --test cuda_fake_driver
+#   LD_LIBRARY_PATH=/tmp/fake tools/gpu-check.sh /tmp/report   # emulated: slow, not a GPU
+#
+# The checks: devices; the Vulkan kernel and parity tests and `wgmoe bench --backend
+# vulkan` where a Vulkan adapter is; on an NVIDIA GPU the CUDA kernel and parity tests
+# (tests/cuda_kernels.rs, tests/cuda_parity.rs with WGMOE_REQUIRE_CUDA=1: a missing device
+# fails them), the NVRTC compile test, the wgpu kernel suites on CUDA
+# (WGMOE_TEST_BACKEND=cuda) and `wgmoe bench --backend cuda`. Each step has its own time
+# limit; a failed step is recorded and the next one runs. Exit status: 0 when every step
+# that ran passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+# Test binaries of the check (tests/<name>.rs), and which of them also run on CUDA.
+SUITES="kernels_dense kernels_moe kernels_attention kernels_q4 parity residency"
+CUDA_TESTS="cuda_nvrtc cuda_kernels cuda_parity"
+
+build() {
+  local bundle=${1:-target/gpu-check}
+  rm -rf "$bundle" && mkdir -p "$bundle/tests" || exit 1
+  cargo build --release --features cuda || exit 1
+  local list
+  list=$(cargo test --release --features cuda --no-run --message-format=json \
+    $(for t in $SUITES $CUDA_TESTS; do printf -- '--test %s ' "$t"; done) 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])
+') || exit 1
+  [ -n "$list" ] || { echo "no test binaries built" >&2; exit 1; }
+  xz -T0 -6 -c target/release/wgmoe >"$bundle/wgmoe.xz" || exit 1
+  while read -r name exe; do
+    xz -T0 -6 -c "$exe" >"$bundle/tests/$name.xz" || exit 1
+  done <<<"$list"
+  if [ -n "${WGMOE_NVRTC_LIB:-}" ]; then
+    mkdir -p "$bundle/nvrtc"
+    local dir
+    dir=$(dirname "$WGMOE_NVRTC_LIB")
+    for f in "$WGMOE_NVRTC_LIB" "$dir"/libnvrtc-builtins.so.*; do
+      [ -f "$f" ] && xz -T0 -6 -c "$f" >"$bundle/nvrtc/$(basename "$f").xz"
+    done
+  fi
+  git rev-parse HEAD >"$bundle/commit" 2>/dev/null
+  du -sh "$bundle"
+}
+
+# xz -d, or Python's lzma where xz is missing.
+unxz_to() {
+  if command -v xz >/dev/null; then
+    xz -dc "$1" >"$2"
+  else
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"
+  fi
+}
+
+START=$(date +%s)
+TOTAL_LIMIT=470 # seconds: 8 minutes less the unpacking margin
+FAILED=0
+
+# step NAME SECONDS COMMAND...: run with a limit (never past the total), log, record.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((TOTAL_LIMIT - ($(date +%s) - START)))
+  if [ "$left" -le 5 ]; then
+    echo "$name: not run: out of time" | tee -a "$REPORT/summary.txt"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" >"$REPORT/$name.log" 2>&1
+  local rc=$?
+  local dt=$(($(date +%s) - t0))
+  local res=ok
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    res="TIMEOUT after ${limit}s"
+    FAILED=1
+  elif [ "$rc" -ne 0 ]; then
+    res="FAILED (exit $rc)"
+    FAILED=1
+  fi
+  local tests
+  tests=$(grep -h '^test result:' "$REPORT/$name.log" |
+    sed -E 's/^test result: ([A-Za-z]+)\. ([0-9]+) passed; ([0-9]+) failed.*/\2 passed, \3 failed/' | paste -sd'|' -)
+  echo "$name: $res in ${dt}s ${tests:+[$tests]}" | tee -a "$REPORT/summary.txt"
+}
+
+check() {
+  REPORT=$1
+  local bundle=${2:-target/gpu-check}
+  mkdir -p "$REPORT" || exit 1
+  REPORT=$(cd "$REPORT" && pwd)
+  : >"$REPORT/summary.txt"
+  [ -f "$bundle/wgmoe.xz" ] || { echo "no bundle at $bundle: run \`tools/gpu-check.sh build\` first" >&2; exit 1; }
+  local bin="$REPORT/bin"
+  mkdir -p "$bin/tests"
+  unxz_to "$bundle/wgmoe.xz" "$bin/wgmoe" && chmod +x "$bin/wgmoe" || exit 1
+  for f in "$bundle"/tests/*.xz; do
+    local n
+    n=$(basename "$f" .xz)
+    unxz_to "$f" "$bin/tests/$n" && chmod +x "$bin/tests/$n"
+  done
+  echo "bundle of commit $(cat "$bundle/commit" 2>/dev/null), checked $(date -u +%FT%TZ) on $(hostname)" | tee -a "$REPORT/summary.txt"
+  export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+  export WGMOE_REPO_DIR=$ROOT
+  # NVRTC: the one named, else the bundled one, else one on the loader path.
+  if [ -z "${WGMOE_NVRTC_LIB:-}" ] && ls "$bundle"/nvrtc/libnvrtc.so.*.xz >/dev/null 2>&1; then
+    mkdir -p "$bin/nvrtc"
+    for f in "$bundle"/nvrtc/*.xz; do unxz_to "$f" "$bin/nvrtc/$(basename "$f" .xz)"; done
+    export WGMOE_NVRTC_LIB=$(ls "$bin"/nvrtc/libnvrtc.so.* | grep -v builtins | head -1)
+    export LD_LIBRARY_PATH="$bin/nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+  echo "WGMOE_NVRTC_LIB=${WGMOE_NVRTC_LIB:-<unset: the loader path>}" >>"$REPORT/summary.txt"
+  nvidia-smi >"$REPORT/nvidia-smi.txt" 2>&1
+
+  local W="$bin/wgmoe"
+  local B="--prompts 2 --blocks 1 -n 32 --warmup 1"
+  step devices 30 "$W" devices
+  if "$W" devices --backend vulkan >/dev/null 2>&1; then
+    step vulkan-kernels 120 sh -c "for t in $SUITES; do echo \"== \$t\"; '$bin/tests/'\$t --test-threads=4 || exit 1; done"
+    step vulkan-bench 40 "$W" bench models/olmoe-tiny --backend vulkan $B --json-out "$REPORT/bench-vulkan.json"
+  else
+    echo "vulkan: not run: no Vulkan adapter" | tee -a "$REPORT/summary.txt"
+  fi
+  if "$W" devices --backend cuda >"$REPORT/devices-cuda.txt" 2>&1; then
+    step cuda-nvrtc 60 "$bin/tests/cuda_nvrtc" --nocapture
+    step cuda-kernels 60 env WGMOE_REQUIRE_CUDA=1 "$bin/tests/cuda_kernels" --nocapture
+    step cuda-parity 90 env WGMOE_REQUIRE_CUDA=1 "$bin/tests/cuda_parity" --nocapture
+    # The wgpu suites on CUDA: tests forcing kernels CUDA has no version of (uniform
+    # windows, subgroups) are refused by the plan and fail; the log says which.
+    step cuda-suites 120 sh -c "for t in $SUITES; do echo \"== \$t\"; WGMOE_TEST_BACKEND=cuda '$bin/tests/'\$t --test-threads=4; done; true"
+    grep -h '^test .* FAILED$\|^test result' "$REPORT/cuda-suites.log" >"$REPORT/cuda-suites-failures.txt" 2>/dev/null
+    step cuda-bench 40 "$W" bench models/olmoe-tiny --backend cuda $B --json-out "$REPORT/bench-cuda.json"
+    step cuda-bench-partial 40 "$W" bench models/qwen2moe-tiny --backend cuda $B --resident-experts 3,6 --json-out "$REPORT/bench-cuda-partial.json"
+  else
+    echo "cuda: not run: $(tail -1 "$REPORT/devices-cuda.txt")" | tee -a "$REPORT/summary.txt"
+    # An NVIDIA GPU the CUDA backend cannot open is a failure of the check, not a skip.
+    if nvidia-smi -L >/dev/null 2>&1; then
+      echo "cuda: FAILED: nvidia-smi lists a GPU" | tee -a "$REPORT/summary.txt"
+      FAILED=1
+    fi
+  fi
+  echo "total $(($(date +%s) - START))s" | tee -a "$REPORT/summary.txt"
+  rm -rf "$bin"
+  exit $FAILED
+}
+
+case "${1:-}" in
+  build) shift; build "$@" ;;
+  "" | -h | --help) sed -n '2,25p' "$0"; exit 2 ;;
+  *) check "$@" ;;
+esac
