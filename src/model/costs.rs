@@ -59,16 +59,17 @@ impl Forward {
             h2d.push(r.time_upload(&dev, l, 0, pool, 0)?);
         }
 
-        // The CPU kernel on one (token, expert) pair.
+        // The CPU kernel on one (token, expert) pair, a different expert each time (as a
+        // miss is: its bytes come from memory, not from the cache of the last repetition).
         let x = vec![0.01f32; h];
-        let pair = [ExpertPair {
-            token: 0,
-            expert: 0,
-            weight: 1.0,
-        }];
         let mut out = vec![0.0f32; h];
         let mut cpu = Vec::with_capacity(REPS);
-        for _ in 0..REPS {
+        for rep in 0..REPS {
+            let pair = [ExpertPair {
+                token: 0,
+                expert: (rep % self.cfg.num_experts.max(1)) as u32,
+                weight: 1.0,
+            }];
             let t0 = Instant::now();
             r.compute_on_cpu(l, &x, &pair, &mut out)?;
             cpu.push(t0.elapsed().as_secs_f64());
