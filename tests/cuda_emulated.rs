@@ -58,15 +58,7 @@ impl Emulator {
 }
 
 fn build(dir: &Path) -> Option<Emulator> {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    if std::process::Command::new(&cxx)
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        println!("not run: no C++ compiler `{cxx}` (set CXX)");
-        return None;
-    }
+    let cxx = common::cxx::compiler()?;
     let mut libs = Vec::new();
     let mut launch = HashMap::new();
     for (file, _) in kernels::SOURCES {

@@ -26,15 +26,9 @@ const FAKE: &str = include_str!("cuda_fake_driver.cpp");
 /// Build the fake driver into `dir` and load it in place of libcuda; false (printed) when
 /// the machine lacks what it needs.
 fn install_fake_driver(dir: &std::path::Path) -> bool {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    if std::process::Command::new(&cxx)
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        println!("not run: no C++ compiler `{cxx}` (set CXX)");
+    let Some(cxx) = common::cxx::compiler() else {
         return false;
-    }
+    };
     if let Err(e) = cuda_load::nvrtc() {
         if std::env::var_os(cuda_load::NVRTC_ENV).is_some() {
             panic!(

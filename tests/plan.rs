@@ -541,16 +541,7 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
         let (e, k) = (cfg.num_experts as u64, cfg.top_k as u64);
         let n = k + 1;
         let ctx = 40u64;
-        let p = plan_json(&[
-            &dir.display().to_string(),
-            "--vram",
-            "64GiB",
-            "--context",
-            &ctx.to_string(),
-            "--miss-policy",
-            "upload",
-            "--json",
-        ]);
+        let p = plan_of(&dir, ctx, "upload");
         let dev = Device::open(&DeviceRequest::default()).unwrap();
         let ckpt = std::sync::Arc::new(wgmoe::checkpoint::Checkpoint::open(&dir).unwrap());
         let before = dev.tracker().current();
@@ -580,41 +571,16 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
         drop(full);
         // A run at N = top_k + 1 with the plan's context: its peak is within the plan's
         // total at that N (the workspace counts kernels' buffers a device may not use).
-        let hot = u(&p, "hot_bytes");
-        let at_n = hot + (n - k) * u(&p, "bytes_per_resident_expert");
-        let r = wgmoe([
-            "run",
-            &dir.display().to_string(),
-            "--json",
-            "--prompt-ids",
-            "1,2,3,4,5",
-            "-n",
-            &(ctx - 5).to_string(),
-            "--ignore-eos",
-            "--resident-experts",
-            &n.to_string(),
-            "--miss-policy",
-            "upload",
-        ]);
-        let run = json_of(&r);
-        let peak = run["metrics"]["peak_gpu_bytes"].as_u64().unwrap();
+        let at_n = u(&p, "hot_bytes") + (n - k) * u(&p, "bytes_per_resident_expert");
         assert!(n < e);
+        let peak = peak_of_run(&dir, ctx, n, "upload");
         assert!(
             peak <= at_n && peak as f64 >= 0.95 * at_n as f64,
-            "{name}: runtime peak {peak} vs plan {at_n}\n{r}"
+            "{name}: runtime peak {peak} vs plan {at_n}"
         );
         // CPU misses at N = 1 and N = 0: one spare (none at 0) and the CPU experts'
         // buffers, as the cpu plan counts them.
-        let pc = plan_json(&[
-            &dir.display().to_string(),
-            "--vram",
-            "64GiB",
-            "--context",
-            &ctx.to_string(),
-            "--miss-policy",
-            "cpu",
-            "--json",
-        ]);
+        let pc = plan_of(&dir, ctx, "cpu");
         // With no expert on the device the expert-major prefill buffers, which the plan
         // counts not knowing the device, are not allocated.
         let unused = |n: u64| {
@@ -632,28 +598,48 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
             let at_n = u(&pc, "hot_bytes")
                 + 2 * n * u(&pc, "bytes_per_resident_expert")
                 + if n > 0 { u(&pc, "staging_bytes") } else { 0 };
-            let r = wgmoe([
-                "run",
-                &dir.display().to_string(),
-                "--json",
-                "--prompt-ids",
-                "1,2,3,4,5",
-                "-n",
-                &(ctx - 5).to_string(),
-                "--ignore-eos",
-                "--resident-experts",
-                &n.to_string(),
-                "--miss-policy",
-                "cpu",
-            ]);
-            let run = json_of(&r);
-            let peak = run["metrics"]["peak_gpu_bytes"].as_u64().unwrap();
+            let peak = peak_of_run(&dir, ctx, n, "cpu");
             assert!(
                 peak <= at_n && peak as f64 >= 0.95 * (at_n - unused(n)) as f64,
-                "{name} cpu N={n}: runtime peak {peak} vs plan {at_n}\n{r}"
+                "{name} cpu N={n}: runtime peak {peak} vs plan {at_n}"
             );
         }
     }
+}
+
+/// `plan --json` of a fixture with a 64 GiB card at `ctx` positions.
+fn plan_of(dir: &std::path::Path, ctx: u64, miss_policy: &str) -> Value {
+    plan_json(&[
+        &dir.display().to_string(),
+        "--vram",
+        "64GiB",
+        "--context",
+        &ctx.to_string(),
+        "--miss-policy",
+        miss_policy,
+        "--json",
+    ])
+}
+
+/// The GPU peak of a greedy run filling `ctx` positions with `n` experts resident.
+fn peak_of_run(dir: &std::path::Path, ctx: u64, n: u64, miss_policy: &str) -> u64 {
+    let r = wgmoe([
+        "run",
+        &dir.display().to_string(),
+        "--json",
+        "--prompt-ids",
+        "1,2,3,4,5",
+        "-n",
+        &(ctx - 5).to_string(),
+        "--ignore-eos",
+        "--resident-experts",
+        &n.to_string(),
+        "--miss-policy",
+        miss_policy,
+    ]);
+    json_of(&r)["metrics"]["peak_gpu_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no peak_gpu_bytes\n{r}"))
 }
 
 /// `inspect --max-context N` and `plan --context N` count the same bytes with every expert

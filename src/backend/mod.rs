@@ -36,6 +36,20 @@ pub use program::{binds, groups64, Bind, Dim, Op, Program, Resource};
 
 /// The error of one backend's object handed to another backend's device (a bug: each
 /// device only ever sees the objects it made).
+/// Errors a backend collected asynchronously (validation, out of memory, failed launches),
+/// reported once by `check` as one error and cleared.
+pub(crate) fn drain_errors(errors: &std::sync::Mutex<Vec<String>>, backend: &str) -> Result<()> {
+    let mut errs = errors
+        .lock()
+        .map_err(|_| Error::Gpu(format!("{backend}: error list poisoned")))?;
+    if errs.is_empty() {
+        return Ok(());
+    }
+    let msg = errs.join("; ");
+    errs.clear();
+    Err(Error::Gpu(msg))
+}
+
 pub(crate) fn foreign(what: &str, backend: &str) -> Error {
     Error::Other(format!(
         "internal: a {what} of another backend given to the {backend} device"

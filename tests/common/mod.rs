@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod cli;
+pub mod cxx;
 pub mod engine;
 pub mod gpu;
 pub mod parity;

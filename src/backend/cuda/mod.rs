@@ -697,16 +697,7 @@ impl Backend for CudaDevice {
     }
 
     fn check(&self) -> Result<()> {
-        let mut errs = self
-            .errors
-            .lock()
-            .map_err(|_| Error::Gpu("cuda: error list poisoned".into()))?;
-        if errs.is_empty() {
-            return Ok(());
-        }
-        let msg = errs.join("; ");
-        errs.clear();
-        Err(Error::Gpu(msg))
+        super::drain_errors(&self.errors, "cuda")
     }
 
     fn staging(&self, bytes: u64) -> Result<Staging> {

@@ -360,16 +360,7 @@ impl Backend for WgpuDevice {
     }
 
     fn check(&self) -> Result<()> {
-        let mut errs = self
-            .errors
-            .lock()
-            .map_err(|_| Error::Gpu("error sink poisoned".into()))?;
-        if errs.is_empty() {
-            return Ok(());
-        }
-        let msg = errs.join("; ");
-        errs.clear();
-        Err(Error::Gpu(msg))
+        super::drain_errors(&self.errors, "wgpu")
     }
 
     fn staging(&self, bytes: u64) -> Result<Staging> {
