@@ -171,6 +171,7 @@ fn w4a16_matvec(bencher: divan::Bencher, (inp, out): (usize, usize), decode: boo
         sorted: None,
         fuse_combine: false,
         decode_uniform: decode,
+        coalesced: false,
         hidden: out,
         top_k: 1,
         dummy: &dummy,
@@ -317,6 +318,7 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, On(executor): On<Executor>) {
         sorted: None,
         fuse_combine: true,
         decode_uniform: true,
+        coalesced: false,
         hidden: h,
         top_k: k,
         dummy: &dummy,
@@ -448,6 +450,7 @@ fn router_f16_topk_h2048(
                 top_k: top_k as u32,
                 logits_stride: rows as u32,
                 norm_topk: 0,
+                ..Default::default()
             },
             &logits,
             &ids,

@@ -46,7 +46,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var j = lid.x; j < n_keys; j += WG) {
         let kb = j * kv_dim + kvh * d;
         var s = 0.0;
-        for (var i = 0u; i < d; i++) { s += qs[i] * cache_k[kb + i]; }
+        for (var i = 0u; i < d; i++) { s += qs[i] * k_at(kb + i); }
         s *= p.scale;
         scratch[srow + j] = s;
         m = max(m, s);
@@ -79,7 +79,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var i = lid.x; i < d; i += WG) {
         var acc = 0.0;
         for (var j = 0u; j < n_keys; j++) {
-            acc += scratch[srow + j] * cache_v[j * kv_dim + kvh * d + i];
+            acc += scratch[srow + j] * v_at(j * kv_dim + kvh * d + i);
         }
         out[t * q_dim + h * d + i] = acc * inv;
     }

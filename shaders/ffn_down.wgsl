@@ -38,7 +38,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc = 0.0;
     for (var c = 0u; c < p.down_vec4; c++) {
         let hv = act8(hb, c * 8u, p.inter);
-        let wv = halves(w[row + c]);
+        let wv = halves(w_at(row + c));
         acc += dot(wv[0], hv[0]) + dot(wv[1], hv[1]);
     }
     y[(t * p.top_k + j) * p.hidden + m] = acc;

@@ -98,8 +98,8 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             let s0 = q4_scale(sb, i0);
             let s1 = q4_scale(sb, i1);
             for (var c = b * 8u; c < min(b * 8u + 8u, nv); c++) {
-                let w0 = wq[row0 + c];
-                let w1 = wq[row1 + c];
+                let w0 = wq_at(row0 + c);
+                let w1 = wq_at(row1 + c);
                 let i = r + c * 8u;
                 acc = word_rows(acc, w0.x, w1.x, s0, s1, hu[i], hu[i + 1u]);
                 acc = word_rows(acc, w0.y, w1.y, s0, s1, hu[i + 2u], hu[i + 3u]);

@@ -44,8 +44,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var u = 0.0;
     for (var c = 0u; c < p.in_vec4; c++) {
         let xv = act8(xb, c * 8u, p.hidden);
-        let gv = halves(w[g_row + c]);
-        let uv = halves(w[u_row + c]);
+        let gv = halves(w_at(g_row + c));
+        let uv = halves(w_at(u_row + c));
         g += dot(gv[0], xv[0]) + dot(gv[1], xv[1]);
         u += dot(uv[0], xv[0]) + dot(uv[1], xv[1]);
     }

@@ -68,15 +68,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (LANES == 1u) {
             for (var c = b * 8u; c < min(b * 8u + 8u, nv); c++) {
                 let a = act32(xb, c * 32u, p.hidden);
-                bg += dot32(wq[g_row + c], a);
-                bu += dot32(wq[u_row + c], a);
+                bg += dot32(wq_at(g_row + c), a);
+                bu += dot32(wq_at(u_row + c), a);
             }
         } else {
             let c = b * 8u + lane;
             if (c < nv) {
                 let a = act32(xb, c * 32u, p.hidden);
-                bg += dot32(wq[g_row + c], a);
-                bu += dot32(wq[u_row + c], a);
+                bg += dot32(wq_at(g_row + c), a);
+                bu += dot32(wq_at(u_row + c), a);
             }
         }
         g += q4_scale(sv * 4u + p.gate_s, n * nb + b) * bg;

@@ -100,8 +100,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg
                     let sg = q4_scale(sv * 4u + p.gate_s, nr * nb + b);
                     let su = q4_scale(sv * 4u + p.up_s, nr * nb + b);
                     for (var c = b * 8u; c < min(b * 8u + 8u, nv); c++) {
-                        let gq = wq[g_row + c];
-                        let uq = wq[u_row + c];
+                        let gq = wq_at(g_row + c);
+                        let uq = wq_at(u_row + c);
                         let i = r + c * 8u;
                         acc = word_gate_up(acc, gq.x, uq.x, sg, su, xu[i], xu[i + 1u]);
                         acc = word_gate_up(acc, gq.y, uq.y, sg, su, xu[i + 2u], xu[i + 3u]);

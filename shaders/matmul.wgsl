@@ -48,7 +48,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let wrow = n * p.vec4_per_row;
     let full = p.k / 8u;
     for (var c = 0u; c < full; c++) {
-        let wv = halves(w[wrow + c]);
+        let wv = halves(w_at(wrow + c));
         let k0 = c * 8u;
         let a0 = act8_whole(xb0, k0);
         let a1 = act8_whole(xb1, k0);
@@ -60,7 +60,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
                          dot(wv[0], a3[0]) + dot(wv[1], a3[1]));
     }
     if (full * 8u < p.k) {
-        let wv = halves(w[wrow + full]);
+        let wv = halves(w_at(wrow + full));
         let k0 = full * 8u;
         let a0 = act8_tail(xb0, k0, p.k);
         let a1 = act8_tail(xb1, k0, p.k);

@@ -28,7 +28,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let groups = (p.k + 7u) / 8u;
     var acc = 0.0;
     for (var c = 0u; c < groups; c++) {
-        let v = w[wrow + c];
+        let v = w_at(wrow + c);
         let a = vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));
         let b = vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w));
         acc += dot(a, xa(0u, 8u * c, p.k)) + dot(b, xa(0u, 8u * c + 4u, p.k));

@@ -11,10 +11,14 @@ struct Params {
     top_k: u32,
     logits_stride: u32,
     norm_topk: u32,
+    splits: u32,       // one-token steps: partial rows of the logits to add first
+    _a: u32,
+    _b: u32,
+    _c: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read_write> logits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(4) var<storage, read_write> weights: array<f32>;
 
@@ -31,6 +35,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (t >= step.n_tokens) { return; }
     let lb = t * p.logits_stride;
     let n = min(p.n_experts, MAX_EXPERTS);
+    // A one-token step's router matvec split its columns into `splits` partial rows: add
+    // them into row 0 (every column of the row, the shared-expert gate's too), in split
+    // order, before anything reads them.
+    if (step.n_tokens == 1u && p.splits > 1u) {
+        for (var c = lid.x; c < p.logits_stride; c += WG) {
+            var v = 0.0;
+            for (var s = 0u; s < p.splits; s++) { v += logits[s * p.logits_stride + c]; }
+            logits[c] = v;
+        }
+        storageBarrier();
+        workgroupBarrier();
+    }
     var m = -3.4e38;
     for (var e = lid.x; e < n; e += WG) { m = max(m, logits[lb + e]); }
     red[lid.x] = m;

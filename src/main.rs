@@ -330,6 +330,7 @@ impl GpuArgs {
             backend: self.backend,
             adapter: self.adapter.clone(),
             max_binding: self.max_binding,
+            probe: false,
         }
     }
 

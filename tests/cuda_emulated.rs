@@ -164,6 +164,7 @@ fn emulate(
         let Some((kernel, grid, _)) = op.dispatch(tokens) else {
             continue;
         };
+        let (op, _) = op.for_tokens(tokens);
         let ck = kernels::check_op(op, kernel).unwrap();
         let mut params: Vec<u32> = bytemuck::pod_collect_to_vec(&op.params);
         let mut step_ptr: *mut Step = &mut step;
@@ -273,8 +274,8 @@ fn compare(
 fn cuda_like(s: Setup, portable: bool) -> Setup {
     Setup {
         portable,
-        uniform_decode: Some(false),
-        window_prefill: Some(false),
+        decode: Some(DecodeKernels::Storage),
+        prefill: Some(PrefillKernels::Storage),
         f16_arithmetic: Some(false),
         ..s
     }

@@ -199,6 +199,7 @@ fn cuda_router_topk_matches_cpu() {
                 top_k: k as u32,
                 logits_stride: stride as u32,
                 norm_topk: norm as u32,
+                ..Default::default()
             },
             &lb,
             &ids,

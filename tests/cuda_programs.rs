@@ -29,8 +29,8 @@ const MODELS: [&str; 4] = [
 fn cuda_like(s: Setup, portable: bool) -> Setup {
     Setup {
         portable,
-        uniform_decode: Some(false),
-        window_prefill: Some(false),
+        decode: Some(DecodeKernels::Storage),
+        prefill: Some(PrefillKernels::Storage),
         f16_arithmetic: Some(false),
         ..s
     }
@@ -65,8 +65,8 @@ fn check_engine(what: &str, e: &Engine) -> usize {
             .collect();
         for prog in progs {
             for op in &prog.program().ops {
-                for k in std::iter::once(op.kernel).chain(op.decode.map(|d| d.0)) {
-                    kernels::check_op(op, k)
+                for o in std::iter::once(op).chain(op.decode.as_deref()) {
+                    kernels::check_op(o, o.kernel)
                         .unwrap_or_else(|err| panic!("{what}: layer {li}: {err}"));
                     n += 1;
                 }

@@ -115,6 +115,7 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase) {
             cache_k: &ck,
             cache_v: &cv,
             scratch: &d,
+            part: &d,
             out: &d,
         },
     );
@@ -299,8 +300,10 @@ fn attention_run(
             cache_k: &ck,
             cache_v: &cv,
             scratch: &scratch,
+            part: &d,
             out: &out,
         },
+        positions,
     );
     assert_eq!(prog.len(), 1);
     assert_eq!(prog.ops[0].kernel, kernel, "the plan's attention kernel");
@@ -371,6 +374,7 @@ fn rope_then_attention_prefill_then_decode_matches_cpu() {
             cache_k: &ck,
             cache_v: &cv,
             scratch: &scratch,
+            part: &d,
             out: &out,
         };
         let mut prog = Program::default();
@@ -389,7 +393,13 @@ fn rope_then_attention_prefill_then_decode_matches_cpu() {
             },
             &ab,
         );
-        ops::attention(&mut prog, &env, &attention_params(heads, positions), &ab);
+        ops::attention(
+            &mut prog,
+            &env,
+            &attention_params(heads, positions),
+            &ab,
+            positions,
+        );
         assert_eq!(prog.ops[1].kernel, Kernel::Attention);
         run(&dev, prog, &step, t);
         let want_q = cpu_ref::rope_kv(
@@ -464,5 +474,161 @@ fn attention_window_matches_cpu() {
     }
     for (i, c) in cases.iter().enumerate() {
         attention_w_case(&dev, &plan, 1700 + i as u64, c);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flash attention (GPU-shaped: a workgroup per KV head and key split, keys tiled)
+
+/// The plan of the GPU-shaped kernels (the default on GPUs).
+fn gpu_plan(dev: &Device) -> KernelPlan {
+    plan(
+        dev,
+        &KernelOverrides {
+            decode: Some(wgmoe::backend::plan::DecodeKernels::Coalesced),
+            prefill: Some(PrefillKernels::Tiled),
+            ..Default::default()
+        },
+    )
+}
+
+/// `ops::attention` with the GPU plan over a cache of `max_context` positions (so one-token
+/// steps split the keys as they would in a model of that context) against the reference.
+fn flash_case(dev: &Device, seed: u64, c: &AttnCase, max_context: usize) {
+    let AttnCase { heads, t, pos0, .. } = *c;
+    let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
+    assert!(pos0 + t <= max_context);
+    let mut rng = Rng::new(seed);
+    let q = rng.vec(t * q_dim, 3.0);
+    let mut cache_k = rng.vec(max_context * kv_dim, 1.0);
+    let mut cache_v = rng.vec(max_context * kv_dim, 1.0);
+    // Rows past the last visible key are poison: causality must never read them.
+    cache_k[(pos0 + t) * kv_dim..].fill(f32::NAN);
+    cache_v[(pos0 + t) * kv_dim..].fill(f32::NAN);
+    let plan = gpu_plan(dev);
+    let shape = ops::flash_shape(heads.n_heads, heads.n_kv, hd, max_context);
+    let step = dev.step_buffer(pos0, t).unwrap();
+    let qb = f32_buf(dev, &q);
+    let ck = f32_buf(dev, &cache_k);
+    let cv = f32_buf(dev, &cache_v);
+    let part_floats = ops::flash_part_floats(heads.n_heads, heads.n_kv, hd, max_context);
+    let part = f32_buf(dev, &vec![f32::NAN; part_floats]);
+    let out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);
+    let d = dummy(dev);
+    let env = OpEnv {
+        plan: &plan,
+        chunk: t.max(2),
+        dummy: &d,
+    };
+    let mut prog = Program::default();
+    ops::attention(
+        &mut prog,
+        &env,
+        &attention_params(heads, max_context),
+        &AttentionBuffers {
+            qkv: &d,
+            q_norm: None,
+            k_norm: None,
+            rope: &d,
+            q: &qb,
+            cache_k: &ck,
+            cache_v: &cv,
+            scratch: &d,
+            part: &part,
+            out: &out,
+        },
+        max_context,
+    );
+    assert_eq!(prog.ops[0].kernel, Kernel::AttnFlash);
+    let decode = prog.ops[0]
+        .decode
+        .as_deref()
+        .expect("a one-token alternative");
+    assert_eq!(decode.kernel, Kernel::AttnFlash);
+    assert_eq!(
+        prog.len(),
+        1 + usize::from(shape.splits > 1),
+        "a combine after split keys"
+    );
+    run(dev, prog, &step, t);
+    let visible = (pos0 + t) * kv_dim;
+    let want =
+        cpu_ref::attention(&q, heads, &cache_k[..visible], &cache_v[..visible], pos0).unwrap();
+    let what = format!(
+        "flash heads {}/{} dim {hd} T {t} pos0 {pos0} context {max_context} ({shape:?})",
+        heads.n_heads, heads.n_kv
+    );
+    check(&what, &read_f32(dev, &out, t * q_dim), &want, ATTENTION_TOL);
+}
+
+#[test]
+fn flash_attention_decode_matches_cpu() {
+    let dev = device(None);
+    let h = |n_heads, n_kv, head_dim| Heads {
+        n_heads,
+        n_kv,
+        head_dim,
+    };
+    // GQA groups of 1 to 40 (several head tiles past 32 rows), head dims with odd
+    // quarters and up to 512, contexts where the splits are empty, partial or many tiles.
+    for (i, (heads, pos0, ctx)) in [
+        (h(4, 4, 16), 0, 8),
+        (h(8, 2, 64), 37, 64),
+        (h(32, 4, 128), 300, 4096),
+        (h(16, 16, 128), 1000, 1100),
+        (h(6, 2, 80), 129, 512),
+        (h(40, 1, 64), 70, 256),
+        (h(2, 1, 512), 45, 90),
+        (h(3, 3, 2), 600, 700),
+        (h(8, 8, 130), 5, 4096),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        flash_case(
+            &dev,
+            2000 + i as u64,
+            &AttnCase {
+                heads,
+                t: 1,
+                pos0,
+                flags: 0,
+            },
+            ctx,
+        );
+    }
+}
+
+#[test]
+fn flash_attention_prefill_matches_cpu() {
+    let dev = device(None);
+    let h = |n_heads, n_kv, head_dim| Heads {
+        n_heads,
+        n_kv,
+        head_dim,
+    };
+    // Token groups with a partial last one, causal masks inside a key tile, GQA.
+    for (i, (heads, t, pos0)) in [
+        (h(4, 4, 16), 37, 0),
+        (h(8, 2, 64), 9, 20),
+        (h(32, 4, 128), 5, 60),
+        (h(2, 1, 80), 33, 3),
+        (h(16, 16, 32), 64, 100),
+        (h(3, 1, 2), 70, 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        flash_case(
+            &dev,
+            2100 + i as u64,
+            &AttnCase {
+                heads,
+                t,
+                pos0,
+                flags: 0,
+            },
+            pos0 + t + 3,
+        );
     }
 }

@@ -8,16 +8,14 @@
 
 mod common;
 
-use half::f16;
-
 use common::check::{check, strided};
+use common::dense::*;
 use common::gpu::*;
 use common::rng::Rng;
 use wgmoe::backend::params::*;
 use wgmoe::backend::plan::{window_tokens, DecodeKernels, PrefillKernels};
 use wgmoe::backend::{
-    binds, groups64, Bind, Buffer, Device, Dim, Kernel, KernelOverrides, KernelPlan, Op, Program,
-    Resource,
+    binds, groups64, Bind, Device, Dim, Kernel, KernelOverrides, KernelPlan, Op, Program, Resource,
 };
 use wgmoe::cpu_ref;
 use wgmoe::model::ops::{self, OpEnv};
@@ -168,122 +166,6 @@ fn rmsnorm_matches_cpu() {
 
 // ---------------------------------------------------------------------------------------------
 // matmul
-
-struct MatmulCase {
-    t: usize,
-    k: usize,
-    n: usize,
-    x_stride: usize,
-    out_stride: usize,
-    flags: u32,
-}
-
-impl MatmulCase {
-    fn new(t: usize, k: usize, n: usize, flags: u32) -> Self {
-        MatmulCase {
-            t,
-            k,
-            n,
-            x_stride: k,
-            out_stride: n,
-            flags,
-        }
-    }
-
-    fn out_rows(&self) -> usize {
-        if self.flags & flags::LAST_TOKEN_ONLY != 0 {
-            1
-        } else {
-            self.t
-        }
-    }
-}
-
-/// Seeded inputs of one matmul case: activations [t, k], f16 weights [n, k], a bias and
-/// the output's prior contents (columns past n of a strided row hold 55, which must survive).
-struct MatmulData {
-    xs: Vec<f32>,
-    w: Vec<f16>,
-    bias: Vec<f32>,
-    out0: Vec<f32>,
-}
-
-impl MatmulData {
-    fn new(seed: u64, c: &MatmulCase) -> Self {
-        let mut rng = Rng::new(seed);
-        let xs = rng.vec(c.t * c.k, 1.0);
-        let w = rng.f16s(c.n * c.k, 1.0);
-        let bias = rng.vec(c.n, 1.0);
-        let out0 = (0..c.out_rows() * c.out_stride)
-            .map(|i| {
-                if i % c.out_stride < c.n {
-                    rng.f32(2.0)
-                } else {
-                    55.0
-                }
-            })
-            .collect();
-        MatmulData { xs, w, bias, out0 }
-    }
-
-    /// The CPU reference's output rows, strided as the GPU writes them.
-    fn want(&self, c: &MatmulCase) -> Vec<f32> {
-        let has = |f: u32| c.flags & f != 0;
-        let x_rows = if has(flags::LAST_TOKEN_ONLY) {
-            &self.xs[(c.t - 1) * c.k..]
-        } else {
-            &self.xs[..]
-        };
-        let prev: Vec<f32> = self
-            .out0
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| i % c.out_stride < c.n)
-            .map(|(_, v)| *v)
-            .collect();
-        let want = cpu_ref::matmul(
-            x_rows,
-            c.k,
-            &self.w,
-            c.n,
-            has(flags::MATMUL_BIAS).then_some(&self.bias[..]),
-            has(flags::MATMUL_ACCUMULATE).then_some(&prev[..]),
-        )
-        .unwrap();
-        strided(&want, c.n, c.out_stride, 55.0)
-    }
-}
-
-/// `ops::matmul` over every chunk of `m` as the forward pass records it, with the case's
-/// flags (the bias flag follows whether a bias is given).
-#[allow(clippy::too_many_arguments)]
-fn push_matmul(
-    prog: &mut Program,
-    env: &OpEnv,
-    m: &F16Matrix,
-    x: &Buffer,
-    bias: Option<&Buffer>,
-    out: &Buffer,
-    out_stride: usize,
-    flags: u32,
-) {
-    assert_eq!(
-        flags & flags::MATMUL_BIAS != 0,
-        bias.is_some(),
-        "matmul: the bias flag follows the bias"
-    );
-    ops::matmul(
-        prog,
-        env,
-        m,
-        x,
-        bias,
-        out,
-        out_stride,
-        flags & !flags::MATMUL_BIAS,
-    );
-}
-
 /// The storage matmul (x in storage, any plan); x rows `x_stride` floats apart (set in the
 /// recorded ops where it is not K, which `ops::matmul` does not expose).
 fn matmul_case(dev: &Device, seed: u64, c: MatmulCase, min_chunks: usize) -> f32 {
@@ -514,7 +396,7 @@ fn matmul_uniform_decode_equals_storage_matmul() {
             assert!(
                 prog.ops
                     .iter()
-                    .all(|o| o.decode.map(|d| d.0) == Some(Kernel::MatmulUniform)),
+                    .all(|o| o.decode.as_ref().map(|d| d.kernel) == Some(Kernel::MatmulUniform)),
                 "K {k}: ops::matmul's one-token alternative is the uniform matmul"
             );
             run(&dev, prog, &step, 1);

@@ -12,6 +12,7 @@ use half::f16;
 use common::check::{check, strided};
 use common::gpu::*;
 use common::rng::Rng;
+use wgmoe::backend::kernel::WeightFormat;
 use wgmoe::backend::params::*;
 use wgmoe::backend::{Buffer, Device, Kernel, KernelOverrides, KernelPlan, Program};
 use wgmoe::cpu_ref::{self, Routed};
@@ -51,6 +52,7 @@ fn router_case(
             top_k: top_k as u32,
             logits_stride: stride as u32,
             norm_topk: norm as u32,
+            ..Default::default()
         },
         &lb,
         &ids,
@@ -157,6 +159,7 @@ impl Swiglu<'_> {
             sorted: None,
             fuse_combine: false,
             decode_uniform: false,
+            coalesced: self.plan.coalesced_decode,
             hidden: self.hidden,
             top_k: self.top_k,
             dummy: self.dummy,
@@ -175,26 +178,69 @@ impl Swiglu<'_> {
             2 * chunks,
             "swiglu_f16: gate_up and down per pool chunk"
         );
-        assert!(p.ops[..chunks]
-            .iter()
-            .all(|o| o.kernel == Kernel::FfnGateUp));
-        assert!(p.ops[chunks..].iter().all(|o| o.kernel == Kernel::FfnDown));
+        let (gate_up, down) = ffn_kernels(self.plan);
+        assert!(p.ops[..chunks].iter().all(|o| o.kernel == gate_up));
+        assert!(p.ops[chunks..].iter().all(|o| o.kernel == down));
         if let Some(k) = keep {
+            let k = if k == Kernel::FfnGateUp {
+                gate_up
+            } else {
+                down
+            };
             keep_ops(&mut p, |_, o| o.kernel == k);
         }
         for op in &mut p.ops {
-            if op.kernel == Kernel::FfnGateUp && self.x_stride != self.hidden {
-                patch_params(op, |p: &mut FfnGateUpParams| {
-                    p.x_stride = self.x_stride as u32
-                });
+            if op.kernel == gate_up && self.x_stride != self.hidden {
+                if self.plan.coalesced_decode {
+                    patch_params(op, |p: &mut ExpertGateUpParams| {
+                        p.x_stride = self.x_stride as u32
+                    });
+                } else {
+                    patch_params(op, |p: &mut FfnGateUpParams| {
+                        p.x_stride = self.x_stride as u32
+                    });
+                }
             }
         }
         prog.ops.extend(p.ops);
     }
 }
 
-/// Runs gate_up, down, and the two chained, for one pool; checks h, y and the chained y.
+/// The f16 SwiGLU kernels `plan` runs (gate/up, down).
+fn ffn_kernels(plan: &KernelPlan) -> (Kernel, Kernel) {
+    if plan.coalesced_decode {
+        let r = plan.rows(WeightFormat::F16);
+        (Kernel::ExpertGateUp(r), Kernel::ExpertDown(r))
+    } else {
+        (Kernel::FfnGateUp, Kernel::FfnDown)
+    }
+}
+
+/// The kernel choices every f16 SwiGLU case runs under: the device's own (the storage
+/// kernels on lavapipe), and the GPU-shaped row kernels reducing through subgroups and
+/// through workgroup memory.
+fn ffn_plans(dev: &Device) -> Vec<KernelPlan> {
+    let coalesced = |portable| KernelOverrides {
+        portable,
+        decode: Some(wgmoe::backend::plan::DecodeKernels::Coalesced),
+        ..Default::default()
+    };
+    vec![
+        plan(dev, &KernelOverrides::default()),
+        plan(dev, &coalesced(false)),
+        plan(dev, &coalesced(true)),
+    ]
+}
+
+/// Runs gate_up, down, and the two chained, for one pool under each of `ffn_plans`.
 fn ffn_case(dev: &Device, seed: u64, c: &FfnCase, min_chunks: usize) {
+    for plan in ffn_plans(dev) {
+        ffn_case_on(dev, &plan, seed, c, min_chunks);
+    }
+}
+
+/// Runs gate_up, down, and the two chained, for one pool; checks h, y and the chained y.
+fn ffn_case_on(dev: &Device, plan: &KernelPlan, seed: u64, c: &FfnCase, min_chunks: usize) {
     let (hid, inter, t) = (c.hidden, c.inter, c.t);
     let k = if c.routed { c.top_k } else { 1 };
     let mut rng = Rng::new(seed);
@@ -252,9 +298,8 @@ fn ffn_case(dev: &Device, seed: u64, c: &FfnCase, min_chunks: usize) {
     let y_b = f32_buf(dev, &vec![f32::NAN; t * k * hid]);
     let y_chain = f32_buf(dev, &vec![f32::NAN; t * k * hid]);
     let d = dummy(dev);
-    let plan = plan(dev, &KernelOverrides::default());
     let sw = Swiglu {
-        plan: &plan,
+        plan,
         pool: &pool,
         dummy: &d,
         ids: &ids_b,
@@ -314,7 +359,8 @@ fn ffn_case(dev: &Device, seed: u64, c: &FfnCase, min_chunks: usize) {
         "fixed slot".into()
     };
     let what = format!(
-        "H {hid} I {inter} T {t} {mode} chunks {}",
+        "[{}] H {hid} I {inter} T {t} {mode} chunks {}",
+        ffn_kernels(plan).0,
         pool.chunks.len()
     );
     check(

@@ -41,8 +41,8 @@ const DEQUANT_TOL: f32 = 2e-5;
 
 #[test]
 fn w4a16_gate_up_matches_cpu() {
-    for portable in VARIANTS {
-        let g = Gpu::portable(None, portable);
+    for o in VARIANTS {
+        let g = Gpu::new(None, o);
         for (i, &c) in SHAPES.iter().enumerate() {
             let s = Setup::random(&g, 100 + i as u64, c);
             let got = s.gpu_gate_up(&s.all_chunks());
@@ -61,8 +61,8 @@ fn w4a16_gate_up_matches_cpu() {
 
 #[test]
 fn w4a16_down_matches_cpu() {
-    for portable in VARIANTS {
-        let g = Gpu::portable(None, portable);
+    for o in VARIANTS {
+        let g = Gpu::new(None, o);
         for (i, &c) in SHAPES.iter().enumerate() {
             let s = Setup::random(&g, 200 + i as u64, c);
             let all = s.all_chunks();
@@ -89,7 +89,7 @@ fn w4a16_down_matches_cpu() {
 /// chunk's experts, and a token with none of them keeps x bit for bit).
 #[test]
 fn w4a16_split_pool_matches_cpu() {
-    for portable in VARIANTS {
+    for o in VARIANTS {
         // (case, slots per chunk): 4 chunks of 3 + 3 + 3 + 1; 4 of 2; 6 of 1.
         let cases = [
             (case(300, 65, 7, 10, 4, 5), 3),
@@ -99,7 +99,7 @@ fn w4a16_split_pool_matches_cpu() {
         ];
         for (i, &(c, per_chunk)) in cases.iter().enumerate() {
             let bytes = Q4SlotLayout::new(c.hidden, c.inter).bytes as u64;
-            let g = Gpu::portable(Some(per_chunk * bytes), portable);
+            let g = Gpu::new(Some(per_chunk * bytes), o);
             let s = Setup::random(&g, 300 + i as u64, c);
             let n_chunks = c.slots.div_ceil(per_chunk as usize);
             assert_eq!(s.pool().chunks.len(), n_chunks, "Q4Pool chunks");
@@ -290,8 +290,8 @@ fn per_expert_case(s: &Setup) {
 
 #[test]
 fn w4a16_per_expert_dispatch_equals_grouped() {
-    for portable in VARIANTS {
-        let g = Gpu::portable(None, portable);
+    for o in VARIANTS {
+        let g = Gpu::new(None, o);
         for (i, c) in [
             case(300, 65, 7, 9, 4, 5),
             case(2056, 96, 8, 8, 8, 5),
@@ -303,9 +303,9 @@ fn w4a16_per_expert_dispatch_equals_grouped() {
             per_expert_case(&Setup::random(&g, 400 + i as u64, c));
         }
         let c = case(257, 100, 7, 10, 6, 5);
-        let g = Gpu::portable(
+        let g = Gpu::new(
             Some(3 * Q4SlotLayout::new(c.hidden, c.inter).bytes as u64),
-            portable,
+            o,
         );
         let s = Setup::random(&g, 410, c);
         assert_eq!(s.pool().chunks.len(), 4);
@@ -394,8 +394,8 @@ fn quantise_expert(l: &Q4SlotLayout, w: [&[f32]; 3]) -> (Vec<u8>, Dequant) {
 /// f64 reference of the dequantised weights (`Q4Matrix::dequantize`).
 #[test]
 fn w4a16_quantised_realish_weights_match_dequantised_reference() {
-    for portable in VARIANTS {
-        let g = Gpu::portable(None, portable);
+    for o in VARIANTS {
+        let g = Gpu::new(None, o);
         let c = case(576, 300, 5, 6, 3, 5); // in-dims 2 blocks + 64 and 1 block + 44
         let (hid, inter) = (c.hidden, c.inter);
         let l = Q4SlotLayout::new(hid, inter);
@@ -541,8 +541,8 @@ fn w4a16_quantised_realish_weights_match_dequantised_reference() {
 /// judged relative to the output's own rms (no floor of 1).
 #[test]
 fn w4a16_subnormal_scales_match_cpu() {
-    for portable in VARIANTS {
-        let g = Gpu::portable(None, portable);
+    for o in VARIANTS {
+        let g = Gpu::new(None, o);
         let c = case(300, 260, 3, 4, 2, 5);
         let (hid, inter) = (c.hidden, c.inter);
         let l = Q4SlotLayout::new(hid, inter);

@@ -46,8 +46,8 @@ fn with_nan_tail(v: &[f32]) -> Vec<f32> {
 /// gate_up with NaN after the last token's x row.
 #[test]
 fn w4a16_gate_up_ignores_values_after_x() {
-    for portable in VARIANTS {
-        let g = Gpu::portable(None, portable);
+    for o in VARIANTS {
+        let g = Gpu::new(None, o);
         for (i, c) in [case(33, 65, 4, 5, 3, 5), case(300, 100, 4, 4, 2, 1)]
             .into_iter()
             .enumerate()
@@ -69,8 +69,8 @@ fn w4a16_gate_up_ignores_values_after_x() {
 /// down (per slot and fused) with NaN after the last row of h.
 #[test]
 fn w4a16_down_ignores_values_after_h() {
-    for portable in VARIANTS {
-        let g = Gpu::portable(None, portable);
+    for o in VARIANTS {
+        let g = Gpu::new(None, o);
         for (i, c) in [case(33, 65, 4, 5, 3, 5), case(100, 300, 4, 4, 2, 1)]
             .into_iter()
             .enumerate()
@@ -155,6 +155,7 @@ fn w4a16_uniform_decode_kernels_equal_portable() {
                     sorted: None,
                     fuse_combine: true,
                     decode_uniform: uniform,
+                    coalesced: false,
                     hidden: h,
                     top_k: k,
                     dummy: &dummy,
@@ -281,6 +282,7 @@ fn w4a16_f16_arithmetic_matches_f32_kernels() {
                 sorted: None,
                 fuse_combine: true,
                 decode_uniform: false,
+                coalesced: false,
                 hidden: h,
                 top_k: k,
                 dummy: &dummy,

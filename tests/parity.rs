@@ -68,8 +68,8 @@ fn portable_int4_kernels_match_transformers() {
 #[test]
 fn storage_kernels_match_transformers() {
     let gpu_like = Setup {
-        uniform_decode: Some(false),
-        window_prefill: Some(false),
+        decode: Some(DecodeKernels::Storage),
+        prefill: Some(PrefillKernels::Storage),
         ..INT4
     };
     check_fixture("olmoe-tiny", gpu_like);
@@ -87,8 +87,8 @@ fn storage_kernels_match_transformers() {
 #[test]
 fn window_prefill_and_uniform_decode_each_match_transformers() {
     let window = Setup {
-        uniform_decode: Some(false),
-        window_prefill: Some(true),
+        decode: Some(DecodeKernels::Storage),
+        prefill: Some(PrefillKernels::Window),
         ..INT4
     };
     if subgroup_kernels_available() {
@@ -99,8 +99,8 @@ fn window_prefill_and_uniform_decode_each_match_transformers() {
     check_fixture(
         "qwen2moe-tiny",
         Setup {
-            uniform_decode: Some(true),
-            window_prefill: Some(false),
+            decode: Some(DecodeKernels::Uniform),
+            prefill: Some(PrefillKernels::Storage),
             chunk: 7,
             ..INT4
         },
@@ -114,8 +114,8 @@ fn window_prefill_and_uniform_decode_each_match_transformers() {
 fn f16_arithmetic_int4_kernels_match_transformers() {
     let s = Setup {
         f16_arithmetic: Some(true),
-        uniform_decode: Some(false),
-        window_prefill: Some(false),
+        decode: Some(DecodeKernels::Storage),
+        prefill: Some(PrefillKernels::Storage),
         tol_scale: F16_ARITH_TOL_SCALE,
         ..INT4
     };

@@ -48,8 +48,8 @@ fn qwen3moe_and_mixtral_on_every_kernel_path() {
         check_fixture(
             name,
             Setup {
-                uniform_decode: Some(false),
-                window_prefill: Some(false),
+                decode: Some(DecodeKernels::Storage),
+                prefill: Some(PrefillKernels::Storage),
                 ..INT4
             },
         );
@@ -61,5 +61,36 @@ fn qwen3moe_and_mixtral_on_every_kernel_path() {
             },
         );
         check_fixture(name, Setup { chunk: 3, ..INT4 });
+    }
+}
+
+/// The GPU-shaped kernels (the plan's default on GPUs: coalesced decode, tiled prefill),
+/// on every family, f16 and INT4 experts, both executors, reducing through subgroups and
+/// through workgroup memory (`--portable-kernels`).
+#[test]
+fn every_family_on_the_gpu_kernels() {
+    for name in [
+        "olmoe-tiny",
+        "qwen2moe-tiny",
+        "qwen3moe-tiny",
+        "mixtral-tiny",
+    ] {
+        check_fixture(name, GPU);
+        check_fixture(
+            name,
+            Setup {
+                precision: wgmoe::engine::ExpertPrecision::F16,
+                executor: Executor::PerExpert,
+                ..GPU
+            },
+        );
+        check_fixture(
+            name,
+            Setup {
+                portable: true,
+                chunk: 3,
+                ..GPU
+            },
+        );
     }
 }

@@ -13,7 +13,12 @@ use wgmoe::backend::params::{flags, ParamsLayout, Step};
 use wgmoe::backend::wgpu::shaders;
 
 fn parse(k: Kernel) -> naga::Module {
-    let src = shaders::source(k);
+    parse_build(k, false)
+}
+
+/// The normal build, or (`probe`) the memory-access probe build of a probed kernel.
+fn parse_build(k: Kernel, probe: bool) -> naga::Module {
+    let src = shaders::source_for(k, probe);
     naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| panic!("{k}: {}", e.emit_to_string(&src)))
 }
 
@@ -59,6 +64,14 @@ fn every_variant_validates_with_the_capabilities_it_declares() {
                 validate(&m, caps(k) - Capabilities::SHADER_FLOAT16).is_err(),
                 "{k} validates without f16"
             );
+        }
+        // The probe build counts loads with subgroup operations.
+        if k.probed() {
+            let m = parse_build(k, true);
+            validate(&m, caps(k) | Capabilities::SUBGROUP)
+                .unwrap_or_else(|e| panic!("{k}, probe build, does not validate: {e}"));
+            let probe_calls = shaders::source_for(k, false).matches("probe(SITE_").count();
+            assert!(probe_calls > 0, "{k} is probed but never calls the probe");
         }
     }
 }
@@ -212,7 +225,11 @@ fn every_shader_file_is_used_and_every_helper_defined_once() {
     assert_eq!(used_bodies, bodies, "every body is some kernel's");
     let used_pieces: BTreeSet<String> = kernels
         .iter()
-        .flat_map(|&k| shaders::pieces(k))
+        .flat_map(|&k| {
+            shaders::pieces_for(k, false)
+                .into_iter()
+                .chain(shaders::pieces_for(k, true))
+        })
         .map(|p| p.trim_end_matches(".wgsl").to_string())
         .collect();
     assert_eq!(used_pieces, pieces, "every piece is used by some kernel");

@@ -3,7 +3,7 @@
 // token; each pick is the best expert ranked after the previous pick, probabilities
 // recomputed from the logits (the same f32 operations, so the same values).
 
-struct RouterTopkParams { u32 n_experts; u32 top_k; u32 logits_stride; u32 norm_topk; };
+struct RouterTopkParams { u32 n_experts; u32 top_k; u32 logits_stride; u32 norm_topk; u32 splits; u32 _a; u32 _b; u32 _c; };
 CHECK_PARAMS(RouterTopkParams);
 
 #define WG 64u
@@ -11,13 +11,22 @@ CHECK_PARAMS(RouterTopkParams);
 #define NONE 0xffffffffu
 
 extern "C" __global__ void router_topk(RouterTopkParams p, const Step* step,
-                                       const float* logits, u32* ids, float* weights) {
+                                       float* logits, u32* ids, float* weights) {
     __shared__ float red[64];
     __shared__ u32 redi[64];
     u32 lid = threadIdx.x;
     u32 t = blockIdx.x;
     if (t >= step->n_tokens) return;
     u32 lb = t * p.logits_stride;
+    // One-token steps: add the router matvec's partial rows (its K splits) into row 0.
+    if (step->n_tokens == 1u && p.splits > 1u) {
+        for (u32 c = lid; c < p.logits_stride; c += WG) {
+            float v = 0.0f;
+            for (u32 s = 0; s < p.splits; s++) v += logits[s * p.logits_stride + c];
+            logits[c] = v;
+        }
+        __syncthreads();
+    }
     u32 n = min(p.n_experts, MAX_EXPERTS);
     float m = -3.4e38f;
     for (u32 e = lid; e < n; e += WG) m = fmaxf(m, logits[lb + e]);

@@ -36,11 +36,11 @@ fn lane_dot(rel: u32, m: u32, hb: u32, lane: u32) -> f32 {
         // As in ffn_gate_up_q4.wgsl: a strided loop for one lane, a guarded pass for 8.
         if (LANES == 1u) {
             for (var c = b * 8u; c < min(b * 8u + 8u, nv); c++) {
-                bs += dot32(wq[row + c], act32(hb, c * 32u, p.inter));
+                bs += dot32(wq_at(row + c), act32(hb, c * 32u, p.inter));
             }
         } else {
             let c = b * 8u + lane;
-            if (c < nv) { bs += dot32(wq[row + c], act32(hb, c * 32u, p.inter)); }
+            if (c < nv) { bs += dot32(wq_at(row + c), act32(hb, c * 32u, p.inter)); }
         }
         acc += q4_scale(sv * 4u + p.down_s, m * nb + b) * bs;
     }

@@ -4,7 +4,14 @@
 
 // Scale `half_index` of the scales starting at u32 word `word_base`.
 fn q4_scale(word_base: u32, half_index: u32) -> f32 {
+    probe(SITE_WS, (word_base + half_index / 2u) * 4u, 4u);
     return unpack2x16float(ws[word_base + half_index / 2u])[half_index % 2u];
+}
+
+// Word `i` of the nibbles (`wq`, declared by the kernel).
+fn wq_at(i: u32) -> vec4<u32> {
+    probe(SITE_W, i * 16u, 16u);
+    return wq[i];
 }
 
 // Columns 0..3 (lo4) or 4..7 (hi4) of one word, times the block scale.

@@ -70,6 +70,74 @@ impl Q4Variant {
     }
 }
 
+/// How the lanes of a GPU-shaped kernel's workgroup combine their partial sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reduce {
+    /// subgroupAdd, then one value per subgroup through workgroup memory (SUBGROUP).
+    Subgroup,
+    /// A tree in workgroup memory: portable (`--portable-kernels`).
+    Workgroup,
+}
+
+/// How a weight matrix's rows are stored: 16-byte words of columns, with or without
+/// block scales (the format pieces under `shaders/common/fmt_*.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WeightFormat {
+    /// f16, rows padded to 8 halves: 8 columns per word.
+    F16,
+    /// INT4, block 256, one f16 scale per block (`quant.rs`): 32 columns per word.
+    Q4,
+}
+
+impl WeightFormat {
+    pub const ALL: [WeightFormat; 2] = [WeightFormat::F16, WeightFormat::Q4];
+
+    /// Columns of one 16-byte word.
+    pub fn word_cols(self) -> usize {
+        match self {
+            WeightFormat::F16 => 8,
+            WeightFormat::Q4 => 32,
+        }
+    }
+
+    /// Whether the format has block scales (bound at binding 11).
+    pub fn has_scales(self) -> bool {
+        self == WeightFormat::Q4
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F16 => "f16",
+            WeightFormat::Q4 => "int4",
+        }
+    }
+}
+
+/// One variant of the GPU-shaped row kernels (matvec, expert gate/up and down): the
+/// weights' format and how partial sums are reduced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RowsVariant {
+    pub format: WeightFormat,
+    pub reduce: Reduce,
+}
+
+impl RowsVariant {
+    /// Every variant (2 formats x 2 reductions).
+    pub fn all() -> Vec<RowsVariant> {
+        let mut v = Vec::new();
+        for format in WeightFormat::ALL {
+            for reduce in [Reduce::Subgroup, Reduce::Workgroup] {
+                v.push(RowsVariant { format, reduce });
+            }
+        }
+        v
+    }
+}
+
+/// Rows of a weight matrix one workgroup of the row kernels serves (`ROWS` in the WGSL).
+pub const ROWS_PER_WORKGROUP: usize = 4;
+
 /// A compute kernel (and variant): the typed pipeline key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kernel {
@@ -102,6 +170,15 @@ pub enum Kernel {
     MoeGather,
     MoeCombine,
     Argmax,
+    /// GPU-shaped matrix-vector product: a workgroup per 4 rows, lanes along K.
+    Matvec(RowsVariant),
+    /// GPU-shaped SwiGLU halves over an expert pool (or one fixed slot).
+    ExpertGateUp(RowsVariant),
+    ExpertDown(RowsVariant),
+    /// Flash attention: a workgroup per (KV head, key split, tokens), keys tiled in
+    /// workgroup memory; `AttnCombine` merges the splits of one-token steps.
+    AttnFlash,
+    AttnCombine,
 }
 
 impl Kernel {
@@ -133,6 +210,14 @@ impl Kernel {
             Kernel::MoeCombine,
             Kernel::Argmax,
         ]);
+        for r in RowsVariant::all() {
+            if r.format == WeightFormat::F16 {
+                v.push(Kernel::Matvec(r));
+            }
+            v.push(Kernel::ExpertGateUp(r));
+            v.push(Kernel::ExpertDown(r));
+        }
+        v.extend([Kernel::AttnFlash, Kernel::AttnCombine]);
         v
     }
 
@@ -159,6 +244,11 @@ impl Kernel {
             Kernel::MoeGather => "moe_gather",
             Kernel::MoeCombine => "moe_combine",
             Kernel::Argmax => "argmax",
+            Kernel::Matvec(_) => "matvec",
+            Kernel::ExpertGateUp(_) => "expert_gate_up",
+            Kernel::ExpertDown(_) => "expert_down",
+            Kernel::AttnFlash => "attn_flash",
+            Kernel::AttnCombine => "attn_combine",
         }
     }
 
@@ -181,7 +271,23 @@ impl Kernel {
                     Arith::F16 => "f16",
                 }
             ),
+            Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => format!(
+                "{}[{},{}]",
+                self.family(),
+                r.format.name(),
+                match r.reduce {
+                    Reduce::Subgroup => "subgroup",
+                    Reduce::Workgroup => "workgroup",
+                }
+            ),
             _ => self.family().to_string(),
+        }
+    }
+
+    pub fn rows_variant(self) -> Option<RowsVariant> {
+        match self {
+            Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => Some(r),
+            _ => None,
         }
     }
 
@@ -202,7 +308,43 @@ impl Kernel {
             Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
                 q.lanes == Lanes::Eight
             }
+            Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => {
+                r.reduce == Reduce::Subgroup
+            }
             _ => false,
+        }
+    }
+
+    /// Whether the kernel calls the memory-access probe at its global loads (a probe
+    /// build binds the counters at binding 14).
+    pub fn probed(self) -> bool {
+        matches!(
+            self,
+            Kernel::Matmul
+                | Kernel::MatmulUniform
+                | Kernel::Attention
+                | Kernel::FfnGateUp
+                | Kernel::FfnDown
+                | Kernel::Q4GateUp(_)
+                | Kernel::Q4Down(_)
+                | Kernel::Q4DownCombine(_)
+                | Kernel::Q4GateUpSorted
+                | Kernel::Q4DownSorted
+                | Kernel::Matvec(_)
+                | Kernel::ExpertGateUp(_)
+                | Kernel::ExpertDown(_)
+                | Kernel::AttnFlash
+                | Kernel::AttnCombine
+        )
+    }
+
+    /// The fewest subgroup lanes a subgroup kernel is written for: 8 for the kernels that
+    /// give a row to 8 lanes (and the window / expert-major ones), 1 for the GPU-shaped
+    /// kernels, whose reduction works at any subgroup size.
+    pub fn min_subgroup_size(self) -> u32 {
+        match self {
+            Kernel::Matvec(_) | Kernel::ExpertGateUp(_) | Kernel::ExpertDown(_) => 1,
+            _ => 8,
         }
     }
 
@@ -245,6 +387,10 @@ impl Kernel {
             Kernel::MoeGather => of::<MoeGatherParams>(),
             Kernel::MoeCombine => of::<MoeCombineParams>(),
             Kernel::Argmax => of::<ArgmaxParams>(),
+            Kernel::Matvec(_) => of::<DenseParams>(),
+            Kernel::ExpertGateUp(_) => of::<ExpertGateUpParams>(),
+            Kernel::ExpertDown(_) => of::<ExpertDownParams>(),
+            Kernel::AttnFlash | Kernel::AttnCombine => of::<FlashParams>(),
         }
     }
 }

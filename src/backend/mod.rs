@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod kernel;
 pub mod params;
 pub mod plan;
+pub mod probe;
 pub mod program;
 pub mod wgpu;
 
@@ -77,6 +78,9 @@ pub struct DeviceRequest {
     /// Cap on the storage binding size used to split tensors (bytes). Lets tests and users
     /// exercise the split paths on small models; never raises the adapter's limit.
     pub max_binding: Option<u64>,
+    /// A probe build: the kernels count their global loads (`backend::probe`; wgpu with
+    /// subgroups only).
+    pub probe: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -464,6 +468,32 @@ impl Device {
 
     pub fn profile(&self, program: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
         with_backend!(self, d => d.profile(program, tokens, times))
+    }
+
+    /// Zero the memory-access probe's counters (a probe build).
+    pub fn probe_reset(&self) -> Result<()> {
+        match self {
+            Device::Wgpu(d) => d.probe_reset(),
+            Device::Cuda(_) => Err(probe::not_here()),
+        }
+    }
+
+    /// The memory-access probe's counters per site (a probe build; waits for the work
+    /// submitted so far).
+    pub fn probe_counts(&self) -> Result<Vec<[u64; 4]>> {
+        match self {
+            Device::Wgpu(d) => d.probe_counts(),
+            Device::Cuda(_) => Err(probe::not_here()),
+        }
+    }
+
+    /// CPU seconds spent recording and submitting work since the device opened (0 where
+    /// the backend does not measure it).
+    pub fn encode_seconds(&self) -> f64 {
+        match self {
+            Device::Wgpu(d) => d.encode_seconds(),
+            Device::Cuda(_) => 0.0,
+        }
     }
 
     /// Write a step uniform.

@@ -41,6 +41,8 @@ pub mod flags {
     pub const COMBINE_RESIDENT: u32 = 8;
     /// moe_combine: add the CPU-computed experts' weighted sum (host_y).
     pub const COMBINE_HOST: u32 = 16;
+    /// expert_down: add the top-k experts' weighted sum into x (fused combine).
+    pub const EXPERT_COMBINE: u32 = 2;
     pub const ROPE_QK_NORM: u32 = 1;
     pub const ROPE_CLIP: u32 = 2;
     /// rope_kv: RMSNorm of each q and k head over head_dim (one weight vector per side).
@@ -58,6 +60,7 @@ pub mod flags {
         ("COMBINE_SHARED_GATED", COMBINE_SHARED_GATED),
         ("COMBINE_RESIDENT", COMBINE_RESIDENT),
         ("COMBINE_HOST", COMBINE_HOST),
+        ("EXPERT_COMBINE", EXPERT_COMBINE),
         ("ROPE_QK_NORM", ROPE_QK_NORM),
         ("ROPE_CLIP", ROPE_CLIP),
         ("ROPE_QK_NORM_PER_HEAD", ROPE_QK_NORM_PER_HEAD),
@@ -83,6 +86,17 @@ pub const ROPE_MAX_NORM_HEADS: usize = 512;
 pub const ROUTER_MAX_EXPERTS: usize = 1024;
 /// Output rows per workgroup of the expert-major down kernel (ffn_down_q4_e.wgsl).
 pub const Q4_DOWN_SORTED_ROWS: usize = 128;
+/// attn_flash.wgsl's workgroup memory: floats for the query rows (and for the outputs),
+/// for one tile of keys or values, and for a tile's scores; at most this many query rows.
+pub const ATTN_FLASH_QD: usize = 1024;
+pub const ATTN_FLASH_KVD: usize = 1024;
+pub const ATTN_FLASH_PD: usize = 512;
+pub const ATTN_FLASH_MAX_QR: usize = 32;
+/// Workgroups a GPU-shaped dispatch should have at least to fill a large GPU (a 100-SM
+/// part with several resident workgroups each): the K splits and key splits aim at it.
+pub const GPU_MIN_WORKGROUPS: usize = 256;
+/// Fewest keys per split of one-token attention.
+pub const ATTN_MIN_CHUNK: usize = 32;
 
 params! {
     /// Per-submission state shared by all kernels (binding 1): where the tokens of this
@@ -164,6 +178,12 @@ params! {
         pub top_k: u32,
         pub logits_stride: u32,
         pub norm_topk: u32,
+        /// One-token steps: the router's logits arrive as this many partial rows (the
+        /// matvec's K splits), added into row 0 first.
+        pub splits: u32,
+        pub _a: u32,
+        pub _b: u32,
+        pub _c: u32,
     }
 
     /// ffn_gate_up.wgsl (f16 SwiGLU, first half).
@@ -303,5 +323,76 @@ params! {
         pub row_stride: u32,
         pub flags: u32,
         pub suppress: [u32; 4],
+    }
+
+    /// matvec.wgsl: a dense weight matrix in 16-byte words (any format) against token rows.
+    pub struct DenseParams {
+        pub k: u32,
+        pub n_rows: u32,
+        pub row_base: u32,
+        pub words_per_row: u32,
+        pub x_stride: u32,
+        pub out_stride: u32,
+        pub flags: u32,
+        /// First row of this dispatch inside the weight binding.
+        pub w_row0: u32,
+        /// u32 offset of the block scales in their binding (formats with scales).
+        pub s_word0: u32,
+        pub blocks_per_row: u32,
+        pub _a: u32,
+        pub _b: u32,
+    }
+
+    /// expert_gate_up.wgsl: offsets inside one slot, weights in 16-byte words, scales in
+    /// u32 words.
+    pub struct ExpertGateUpParams {
+        pub hidden: u32,
+        pub inter: u32,
+        pub top_k: u32,
+        pub j_base: u32,
+        pub x_stride: u32,
+        pub slot_words: u32,
+        pub first_slot: u32,
+        pub chunk_slots: u32,
+        pub gate_w: u32,
+        pub up_w: u32,
+        pub gate_s: u32,
+        pub up_s: u32,
+        pub words_per_row: u32,
+        pub blocks_per_row: u32,
+        pub flags: u32,
+        pub _a: u32,
+    }
+
+    /// expert_down.wgsl (per (token, top-k index) into y, or fused into x).
+    pub struct ExpertDownParams {
+        pub hidden: u32,
+        pub inter: u32,
+        pub top_k: u32,
+        pub j_base: u32,
+        pub slot_words: u32,
+        pub first_slot: u32,
+        pub chunk_slots: u32,
+        pub down_w: u32,
+        pub down_s: u32,
+        pub words_per_row: u32,
+        pub blocks_per_row: u32,
+        pub flags: u32,
+    }
+
+    /// attn_flash.wgsl and attn_combine.wgsl.
+    pub struct FlashParams {
+        pub n_heads: u32,
+        pub n_kv: u32,
+        pub head_dim: u32,
+        pub g_tile: u32,
+        pub q_tokens: u32,
+        pub tk: u32,
+        pub min_chunk: u32,
+        pub splits: u32,
+        pub scale: f32,
+        pub _a: u32,
+        pub _b: u32,
+        pub _c: u32,
     }
 }

@@ -10,12 +10,21 @@
 //!   coalesced storage/subgroup kernels.
 //! - Multi-token steps use the window kernels (uniform windows of token rows, experts
 //!   grouped by expert) on CPU adapters, the storage kernels on GPUs.
-//! - f16 products in the W4A16 kernels where SHADER_F16 exists, on GPUs by default (f16
-//!   ALUs are faster; llvmpipe emulates f16); they are subgroup kernels.
+//! - GPUs get the GPU-shaped kernels (`coalesced` decode, `tiled` prefill): a workgroup
+//!   per few weight rows with its lanes reading consecutive 16-byte words along K, K split
+//!   where rows are few, flash attention with one workgroup per KV head and key split.
+//!   They reduce with subgroups where the device has them (any size), through workgroup
+//!   memory otherwise. CPU adapters keep the kernels measured fastest there (uniform
+//!   windows and the window/expert-major prefill).
+//! - f16 products in the older storage W4A16 kernels where SHADER_F16 exists (f16 ALUs are
+//!   faster; llvmpipe emulates f16); they are subgroup kernels. The GPU-shaped kernels are
+//!   bound by memory and compute in f32.
 //!
 //! An override the device cannot honour is refused with the reason, never ignored.
 
-use super::kernel::{Activations, Arith, Kernel, Lanes, Q4Variant};
+use super::kernel::{
+    Activations, Arith, Kernel, Lanes, Q4Variant, Reduce, RowsVariant, WeightFormat,
+};
 use super::params::UNIFORM_WINDOW_BYTES;
 use super::{DeviceInfo, DeviceType};
 use crate::error::{Error, Result};
@@ -26,8 +35,12 @@ use crate::error::{Error, Result};
 pub enum DecodeKernels {
     /// Activations in a 64 KiB uniform window (default on CPU adapters such as lavapipe).
     Uniform,
-    /// The storage/subgroup kernels (default on GPUs).
+    /// The storage kernels of one invocation (or 8 lanes) per weight row.
     Storage,
+    /// GPU-shaped kernels (default on GPUs): a workgroup per 4 weight rows whose lanes read
+    /// consecutive 16-byte words, K split where rows are few, flash-decoding attention with
+    /// one workgroup per KV head and key split.
+    Coalesced,
 }
 
 /// `--prefill-kernels`: multi-token steps.
@@ -37,8 +50,11 @@ pub enum PrefillKernels {
     /// Activations in 64 KiB uniform windows of token rows, routed experts grouped by
     /// expert (needs subgroups of at least 8 lanes; default on CPU adapters).
     Window,
-    /// The storage/subgroup kernels (default on GPUs).
+    /// The storage kernels (4 tokens per invocation).
     Storage,
+    /// GPU-shaped kernels (default on GPUs): flash attention tiled over keys, several
+    /// tokens' query rows sharing each key tile.
+    Tiled,
 }
 
 /// An on/off option.
@@ -73,6 +89,12 @@ pub struct KernelPlan {
     pub window_prefill: bool,
     /// The device's uniform offset alignment (window starts are multiples of it).
     pub uniform_align: usize,
+    /// One-token steps run the GPU-shaped kernels.
+    pub coalesced_decode: bool,
+    /// Multi-token steps run the GPU-shaped (tiled) kernels.
+    pub tiled_prefill: bool,
+    /// How the GPU-shaped kernels reduce partial sums.
+    pub reduce: Reduce,
 }
 
 impl KernelPlan {
@@ -103,7 +125,21 @@ impl KernelPlan {
                 )
             }
         };
+        let coalesced_decode = match o.decode {
+            Some(d) => d == DecodeKernels::Coalesced,
+            None => !cpu,
+        };
+        let tiled_prefill = match o.prefill {
+            Some(p) => p == PrefillKernels::Tiled,
+            None => !cpu,
+        };
         let f16_arithmetic = match o.f16_arithmetic {
+            Some(Switch::On) if coalesced_decode && tiled_prefill => {
+                return Err(Error::option(
+                    "--f16-arithmetic",
+                    "on: the coalesced decode and tiled prefill kernels compute in f32 (they are bound by memory); f16 products exist in the storage kernels (--decode-kernels storage or --prefill-kernels storage)",
+                ));
+            }
             Some(Switch::On) => {
                 if !dev.shader_f16 {
                     return Err(Error::option(
@@ -119,7 +155,7 @@ impl KernelPlan {
                 true
             }
             Some(Switch::Off) => false,
-            None => dev.shader_f16 && subgroups && !cpu,
+            None => dev.shader_f16 && subgroups && !cpu && !(coalesced_decode && tiled_prefill),
         };
         let uniform_decode = match o.decode {
             Some(DecodeKernels::Uniform) if !windows_fit => {
@@ -132,7 +168,7 @@ impl KernelPlan {
                 ))
             }
             Some(d) => d == DecodeKernels::Uniform,
-            None => cpu && windows_fit,
+            None => cpu && windows_fit && !coalesced_decode,
         };
         let window_prefill = match o.prefill {
             Some(PrefillKernels::Window) => {
@@ -147,8 +183,8 @@ impl KernelPlan {
                 }
                 true
             }
-            Some(PrefillKernels::Storage) => false,
-            None => cpu && subgroups && windows_fit,
+            Some(PrefillKernels::Storage | PrefillKernels::Tiled) => false,
+            None => cpu && subgroups && windows_fit && !tiled_prefill,
         };
         Ok(KernelPlan {
             subgroups,
@@ -156,7 +192,32 @@ impl KernelPlan {
             uniform_decode,
             window_prefill,
             uniform_align: dev.limits.min_uniform_buffer_offset_alignment.max(4) as usize,
+            coalesced_decode,
+            tiled_prefill,
+            reduce: if dev.subgroup && !o.portable {
+                Reduce::Subgroup
+            } else {
+                Reduce::Workgroup
+            },
         })
+    }
+
+    /// The variant of the GPU-shaped row kernels for weights in `format`.
+    pub fn rows(&self, format: WeightFormat) -> RowsVariant {
+        RowsVariant {
+            format,
+            reduce: self.reduce,
+        }
+    }
+
+    /// Whether one-token attention runs the flash kernel (split over the keys).
+    pub fn flash_decode(&self) -> bool {
+        self.coalesced_decode
+    }
+
+    /// Whether multi-token attention runs the flash kernel (tiled over keys).
+    pub fn flash_prefill(&self) -> bool {
+        self.tiled_prefill
     }
 
     /// The W4A16 variant of multi-token (and, without uniform decode, one-token) steps.

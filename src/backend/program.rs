@@ -26,6 +26,8 @@ pub enum Dim {
         first: u32,
         len: u32,
     },
+    /// 1 for one-token steps, else 0 (a dispatch only decode steps make).
+    OneToken,
 }
 
 impl Dim {
@@ -38,6 +40,7 @@ impl Dim {
             Dim::LastIn { first, len } => {
                 u32::from(tokens > first && tokens - 1 < first.saturating_add(len))
             }
+            Dim::OneToken => u32::from(tokens == 1),
         }
     }
 }
@@ -87,9 +90,9 @@ pub struct Op {
     pub params: Vec<u8>,
     pub binds: Vec<Bind>,
     pub grid: [Dim; 3],
-    /// Another kernel of the same parameters and bindings for one-token steps (its
-    /// windows bound at offset 0), with its grid.
-    pub decode: Option<(Kernel, [Dim; 3])>,
+    /// The dispatch one-token steps make instead (its uniform windows bound at offset 0):
+    /// another kernel, its own parameters, bindings and grid.
+    pub decode: Option<Box<Op>>,
 }
 
 impl Op {
@@ -103,19 +106,39 @@ impl Op {
         }
     }
 
+    /// One-token steps dispatch `kernel` with the same parameters and bindings instead.
     pub fn with_decode(mut self, decode: Option<(Kernel, [Dim; 3])>) -> Self {
-        self.decode = decode;
+        self.decode = decode.map(|(kernel, grid)| {
+            Box::new(Op {
+                kernel,
+                grid,
+                decode: None,
+                ..self.clone()
+            })
+        });
         self
     }
 
-    /// The kernel and grid a step of `tokens` tokens dispatches (None: skipped).
+    /// One-token steps dispatch `op` instead (its own parameters and bindings).
+    pub fn with_decode_op(mut self, op: Option<Op>) -> Self {
+        self.decode = op.map(Box::new);
+        self
+    }
+
+    /// The op a step of `tokens` tokens runs (the decode alternative for one token).
+    pub fn for_tokens(&self, tokens: u32) -> (&Op, bool) {
+        match &self.decode {
+            Some(d) if tokens == 1 => (d, true),
+            _ => (self, false),
+        }
+    }
+
+    /// The kernel and grid a step of `tokens` tokens dispatches (None: skipped), and
+    /// whether it is the decode alternative.
     pub fn dispatch(&self, tokens: u32) -> Option<(Kernel, [u32; 3], bool)> {
-        let (kernel, grid, decode) = match self.decode {
-            Some((k, g)) if tokens == 1 => (k, g, true),
-            _ => (self.kernel, self.grid, false),
-        };
-        let g = grid.map(|d| d.eval(tokens));
-        (!g.contains(&0)).then_some((kernel, g, decode))
+        let (op, decode) = self.for_tokens(tokens);
+        let g = op.grid.map(|d| d.eval(tokens));
+        (!g.contains(&0)).then_some((op.kernel, g, decode))
     }
 }
 
@@ -151,7 +174,7 @@ impl Program {
         let mut v: Vec<Kernel> = self
             .ops
             .iter()
-            .flat_map(|o| std::iter::once(o.kernel).chain(o.decode.map(|d| d.0)))
+            .flat_map(|o| std::iter::once(o.kernel).chain(o.decode.as_ref().map(|d| d.kernel)))
             .collect();
         v.sort();
         v.dedup();

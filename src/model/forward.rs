@@ -312,21 +312,33 @@ impl Forward {
     }
 }
 
-/// The expert dispatches of multi-token steps, or (`decode_uniform`) of one-token steps
-/// reading uniform windows.
+/// Which expert kernels a layer's MLP program uses.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MoeStyle {
+    /// Multi-token steps (and one-token steps where no decode program differs).
+    Multi,
+    /// One-token steps reading uniform windows (CPU adapters).
+    DecodeUniform,
+    /// One-token steps on the GPU-shaped row kernels.
+    DecodeCoalesced,
+}
+
+/// The expert dispatches of one style of step.
 fn moe_dispatch<'a>(
     cfg: &ModelConfig,
     opts: &ForwardOptions,
     env: &OpEnv<'a>,
     b: &'a Buffers,
     sorted: Option<&'a MoeSorted>,
-    decode_uniform: bool,
+    style: MoeStyle,
 ) -> Result<MoeDispatch<'a>> {
     Ok(MoeDispatch {
         plan: env.plan,
         sorted,
-        fuse_combine: decode_uniform || !opts.expert_batches,
-        decode_uniform,
+        // One-token steps route to at most top_k experts, one batch: always fused.
+        fuse_combine: style != MoeStyle::Multi || !opts.expert_batches,
+        decode_uniform: style == MoeStyle::DecodeUniform,
+        coalesced: style == MoeStyle::DecodeCoalesced,
         hidden: cfg.hidden_size,
         top_k: cfg.top_k,
         dummy: env.dummy,
@@ -358,12 +370,29 @@ fn build_layers(
     let eps = cfg.rms_norm_eps as f32;
     let router_stride = workspace::router_stride(cfg);
     let (x, xn) = (b.get("x")?, b.get("xn")?);
-    let multi = moe_dispatch(cfg, opts, env, b, sorted, false)?;
-    let single = env
-        .plan
-        .q4_decode_uniform(h, cfg.moe_intermediate, k)
-        .then(|| moe_dispatch(cfg, opts, env, b, None, true))
-        .transpose()?;
+    let multi = moe_dispatch(cfg, opts, env, b, sorted, MoeStyle::Multi)?;
+    let single = if env.plan.coalesced_decode {
+        Some(moe_dispatch(
+            cfg,
+            opts,
+            env,
+            b,
+            None,
+            MoeStyle::DecodeCoalesced,
+        )?)
+    } else if env.plan.q4_decode_uniform(h, cfg.moe_intermediate, k) {
+        Some(moe_dispatch(
+            cfg,
+            opts,
+            env,
+            b,
+            None,
+            MoeStyle::DecodeUniform,
+        )?)
+    } else {
+        None
+    };
+    let coalesced = env.plan.coalesced_decode;
     let dummy = env.dummy;
     let combine = CombineBuffers {
         y: b.get("ffn_y")?,
@@ -449,6 +478,7 @@ fn build_layers(
             cache_k: b.get(&format!("cache_k.{l}"))?,
             cache_v: b.get(&format!("cache_v.{l}"))?,
             scratch: b.get("attn_scratch")?,
+            part: b.get("attn_part")?,
             out: b.get("attn_out")?,
         };
         ops::rmsnorm(&mut pre, &lw.attn_norm, x, xn, h, eps);
@@ -489,6 +519,7 @@ fn build_layers(
                 ..Default::default()
             },
             &ab,
+            ctxlen,
         );
         ops::matmul(
             &mut pre,
@@ -509,7 +540,7 @@ fn build_layers(
                 shared,
             } => {
                 let logits = b.get("router_logits")?;
-                ops::matmul(&mut pre, env, router, xn, None, logits, router_stride, 0);
+                ops::router_matmul(&mut pre, env, router, xn, logits, router_stride);
                 ops::router_topk(
                     &mut pre,
                     &RouterTopkParams {
@@ -517,6 +548,12 @@ fn build_layers(
                         top_k: k as u32,
                         logits_stride: router_stride as u32,
                         norm_topk: cfg.norm_topk_prob as u32,
+                        splits: if env.plan.coalesced_decode {
+                            ops::router_splits(router.rows, h) as u32
+                        } else {
+                            1
+                        },
+                        ..Default::default()
                     },
                     logits,
                     b.get("topk_ids")?,
@@ -542,14 +579,12 @@ fn build_layers(
                     (post, None, ro, rod)
                 } else {
                     let post = moe_block(&multi, Some((experts, slot_of)), None, shared.as_ref())?;
-                    // One-token steps use the uniform-window INT4 kernels.
-                    let post_decode = match (&single, experts) {
-                        (Some(m), ExpertStore::Int4(_)) => Some(moe_block(
-                            m,
-                            Some((experts, slot_of)),
-                            None,
-                            shared.as_ref(),
-                        )?),
+                    // One-token steps use the uniform-window INT4 kernels, or the
+                    // GPU-shaped kernels for every pool.
+                    let post_decode = match &single {
+                        Some(m) if coalesced || matches!(experts, ExpertStore::Int4(_)) => Some(
+                            moe_block(m, Some((experts, slot_of)), None, shared.as_ref())?,
+                        ),
                         _ => None,
                     };
                     let routed_only = (placement == ExpertPlacement::Cached).then(|| {
@@ -568,10 +603,17 @@ fn build_layers(
                 )
             }
             Mlp::Dense { mlp } => {
-                let mut p = Program::default();
-                multi.swiglu_f16(&mut p, mlp, None, (0, 1), combine.shared_y);
-                ops::moe_combine(&mut p, &combine_params(flags::COMBINE_SHARED, 0), &combine);
-                (p, None, None, None, false)
+                let dense = |m: &MoeDispatch| {
+                    let mut p = Program::default();
+                    m.swiglu_f16(&mut p, mlp, None, (0, 1), combine.shared_y);
+                    ops::moe_combine(&mut p, &combine_params(flags::COMBINE_SHARED, 0), &combine);
+                    p
+                };
+                let decode = match &single {
+                    Some(m) if coalesced => Some(dense(m)),
+                    _ => None,
+                };
+                (dense(&multi), decode, None, None, false)
             }
         };
         out.push(LayerPrograms {

@@ -1,7 +1,7 @@
 //! The routed experts of one MoE layer (and single-slot SwiGLU blocks: Qwen's shared
 //! expert, dense MLP layers) as op builders, for both executors and both precisions.
 
-use crate::backend::kernel::{Activations, Kernel, Q4Variant};
+use crate::backend::kernel::{Activations, Kernel, Q4Variant, WeightFormat, ROWS_PER_WORKGROUP};
 use crate::backend::params::*;
 use crate::backend::{
     binds, groups64, Bind, Buffer, Device, Dim, KernelPlan, Op, Program, Resource, Usage,
@@ -77,6 +77,10 @@ pub struct MoeDispatch<'a> {
     /// One-token steps: the INT4 kernels read activations from a 64 KiB uniform window of
     /// `xn` / `hbuf` (which must be window-capable).
     pub decode_uniform: bool,
+    /// The GPU-shaped row kernels (one-token steps on GPUs): a workgroup per 4 rows of an
+    /// expert, lanes reading consecutive words; f16 and INT4 pools, shared experts and
+    /// dense MLPs alike.
+    pub coalesced: bool,
     pub hidden: usize,
     pub top_k: usize,
     pub dummy: &'a Buffer,
@@ -104,6 +108,27 @@ impl MoeDispatch<'_> {
     ) -> u32 {
         let k = self.top_k;
         let per_expert = executor == Executor::PerExpert;
+        if self.coalesced {
+            let Some(mats) = SlotMats::of(store) else {
+                // Computed on the CPU; the combine adds them (COMBINE_HOST).
+                return 0;
+            };
+            let route = Some(slot_of);
+            if per_expert {
+                for j in 0..k {
+                    self.rows_gate_up(prog, &mats, route, (j, 1));
+                    self.rows_down(prog, &mats, route, Some((j, 1)), self.y);
+                }
+                return flags::COMBINE_ROUTED;
+            }
+            self.rows_gate_up(prog, &mats, route, (0, k));
+            if self.fuse_combine {
+                self.rows_down(prog, &mats, route, None, self.x);
+                return 0;
+            }
+            self.rows_down(prog, &mats, route, Some((0, k)), self.y);
+            return flags::COMBINE_ROUTED;
+        }
         match store {
             ExpertStore::F16(pool) if per_expert => {
                 for j in 0..k {
@@ -152,6 +177,20 @@ impl MoeDispatch<'_> {
         out: &Buffer,
     ) {
         let (h, k) = (self.hidden, self.top_k);
+        if self.coalesced {
+            let mats = SlotMats::f16(pool);
+            match routed {
+                Some(_) => {
+                    self.rows_gate_up(prog, &mats, routed, js);
+                    self.rows_down(prog, &mats, routed, Some(js), out);
+                }
+                None => {
+                    self.rows_gate_up(prog, &mats, None, (0, 1));
+                    self.rows_down(prog, &mats, None, Some((0, 1)), out);
+                }
+            }
+            return;
+        }
         let (kk, top_k, fl, slot_of) = match routed {
             Some(s) => (js.1, k, 0, s),
             None => (1, 1, flags::FFN_FIXED_SLOT, self.dummy),
@@ -287,6 +326,121 @@ impl MoeDispatch<'_> {
         }
     }
 
+    /// GPU-shaped gate/up (+ SiLU) for top-k indices js.0 .. js.0 + js.1 (`route`: the
+    /// layer's slot table; None: one fixed slot, top-k 1), one dispatch per pool chunk.
+    fn rows_gate_up(
+        &self,
+        prog: &mut Program,
+        m: &SlotMats,
+        route: Option<&Buffer>,
+        js: (usize, usize),
+    ) {
+        let (top_k, fl, slot_of) = match route {
+            Some(s) => (self.top_k, 0, s),
+            None => (1, flags::FFN_FIXED_SLOT, self.dummy),
+        };
+        for (first, n, chunk) in &m.chunks {
+            let mut b = vec![
+                (2, self.xn),
+                (3, self.xn),
+                (4, self.topk_ids),
+                (5, slot_of),
+                (6, self.hbuf),
+                (10, chunk),
+            ];
+            if m.format.has_scales() {
+                b.push((11, chunk));
+            }
+            prog.push(Op::new(
+                Kernel::ExpertGateUp(self.plan.rows(m.format)),
+                &ExpertGateUpParams {
+                    hidden: self.hidden as u32,
+                    inter: m.inter as u32,
+                    top_k: top_k as u32,
+                    j_base: js.0 as u32,
+                    x_stride: self.hidden as u32,
+                    slot_words: m.slot_words,
+                    first_slot: *first as u32,
+                    chunk_slots: *n as u32,
+                    gate_w: m.gate_w,
+                    up_w: m.up_w,
+                    gate_s: m.gate_s,
+                    up_s: m.up_s,
+                    words_per_row: m.in_words,
+                    blocks_per_row: m.in_blocks,
+                    flags: fl,
+                    _a: 0,
+                },
+                numbered(&b),
+                [
+                    Dim::Const(m.inter.div_ceil(ROWS_PER_WORKGROUP) as u32),
+                    Dim::Const(js.1 as u32),
+                    Dim::Tokens,
+                ],
+            ));
+        }
+    }
+
+    /// GPU-shaped down projection: per (token, top-k index) into `out` = y [T, k, H] for
+    /// `js` = Some((first, count)), or (None) the top-k's weighted sum added into x.
+    fn rows_down(
+        &self,
+        prog: &mut Program,
+        m: &SlotMats,
+        route: Option<&Buffer>,
+        js: Option<(usize, usize)>,
+        out: &Buffer,
+    ) {
+        let (top_k, mut fl, slot_of) = match route {
+            Some(s) => (self.top_k, 0, s),
+            None => (1, flags::FFN_FIXED_SLOT, self.dummy),
+        };
+        let (j0, ny) = match js {
+            Some(j) => j,
+            None => {
+                fl |= flags::EXPERT_COMBINE;
+                (0, 1)
+            }
+        };
+        for (first, n, chunk) in &m.chunks {
+            let mut b = vec![
+                (2, self.hbuf),
+                (3, self.hbuf),
+                (4, self.topk_ids),
+                (5, slot_of),
+                (6, self.topk_w),
+                (7, out),
+                (10, chunk),
+            ];
+            if m.format.has_scales() {
+                b.push((11, chunk));
+            }
+            prog.push(Op::new(
+                Kernel::ExpertDown(self.plan.rows(m.format)),
+                &ExpertDownParams {
+                    hidden: self.hidden as u32,
+                    inter: m.inter as u32,
+                    top_k: top_k as u32,
+                    j_base: j0 as u32,
+                    slot_words: m.slot_words,
+                    first_slot: *first as u32,
+                    chunk_slots: *n as u32,
+                    down_w: m.down_w,
+                    down_s: m.down_s,
+                    words_per_row: m.down_words,
+                    blocks_per_row: m.down_blocks,
+                    flags: fl,
+                },
+                numbered(&b),
+                [
+                    Dim::Const(self.hidden.div_ceil(ROWS_PER_WORKGROUP) as u32),
+                    Dim::Const(ny as u32),
+                    Dim::Tokens,
+                ],
+            ));
+        }
+    }
+
     /// The W4A16 variant of these dispatches.
     fn q4_variant(&self) -> Q4Variant {
         if self.decode_uniform {
@@ -333,6 +487,10 @@ impl MoeDispatch<'_> {
         slot_of: &Buffer,
         js: (usize, usize),
     ) {
+        if self.coalesced {
+            self.rows_gate_up(prog, &SlotMats::q4(pool), Some(slot_of), js);
+            return;
+        }
         let l = &pool.layout;
         let q = self.q4_variant();
         for (ci, chunk) in pool.chunks.iter().enumerate() {
@@ -376,6 +534,11 @@ impl MoeDispatch<'_> {
         slot_of: &Buffer,
         js: Option<(usize, usize)>,
     ) {
+        if self.coalesced {
+            let out = if js.is_some() { self.y } else { self.x };
+            self.rows_down(prog, &SlotMats::q4(pool), Some(slot_of), js, out);
+            return;
+        }
         let l = &pool.layout;
         let q = self.q4_variant();
         for (ci, chunk) in pool.chunks.iter().enumerate() {
@@ -414,6 +577,107 @@ impl MoeDispatch<'_> {
                     Dim::Tokens,
                 ],
             ));
+        }
+    }
+}
+
+/// Bindings by number (the GPU-shaped kernels' layout).
+fn numbered(list: &[(u32, &Buffer)]) -> Vec<Bind> {
+    list.iter()
+        .map(|(binding, b)| Bind {
+            binding: *binding,
+            resource: Resource::Buffer((*b).clone()),
+        })
+        .collect()
+}
+
+/// Where the three matrices of an expert lie inside a pool slot, in 16-byte words (and
+/// u32 words for scales), for the GPU-shaped row kernels; and the pool's chunks.
+pub struct SlotMats {
+    pub format: WeightFormat,
+    pub inter: usize,
+    pub slot_words: u32,
+    pub gate_w: u32,
+    pub up_w: u32,
+    pub down_w: u32,
+    pub gate_s: u32,
+    pub up_s: u32,
+    pub down_s: u32,
+    /// Words (and scale blocks) per gate/up row and per down row.
+    pub in_words: u32,
+    pub down_words: u32,
+    pub in_blocks: u32,
+    pub down_blocks: u32,
+    /// (first slot, slots, buffer) of each chunk.
+    pub chunks: Vec<(usize, usize, Buffer)>,
+}
+
+impl SlotMats {
+    /// The pool's matrices (None: no device pool, the CPU computes the experts).
+    pub fn of(store: &ExpertStore) -> Option<SlotMats> {
+        match store {
+            ExpertStore::F16(p) => Some(SlotMats::f16(p)),
+            ExpertStore::Int4(p) => Some(SlotMats::q4(p)),
+            ExpertStore::Host => None,
+        }
+    }
+
+    /// f16 slots: gate [I][Hp], up [I][Hp], down [H][Ip], rows padded to 8 halves.
+    pub fn f16(p: &ExpertPool) -> SlotMats {
+        let (iw, dw) = (p.in_vec4(), p.down_vec4());
+        let inter = p.inter as u32;
+        SlotMats {
+            format: WeightFormat::F16,
+            inter: p.inter,
+            slot_words: p.slot_vec4(),
+            gate_w: 0,
+            up_w: inter * iw,
+            down_w: 2 * inter * iw,
+            gate_s: 0,
+            up_s: 0,
+            down_s: 0,
+            in_words: iw,
+            down_words: dw,
+            in_blocks: 0,
+            down_blocks: 0,
+            chunks: p
+                .chunks
+                .iter()
+                .enumerate()
+                .map(|(ci, b)| {
+                    let (first, n) = p.chunk_slots(ci);
+                    (first, n, b.clone())
+                })
+                .collect(),
+        }
+    }
+
+    /// INT4 slots (`Q4SlotLayout`): nibble sections, then scale sections.
+    pub fn q4(p: &Q4Pool) -> SlotMats {
+        let l = &p.layout;
+        SlotMats {
+            format: WeightFormat::Q4,
+            inter: l.inter,
+            slot_words: p.slot_vec4(),
+            gate_w: (l.gate_q / 16) as u32,
+            up_w: (l.up_q / 16) as u32,
+            down_w: (l.down_q / 16) as u32,
+            gate_s: (l.gate_s / 4) as u32,
+            up_s: (l.up_s / 4) as u32,
+            down_s: (l.down_s / 4) as u32,
+            in_words: l.gate.vec4_per_row() as u32,
+            down_words: l.down.vec4_per_row() as u32,
+            in_blocks: l.gate.blocks() as u32,
+            down_blocks: l.down.blocks() as u32,
+            chunks: p
+                .chunks
+                .iter()
+                .enumerate()
+                .map(|(ci, b)| {
+                    let (first, n) = p.chunk_slots(ci);
+                    (first, n, b.clone())
+                })
+                .collect(),
         }
     }
 }

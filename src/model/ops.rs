@@ -3,10 +3,10 @@
 //! the benches all build their programs with these functions, so a test exercises exactly
 //! what a model runs. (The routed experts' ops are in `model::moe`.)
 
-use crate::backend::kernel::Kernel;
+use crate::backend::kernel::{Kernel, WeightFormat, ROWS_PER_WORKGROUP};
 use crate::backend::params::*;
 use crate::backend::{binds, groups64, Bind, Buffer, Dim, KernelPlan, Op, Program, Resource};
-use crate::model::tensors::F16Matrix;
+use crate::model::tensors::{pad8, F16Matrix, MatrixChunk};
 
 /// What every builder needs besides its operands.
 #[derive(Clone, Copy)]
@@ -58,10 +58,92 @@ pub fn rmsnorm(
     ));
 }
 
+/// Most workgroups of one grid dimension (WebGPU's minimum limit).
+pub const MAX_GRID: usize = 65535;
+
+/// Bindings by number (the GPU-shaped kernels' layout: activations at 2 and, as vec4s,
+/// 3; weights at 10 and scales at 11).
+fn numbered(list: &[(u32, &Buffer)]) -> Vec<Bind> {
+    list.iter()
+        .map(|(binding, b)| Bind {
+            binding: *binding,
+            resource: Resource::Buffer((*b).clone()),
+        })
+        .collect()
+}
+
+/// Column splits of a one-token matvec over `rows` rows of `words` 16-byte words: enough
+/// workgroups to fill a large GPU ([`GPU_MIN_WORKGROUPS`]), each split keeping at least 4
+/// words per row; 1 when the rows alone are enough.
+pub fn k_splits(rows: usize, words: usize) -> usize {
+    let groups = rows.div_ceil(ROWS_PER_WORKGROUP).max(1);
+    if groups >= GPU_MIN_WORKGROUPS {
+        return 1;
+    }
+    GPU_MIN_WORKGROUPS
+        .div_ceil(groups)
+        .min(words.div_ceil(4))
+        .max(1)
+}
+
+/// The router's column splits on one-token steps (its f16 rows: one per expert, plus
+/// Qwen's shared-expert gate), as `router_matmul` chooses them; the workspace sizes the
+/// router's logits for them.
+pub fn router_splits(router_rows: usize, hidden: usize) -> usize {
+    k_splits(router_rows, pad8(hidden) / 8)
+}
+
+/// The GPU-shaped matvec over one chunk of a matrix: dst[t, row] (+)= m[row] . src[t],
+/// `splits` column splits (partial sums in rows 0 .. splits of dst; one-token steps),
+/// one dispatch per MAX_GRID x 4 rows.
+#[allow(clippy::too_many_arguments)]
+fn matvec_ops(
+    env: &OpEnv,
+    m: &F16Matrix,
+    c: &MatrixChunk,
+    src: &Buffer,
+    bias: &Buffer,
+    dst: &Buffer,
+    out_stride: usize,
+    flags: u32,
+    splits: usize,
+) -> Vec<Op> {
+    let last = flags & flags::LAST_TOKEN_ONLY != 0;
+    let per_dispatch = MAX_GRID * ROWS_PER_WORKGROUP;
+    let mut ops = Vec::new();
+    let mut r0 = 0;
+    while r0 < c.rows {
+        let n = per_dispatch.min(c.rows - r0);
+        ops.push(Op::new(
+            Kernel::Matvec(env.plan.rows(WeightFormat::F16)),
+            &DenseParams {
+                k: m.cols as u32,
+                n_rows: n as u32,
+                row_base: (c.row_start + r0) as u32,
+                words_per_row: m.vec4_per_row(),
+                x_stride: m.cols as u32,
+                out_stride: out_stride as u32,
+                flags,
+                w_row0: r0 as u32,
+                ..Default::default()
+            },
+            numbered(&[(2, src), (3, src), (4, bias), (5, dst), (10, &c.buffer)]),
+            [
+                Dim::Const(n.div_ceil(ROWS_PER_WORKGROUP) as u32),
+                Dim::Const(splits as u32),
+                if last { Dim::Const(1) } else { Dim::Tokens },
+            ],
+        ));
+        r0 += n;
+    }
+    ops
+}
+
 /// dst[t, row] (+)= m[row] . src[t] (+ bias[row]), for every chunk of `m`. `flags`:
 /// MATMUL_ACCUMULATE and/or LAST_TOKEN_ONLY (the bias flag follows `bias`). A
 /// window-capable `src` lets multi-token steps read it in uniform windows of token rows
-/// and one-token steps read one uniform window, where the plan says so.
+/// and one-token steps read one uniform window, where the plan says so; on GPUs one-token
+/// steps (and the last token alone) run the coalesced matvec.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     prog: &mut Program,
@@ -73,7 +155,75 @@ pub fn matmul(
     out_stride: usize,
     flags: u32,
 ) {
+    matmul_split(prog, env, m, src, bias, dst, out_stride, flags, 1);
+}
+
+/// The router's logits: `matmul`, with the one-token matvec split over the columns into
+/// `splits` partial rows of dst (router_topk adds them).
+pub fn router_matmul(
+    prog: &mut Program,
+    env: &OpEnv,
+    m: &F16Matrix,
+    src: &Buffer,
+    dst: &Buffer,
+    out_stride: usize,
+) {
+    let splits = router_splits(m.rows, m.cols);
+    matmul_split(prog, env, m, src, None, dst, out_stride, 0, splits);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_split(
+    prog: &mut Program,
+    env: &OpEnv,
+    m: &F16Matrix,
+    src: &Buffer,
+    bias: Option<&Buffer>,
+    dst: &Buffer,
+    out_stride: usize,
+    flags: u32,
+    splits: usize,
+) {
     let t = env.chunk;
+    if env.plan.coalesced_decode {
+        let f = flags
+            | if bias.is_some() {
+                flags::MATMUL_BIAS
+            } else {
+                0
+            };
+        let bias_b = bias.unwrap_or(env.dummy);
+        if flags & flags::LAST_TOKEN_ONLY != 0 {
+            // One token's product, every step: the matvec serves it alone.
+            for c in &m.chunks {
+                for op in matvec_ops(env, m, c, src, bias_b, dst, out_stride, f, 1) {
+                    prog.push(op);
+                }
+            }
+            return;
+        }
+        // Multi-token steps: the storage matmul, each op with the matvec as its one-token
+        // alternative (chunks split into more dispatches add ops of their own).
+        let splits = if flags & flags::MATMUL_ACCUMULATE != 0 {
+            1
+        } else {
+            splits
+        };
+        for c in &m.chunks {
+            let mut decode =
+                matvec_ops(env, m, c, src, bias_b, dst, out_stride, f, splits).into_iter();
+            prog.push(
+                storage_matmul(m, c, src, bias_b, dst, out_stride, f).with_decode_op(decode.next()),
+            );
+            for extra in decode {
+                // Only one-token steps dispatch it.
+                let mut extra = extra;
+                extra.grid[2] = Dim::OneToken;
+                prog.push(extra);
+            }
+        }
+        return;
+    }
     let window_capable = src.window_capable();
     let last = flags & flags::LAST_TOKEN_ONLY != 0;
     let f = flags
@@ -152,41 +302,52 @@ pub fn matmul(
             }
             continue;
         }
-        let mut b = binds(&[src, &c.buffer, bias, dst]);
+        let mut op = storage_matmul(m, c, src, bias, dst, out_stride, f);
         if decode.is_some() {
             // The one-token kernel reads binding 2 as a uniform window at offset 0.
-            b[0].resource = Resource::Window {
+            op.binds[0].resource = Resource::Window {
                 buffer: src.clone(),
                 offset: 0,
             };
         }
-        prog.push(
-            Op::new(
-                Kernel::Matmul,
-                &MatmulParams {
-                    k: m.cols as u32,
-                    n_rows: c.rows as u32,
-                    row_base: c.row_start as u32,
-                    vec4_per_row: m.vec4_per_row(),
-                    x_stride: m.cols as u32,
-                    out_stride: out_stride as u32,
-                    flags: f,
-                    _a: 0,
-                },
-                b,
-                [
-                    Dim::Const(groups64(c.rows)),
-                    if last {
-                        Dim::Const(1)
-                    } else {
-                        Dim::TokensDiv(MATMUL_TOKENS_PER_THREAD)
-                    },
-                    Dim::Const(1),
-                ],
-            )
-            .with_decode(decode),
-        );
+        prog.push(op.with_decode(decode));
     }
+}
+
+/// The storage matmul (matmul.wgsl) over one chunk: 4 tokens per invocation.
+fn storage_matmul(
+    m: &F16Matrix,
+    c: &MatrixChunk,
+    src: &Buffer,
+    bias: &Buffer,
+    dst: &Buffer,
+    out_stride: usize,
+    f: u32,
+) -> Op {
+    let last = f & flags::LAST_TOKEN_ONLY != 0;
+    Op::new(
+        Kernel::Matmul,
+        &MatmulParams {
+            k: m.cols as u32,
+            n_rows: c.rows as u32,
+            row_base: c.row_start as u32,
+            vec4_per_row: m.vec4_per_row(),
+            x_stride: m.cols as u32,
+            out_stride: out_stride as u32,
+            flags: f,
+            _a: 0,
+        },
+        binds(&[src, &c.buffer, bias, dst]),
+        [
+            Dim::Const(groups64(c.rows)),
+            if last {
+                Dim::Const(1)
+            } else {
+                Dim::TokensDiv(MATMUL_TOKENS_PER_THREAD)
+            },
+            Dim::Const(1),
+        ],
+    )
 }
 
 /// The buffers of one layer's attention.
@@ -199,7 +360,74 @@ pub struct AttentionBuffers<'a> {
     pub cache_k: &'a Buffer,
     pub cache_v: &'a Buffer,
     pub scratch: &'a Buffer,
+    /// The flash kernel's per-split partial outputs (one-token steps).
+    pub part: &'a Buffer,
     pub out: &'a Buffer,
+}
+
+/// How the flash attention kernel covers one layer's heads and keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashShape {
+    /// Query heads of a KV head's group per workgroup, and workgroups per group.
+    pub g_tile: usize,
+    pub head_tiles: usize,
+    /// Tokens per workgroup (multi-token steps).
+    pub q_tokens: usize,
+    /// Keys per tile in workgroup memory.
+    pub tk: usize,
+    /// Key splits of one-token steps.
+    pub splits: usize,
+}
+
+/// The flash kernel's shape for a layer of `n_heads` query heads over `n_kv` KV heads of
+/// `head_dim`, with a KV cache of `max_context` positions: as many query rows per
+/// workgroup as its memory holds (all query heads of a group where they fit, so each K/V
+/// row is read once per group), and one-token steps split over the keys until the
+/// KV heads x splits make GPU_MIN_WORKGROUPS workgroups (at least ATTN_MIN_CHUNK keys a
+/// split).
+pub fn flash_shape(n_heads: usize, n_kv: usize, head_dim: usize, max_context: usize) -> FlashShape {
+    let group = (n_heads / n_kv.max(1)).max(1);
+    let max_qr = ATTN_FLASH_MAX_QR
+        .min(ATTN_FLASH_QD / head_dim.max(1))
+        .max(1);
+    let g_tile = group.min(max_qr);
+    let head_tiles = group.div_ceil(g_tile);
+    let q_tokens = (max_qr / g_tile).max(1);
+    let tk = 32
+        .min(ATTN_FLASH_KVD / head_dim.max(1))
+        .min(ATTN_FLASH_PD / (g_tile * q_tokens))
+        .max(1);
+    let wgs = n_kv * head_tiles;
+    let splits = if wgs >= GPU_MIN_WORKGROUPS {
+        1
+    } else {
+        GPU_MIN_WORKGROUPS
+            .div_ceil(wgs)
+            .min(max_context.div_ceil(ATTN_MIN_CHUNK))
+            .max(1)
+    };
+    FlashShape {
+        g_tile,
+        head_tiles,
+        q_tokens,
+        tk,
+        splits,
+    }
+}
+
+/// Floats of the flash kernel's partial outputs for one-token steps.
+pub fn flash_part_floats(
+    n_heads: usize,
+    n_kv: usize,
+    head_dim: usize,
+    max_context: usize,
+) -> usize {
+    let s = flash_shape(n_heads, n_kv, head_dim, max_context);
+    if s.splits > 1 {
+        n_heads * s.splits * (head_dim + 2)
+    } else {
+        1
+    }
 }
 
 /// Optional q/k norm or clip, RoPE, and the step's k, v into the KV cache.
@@ -220,8 +448,85 @@ pub fn rope_kv(prog: &mut Program, env: &OpEnv, p: &RopeKvParams, b: &AttentionB
     ));
 }
 
-/// Causal attention of the step's queries over the KV cache.
-pub fn attention(prog: &mut Program, env: &OpEnv, p: &AttentionParams, b: &AttentionBuffers) {
+/// The flash attention ops of `splits` key splits (1: every key, the output written
+/// directly; more: partial outputs, then their combine, one-token steps only).
+fn flash_ops(
+    p: &AttentionParams,
+    b: &AttentionBuffers,
+    max_context: usize,
+    splits: bool,
+) -> Vec<Op> {
+    let (nh, nkv, hd) = (p.n_heads as usize, p.n_kv as usize, p.head_dim as usize);
+    let s = flash_shape(nh, nkv, hd, max_context);
+    let splits = if splits { s.splits } else { 1 };
+    let fp = FlashParams {
+        n_heads: p.n_heads,
+        n_kv: p.n_kv,
+        head_dim: p.head_dim,
+        g_tile: s.g_tile as u32,
+        q_tokens: s.q_tokens as u32,
+        tk: s.tk as u32,
+        min_chunk: ATTN_MIN_CHUNK as u32,
+        splits: splits as u32,
+        scale: p.scale,
+        ..Default::default()
+    };
+    let mut ops = vec![Op::new(
+        Kernel::AttnFlash,
+        &fp,
+        binds(&[b.q, b.cache_k, b.cache_v, b.out, b.part]),
+        [
+            Dim::Const((nkv * s.head_tiles) as u32),
+            Dim::Const(splits as u32),
+            if splits > 1 {
+                Dim::Const(1)
+            } else {
+                Dim::TokensDiv(s.q_tokens as u32)
+            },
+        ],
+    )];
+    if splits > 1 {
+        ops.push(Op::new(
+            Kernel::AttnCombine,
+            &fp,
+            binds(&[b.part, b.out]),
+            [Dim::Const(p.n_heads), Dim::OneToken, Dim::Const(1)],
+        ));
+    }
+    ops
+}
+
+/// Causal attention of the step's queries over the KV cache (`max_context` positions).
+pub fn attention(
+    prog: &mut Program,
+    env: &OpEnv,
+    p: &AttentionParams,
+    b: &AttentionBuffers,
+    max_context: usize,
+) {
+    if env.plan.flash_decode() || env.plan.flash_prefill() {
+        let mut main = if env.plan.flash_prefill() {
+            flash_ops(p, b, max_context, false).remove(0)
+        } else {
+            old_attention(env, p, b)
+        };
+        let mut combine = None;
+        if env.plan.flash_decode() {
+            let mut d = flash_ops(p, b, max_context, true).into_iter();
+            main = main.with_decode_op(d.next());
+            combine = d.next();
+        }
+        prog.push(main);
+        if let Some(c) = combine {
+            prog.push(c);
+        }
+        return;
+    }
+    prog.push(old_attention(env, p, b));
+}
+
+/// The scratch-row attention kernels (one workgroup per head and token, or 8 tokens).
+fn old_attention(env: &OpEnv, p: &AttentionParams, b: &AttentionBuffers) -> Op {
     let kernel = env.plan.attention(p.head_dim as usize, env.chunk);
     let grid = match kernel {
         Kernel::AttentionWindow => [
@@ -231,12 +536,12 @@ pub fn attention(prog: &mut Program, env: &OpEnv, p: &AttentionParams, b: &Atten
         ],
         _ => [Dim::Const(p.n_heads), Dim::Tokens, Dim::Const(1)],
     };
-    prog.push(Op::new(
+    Op::new(
         kernel,
         p,
         binds(&[b.q, b.cache_k, b.cache_v, b.scratch, b.out]),
         grid,
-    ));
+    )
 }
 
 /// Softmax over the experts, top-k, optionally renormalised, per token.

@@ -119,7 +119,19 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     w.add("q", Storage, &[t, q_dim])?;
     w.add("attn_out", Window, &[t, q_dim])?;
     w.add("attn_scratch", Storage, &[t, cfg.num_heads, ctxlen])?;
-    w.add("router_logits", Storage, &[t, router_stride(cfg)])?;
+    w.add(
+        "attn_part",
+        Storage,
+        &[crate::model::ops::flash_part_floats(
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            ctxlen,
+        )],
+    )?;
+    // One-token steps on GPUs split the router's columns into partial rows.
+    let router_rows = t.max(crate::model::ops::router_splits(router_stride(cfg), h));
+    w.add("router_logits", Storage, &[router_rows, router_stride(cfg)])?;
     w.add("topk_ids", Storage, &[t, k])?;
     w.add("topk_weights", Storage, &[t, k])?;
     w.add("ffn_h", Window, &[t, intermediate_width(cfg)])?;

@@ -5,6 +5,7 @@
 pub mod check;
 pub mod cli;
 pub mod cxx;
+pub mod dense;
 pub mod engine;
 pub mod gpu;
 pub mod parity;

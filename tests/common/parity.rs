@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use super::*;
-use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
+use wgmoe::backend::plan::Switch;
+pub use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{DeviceRequest, KernelOverrides};
 use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
 use wgmoe::generate::{generate, prompt_logits, GenerateOptions};
@@ -48,12 +49,12 @@ pub struct Setup {
     pub max_binding: Option<u64>,
     /// Portable kernels even where subgroups exist.
     pub portable: bool,
-    /// Force (Some) the uniform-activation decode kernels on or off.
-    pub uniform_decode: Option<bool>,
+    /// Force (Some) the decode kernels.
+    pub decode: Option<DecodeKernels>,
     /// Force (Some) f16 arithmetic in the W4A16 kernels on or off.
     pub f16_arithmetic: Option<bool>,
-    /// Force (Some) the window / expert-major prefill kernels on or off.
-    pub window_prefill: Option<bool>,
+    /// Force (Some) the prefill kernels.
+    pub prefill: Option<PrefillKernels>,
     /// Multiplies the logit tolerance (1 for f32 arithmetic).
     pub tol_scale: f32,
 }
@@ -64,9 +65,9 @@ pub const F16: Setup = Setup {
     chunk: 64,
     max_binding: None,
     portable: false,
-    uniform_decode: None,
+    decode: None,
     f16_arithmetic: None,
-    window_prefill: None,
+    prefill: None,
     tol_scale: 1.0,
 };
 pub const INT4: Setup = Setup {
@@ -75,10 +76,17 @@ pub const INT4: Setup = Setup {
     chunk: 64,
     max_binding: None,
     portable: false,
-    uniform_decode: None,
+    decode: None,
     f16_arithmetic: None,
-    window_prefill: None,
+    prefill: None,
     tol_scale: 1.0,
+};
+
+/// The GPU-shaped kernels (the default on GPUs): coalesced decode, tiled prefill.
+pub const GPU: Setup = Setup {
+    decode: Some(DecodeKernels::Coalesced),
+    prefill: Some(PrefillKernels::Tiled),
+    ..INT4
 };
 
 pub fn load(name: &str, max_context: usize, s: Setup) -> Engine {
@@ -103,20 +111,8 @@ pub fn try_load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> wgmo
             },
             kernels: KernelOverrides {
                 portable: s.portable,
-                decode: s.uniform_decode.map(|u| {
-                    if u {
-                        DecodeKernels::Uniform
-                    } else {
-                        DecodeKernels::Storage
-                    }
-                }),
-                prefill: s.window_prefill.map(|w| {
-                    if w {
-                        PrefillKernels::Window
-                    } else {
-                        PrefillKernels::Storage
-                    }
-                }),
+                decode: s.decode,
+                prefill: s.prefill,
                 f16_arithmetic: s
                     .f16_arithmetic
                     .map(|f| if f { Switch::On } else { Switch::Off }),

@@ -14,7 +14,8 @@ use half::f16;
 
 use super::gpu::*;
 use super::rng::Rng;
-use wgmoe::backend::{Buffer, Program};
+use wgmoe::backend::plan::DecodeKernels;
+use wgmoe::backend::{Buffer, KernelOverrides, Program};
 use wgmoe::cpu_ref;
 use wgmoe::model::moe::{MoeDispatch, MoeSorted};
 use wgmoe::model::tensors::{ExpertStore, Q4Pool};
@@ -26,10 +27,36 @@ use wgmoe::quant::{Q4Matrix, Q4SlotLayout};
 /// and, fused, up to 8 weighted terms and the residual. As MATMUL_TOL / FFN_TOL.
 pub const Q4_TOL: f32 = 2e-5;
 
-/// `portable` for each W4A16 kernel variant a test runs: the portable kernels, and the
-/// device's own choice (the subgroup kernels where the adapter has subgroups of at least
-/// 8 lanes; the portable ones again elsewhere).
-pub const VARIANTS: [bool; 2] = [true, false];
+/// The kernel choices each W4A16 kernel test runs: the portable kernels, the device's own
+/// choice (the subgroup kernels where the adapter has subgroups of at least 8 lanes; the
+/// portable ones again elsewhere), and the GPU-shaped row kernels (the decode kernels on
+/// GPUs), reducing through subgroups and through workgroup memory.
+pub const VARIANTS: [KernelOverrides; 4] = [
+    KernelOverrides {
+        portable: true,
+        decode: None,
+        prefill: None,
+        f16_arithmetic: None,
+    },
+    KernelOverrides {
+        portable: false,
+        decode: None,
+        prefill: None,
+        f16_arithmetic: None,
+    },
+    KernelOverrides {
+        portable: false,
+        decode: Some(DecodeKernels::Coalesced),
+        prefill: None,
+        f16_arithmetic: None,
+    },
+    KernelOverrides {
+        portable: true,
+        decode: Some(DecodeKernels::Coalesced),
+        prefill: None,
+        f16_arithmetic: None,
+    },
+];
 
 const F16_NAN: [u8; 2] = [0x00, 0x7E];
 
@@ -335,6 +362,7 @@ impl<'a> Setup<'a> {
             sorted: None,
             fuse_combine: true,
             decode_uniform: false,
+            coalesced: self.g.plan.coalesced_decode,
             hidden: self.c.hidden,
             top_k: self.c.top_k,
             dummy: &self.dummy,

@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 
 struct NativeOp {
     main: Function,
-    decode: Option<Function>,
+    /// The decode alternative (its own kernel, parameters and bindings).
+    decode: Option<Box<NativeOp>>,
     /// The params bytes as words (the driver copies them at launch).
     params: Vec<u32>,
     /// Device pointers of the bindings, in the kernel's order.
@@ -51,30 +52,23 @@ fn pointers(dev: &CudaDevice, op: &Op, kernel: Kernel) -> Result<Vec<cu::CUdevic
     Ok(out)
 }
 
+fn prepare_op(dev: &CudaDevice, op: &Op) -> Result<NativeOp> {
+    let decode = match &op.decode {
+        Some(d) => Some(Box::new(prepare_op(dev, d)?)),
+        None => None,
+    };
+    Ok(NativeOp {
+        main: dev.function(op.kernel)?,
+        decode,
+        params: bytemuck::pod_collect_to_vec(&op.params),
+        ptrs: pointers(dev, op, op.kernel)?,
+    })
+}
+
 pub fn prepare(dev: &CudaDevice, program: &Program, step: &Buffer) -> Result<NativePrepared> {
     let mut ops = Vec::with_capacity(program.ops.len());
     for op in &program.ops {
-        let main = dev.function(op.kernel)?;
-        let ptrs = pointers(dev, op, op.kernel)?;
-        let decode = match op.decode {
-            Some((k, _)) => {
-                // The decode kernel takes the same parameters and bindings.
-                if pointers(dev, op, k)? != ptrs {
-                    return Err(Error::Other(format!(
-                        "internal: {k} binds differently from {}",
-                        op.kernel
-                    )));
-                }
-                Some(dev.function(k)?)
-            }
-            None => None,
-        };
-        ops.push(NativeOp {
-            main,
-            decode,
-            params: bytemuck::pod_collect_to_vec(&op.params),
-            ptrs,
-        });
+        ops.push(prepare_op(dev, op)?);
     }
     Ok(NativePrepared {
         ops,
@@ -129,11 +123,12 @@ pub fn run(dev: &CudaDevice, p: &Prepared, tokens: u32) -> Result<usize> {
         let Some((kernel, grid, decode)) = op.dispatch(tokens) else {
             continue;
         };
-        let f = match (nop.decode, decode) {
+        let nop = match (&nop.decode, decode) {
             (Some(d), true) => d,
-            _ => nop.main,
+            _ => nop,
         };
-        launch(dev, f, nop, native.step, grid).map_err(|e| Error::Gpu(format!("{kernel}: {e}")))?;
+        launch(dev, nop.main, nop, native.step, grid)
+            .map_err(|e| Error::Gpu(format!("{kernel}: {e}")))?;
         n += 1;
     }
     Ok(n)
@@ -146,12 +141,12 @@ pub fn profile(dev: &CudaDevice, p: &Prepared, tokens: u32, times: &mut KernelTi
         let Some((kernel, grid, decode)) = op.dispatch(tokens) else {
             continue;
         };
-        let f = match (nop.decode, decode) {
+        let nop = match (&nop.decode, decode) {
             (Some(d), true) => d,
-            _ => nop.main,
+            _ => nop,
         };
         let t = std::time::Instant::now();
-        launch(dev, f, nop, native.step, grid)?;
+        launch(dev, nop.main, nop, native.step, grid)?;
         // SAFETY: this device's stream.
         ok("cuStreamSynchronize", unsafe {
             cu::cuStreamSynchronize(dev.stream.0)

@@ -46,6 +46,15 @@ pub struct WgpuDevice {
     pipelines: Mutex<HashMap<Kernel, ::wgpu::ComputePipeline>>,
     submitted: AtomicU64,
     completed: Arc<AtomicU64>,
+    /// A probe build (`DeviceRequest::probe`): the probed kernels count their global loads
+    /// into this buffer (binding 14; `backend::probe`).
+    probe: Option<Buffer>,
+    /// CPU time spent recording and submitting work, in nanoseconds.
+    encode_ns: AtomicU64,
+}
+
+fn no_probe() -> Error {
+    Error::Other("internal: the device is not a probe build".into())
 }
 
 fn poll_error(e: impl std::fmt::Display) -> Error {
@@ -83,7 +92,13 @@ impl WgpuDevice {
                 v.push(msg);
             }
         }));
-        Ok(WgpuDevice {
+        if req.probe && !info.subgroup {
+            return Err(Error::Gpu(format!(
+                "the memory-access probe counts loads with subgroup operations, which `{}` does not offer",
+                info.name
+            )));
+        }
+        let mut dev = WgpuDevice {
             device,
             queue,
             info,
@@ -93,7 +108,42 @@ impl WgpuDevice {
             pipelines: Mutex::default(),
             submitted: AtomicU64::new(0),
             completed: Arc::new(AtomicU64::new(0)),
-        })
+            probe: None,
+            encode_ns: AtomicU64::new(0),
+        };
+        if req.probe {
+            let bytes = (crate::backend::probe::SITES * 16) as u64;
+            dev.probe = Some(dev.alloc("probe counters", bytes, Usage::Storage)?);
+            dev.probe_reset()?;
+        }
+        Ok(dev)
+    }
+
+    /// The probe counters' buffer, in a probe build.
+    pub(crate) fn probe_buffer(&self) -> Option<&Buffer> {
+        self.probe.as_ref()
+    }
+
+    /// Zero the probe counters (a probe build).
+    pub fn probe_reset(&self) -> Result<()> {
+        let b = self.probe.as_ref().ok_or_else(no_probe)?;
+        self.write(b, 0, &vec![0u8; b.size() as usize])
+    }
+
+    /// The probe counters per site: [requests, sectors, bytes used, 0] (waits for the
+    /// work submitted so far).
+    pub fn probe_counts(&self) -> Result<Vec<[u64; 4]>> {
+        let b = self.probe.as_ref().ok_or_else(no_probe)?;
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&self.read(b, 0, b.size())?);
+        Ok(words
+            .chunks_exact(4)
+            .map(|c| [c[0] as u64, c[1] as u64, c[2] as u64, c[3] as u64])
+            .collect())
+    }
+
+    /// CPU seconds spent recording and submitting work since the device opened.
+    pub fn encode_seconds(&self) -> f64 {
+        self.encode_ns.load(Ordering::Relaxed) as f64 * 1e-9
     }
 
     pub fn binding_cap(&self) -> Option<u64> {
@@ -115,9 +165,10 @@ impl WgpuDevice {
 
     /// The pipeline of a kernel variant, built on first use.
     fn pipeline(&self, k: Kernel) -> Result<::wgpu::ComputePipeline> {
-        if k.needs_subgroups() && !(self.info.subgroup && self.info.subgroup_min_size >= 8) {
+        let lanes = k.min_subgroup_size();
+        if k.needs_subgroups() && !(self.info.subgroup && self.info.subgroup_min_size >= lanes) {
             return Err(Error::Gpu(format!(
-                "kernel {k} needs subgroups of at least 8 lanes, which `{}` does not have",
+                "kernel {k} needs subgroups of at least {lanes} lanes, which `{}` does not have",
                 self.info.name
             )));
         }
@@ -139,7 +190,9 @@ impl WgpuDevice {
             .device
             .create_shader_module(::wgpu::ShaderModuleDescriptor {
                 label: Some(&label),
-                source: ::wgpu::ShaderSource::Wgsl(shaders::source(k).into()),
+                source: ::wgpu::ShaderSource::Wgsl(
+                    shaders::source_for(k, self.probe.is_some()).into(),
+                ),
             });
         let pipeline = self
             .device
@@ -286,6 +339,53 @@ impl Backend for WgpuDevice {
     }
 
     fn submit(&self, work: &[Work<'_>]) -> Result<Submitted> {
+        let started = std::time::Instant::now();
+        let r = self.submit_work(work);
+        self.encode_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
+    }
+
+    fn is_complete(&self, token: u64) -> bool {
+        self.completed.load(Ordering::Acquire) >= token
+    }
+
+    fn wait(&self, token: u64) -> Result<()> {
+        while !self.is_complete(token) {
+            self.poll_wait()?;
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.poll_wait()?;
+        self.check()
+    }
+
+    fn check(&self) -> Result<()> {
+        super::drain_errors(&self.errors, "wgpu")
+    }
+
+    fn staging(&self, bytes: u64) -> Result<Staging> {
+        self.new_staging(bytes)
+    }
+
+    fn fill_staging(&self, staging: &Staging, data: &[u8]) -> Result<()> {
+        self.fill(staging, data)
+    }
+
+    fn unstage(&self, staging: &Staging) {
+        self.unfill(staging)
+    }
+
+    fn profile(&self, program: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
+        record::profile(self, program, tokens, times)
+    }
+}
+
+impl WgpuDevice {
+    /// Record `work` into one command buffer and submit it.
+    fn submit_work(&self, work: &[Work<'_>]) -> Result<Submitted> {
         let mut enc = self.device.create_command_encoder(&Default::default());
         let mut dispatches = 0;
         let mut i = 0;
@@ -343,27 +443,7 @@ impl Backend for WgpuDevice {
         Ok(Submitted { token, dispatches })
     }
 
-    fn is_complete(&self, token: u64) -> bool {
-        self.completed.load(Ordering::Acquire) >= token
-    }
-
-    fn wait(&self, token: u64) -> Result<()> {
-        while !self.is_complete(token) {
-            self.poll_wait()?;
-        }
-        Ok(())
-    }
-
-    fn sync(&self) -> Result<()> {
-        self.poll_wait()?;
-        self.check()
-    }
-
-    fn check(&self) -> Result<()> {
-        super::drain_errors(&self.errors, "wgpu")
-    }
-
-    fn staging(&self, bytes: u64) -> Result<Staging> {
+    fn new_staging(&self, bytes: u64) -> Result<Staging> {
         let size = bytes.max(16).div_ceil(16) * 16;
         // Created mapped: the first fill needs no wait.
         let buffer = self.device.create_buffer(&::wgpu::BufferDescriptor {
@@ -386,7 +466,7 @@ impl Backend for WgpuDevice {
         })))
     }
 
-    fn fill_staging(&self, staging: &Staging, data: &[u8]) -> Result<()> {
+    fn fill(&self, staging: &Staging, data: &[u8]) -> Result<()> {
         let s = self.staging_of(staging)?;
         loop {
             match s.state.load(Ordering::Acquire) {
@@ -416,16 +496,12 @@ impl Backend for WgpuDevice {
         Ok(())
     }
 
-    fn unstage(&self, staging: &Staging) {
+    fn unfill(&self, staging: &Staging) {
         let Ok(s) = self.staging_of(staging) else {
             return;
         };
         if s.state.load(Ordering::Acquire) == UNMAPPED {
             self.remap(s);
         }
-    }
-
-    fn profile(&self, program: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
-        record::profile(self, program, tokens, times)
     }
 }

@@ -18,7 +18,8 @@ struct Bound {
 
 struct NativeOp {
     main: Bound,
-    decode: Option<Bound>,
+    /// The decode alternative (its own pipeline, parameters and bindings).
+    decode: Option<Box<NativeOp>>,
     /// The op's parameter uniform (kept alive with the bind groups).
     _params: Buffer,
 }
@@ -89,6 +90,12 @@ fn bind(
             resource,
         });
     }
+    if let (Some(counters), true) = (dev.probe_buffer(), kernel.probed()) {
+        entries.push(::wgpu::BindGroupEntry {
+            binding: crate::backend::probe::BINDING,
+            resource: native(counters)?.as_entire_binding(),
+        });
+    }
     let label = kernel.name();
     let bind_group = dev.device.create_bind_group(&::wgpu::BindGroupDescriptor {
         label: Some(&label),
@@ -101,29 +108,33 @@ fn bind(
     })
 }
 
+fn prepare_op(dev: &WgpuDevice, op: &Op, step: &Buffer, decode: bool) -> Result<NativeOp> {
+    let (_, size) = op.kernel.params_layout();
+    if op.params.len() != size {
+        return Err(Error::Other(format!(
+            "internal: {}: {} parameter bytes, the kernel takes {size}",
+            op.kernel,
+            op.params.len()
+        )));
+    }
+    let params = dev.alloc(&op.kernel.name(), op.params.len() as u64, Usage::Uniform)?;
+    dev.write(&params, 0, &op.params)?;
+    let main = bind(dev, op, op.kernel, &params, step, decode)?;
+    let decode = match &op.decode {
+        Some(d) => Some(Box::new(prepare_op(dev, d, step, true)?)),
+        None => None,
+    };
+    Ok(NativeOp {
+        main,
+        decode,
+        _params: params,
+    })
+}
+
 pub fn prepare(dev: &WgpuDevice, program: &Program, step: &Buffer) -> Result<NativePrepared> {
     let mut ops = Vec::with_capacity(program.ops.len());
     for op in &program.ops {
-        let (_, size) = op.kernel.params_layout();
-        if op.params.len() != size {
-            return Err(Error::Other(format!(
-                "internal: {}: {} parameter bytes, the kernel takes {size}",
-                op.kernel,
-                op.params.len()
-            )));
-        }
-        let params = dev.alloc(&op.kernel.name(), op.params.len() as u64, Usage::Uniform)?;
-        dev.write(&params, 0, &op.params)?;
-        let main = bind(dev, op, op.kernel, &params, step, false)?;
-        let decode = match op.decode {
-            Some((k, _)) => Some(bind(dev, op, k, &params, step, true)?),
-            None => None,
-        };
-        ops.push(NativeOp {
-            main,
-            decode,
-            _params: params,
-        });
+        ops.push(prepare_op(dev, op, step, false)?);
     }
     // Pipeline or bind-group validation errors surface here, not at the first step.
     dev.check()?;
@@ -147,7 +158,7 @@ pub fn record(p: &Prepared, pass: &mut ::wgpu::ComputePass<'_>, tokens: u32) -> 
             continue;
         };
         let b = match (&nop.decode, decode) {
-            (Some(d), true) => d,
+            (Some(d), true) => &d.main,
             _ => &nop.main,
         };
         pass.set_pipeline(&b.pipeline);
@@ -166,7 +177,7 @@ pub fn profile(dev: &WgpuDevice, p: &Prepared, tokens: u32, times: &mut KernelTi
             continue;
         };
         let b = match (&nop.decode, decode) {
-            (Some(d), true) => d,
+            (Some(d), true) => &d.main,
             _ => &nop.main,
         };
         let t = std::time::Instant::now();

@@ -4,7 +4,7 @@
 //! compute a row for the W4A16 kernels). No text is generated: every piece is plain WGSL,
 //! and every assembled variant is validated by naga in the tests.
 
-use crate::backend::kernel::{Activations, Arith, Kernel, Lanes};
+use crate::backend::kernel::{Activations, Arith, Kernel, Lanes, Reduce, WeightFormat};
 
 /// The shared pieces, by file name under `shaders/common/`.
 pub const PIECES: &[(&str, &str)] = &[
@@ -64,6 +64,46 @@ pub const PIECES: &[(&str, &str)] = &[
         "q4_down_row.wgsl",
         include_str!("../../../shaders/common/q4_down_row.wgsl"),
     ),
+    (
+        "kv_f32.wgsl",
+        include_str!("../../../shaders/common/kv_f32.wgsl"),
+    ),
+    (
+        "probe_sites.wgsl",
+        include_str!("../../../shaders/common/probe_sites.wgsl"),
+    ),
+    (
+        "probe_off.wgsl",
+        include_str!("../../../shaders/common/probe_off.wgsl"),
+    ),
+    (
+        "probe_on.wgsl",
+        include_str!("../../../shaders/common/probe_on.wgsl"),
+    ),
+    (
+        "reduce_sg.wgsl",
+        include_str!("../../../shaders/common/reduce_sg.wgsl"),
+    ),
+    (
+        "reduce_wg.wgsl",
+        include_str!("../../../shaders/common/reduce_wg.wgsl"),
+    ),
+    (
+        "act_x4.wgsl",
+        include_str!("../../../shaders/common/act_x4.wgsl"),
+    ),
+    (
+        "onehot.wgsl",
+        include_str!("../../../shaders/common/onehot.wgsl"),
+    ),
+    (
+        "fmt_f16.wgsl",
+        include_str!("../../../shaders/common/fmt_f16.wgsl"),
+    ),
+    (
+        "fmt_q4.wgsl",
+        include_str!("../../../shaders/common/fmt_q4.wgsl"),
+    ),
 ];
 
 /// The kernel bodies, by family (file name under `shaders/` without `.wgsl`).
@@ -118,6 +158,23 @@ pub const BODIES: &[(&str, &str)] = &[
         include_str!("../../../shaders/moe_combine.wgsl"),
     ),
     ("argmax", include_str!("../../../shaders/argmax.wgsl")),
+    ("matvec", include_str!("../../../shaders/matvec.wgsl")),
+    (
+        "expert_gate_up",
+        include_str!("../../../shaders/expert_gate_up.wgsl"),
+    ),
+    (
+        "expert_down",
+        include_str!("../../../shaders/expert_down.wgsl"),
+    ),
+    (
+        "attn_flash",
+        include_str!("../../../shaders/attn_flash.wgsl"),
+    ),
+    (
+        "attn_combine",
+        include_str!("../../../shaders/attn_combine.wgsl"),
+    ),
 ];
 
 fn piece(name: &str) -> &'static str {
@@ -136,14 +193,25 @@ fn body(family: &str) -> &'static str {
         .unwrap_or_default()
 }
 
-/// The pieces a kernel is assembled from, in order (before its body).
-pub fn pieces(k: Kernel) -> Vec<&'static str> {
+/// The pieces a kernel is assembled from, in order (before its body); `probe`: the probe
+/// build of a kernel that calls the memory-access probe.
+pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
     let mut v = vec!["step.wgsl", "flags.wgsl"];
+    if k.probed() {
+        v.push("probe_sites.wgsl");
+        v.push(if probe {
+            "probe_on.wgsl"
+        } else {
+            "probe_off.wgsl"
+        });
+    }
     match k {
         Kernel::Matmul | Kernel::FfnGateUp | Kernel::FfnDown => {
             v.extend(["f16_halves.wgsl", "act8.wgsl"]);
         }
-        Kernel::MatmulUniform | Kernel::MatmulWindow => v.push("uniform_window.wgsl"),
+        Kernel::MatmulUniform => v.extend(["f16_halves.wgsl", "uniform_window.wgsl"]),
+        Kernel::MatmulWindow => v.push("uniform_window.wgsl"),
+        Kernel::Attention | Kernel::AttnFlash => v.push("kv_f32.wgsl"),
         Kernel::Q4GateUpSorted | Kernel::Q4DownSorted => v.push("q4_unpack.wgsl"),
         Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
             v.push("q4_unpack.wgsl");
@@ -164,22 +232,44 @@ pub fn pieces(k: Kernel) -> Vec<&'static str> {
                 v.push("q4_down_row.wgsl");
             }
         }
+        Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => {
+            v.push("act_x4.wgsl");
+            match r.format {
+                WeightFormat::F16 => v.extend(["f16_halves.wgsl", "fmt_f16.wgsl"]),
+                WeightFormat::Q4 => v.extend(["q4_dot_f32.wgsl", "fmt_q4.wgsl"]),
+            }
+            v.push("onehot.wgsl");
+            v.push(match r.reduce {
+                Reduce::Subgroup => "reduce_sg.wgsl",
+                Reduce::Workgroup => "reduce_wg.wgsl",
+            });
+        }
         _ => {}
     }
     v
 }
 
-/// The complete WGSL module of a kernel variant.
-pub fn source(k: Kernel) -> String {
+/// The pieces of a kernel's normal (not probe) build.
+pub fn pieces(k: Kernel) -> Vec<&'static str> {
+    pieces_for(k, false)
+}
+
+/// The complete WGSL module of a kernel variant (`probe`: its probe build).
+pub fn source_for(k: Kernel, probe: bool) -> String {
     let mut s = String::new();
     if k.needs_f16() {
         // An enable directive must precede every declaration.
         s.push_str("enable f16;\n\n");
     }
-    for p in pieces(k) {
+    for p in pieces_for(k, probe) {
         s.push_str(piece(p));
         s.push('\n');
     }
     s.push_str(body(k.family()));
     s
+}
+
+/// The complete WGSL module of a kernel variant.
+pub fn source(k: Kernel) -> String {
+    source_for(k, false)
 }

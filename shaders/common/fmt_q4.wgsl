@@ -1,0 +1,31 @@
+// Weights as INT4 (layout in src/quant.rs): a 16-byte word holds 32 consecutive columns
+// of one row as nibbles, one f16 scale per 256-column block (8 words). Words at binding
+// 10, scales (the same buffer, as u32 pairs of halves) at binding 11.
+@group(0) @binding(10) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(11) var<storage, read> ws: array<u32>;
+
+const WORD_COLS: u32 = 32u;
+
+fn w_at(i: u32) -> vec4<u32> {
+    probe(SITE_W, i * 16u, 16u);
+    return w[i];
+}
+
+// Half `i` of the scales (u32 words of `ws`).
+fn w_scale(i: u32) -> f32 {
+    probe(SITE_WS, (i / 2u) * 4u, 4u);
+    return unpack2x16float(ws[i / 2u])[i % 2u];
+}
+
+// Word `c` of the row starting at word `row_word` (its block scales from half `s_half`),
+// dotted with columns 32c .. 32c + 32 of the activation row at float `xb` (0 at and past
+// `len`): the nibbles' dot product in f32, times the block's scale.
+fn word_dot(row_word: u32, c: u32, s_half: u32, xb: u32, len: u32) -> f32 {
+    let q = w_at(row_word + c);
+    let k0 = c * 32u;
+    let d = dot8(q.x, x_quad(xb, k0, len), x_quad(xb, k0 + 4u, len))
+          + dot8(q.y, x_quad(xb, k0 + 8u, len), x_quad(xb, k0 + 12u, len))
+          + dot8(q.z, x_quad(xb, k0 + 16u, len), x_quad(xb, k0 + 20u, len))
+          + dot8(q.w, x_quad(xb, k0 + 24u, len), x_quad(xb, k0 + 28u, len));
+    return w_scale(s_half + c / 8u) * d;
+}

@@ -1,0 +1,69 @@
+// Matrix-vector products for GPUs (decode, and the last-token lm_head of a prefill):
+//   out[t, row_base + n] (+)= W[n] . x[t] (+ bias[row_base + n])
+// W's rows are 16-byte words in a format piece (f16, ...). A workgroup of 64 lanes serves
+// ROWS consecutive rows; their words are taken as one flat run and lane l reads words
+// l, l + 64, ...: neighbouring lanes read neighbouring 16-byte words (coalesced) and each
+// weight byte is read once. The rows' partial sums are combined by the reduce piece
+// (subgroups, or workgroup memory). Grid: (row groups, K splits, tokens). With
+// S = num_workgroups.y splits, split s sums its share of the columns into row s of `out`
+// (one-token steps of matrices with few rows, e.g. the router: the top-k kernel adds the
+// S rows), so a small matrix still fills the GPU with workgroups.
+
+struct Params {
+    k: u32,               // input features
+    n_rows: u32,          // rows served by this dispatch
+    row_base: u32,        // output index of its first row
+    words_per_row: u32,   // 16-byte words per weight row
+    x_stride: u32,        // floats per token row of x
+    out_stride: u32,      // floats per output row
+    flags: u32,           // MATMUL_BIAS, MATMUL_ACCUMULATE, LAST_TOKEN_ONLY
+    w_row0: u32,          // index of the first row inside the weight binding
+    s_word0: u32,         // u32 offset of the scales in their binding (formats with scales)
+    blocks_per_row: u32,  // scales per row
+    _a: u32,
+    _b: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+// binding 2 and 3: x, from the activation piece; 10 (and 11): W, from the format piece.
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+const ROWS: u32 = 4u;
+
+@compute @workgroup_size(64)
+fn main(inv: Inv, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r0 = inv.wid.x * ROWS;
+    let split = inv.wid.y;
+    let splits = nwg.y;
+    var t = inv.wid.z;
+    var t_out = t;
+    if ((p.flags & LAST_TOKEN_ONLY) != 0u) {
+        t = step.n_tokens - 1u;
+        t_out = 0u;
+    }
+    // Both conditions are the same for every lane: the reduction's barriers stay uniform.
+    if (t >= step.n_tokens || r0 >= p.n_rows) { return; }
+    let nr = min(ROWS, p.n_rows - r0);
+    let per = (p.words_per_row + splits - 1u) / splits;
+    let c0 = min(split * per, p.words_per_row);
+    let span = min(per, p.words_per_row - c0);
+    let xb = t * p.x_stride;
+    var acc = vec4<f32>(0.0);
+    for (var f = inv.li; f < nr * span; f += 64u) {
+        let r = f / span;
+        let n = p.w_row0 + r0 + r;
+        acc += word_dot(n * p.words_per_row, c0 + f % span, p.s_word0 * 2u + n * p.blocks_per_row, xb, p.k) * onehot4(r);
+    }
+    let s = wg_sum4(acc, inv);
+    if (inv.li == 0u) {
+        for (var i = 0u; i < nr; i++) {
+            let row = p.row_base + r0 + i;
+            var v = s[i];
+            if ((p.flags & MATMUL_BIAS) != 0u && split == 0u) { v += bias[row]; }
+            let o = (t_out * splits + split) * p.out_stride + row;
+            if ((p.flags & MATMUL_ACCUMULATE) != 0u) { v += out[o]; }
+            out[o] = v;
+        }
+    }
+}

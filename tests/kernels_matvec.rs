@@ -1,0 +1,235 @@
+//! The GPU-shaped matvec (shaders/matvec.wgsl: a workgroup per 4 weight rows, lanes
+//! reading consecutive 16-byte words, reduced through subgroups or workgroup memory) as
+//! `ops::matmul` records it on GPUs: the one-token alternative of every matmul, and the
+//! last-token lm_head of multi-token steps; and the router's column splits
+//! (`ops::router_matmul`), which router_topk adds back together. Against the CPU
+//! reference (`wgmoe::cpu_ref`). Runs on lavapipe in CI at every subgroup size; a missing
+//! adapter is a failure, never a skip.
+
+mod common;
+
+use common::check::check;
+use common::dense::*;
+use common::gpu::*;
+use common::rng::Rng;
+use wgmoe::backend::kernel::Kernel;
+use wgmoe::backend::params::*;
+use wgmoe::backend::plan::DecodeKernels;
+use wgmoe::backend::{Device, KernelOverrides, KernelPlan, Program};
+use wgmoe::cpu_ref;
+use wgmoe::model::ops::{self, OpEnv};
+use wgmoe::model::tensors::F16Matrix;
+
+/// As MATMUL_TOL: f32 sums of 8-product words, in another order (64 lanes, then the
+/// workgroup's reduction).
+const MATVEC_TOL: f32 = 2e-5;
+
+/// The coalesced decode plans: subgroup and workgroup-memory reductions.
+fn plans(dev: &Device) -> Vec<KernelPlan> {
+    [false, true]
+        .into_iter()
+        .map(|portable| {
+            plan(
+                dev,
+                &KernelOverrides {
+                    portable,
+                    decode: Some(DecodeKernels::Coalesced),
+                    ..Default::default()
+                },
+            )
+        })
+        .collect()
+}
+
+/// `ops::matmul` with the coalesced plan, run on a step of `c.t` tokens: one token runs
+/// the matvec alternative; more run the storage matmul (or, LAST_TOKEN_ONLY, the matvec).
+fn matvec_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunks: usize) {
+    let data = MatmulData::new(seed, &c);
+    let m = F16Matrix::upload(dev, "w", c.n, c.k, &data.w).unwrap();
+    assert!(m.chunks.len() >= min_chunks, "{} chunks", m.chunks.len());
+    let step = dev.step_buffer(0, c.t).unwrap();
+    let x = f32_buf(
+        dev,
+        &common::check::strided(&data.xs, c.k, c.x_stride, f32::NAN),
+    );
+    let has_bias = c.flags & flags::MATMUL_BIAS != 0;
+    let b = has_bias.then(|| f32_buf(dev, &data.bias));
+    let out = f32_buf(dev, &data.out0);
+    let d = dummy(dev);
+    let env = OpEnv {
+        plan,
+        chunk: c.t,
+        dummy: &d,
+    };
+    let mut prog = Program::default();
+    push_matmul(
+        &mut prog,
+        &env,
+        &m,
+        &x,
+        b.as_ref(),
+        &out,
+        c.out_stride,
+        c.flags,
+    );
+    let last = c.flags & flags::LAST_TOKEN_ONLY != 0;
+    for op in &mut prog.ops {
+        let mv = if last {
+            op.kernel
+        } else {
+            op.decode.as_ref().expect("a one-token alternative").kernel
+        };
+        assert!(
+            matches!(mv, Kernel::Matvec(_)),
+            "the matvec serves one token: {mv}"
+        );
+        if c.x_stride != c.k {
+            patch_params(op, |p: &mut DenseParams| p.x_stride = c.x_stride as u32);
+        }
+    }
+    run(dev, prog, &step, c.t);
+    let what = format!(
+        "matvec[{:?}] T {} K {} N {} strides {}/{} flags {:#b} chunks {}",
+        plan.reduce,
+        c.t,
+        c.k,
+        c.n,
+        c.x_stride,
+        c.out_stride,
+        c.flags,
+        m.chunks.len()
+    );
+    check(
+        &what,
+        &read_f32(dev, &out, c.out_rows() * c.out_stride),
+        &data.want(&c),
+        MATVEC_TOL,
+    );
+}
+
+#[test]
+fn matvec_matches_cpu() {
+    use flags::{LAST_TOKEN_ONLY as LAST, MATMUL_ACCUMULATE as ACCUMULATE, MATMUL_BIAS as BIAS};
+    let dev = device(None);
+    // K below one word, not a multiple of 4 or 8, a partial last word, long rows; rows not
+    // a multiple of 4 (a partial last row group) and fewer than one group.
+    let cases = [
+        MatmulCase::new(1, 1, 3, 0),
+        MatmulCase::new(1, 7, 65, BIAS),
+        MatmulCase::new(1, 13, 100, ACCUMULATE),
+        MatmulCase::new(1, 100, 2, BIAS | ACCUMULATE),
+        MatmulCase::new(1, 257, 130, BIAS),
+        MatmulCase::new(1, 1408, 70, ACCUMULATE),
+        MatmulCase::new(1, 2048, 301, 0),
+        MatmulCase::new(1, 4100, 9, BIAS),
+        MatmulCase::new(6, 100, 70, LAST),
+        MatmulCase::new(9, 257, 130, LAST | BIAS | ACCUMULATE),
+        MatmulCase {
+            t: 5,
+            k: 13,
+            n: 50,
+            x_stride: 16,
+            out_stride: 53,
+            flags: LAST,
+        },
+        MatmulCase {
+            t: 1,
+            k: 100,
+            n: 33,
+            x_stride: 100,
+            out_stride: 40,
+            flags: BIAS,
+        },
+    ];
+    for plan in plans(&dev) {
+        for (i, c) in cases.iter().enumerate() {
+            matvec_case(&dev, &plan, 3000 + i as u64, *c, 1);
+        }
+    }
+}
+
+#[test]
+fn matvec_split_matrix_matches_cpu() {
+    use flags::{LAST_TOKEN_ONLY as LAST, MATMUL_BIAS as BIAS};
+    // A 4 KiB binding: K = 1408 one row to a chunk, K = 257 seven, K = 100 nineteen.
+    let dev = device(Some(4096));
+    for plan in plans(&dev) {
+        matvec_case(&dev, &plan, 3100, MatmulCase::new(1, 257, 70, BIAS), 10);
+        matvec_case(&dev, &plan, 3101, MatmulCase::new(1, 1408, 9, 0), 9);
+        matvec_case(
+            &dev,
+            &plan,
+            3102,
+            MatmulCase::new(6, 100, 130, LAST | BIAS),
+            7,
+        );
+    }
+}
+
+/// The router of a one-token step: its matvec split over the columns into partial rows,
+/// which router_topk adds into row 0 before the softmax: the same experts and weights as
+/// the reference on the whole logits, and row 0 holds the logits (the shared-expert gate's
+/// column too, which moe_combine reads).
+#[test]
+fn router_split_logits_add_up_in_router_topk() {
+    let dev = device(None);
+    for plan in plans(&dev) {
+        // (experts + gate column, hidden, top-k): Mixtral's 8 rows of 4096, 61 of 2048
+        // (Qwen1.5: 60 experts and the gate), 129 of 256, a 3-row router of 100.
+        for (i, &(rows, hidden, top_k, experts)) in [
+            (8, 4096, 2, 8),
+            (61, 2048, 4, 60),
+            (129, 256, 8, 128),
+            (3, 100, 1, 3),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let splits = ops::router_splits(rows, hidden);
+            assert!(splits >= 1);
+            if rows <= 64 {
+                assert!(splits > 1, "{rows} rows of {hidden}: split");
+            }
+            let mut rng = Rng::new(3200 + i as u64);
+            let w = rng.f16s(rows * hidden, 0.2);
+            let xs = rng.vec(hidden, 1.0);
+            let m = F16Matrix::upload(&dev, "router", rows, hidden, &w).unwrap();
+            let x = f32_buf(&dev, &xs);
+            let logits = f32_buf(&dev, &vec![f32::NAN; splits * rows]);
+            let ids = u32_buf(&dev, &vec![0; top_k]);
+            let weights = f32_buf(&dev, &vec![0.0; top_k]);
+            let d = dummy(&dev);
+            let env = OpEnv {
+                plan: &plan,
+                chunk: 4,
+                dummy: &d,
+            };
+            let mut prog = Program::default();
+            ops::router_matmul(&mut prog, &env, &m, &x, &logits, rows);
+            ops::router_topk(
+                &mut prog,
+                &RouterTopkParams {
+                    n_experts: experts as u32,
+                    top_k: top_k as u32,
+                    logits_stride: rows as u32,
+                    norm_topk: 1,
+                    splits: splits as u32,
+                    ..Default::default()
+                },
+                &logits,
+                &ids,
+                &weights,
+            );
+            run(&dev, prog, &dev.step_buffer(0, 1).unwrap(), 1);
+            let want = cpu_ref::matmul(&xs, hidden, &w, rows, None, None).unwrap();
+            let what = format!(
+                "router {rows} x {hidden}, {splits} splits [{:?}]",
+                plan.reduce
+            );
+            let got = read_f32(&dev, &logits, rows);
+            check(&what, &got, &want, MATVEC_TOL);
+            let (want_ids, _) = cpu_ref::router_topk(&got, rows, experts, top_k, true).unwrap();
+            assert_eq!(read_u32(&dev, &ids, top_k), want_ids, "{what}: top-k ids");
+        }
+    }
+}
