@@ -5,7 +5,8 @@
 #   tools/build_llamacpp.sh [WORK_DIR]      # default: .llamacpp/ in the repository root
 #
 # Leaves WORK_DIR/llama.cpp (sources, convert_hf_to_gguf.py, gguf-py) and
-# WORK_DIR/llama.cpp/build/bin/{llama-quantize,llama-tokenize,llama-server,...}.
+# WORK_DIR/llama.cpp/build/bin/{llama-quantize,llama-tokenize} and the static libllama/libggml
+# that tools/llamacpp_logits.cpp links against.
 # ~15 min on 2 cores. Needs python3 with pip (for `pip download`), cmake and a C++ compiler
 # (`pip install cmake ninja` gives the first two).
 #
@@ -38,5 +39,5 @@ cmake -B build "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
 cmake --build build --config Release -j "${JOBS:-2}" \
-    --target llama-quantize llama-tokenize llama-server llama-cli
+    --target llama-quantize llama-tokenize llama-simple
 echo "llama.cpp $VERSION (llama-cpp-python sdist) built in $WORK/llama.cpp/build/bin"
