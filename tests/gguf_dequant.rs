@@ -11,8 +11,12 @@ fn every_supported_type_dequantises_as_gguf_py_does() {
     let m = GgufModel::open(&path).unwrap();
     let mut seen = Vec::new();
     for &t in GgmlType::SUPPORTED {
-        let blocks = m.tensor(&format!("{}.blocks", t.name().to_lowercase())).unwrap();
-        let expected = m.tensor(&format!("{}.expected", t.name().to_lowercase())).unwrap();
+        let blocks = m
+            .tensor(&format!("{}.blocks", t.name().to_lowercase()))
+            .unwrap();
+        let expected = m
+            .tensor(&format!("{}.expected", t.name().to_lowercase()))
+            .unwrap();
         assert_eq!(blocks.ggml_type, t);
         assert_eq!(expected.ggml_type, GgmlType::F32);
         assert_eq!(blocks.ne, expected.ne, "{t}");

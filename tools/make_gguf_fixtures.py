@@ -243,18 +243,21 @@ def build_hf_model(family: str, spec: dict, work: Path) -> Path:
     config = spec["config"](spec["vocab"])
     torch.manual_seed(SEED)
     cls = AutoModelForCausalLM.from_config(config).__class__
+    config.architectures = [cls.__name__]
     model = cls(config).eval()
     init_weights(model, spec["std"], SEED)
     model = model.to(torch.bfloat16).float()
     safetensors.torch.save_file(hub_state_dict(family, model), str(dst / "model.safetensors"), metadata={"format": "pt"})
     write_json(dst / "config.json", published_config_json(config))
-    # The rewritten checkpoint must be the same model.
+    # The rewritten checkpoint must load back to exactly the same weights and config.
     back = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32).eval()
-    ids = torch.tensor([[5, 17, 42, 99, 7, 3]])
-    with torch.no_grad():
-        a, b = model(ids).logits, back(ids).logits
-    if not torch.allclose(a, b, atol=1e-4):
-        raise SystemExit(f"{family}: the hub-named checkpoint does not load back to the same model")
+    sa, sb = model.state_dict(), back.state_dict()
+    if sa.keys() != sb.keys() or any(not torch.equal(sa[k], sb[k]) for k in sa):
+        raise SystemExit(f"{family}: the hub-named checkpoint does not load back to the same weights")
+    da, db = model.config.to_dict(), back.config.to_dict()
+    diff = {k for k in set(da) | set(db) if da.get(k) != db.get(k)} - {"dtype", "_name_or_path"}
+    if diff:
+        raise SystemExit(f"{family}: config.json reads back differently: {sorted(diff)}")
     return dst
 
 
@@ -285,7 +288,8 @@ def convert(llama: Path, src: Path, out: Path, pre: str | None, vocab_only: bool
     cmd = [sys.executable, "-c", shim, "x", str(src), "--outfile", str(out), "--outtype", "f16"]
     if vocab_only:
         cmd.append("--vocab-only")
-    env = dict(os.environ, WGMOE_PRE=pre or "", NO_LOCAL_GGUF="")
+    env = dict(os.environ, WGMOE_PRE=pre or "")
+    env.pop("NO_LOCAL_GGUF", None)  # the converter needs its own gguf-py (newer than PyPI's)
     run(cmd, env=env, cwd=str(llama))
 
 
@@ -328,6 +332,18 @@ def gguf_tensor_types(path: Path) -> dict:
     return dict(sorted(counts.items()))
 
 
+def write_hf_qk(family: str, src: Path, dst: Path) -> None:
+    """Layer 0's q_proj and k_proj, first 4 input columns, as the HF checkpoint holds them: the
+    reference for the Q/K row order of the GGUF files (permuted for llama/Mixtral only)."""
+    import safetensors.torch
+    sd = safetensors.torch.load_file(str(src / "model.safetensors"))
+    out = {}
+    for p in ["q_proj", "k_proj"]:
+        w = sd[f"model.layers.0.self_attn.{p}.weight"].float()
+        out[p] = {"shape": list(w.shape), "cols": 4, "rows": w[:, :4].tolist()}
+    write_json(dst / "hf_qk.json", out)
+
+
 def make_models(llama: Path, work: Path, report: list) -> None:
     exe = build_logits_tool(llama, work)
     for family, spec in family_specs().items():
@@ -337,6 +353,8 @@ def make_models(llama: Path, work: Path, report: list) -> None:
             shutil.rmtree(dst)
         dst.mkdir(parents=True)
         shutil.copy(src / "config.json", dst / "config.json")
+        if family in F16_FAMILIES:
+            write_hf_qk(family, src, dst)
         f16 = work / f"{family}-F16.gguf"
         convert(llama, src, f16, spec["pre"])
         files = {}
@@ -376,7 +394,6 @@ TOKENIZE_STRINGS = [
     "<|user|>\nhello\n<|assistant|>\nhi<|endoftext|>",
     "<s>[INST] hello [/INST] answer</s>",
     "<|endoftext|><|endoftext|>",
-    "",
     " ",
     "\n\n\n",
     "a",
@@ -444,7 +461,8 @@ Made by `tools/make_gguf_fixtures.py` (run `tools/build_llamacpp.sh` first) with
   are permuted by the converter. f16 files are kept for {', '.join(F16_FAMILIES)} only (the largest).
   `goldens.json`: for each file and prompt (ids from `llama-tokenize` on the f16 file), llama.cpp's 8 greedy
   tokens and, per step, the top-8 raw logits and the top-1/top-2 gap (tools/llamacpp_logits.cpp, CPU, 2
-  threads).
+  threads). `hf_qk.json` (f16 families): layer 0's HF `q_proj`/`k_proj`, first 4 input columns, the
+  reference for the Q/K row order (permuted by the converter for Mixtral only).
 - `tokenizers/<name>.gguf`: vocab-only files (`--vocab-only`): `qwen2`, `default` (the 2048-token BPE of
   models/qwen2moe-tiny with those pre-tokenizer names), `gpt2` (models/mixtral-tiny's BPE as `gpt-2`), `olmo`
   (models/olmoe-tiny's real OLMo tokenizer), `llama-spm` (a 2048-piece SentencePiece BPE) and `llama-spm512`

@@ -82,9 +82,11 @@ impl MetaValue {
         })
     }
 
+    /// A number as f64. An f32 is read through its shortest decimal form, the value the
+    /// converter was given (`1e-5` written as f32 reads back as 1e-5, not 9.99999974e-6).
     pub fn as_f64(&self) -> Option<f64> {
         match *self {
-            MetaValue::F32(v) => Some(v.into()),
+            MetaValue::F32(v) => v.to_string().parse().ok(),
             MetaValue::F64(v) => Some(v),
             _ => self.as_i128().map(|v| v as f64),
         }

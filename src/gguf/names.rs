@@ -264,8 +264,14 @@ impl ModelTensors {
     }
 }
 
+/// Shapes compare as ggml does: trailing extents of 1 do not count (the converter writes
+/// Qwen2-MoE's shared-expert gate as `{n_embd, 1}` where llama.cpp asks for `{n_embd}`).
 fn check(t: TensorView<'_>, ne: &[u64]) -> Result<()> {
-    if t.ne != ne {
+    fn trim(ne: &[u64]) -> &[u64] {
+        let n = ne.iter().rposition(|&d| d != 1).map_or(0, |i| i + 1);
+        &ne[..n]
+    }
+    if trim(t.ne) != trim(ne) {
         return Err(t.bad(format!(
             "shape (ne) {:?}, expected {:?} from the metadata",
             t.ne, ne
