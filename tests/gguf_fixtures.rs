@@ -289,3 +289,35 @@ fn inspect_lists_types_per_class() {
         "{table}"
     );
 }
+
+#[test]
+fn wgmoe_inspect_prints_a_gguf_files_classes_and_types() {
+    let f = root().join("mixtral/mixtral-Q4_K_M.gguf");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgmoe"))
+        .arg("inspect")
+        .arg(&f)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("Mixtral, 2 layers, hidden 256, 3 experts top-2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("routed_experts") && text.contains("q4_K x") && text.contains("q6_K x"),
+        "{text}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgmoe"))
+        .args(["inspect", "--json"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["loadable"], true);
+    assert_eq!(v["classes"]["lm_head"]["types"]["q6_K"], 1);
+}

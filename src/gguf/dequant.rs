@@ -15,7 +15,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 /// type, or bytes that are not whole blocks).
 pub fn dequantize(t: GgmlType, data: &[u8]) -> Result<Vec<f32>, String> {
     let bb = t.block_bytes();
-    if data.len() % bb != 0 {
+    if !data.len().is_multiple_of(bb) {
         return Err(format!(
             "{} bytes are not a whole number of {t} blocks of {bb} bytes",
             data.len()

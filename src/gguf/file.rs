@@ -403,11 +403,11 @@ pub(super) fn parse(path: &Path, buf: &[u8]) -> Result<Parsed> {
                 ),
             )
         })?;
-        let nbytes = if ne[0] == 0 {
-            0
-        } else {
-            row.checked_mul(elems / ne[0])
-                .ok_or_else(|| bad_tensor(path, &name, format!("shape {ne:?} overflows")))?
+        let nbytes = match elems.checked_div(ne[0]) {
+            None => 0,
+            Some(rows) => row
+                .checked_mul(rows)
+                .ok_or_else(|| bad_tensor(path, &name, format!("shape {ne:?} overflows")))?,
         };
         tensors.push(TensorInfo {
             name,

@@ -34,12 +34,12 @@ pub fn gguf_row_of_hf_row(r: usize, head_dim: usize) -> usize {
 /// Rows of `data` (each `row_bytes` long, any block type) from the converter's order back
 /// to Hugging Face's. Err when the bytes are not whole rows of whole heads.
 pub fn unpermute_rows(data: &[u8], row_bytes: usize, head_dim: usize) -> Result<Vec<u8>, String> {
-    if row_bytes == 0 || head_dim == 0 || head_dim % 2 != 0 {
+    if row_bytes == 0 || head_dim == 0 || !head_dim.is_multiple_of(2) {
         return Err(format!(
             "cannot unpermute rows of {row_bytes} bytes with head_dim {head_dim}"
         ));
     }
-    if data.len() % (row_bytes * head_dim) != 0 {
+    if !data.len().is_multiple_of(row_bytes * head_dim) {
         return Err(format!(
             "{} bytes are not whole heads of {head_dim} rows of {row_bytes} bytes",
             data.len()

@@ -195,7 +195,7 @@ impl GgmlType {
     /// blocks (ggml requires rows of whole blocks).
     pub fn row_bytes(self, elems: u64) -> Option<u64> {
         let be = self.block_elems() as u64;
-        if elems % be != 0 {
+        if !elems.is_multiple_of(be) {
             return None;
         }
         (elems / be).checked_mul(self.block_bytes() as u64)

@@ -168,7 +168,7 @@ impl Gguf {
             o.extend(t.type_id.to_le_bytes());
             o.extend(offset.to_le_bytes());
         }
-        while o.len() as u64 % a != 0 {
+        while !(o.len() as u64).is_multiple_of(a) {
             o.push(0);
         }
         let data_start = o.len();
