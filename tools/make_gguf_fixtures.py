@@ -2,7 +2,7 @@
 """GGUF fixtures and llama.cpp goldens for wgmoe's GGUF reader, tokenizer and (later) kernels.
 
     tools/build_llamacpp.sh                      # once: llama.cpp from the llama-cpp-python sdist (~15 min)
-    .venv/bin/pip install -r tools/requirements.txt gguf==0.19.0 sentencepiece==0.2.1 'protobuf<5'
+    .venv/bin/pip install -r tools/requirements.txt   # (tools/requirements.txt has gguf, sentencepiece, protobuf)
     .venv/bin/python tools/make_gguf_fixtures.py [--llama-cpp .llamacpp/llama.cpp] [--only dequant,models,tokenizers]
 
 Writes models/gguf/ (see models/gguf/README.md, which this script also writes):
