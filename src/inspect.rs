@@ -242,3 +242,115 @@ pub fn table(i: &Inspection) -> String {
     }
     o
 }
+
+/// The class of a GGUF tensor (llama.cpp's names; see `gguf::names`).
+pub fn classify_gguf(name: &str) -> TensorClass {
+    let layer_part = name.strip_prefix("blk.").and_then(|r| r.split_once('.'));
+    match layer_part {
+        Some((_, t)) if t.contains("_exps.") => TensorClass::RoutedExperts,
+        Some((_, t)) if t.contains("_shexp.") => TensorClass::SharedExperts,
+        Some((_, t)) if t.starts_with("ffn_gate_inp.") => TensorClass::Router,
+        Some((_, t)) if t.contains("norm") => TensorClass::Norms,
+        Some((_, t)) if t.starts_with("ffn_") => TensorClass::DenseMlp,
+        Some((_, t)) if t.starts_with("attn_") => TensorClass::Attention,
+        Some(_) => TensorClass::Other,
+        None if name.contains("norm") => TensorClass::Norms,
+        None if name.starts_with("token_embd.") => TensorClass::Embeddings,
+        None if name.starts_with("output.") => TensorClass::LmHead,
+        None => TensorClass::Other,
+    }
+}
+
+/// One class of a GGUF file's tensors: how many of each block type, and their bytes.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct GgufClassStats {
+    pub tensors: usize,
+    pub elements: u64,
+    pub bytes: u64,
+    /// Block type name -> tensors of that type.
+    pub types: BTreeMap<String, usize>,
+    /// Block type name -> bytes of that type.
+    pub type_bytes: BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct GgufInspection {
+    pub version: u32,
+    pub architecture: Option<String>,
+    pub shards: usize,
+    pub file_bytes: u64,
+    pub tensor_bytes: u64,
+    pub classes: BTreeMap<TensorClass, GgufClassStats>,
+}
+
+/// What a GGUF model holds, by class of tensor and block type (every type is listed, also
+/// those wgmoe cannot compute with).
+pub fn inspect_gguf(model: &crate::gguf::GgufModel) -> GgufInspection {
+    let mut classes: BTreeMap<TensorClass, GgufClassStats> = BTreeMap::new();
+    let mut tensor_bytes = 0;
+    for name in model.names() {
+        let Some(info) = model.info(name) else {
+            continue;
+        };
+        let st = classes.entry(classify_gguf(name)).or_default();
+        let t = info.ggml_type.name().to_string();
+        st.tensors += 1;
+        st.elements += info.elements();
+        st.bytes += info.nbytes;
+        *st.types.entry(t.clone()).or_default() += 1;
+        *st.type_bytes.entry(t).or_default() += info.nbytes;
+        tensor_bytes += info.nbytes;
+    }
+    GgufInspection {
+        version: model.shards()[0].version(),
+        architecture: model
+            .metadata()
+            .opt_str("general.architecture")
+            .ok()
+            .flatten()
+            .map(String::from),
+        shards: model.shards().len(),
+        file_bytes: model.file_bytes(),
+        tensor_bytes,
+        classes,
+    }
+}
+
+pub fn gguf_table(i: &GgufInspection) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<16} {:>8} {:>14} {:>12}  types (tensors, bytes)",
+        "class", "tensors", "elements", "bytes"
+    );
+    for (c, s) in &i.classes {
+        let name = serde_json::to_value(c)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        let types: Vec<String> = s
+            .types
+            .iter()
+            .map(|(t, n)| format!("{t} x{n} {}", human(s.type_bytes[t])))
+            .collect();
+        let _ = writeln!(
+            o,
+            "{:<16} {:>8} {:>14} {:>12}  {}",
+            name,
+            s.tensors,
+            s.elements,
+            human(s.bytes),
+            types.join(", ")
+        );
+    }
+    let _ = writeln!(
+        o,
+        "GGUF v{}, {} shard(s), {} in the file(s), {} of tensor data",
+        i.version,
+        i.shards,
+        human(i.file_bytes),
+        human(i.tensor_bytes)
+    );
+    o
+}

@@ -20,6 +20,7 @@ pub mod error;
 pub mod eval;
 pub mod format;
 pub mod generate;
+pub mod gguf;
 pub mod heatmap;
 pub mod inspect;
 pub mod interrupt;

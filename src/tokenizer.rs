@@ -42,17 +42,17 @@ impl Tokenizer {
                 "missing (the checkpoint directory must contain tokenizer.json)",
             ));
         }
-        let inner = tokenizers::Tokenizer::from_file(&tok_path)
+        Self::from_file(&tok_path)
+    }
+
+    /// Loads the tokenizer.json `tok_path` and, if present beside it, `tokenizer_config.json`
+    /// and `chat_template.jinja` (a `--tokenizer FILE` override).
+    pub fn from_file(tok_path: &Path) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_file(tok_path)
             .map_err(|e| Error::Tokenizer(format!("{}: cannot load: {e}", tok_path.display())))?;
 
-        let mut tok = Tokenizer {
-            inner,
-            bos_token: None,
-            eos_token: None,
-            add_bos_token: None,
-            chat_template: None,
-            chat_template_source: None,
-        };
+        let mut tok = Tokenizer::from_parts(inner, None, None, None, None, None);
+        let dir = tok_path.parent().unwrap_or(Path::new("."));
 
         let cfg_path = dir.join("tokenizer_config.json");
         match std::fs::read_to_string(&cfg_path) {
@@ -71,6 +71,27 @@ impl Tokenizer {
             Err(e) => return Err(Error::io(&jinja_path, e)),
         }
         Ok(tok)
+    }
+
+    /// A tokenizer built elsewhere (from a GGUF file's metadata): the `tokenizers` pipeline,
+    /// the BOS/EOS token strings, whether `encode` prepends the BOS, and the chat template
+    /// with the file it came from (named in errors).
+    pub fn from_parts(
+        inner: tokenizers::Tokenizer,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+        add_bos_token: Option<bool>,
+        chat_template: Option<String>,
+        chat_template_source: Option<PathBuf>,
+    ) -> Self {
+        Tokenizer {
+            inner,
+            bos_token,
+            eos_token,
+            add_bos_token,
+            chat_template,
+            chat_template_source,
+        }
     }
 
     fn apply_config(&mut self, text: &str, path: &Path) -> Result<()> {

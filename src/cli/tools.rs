@@ -166,6 +166,9 @@ pub fn inspect(
     max_context: Option<usize>,
     prefill_chunk: usize,
 ) -> Result<()> {
+    if wgmoe::gguf::is_gguf_path(model) {
+        return inspect_gguf(model, as_json, max_context);
+    }
     let (cfg, _, _) = Engine::open_host(model)?;
     let ckpt = wgmoe::checkpoint::Checkpoint::open(model)?;
     // The config's counts against the real tensors before any arithmetic uses them.
@@ -216,6 +219,55 @@ pub fn inspect(
         if let Some(e) = missing {
             out!("warning: this checkpoint cannot be loaded: {e}");
         }
+    }
+    Ok(())
+}
+
+/// `inspect MODEL.gguf`: tensor classes by block type, then the config (or why the model
+/// cannot be loaded).
+fn inspect_gguf(model: &std::path::Path, as_json: bool, max_context: Option<usize>) -> Result<()> {
+    if max_context.is_some() {
+        return Err(Error::option(
+            "--max-context",
+            "is not available for GGUF files yet (their experts are not in wgmoe's INT4 layout)",
+        ));
+    }
+    let gguf = wgmoe::gguf::GgufModel::open(model)?;
+    let i = wgmoe::inspect::inspect_gguf(&gguf);
+    let cfg = wgmoe::gguf::model_config(&gguf);
+    if as_json {
+        let mut v = serde_json::to_value(&i).map_err(|e| Error::Other(e.to_string()))?;
+        v["loadable"] = serde_json::Value::Bool(cfg.is_ok());
+        if let Err(e) = &cfg {
+            v["error"] = serde_json::Value::String(e.to_string());
+        }
+        out!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| Error::Other(e.to_string()))?
+        );
+        return Ok(());
+    }
+    match &cfg {
+        Ok(cfg) => out!(
+            "{}: {:?}, {} layers, hidden {}, {} experts top-{}, expert intermediate {}, vocab {}",
+            model.display(),
+            cfg.arch,
+            cfg.num_layers,
+            cfg.hidden_size,
+            cfg.num_experts,
+            cfg.top_k,
+            cfg.moe_intermediate,
+            cfg.vocab_size
+        ),
+        Err(_) => out!(
+            "{}: architecture {}",
+            model.display(),
+            i.architecture.as_deref().unwrap_or("(none)")
+        ),
+    }
+    out!("{}", wgmoe::inspect::gguf_table(&i));
+    if let Err(e) = cfg {
+        out!("warning: this model cannot be loaded: {e}");
     }
     Ok(())
 }
