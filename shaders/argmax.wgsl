@@ -37,6 +37,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
     var bv = -3.4e38;
     var bi = 0xffffffffu;
     for (var i = lid.x; i < p.n; i += WG) {
+        probe_bytes(SITE_X, 4u);
         let v = logits[row + i];
         // Exponent bits all ones: inf or NaN (a bit test, which no fast-math can drop).
         if ((bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u) { atomicOr(&non_finite, 1u); }

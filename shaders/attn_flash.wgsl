@@ -78,7 +78,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let r = e / d;
         let h = kvh * group + g0 + r % gn;
         let qi = (t0 + r / gn) * q_dim + h * d + e % d;
-        probe(SITE_X, qi * 4u, 4u);
+        probe_bytes(SITE_X, 4u);
         q_s[e] = q[qi] * p.scale;
         o_s[e] = 0.0;
     }

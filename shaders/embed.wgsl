@@ -21,6 +21,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (h >= p.hidden || t >= step.n_tokens) { return; }
     let id = ids[t];
     if (id < p.row_start || id >= p.row_start + p.rows) { return; }
-    let word = table[(id - p.row_start) * p.words_per_row + h / 2u];
+    let wi = (id - p.row_start) * p.words_per_row + h / 2u;
+    probe(SITE_W, wi * 4u, 4u);
+    let word = table[wi];
     x[t * p.hidden + h] = unpack2x16float(word)[h % 2u];
 }

@@ -65,10 +65,16 @@ fn main(inv: Inv) {
             }
             let sw = (slot - p.first_slot) * p.slot_words;
             let hb = tj * p.inter;
+            let s0 = (sw * 4u + p.down_s) * 2u;
+            let nb = p.blocks_per_row;
+            // The previous expert's scales are read: stage over them only after.
+            workgroupBarrier();
+            stage_scales(0u, s0 + m0 * nb, s0 + (m0 + nr) * nb, inv.li);
+            workgroupBarrier();
             for (var f = inv.li; f < nr * wpr; f += 64u) {
                 let r = f / wpr;
                 let m = m0 + r;
-                acc += (wj * word_dot(sw + p.down_w + m * wpr, f % wpr, (sw * 4u + p.down_s) * 2u + m * p.blocks_per_row, hb, p.inter)) * onehot4(r);
+                acc += (wj * word_dot(0u, sw + p.down_w + m * wpr, f % wpr, s0 + m * nb, hb, p.inter)) * onehot4(r);
             }
             hit = true;
         }

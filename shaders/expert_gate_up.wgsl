@@ -54,6 +54,12 @@ fn main(inv: Inv) {
     let nr = min(ROWS, p.inter - n0);
     let wpr = p.words_per_row;
     let xb = t * p.x_stride;
+    let gs0 = (sw * 4u + p.gate_s) * 2u;
+    let us0 = (sw * 4u + p.up_s) * 2u;
+    let nb = p.blocks_per_row;
+    stage_scales(0u, gs0 + n0 * nb, gs0 + (n0 + nr) * nb, inv.li);
+    stage_scales(1u, us0 + n0 * nb, us0 + (n0 + nr) * nb, inv.li);
+    workgroupBarrier();
     var g = vec4<f32>(0.0);
     var u = vec4<f32>(0.0);
     for (var f = inv.li; f < nr * wpr; f += 64u) {
@@ -61,8 +67,8 @@ fn main(inv: Inv) {
         let c = f % wpr;
         let n = n0 + r;
         let m = onehot4(r);
-        g += word_dot(sw + p.gate_w + n * wpr, c, (sw * 4u + p.gate_s) * 2u + n * p.blocks_per_row, xb, p.hidden) * m;
-        u += word_dot(sw + p.up_w + n * wpr, c, (sw * 4u + p.up_s) * 2u + n * p.blocks_per_row, xb, p.hidden) * m;
+        g += word_dot(0u, sw + p.gate_w + n * wpr, c, gs0 + n * nb, xb, p.hidden) * m;
+        u += word_dot(1u, sw + p.up_w + n * wpr, c, us0 + n * nb, xb, p.hidden) * m;
     }
     let gs = wg_sum4(g, inv);
     let us = wg_sum4(u, inv);

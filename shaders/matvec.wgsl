@@ -49,11 +49,14 @@ fn main(inv: Inv, @builtin(num_workgroups) nwg: vec3<u32>) {
     let c0 = min(split * per, p.words_per_row);
     let span = min(per, p.words_per_row - c0);
     let xb = t * p.x_stride;
+    let s0 = p.s_word0 * 2u + (p.w_row0 + r0) * p.blocks_per_row;
+    stage_scales(0u, s0, s0 + nr * p.blocks_per_row, inv.li);
+    workgroupBarrier();
     var acc = vec4<f32>(0.0);
     for (var f = inv.li; f < nr * span; f += 64u) {
         let r = f / span;
         let n = p.w_row0 + r0 + r;
-        acc += word_dot(n * p.words_per_row, c0 + f % span, p.s_word0 * 2u + n * p.blocks_per_row, xb, p.k) * onehot4(r);
+        acc += word_dot(0u, n * p.words_per_row, c0 + f % span, p.s_word0 * 2u + n * p.blocks_per_row, xb, p.k) * onehot4(r);
     }
     let s = wg_sum4(acc, inv);
     if (inv.li == 0u) {

@@ -38,6 +38,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         for (var j = 0u; j < p.top_k; j++) {
             let tj = t * p.top_k + j;
             if (!resident_only || slot_of[ids[tj]] < p.slots) {
+                probe_bytes(SITE_X, 4u);
                 acc += weights[tj] * y[tj * p.hidden + m];
             }
         }
@@ -47,10 +48,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         if ((p.flags & COMBINE_SHARED_GATED) != 0u) {
             g = 1.0 / (1.0 + exp(-router_logits[t * p.gate_stride + p.gate_col]));
         }
+        probe_bytes(SITE_X, 4u);
         acc += g * shared_y[t * p.hidden + m];
     }
     if ((p.flags & COMBINE_HOST) != 0u) {
         acc += host_y[t * p.hidden + m];
     }
+    probe_bytes(SITE_X, 4u);
     x[t * p.hidden + m] += acc;
 }

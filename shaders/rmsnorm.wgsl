@@ -23,7 +23,13 @@ const WG: u32 = 64u;
 var<workgroup> partial: array<f32, 64>;
 
 fn weight_at(i: u32) -> f32 {
+    probe(SITE_W, (i / 2u) * 4u, 4u);
     return unpack2x16float(weight[i / 2u])[i % 2u];
+}
+
+fn row_at(i: u32) -> f32 {
+    probe_bytes(SITE_X, 4u);
+    return x[i];
 }
 
 @compute @workgroup_size(64)
@@ -39,7 +45,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let base = t * p.x_stride;
     var ss = 0.0;
     for (var i = lid.x; i < p.n; i += WG) {
-        let v = x[base + i];
+        let v = row_at(base + i);
         ss += v * v;
     }
     partial[lid.x] = ss;
@@ -51,6 +57,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let inv = inverseSqrt(partial[0] / f32(p.n) + p.eps);
     let obase = t_out * p.out_stride;
     for (var i = lid.x; i < p.n; i += WG) {
-        out[obase + i] = weight_at(i) * (x[base + i] * inv);
+        out[obase + i] = weight_at(i) * (row_at(base + i) * inv);
     }
 }

@@ -97,6 +97,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let i = idx % half;
         let ia = h * p.head_dim + i;
         let ib = ia + half;
+        probe_bytes(SITE_X, 8u);
         var a = qkv[base + ia];
         var b = qkv[base + ib];
         if (norm) {

@@ -48,7 +48,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         workgroupBarrier();
     }
     var m = -3.4e38;
-    for (var e = lid.x; e < n; e += WG) { m = max(m, logits[lb + e]); }
+    for (var e = lid.x; e < n; e += WG) {
+        probe_bytes(SITE_X, 4u);
+        m = max(m, logits[lb + e]);
+    }
     red[lid.x] = m;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s >>= 1u) {

@@ -24,6 +24,7 @@ pub mod gguf;
 pub mod heatmap;
 pub mod inspect;
 pub mod interrupt;
+pub mod kernel_report;
 pub mod limits;
 pub mod live;
 pub mod manifest;

@@ -89,6 +89,10 @@ enum Cmd {
     /// workspace, the hot part, experts per layer that fit, host RAM, predicted decode
     /// speed, and the `wgmoe run` command line.
     Plan(PlanArgs),
+    /// Which kernel the plan picks for each stage of a model on a device class, and how
+    /// it touches memory, measured from the kernels (a probe build on lavapipe with
+    /// 32-lane subgroups): grid, bytes read, weight-load sector efficiency, predicted time.
+    Kernels(KernelsArgs),
     /// Replay a routing trace (`run/bench --trace`) through the cache policies at each
     /// capacity, against Belady's optimal ceiling, with coverage and skew per layer.
     Simulate(SimulateArgs),
@@ -101,6 +105,39 @@ enum Cmd {
         #[arg(short, long, value_name = "FILE")]
         out: PathBuf,
     },
+}
+
+#[derive(Args)]
+struct KernelsArgs {
+    /// A model directory or its config.json (e.g. models/configs/qwen3-30b-a3b.json).
+    model: PathBuf,
+    /// The device class whose kernel plan is reported.
+    #[arg(long, value_enum, default_value = "discrete")]
+    device_class: wgmoe::kernel_report::DeviceClass,
+    /// KV cache positions (decode attends over all of them).
+    #[arg(long, short = 'c', visible_alias = "ctx-size", default_value_t = 4096)]
+    context: usize,
+    /// Tokens of the prefill chunk measured.
+    #[arg(long, default_value_t = 64)]
+    prefill_chunk: usize,
+    /// Device memory bandwidth for the predicted times, GB/s (default: an RTX 5070's).
+    #[arg(long, default_value_t = 672.0)]
+    bandwidth: f64,
+    /// Routed experts as f16 instead of INT4.
+    #[arg(long)]
+    f16_experts: bool,
+    /// Use the portable kernels even where subgroup operations exist.
+    #[arg(long)]
+    portable_kernels: bool,
+    /// Override the plan's one-token kernels.
+    #[arg(long, value_enum)]
+    decode_kernels: Option<DecodeKernels>,
+    /// Override the plan's multi-token kernels.
+    #[arg(long, value_enum)]
+    prefill_kernels: Option<PrefillKernels>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -309,13 +346,15 @@ struct GpuArgs {
     /// Use the portable kernels even where subgroup operations exist.
     #[arg(long)]
     portable_kernels: bool,
-    /// One-token steps: read activations from a uniform window (default on CPU adapters
-    /// such as lavapipe) or use the storage/subgroup kernels (default on GPUs).
+    /// One-token steps: activations in a uniform window (default on CPU adapters such as
+    /// lavapipe), the storage kernels of a row per invocation (or 8 lanes), or the
+    /// coalesced GPU kernels (default on GPUs: a workgroup per 4 weight rows, flash
+    /// attention split over the keys).
     #[arg(long, value_enum)]
     decode_kernels: Option<DecodeKernels>,
     /// Multi-token (prefill) steps: window kernels (activations in 64 KiB uniform windows,
-    /// routed experts grouped by expert; default on CPU adapters) or the storage/subgroup
-    /// kernels (default on GPUs).
+    /// routed experts grouped by expert; default on CPU adapters), the storage kernels, or
+    /// the tiled GPU kernels (default on GPUs).
     #[arg(long, value_enum)]
     prefill_kernels: Option<PrefillKernels>,
     /// f16 arithmetic in the W4A16 kernels (needs SHADER_F16 and subgroups; default on
@@ -534,6 +573,7 @@ fn main() -> ExitCode {
         Cmd::Synth(args) => cli::tools::synth(args),
         Cmd::Bench(args) => cli::bench::bench(args),
         Cmd::Plan(args) => cli::plan::plan(args),
+        Cmd::Kernels(args) => cli::plan::kernels(args),
         Cmd::Simulate(args) => cli::insight::simulate(args),
         Cmd::Heatmap { trace, out } => cli::insight::heatmap(&trace, &out),
     };

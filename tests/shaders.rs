@@ -47,9 +47,15 @@ fn every_variant_validates_with_the_capabilities_it_declares() {
     for k in all {
         let m = parse(k);
         validate(&m, caps(k)).unwrap_or_else(|e| panic!("{k} does not validate: {e}"));
-        assert!(
-            m.entry_points.iter().any(|e| e.name == "main"),
-            "{k}: no `main`"
+        let main = m
+            .entry_points
+            .iter()
+            .find(|e| e.name == "main")
+            .unwrap_or_else(|| panic!("{k}: no `main`"));
+        assert_eq!(
+            main.workgroup_size,
+            [k.workgroup_size(), 1, 1],
+            "{k}: Kernel::workgroup_size"
         );
         // The declaration is exact: without the capability the variant is invalid, so the
         // kernel plan can trust `needs_subgroups` / `needs_f16`.
@@ -70,7 +76,9 @@ fn every_variant_validates_with_the_capabilities_it_declares() {
             let m = parse_build(k, true);
             validate(&m, caps(k) | Capabilities::SUBGROUP)
                 .unwrap_or_else(|e| panic!("{k}, probe build, does not validate: {e}"));
-            let probe_calls = shaders::source_for(k, false).matches("probe(SITE_").count();
+            let src = shaders::source_for(k, false);
+            let probe_calls =
+                src.matches("probe(SITE_").count() + src.matches("probe_bytes(SITE_").count();
             assert!(probe_calls > 0, "{k} is probed but never calls the probe");
         }
     }
@@ -264,4 +272,22 @@ fn every_shader_file_is_used_and_every_helper_defined_once() {
             );
         }
     }
+}
+
+/// The probe's load sites: the Rust twins (`backend::probe::Site`) have the WGSL values.
+#[test]
+fn probe_sites_agree_with_the_wgsl_constants() {
+    let src = shaders::PIECES
+        .iter()
+        .find(|(n, _)| *n == "probe_sites.wgsl")
+        .expect("probe_sites.wgsl")
+        .1;
+    for site in wgmoe::backend::probe::Site::ALL {
+        let want = format!("const {}: u32 = {}u;", site.wgsl_name(), site as u32);
+        assert!(src.contains(&want), "probe_sites.wgsl lacks `{want}`");
+    }
+    assert_eq!(
+        src.matches("const SITE_").count(),
+        wgmoe::backend::probe::SITES
+    );
 }

@@ -6,12 +6,12 @@
 @group(0) @binding(3) var<storage, read> x4: array<vec4<f32>>;
 
 fn xs(i: u32) -> f32 {
-    probe(SITE_X, i * 4u, 4u);
+    probe_bytes(SITE_X, 4u);
     return x[i];
 }
 
 fn xv(i: u32) -> vec4<f32> {
-    probe(SITE_X, i * 16u, 16u);
+    probe_bytes(SITE_X, 16u);
     return x4[i];
 }
 

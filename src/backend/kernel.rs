@@ -315,12 +315,27 @@ impl Kernel {
         }
     }
 
+    /// Invocations per workgroup (the WGSL `@workgroup_size`; tests/shaders.rs checks it).
+    pub fn workgroup_size(self) -> u32 {
+        match self {
+            Kernel::Argmax => 256,
+            Kernel::MoeSort => 1,
+            _ => 64,
+        }
+    }
+
     /// Whether the kernel calls the memory-access probe at its global loads (a probe
     /// build binds the counters at binding 14).
     pub fn probed(self) -> bool {
         matches!(
             self,
-            Kernel::Matmul
+            Kernel::Embed
+                | Kernel::RmsNorm
+                | Kernel::RopeKv
+                | Kernel::RouterTopk
+                | Kernel::MoeCombine
+                | Kernel::Argmax
+                | Kernel::Matmul
                 | Kernel::MatmulUniform
                 | Kernel::Attention
                 | Kernel::FfnGateUp

@@ -487,6 +487,15 @@ impl Device {
         }
     }
 
+    /// Run a program's dispatches for a step of `tokens` tokens one at a time, in order,
+    /// and what each one's loads did (a probe build).
+    pub fn probe_program(&self, p: &Prepared, tokens: u32) -> Result<Vec<probe::ProbedOp>> {
+        match self {
+            Device::Wgpu(d) => d.probe_program(p, tokens),
+            Device::Cuda(_) => Err(probe::not_here()),
+        }
+    }
+
     /// CPU seconds spent recording and submitting work since the device opened (0 where
     /// the backend does not measure it).
     pub fn encode_seconds(&self) -> f64 {

@@ -25,7 +25,7 @@ pub enum Site {
     Other = 4,
 }
 
-/// Counter sites (each [requests, sectors, bytes used, 0]).
+/// Counter sites (each [requests, sectors, bytes used, lanes]).
 pub const SITES: usize = 5;
 
 impl Site {
@@ -57,6 +57,8 @@ pub struct Loads {
     pub sectors: u64,
     /// Distinct bytes they read.
     pub bytes: u64,
+    /// Active lanes over all requests (lanes / requests: the width of a request).
+    pub lanes: u64,
 }
 
 impl std::ops::Add for Loads {
@@ -66,6 +68,7 @@ impl std::ops::Add for Loads {
             requests: self.requests + o.requests,
             sectors: self.sectors + o.sectors,
             bytes: self.bytes + o.bytes,
+            lanes: self.lanes + o.lanes,
         }
     }
 }
@@ -89,7 +92,9 @@ impl Counts {
                 requests: r[0],
                 sectors: r[1],
                 bytes: r[2],
+                lanes: 0,
             };
+            c.0[i].lanes = r[3];
         }
         c
     }
@@ -109,6 +114,25 @@ impl Counts {
             c.0[i] = c.0[i] + o.0[i];
         }
         c
+    }
+}
+
+/// One dispatch of a probe run: what it was and what its loads did.
+#[derive(Clone, Debug)]
+pub struct ProbedOp {
+    pub stage: &'static str,
+    pub kernel: crate::backend::Kernel,
+    pub grid: [u32; 3],
+    pub counts: Counts,
+}
+
+impl ProbedOp {
+    pub fn workgroups(&self) -> u64 {
+        self.grid.iter().map(|&g| g as u64).product()
+    }
+
+    pub fn invocations(&self) -> u64 {
+        self.workgroups() * self.kernel.workgroup_size() as u64
     }
 }
 

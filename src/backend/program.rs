@@ -93,6 +93,9 @@ pub struct Op {
     /// The dispatch one-token steps make instead (its uniform windows bound at offset 0):
     /// another kernel, its own parameters, bindings and grid.
     pub decode: Option<Box<Op>>,
+    /// The stage of the model the op belongs to (`qkv_proj`, `attention`, ...: reports
+    /// such as `wgmoe kernels` group dispatches by it); empty until a program labels it.
+    pub stage: &'static str,
 }
 
 impl Op {
@@ -103,7 +106,14 @@ impl Op {
             binds,
             grid,
             decode: None,
+            stage: "",
         }
+    }
+
+    /// The op labelled with its stage (kept when a program labels what it pushes).
+    pub fn in_stage(mut self, stage: &'static str) -> Self {
+        self.stage = stage;
+        self
     }
 
     /// One-token steps dispatch `kernel` with the same parameters and bindings instead.
@@ -146,11 +156,26 @@ impl Op {
 #[derive(Clone, Debug, Default)]
 pub struct Program {
     pub ops: Vec<Op>,
+    /// The stage the ops pushed next belong to (unless they name their own).
+    stage: &'static str,
 }
 
 impl Program {
-    pub fn push(&mut self, op: Op) {
+    pub fn push(&mut self, mut op: Op) {
+        if op.stage.is_empty() {
+            op.stage = self.stage;
+        }
+        if let Some(d) = op.decode.as_mut() {
+            if d.stage.is_empty() {
+                d.stage = op.stage;
+            }
+        }
         self.ops.push(op);
+    }
+
+    /// Label the ops pushed from now on with `stage`.
+    pub fn stage(&mut self, stage: &'static str) {
+        self.stage = stage;
     }
 
     /// Dispatches a step of `tokens` tokens makes.

@@ -7,7 +7,7 @@ use wgmoe::config::ModelConfig;
 use wgmoe::error::{Error, Result};
 use wgmoe::planner::{plan as make_plan, render, Bandwidths, PlanOptions};
 
-use crate::PlanArgs;
+use crate::{KernelsArgs, PlanArgs};
 
 /// The config.json of a model directory or the file itself, and the directory `run` takes.
 fn config_path(model: &Path) -> Result<(PathBuf, PathBuf)> {
@@ -159,4 +159,33 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         },
     )?;
     super::print_report(a.json, &report, render)
+}
+
+/// `wgmoe kernels`.
+pub fn kernels(a: KernelsArgs) -> Result<()> {
+    use wgmoe::kernel_report::{render, report, KernelsOptions};
+    let (config, _) = config_path(&a.model)?;
+    let text = std::fs::read_to_string(&config).map_err(|e| Error::io(&config, e))?;
+    let cfg = ModelConfig::from_json(&text, &config)?;
+    // lavapipe with 32-lane subgroups: a warp's width, so its sector counts are a GPU's.
+    // Set before any Vulkan instance exists (it configures llvmpipe only).
+    std::env::set_var("LP_NATIVE_VECTOR_WIDTH", "1024");
+    let r = report(
+        &a.model.display().to_string(),
+        &cfg,
+        &KernelsOptions {
+            class: a.device_class,
+            context: a.context,
+            prefill_chunk: a.prefill_chunk,
+            bandwidth_gbps: a.bandwidth,
+            overrides: wgmoe::backend::KernelOverrides {
+                portable: a.portable_kernels,
+                decode: a.decode_kernels,
+                prefill: a.prefill_kernels,
+                f16_arithmetic: None,
+            },
+            int4: !a.f16_experts,
+        },
+    )?;
+    super::print_report(a.json, &r, render)
 }

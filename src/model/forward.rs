@@ -431,7 +431,10 @@ fn build_layers(
      -> Result<Program> {
         let mut prog = Program::default();
         let mut fl = match routed {
-            Some((experts, slot_of)) => m.routed(&mut prog, opts.executor, experts, slot_of),
+            Some((experts, slot_of)) => {
+                prog.stage("experts");
+                m.routed(&mut prog, opts.executor, experts, slot_of)
+            }
             None => 0,
         };
         let mut cb = CombineBuffers { ..combine };
@@ -447,10 +450,12 @@ fn build_layers(
             slots = n;
         }
         if let Some(sp) = shared {
+            prog.stage("shared_expert");
             m.swiglu_f16(&mut prog, sp, None, (0, 1), combine.shared_y);
             fl |= flags::COMBINE_SHARED | flags::COMBINE_SHARED_GATED;
         }
         if fl != 0 {
+            prog.stage("combine");
             ops::moe_combine(&mut prog, &combine_params(fl, slots), &cb);
         }
         Ok(prog)
@@ -467,6 +472,7 @@ fn build_layers(
     for (l, lw) in w.layers.iter().enumerate() {
         let mut pre = Program::default();
         if l == 0 {
+            pre.stage("embed");
             ops::embed(&mut pre, &w.embed, b.get("ids")?, x, h);
         }
         let ab = AttentionBuffers {
@@ -481,7 +487,9 @@ fn build_layers(
             part: b.get("attn_part")?,
             out: b.get("attn_out")?,
         };
+        pre.stage("attn_norm");
         ops::rmsnorm(&mut pre, &lw.attn_norm, x, xn, h, eps);
+        pre.stage("qkv_proj");
         ops::matmul(
             &mut pre,
             env,
@@ -492,6 +500,7 @@ fn build_layers(
             qkv_dim,
             0,
         );
+        pre.stage("rope");
         ops::rope_kv(
             &mut pre,
             env,
@@ -507,6 +516,7 @@ fn build_layers(
             },
             &ab,
         );
+        pre.stage("attention");
         ops::attention(
             &mut pre,
             env,
@@ -521,6 +531,7 @@ fn build_layers(
             &ab,
             ctxlen,
         );
+        pre.stage("o_proj");
         ops::matmul(
             &mut pre,
             env,
@@ -531,6 +542,7 @@ fn build_layers(
             h,
             flags::MATMUL_ACCUMULATE,
         );
+        pre.stage("ffn_norm");
         ops::rmsnorm(&mut pre, &lw.ffn_norm, x, xn, h, eps);
         let (post, post_decode, routed_only, routed_only_decode, host_term) = match &lw.mlp {
             Mlp::Moe {
@@ -540,7 +552,9 @@ fn build_layers(
                 shared,
             } => {
                 let logits = b.get("router_logits")?;
+                pre.stage("router");
                 ops::router_matmul(&mut pre, env, router, xn, logits, router_stride);
+                pre.stage("router_topk");
                 ops::router_topk(
                     &mut pre,
                     &RouterTopkParams {
@@ -568,6 +582,7 @@ fn build_layers(
                     let post = moe_block(&multi, None, Some((slot_of, slots)), shared.as_ref())?;
                     let routed = |m: &MoeDispatch| {
                         let mut p = Program::default();
+                        p.stage("experts");
                         m.routed(&mut p, opts.executor, experts, slot_of);
                         p
                     };
@@ -605,7 +620,9 @@ fn build_layers(
             Mlp::Dense { mlp } => {
                 let dense = |m: &MoeDispatch| {
                     let mut p = Program::default();
+                    p.stage("dense_mlp");
                     m.swiglu_f16(&mut p, mlp, None, (0, 1), combine.shared_y);
+                    p.stage("combine");
                     ops::moe_combine(&mut p, &combine_params(flags::COMBINE_SHARED, 0), &combine);
                     p
                 };
@@ -656,6 +673,7 @@ fn build_head(
     suppress[..n_suppress].copy_from_slice(&opts.suppress[..n_suppress]);
     let argmax = |all: bool, n_suppress: usize| -> Result<Prepared> {
         let mut p = Program::default();
+        p.stage("argmax");
         ops::argmax(
             &mut p,
             &ArgmaxParams {
@@ -672,7 +690,9 @@ fn build_head(
     };
     let head = |fl: u32| -> Result<Prepared> {
         let mut p = Program::default();
+        p.stage("final_norm");
         ops::rmsnorm(&mut p, &w.final_norm, x, xf, h, eps);
+        p.stage("lm_head");
         ops::matmul(&mut p, env, lm, xf, None, logits, v, fl);
         dev.prepare(p, step)
     };

@@ -197,6 +197,9 @@ impl MoeDispatch<'_> {
         };
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let (first, n) = pool.chunk_slots(ci);
+            if routed.is_some() {
+                prog.stage("experts_gate_up");
+            }
             prog.push(Op::new(
                 Kernel::FfnGateUp,
                 &FfnGateUpParams {
@@ -222,6 +225,9 @@ impl MoeDispatch<'_> {
         }
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let (first, n) = pool.chunk_slots(ci);
+            if routed.is_some() {
+                prog.stage("experts_down");
+            }
             prog.push(Op::new(
                 Kernel::FfnDown,
                 &FfnDownParams {
@@ -250,6 +256,7 @@ impl MoeDispatch<'_> {
         let Some(w) = self.sorted else { return };
         let l = &pool.layout;
         let (h, k) = (self.hidden, self.top_k);
+        prog.stage("experts_sort");
         prog.push(Op::new(
             Kernel::MoeSort,
             &MoeSortParams {
@@ -261,6 +268,7 @@ impl MoeDispatch<'_> {
             binds(&[self.topk_ids, &w.pairs]),
             [Dim::Const(1), Dim::Const(1), Dim::Const(1)],
         ));
+        prog.stage("experts_sort");
         prog.push(Op::new(
             Kernel::MoeGather,
             &MoeGatherParams {
@@ -275,6 +283,7 @@ impl MoeDispatch<'_> {
         let e = w.n_experts as u32;
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let (first, n) = pool.chunk_slots(ci);
+            prog.stage("experts_gate_up");
             prog.push(Op::new(
                 Kernel::Q4GateUpSorted,
                 &Q4GateUpSortedParams {
@@ -300,6 +309,7 @@ impl MoeDispatch<'_> {
         }
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let (first, n) = pool.chunk_slots(ci);
+            prog.stage("experts_down");
             prog.push(Op::new(
                 Kernel::Q4DownSorted,
                 &Q4DownSortedParams {
@@ -351,6 +361,7 @@ impl MoeDispatch<'_> {
             if m.format.has_scales() {
                 b.push((11, chunk));
             }
+            let stage = if route.is_some() { "experts_gate_up" } else { "" };
             prog.push(Op::new(
                 Kernel::ExpertGateUp(self.plan.rows(m.format)),
                 &ExpertGateUpParams {
@@ -377,7 +388,8 @@ impl MoeDispatch<'_> {
                     Dim::Const(js.1 as u32),
                     Dim::Tokens,
                 ],
-            ));
+            )
+            .in_stage(stage));
         }
     }
 
@@ -415,6 +427,7 @@ impl MoeDispatch<'_> {
             if m.format.has_scales() {
                 b.push((11, chunk));
             }
+            let stage = if route.is_some() { "experts_down" } else { "" };
             prog.push(Op::new(
                 Kernel::ExpertDown(self.plan.rows(m.format)),
                 &ExpertDownParams {
@@ -437,7 +450,8 @@ impl MoeDispatch<'_> {
                     Dim::Const(ny as u32),
                     Dim::Tokens,
                 ],
-            ));
+            )
+            .in_stage(stage));
         }
     }
 
@@ -495,6 +509,7 @@ impl MoeDispatch<'_> {
         let q = self.q4_variant();
         for (ci, chunk) in pool.chunks.iter().enumerate() {
             let (first, n) = pool.chunk_slots(ci);
+            prog.stage("experts_gate_up");
             prog.push(Op::new(
                 Kernel::Q4GateUp(q),
                 &Q4GateUpParams {
@@ -547,6 +562,7 @@ impl MoeDispatch<'_> {
                 Some((j0, n)) => (Kernel::Q4Down(q), j0, n, self.y),
                 None => (Kernel::Q4DownCombine(q), 0, 1, self.x),
             };
+            prog.stage("experts_down");
             prog.push(Op::new(
                 kernel,
                 &Q4DownParams {

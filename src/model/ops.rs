@@ -486,12 +486,15 @@ fn flash_ops(
         ],
     )];
     if splits > 1 {
-        ops.push(Op::new(
-            Kernel::AttnCombine,
-            &fp,
-            binds(&[b.part, b.out]),
-            [Dim::Const(p.n_heads), Dim::OneToken, Dim::Const(1)],
-        ));
+        ops.push(
+            Op::new(
+                Kernel::AttnCombine,
+                &fp,
+                binds(&[b.part, b.out]),
+                [Dim::Const(p.n_heads), Dim::OneToken, Dim::Const(1)],
+            )
+            .in_stage("attention_combine"),
+        );
     }
     ops
 }

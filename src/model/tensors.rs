@@ -44,6 +44,31 @@ impl F16Matrix {
         (pad8(self.cols) / 8) as u32
     }
 
+    /// A [rows, cols] matrix of zeros, chunked as an upload would be (a shape model: the
+    /// memory-access report runs the real kernels on it).
+    pub fn zeros(dev: &Device, label: &str, rows: usize, cols: usize) -> Result<Self> {
+        let row_bytes = Self::row_bytes(cols);
+        let max_rows = (dev.max_binding() / row_bytes) as usize;
+        if max_rows == 0 {
+            return Err(Error::DoesNotFit(format!(
+                "{label}: one row of {cols} f16 values exceeds the adapter's storage binding limit of {} bytes",
+                dev.max_binding()
+            )));
+        }
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        while start < rows {
+            let n = max_rows.min(rows - start);
+            chunks.push(MatrixChunk {
+                row_start: start,
+                rows: n,
+                buffer: dev.alloc(label, n as u64 * row_bytes, Usage::Storage)?,
+            });
+            start += n;
+        }
+        Ok(F16Matrix { rows, cols, chunks })
+    }
+
     /// Upload `data` ([rows, cols], row-major).
     pub fn upload(
         dev: &Device,

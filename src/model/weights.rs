@@ -204,6 +204,72 @@ impl ModelWeights {
         })
     }
 
+    /// Every weight of `cfg` as zeros on the device, every expert resident (INT4 or f16):
+    /// a shape model with no checkpoint behind it, for the memory-access report (`wgmoe
+    /// kernels`), which runs the model's real programs on it.
+    pub fn zeros(dev: &Device, cfg: &ModelConfig, int4: bool) -> Result<Self> {
+        let (h, v, e) = (cfg.hidden_size, cfg.vocab_size, cfg.num_experts);
+        let q_dim = cfg.num_heads * cfg.head_dim;
+        let kv_dim = cfg.num_kv_heads * cfg.head_dim;
+        let zeros = |label: &str, n: usize| dev.alloc(label, (n.max(1) * 2) as u64, Usage::Storage);
+        let norm_len = match cfg.qk_norm {
+            QkNorm::None => None,
+            QkNorm::Projection => Some((q_dim, kv_dim)),
+            QkNorm::PerHead => Some((cfg.head_dim, cfg.head_dim)),
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let mlp = if cfg.sparse_layers[l] {
+                let router_rows = e + usize::from(cfg.shared_expert_intermediate.is_some());
+                let experts = if int4 {
+                    let layout = Q4SlotLayout::new(h, cfg.moe_intermediate);
+                    ExpertStore::Int4(Q4Pool::new(dev, "experts_int4", e, layout)?)
+                } else {
+                    ExpertStore::F16(ExpertPool::new(dev, "experts", e, h, cfg.moe_intermediate)?)
+                };
+                let table: Vec<u32> = (0..e as u32).collect();
+                Mlp::Moe {
+                    router: F16Matrix::zeros(dev, "router", router_rows, h)?,
+                    experts,
+                    slot_of: dev.upload("slot_of", bytemuck::cast_slice(&table), Usage::Storage)?,
+                    shared: match cfg.shared_expert_intermediate {
+                        Some(si) => Some(ExpertPool::new(dev, "shared_expert", 1, h, si)?),
+                        None => None,
+                    },
+                }
+            } else {
+                Mlp::Dense {
+                    mlp: ExpertPool::new(dev, "dense_mlp", 1, h, cfg.dense_intermediate)?,
+                }
+            };
+            layers.push(LayerWeights {
+                attn_norm: zeros("attn_norm", h)?,
+                qkv: F16Matrix::zeros(dev, "qkv_proj", q_dim + 2 * kv_dim, h)?,
+                qkv_bias: if cfg.qkv_bias {
+                    Some(dev.alloc("qkv_bias", ((q_dim + 2 * kv_dim) * 4) as u64, Usage::Storage)?)
+                } else {
+                    None
+                },
+                q_norm: norm_len.map(|(q, _)| zeros("q_norm", q)).transpose()?,
+                k_norm: norm_len.map(|(_, k)| zeros("k_norm", k)).transpose()?,
+                o_proj: F16Matrix::zeros(dev, "o_proj", h, q_dim)?,
+                ffn_norm: zeros("ffn_norm", h)?,
+                mlp,
+            });
+        }
+        Ok(ModelWeights {
+            host: None,
+            embed: F16Matrix::zeros(dev, "embed_tokens", v, h)?,
+            layers,
+            final_norm: zeros("final_norm", h)?,
+            lm_head: if cfg.tie_word_embeddings {
+                None
+            } else {
+                Some(F16Matrix::zeros(dev, "lm_head", v, h)?)
+            },
+        })
+    }
+
     pub fn lm_head(&self) -> &F16Matrix {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }

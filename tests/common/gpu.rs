@@ -120,6 +120,7 @@ pub fn subgroup_kernels(dev: &Device, kernel: Kernel) -> bool {
             binds: Vec::new(),
             grid: [Dim::Const(1); 3],
             decode: None,
+            stage: "",
         });
         let step = dev.step_buffer(0, 1).unwrap();
         let e = match dev.prepare(prog, &step) {

@@ -141,6 +141,16 @@ impl WgpuDevice {
             .collect())
     }
 
+    /// A program's dispatches one at a time with their probe counts (a probe build).
+    pub fn probe_program(
+        &self,
+        p: &Prepared,
+        tokens: u32,
+    ) -> Result<Vec<crate::backend::probe::ProbedOp>> {
+        self.probe.as_ref().ok_or_else(no_probe)?;
+        record::probe_ops(self, p, tokens)
+    }
+
     /// CPU seconds spent recording and submitting work since the device opened.
     pub fn encode_seconds(&self) -> f64 {
         self.encode_ns.load(Ordering::Relaxed) as f64 * 1e-9

@@ -169,6 +169,45 @@ pub fn record(p: &Prepared, pass: &mut ::wgpu::ComputePass<'_>, tokens: u32) -> 
     Ok(n)
 }
 
+/// Every dispatch of a step alone, in order, one submission each, with the probe's
+/// counters zeroed before and read after it (a probe build).
+pub fn probe_ops(
+    dev: &WgpuDevice,
+    p: &Prepared,
+    tokens: u32,
+) -> Result<Vec<crate::backend::probe::ProbedOp>> {
+    let native = native_of(p)?;
+    let mut out = Vec::new();
+    for (op, nop) in p.program().ops.iter().zip(&native.ops) {
+        let Some((kernel, [x, y, z], decode)) = op.dispatch(tokens) else {
+            continue;
+        };
+        let b = match (&nop.decode, decode) {
+            (Some(d), true) => &d.main,
+            _ => &nop.main,
+        };
+        dev.probe_reset()?;
+        let mut enc = dev.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&b.pipeline);
+            pass.set_bind_group(0, &b.bind_group, &[]);
+            pass.dispatch_workgroups(x, y, z);
+        }
+        let token = dev.submit_commands(enc.finish());
+        dev.wait(token)?;
+        let counts = crate::backend::probe::Counts::from_raw(&dev.probe_counts()?);
+        out.push(crate::backend::probe::ProbedOp {
+            stage: op.for_tokens(tokens).0.stage,
+            kernel,
+            grid: [x, y, z],
+            counts,
+        });
+    }
+    dev.check()?;
+    Ok(out)
+}
+
 /// Every dispatch of a step alone, one submission each, timed (`WGMOE_PROFILE_KERNELS`).
 pub fn profile(dev: &WgpuDevice, p: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
     let native = native_of(p)?;

@@ -1,0 +1,449 @@
+//! `wgmoe kernels`: which kernel the plan picks for each stage of a model on a device
+//! class, and how each one touches memory, measured from the kernels themselves.
+//!
+//! The model's real programs (the forward pass's own op builders) are built for a shape
+//! model of the config (every weight zero, one layer of each kind) under the kernel plan
+//! of the device class, and run one dispatch at a time on a probe build of the WGSL
+//! kernels (`backend::probe`): at every global load, lavapipe's 32-lane subgroups count
+//! the distinct 32-byte sectors touched and the bytes used. So the bytes read, the sector
+//! efficiency and the grids are what the kernels do, not what they are believed to do.
+//! Decode runs one token at the last position of the context; prefill one chunk from
+//! position 0. The CPU time to record and submit a whole decode step of the real layer
+//! count is measured on a second (plain) device.
+
+use crate::backend::probe::{Counts, ProbedOp, Site};
+use crate::backend::{
+    DeviceInfo, DeviceRequest, DeviceType, KernelOverrides, KernelPlan, Prepared, Work,
+};
+use crate::backend::Device;
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::model::forward::{Forward, ForwardOptions};
+use crate::model::weights::ModelWeights;
+use crate::model::Executor;
+
+/// The class of device whose kernel plan is reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceClass {
+    /// A discrete GPU (subgroups of 32, f16).
+    Discrete,
+    /// An integrated GPU (subgroups of 32, f16).
+    Integrated,
+    /// A CPU adapter (lavapipe itself).
+    Cpu,
+}
+
+pub struct KernelsOptions {
+    pub class: DeviceClass,
+    pub context: usize,
+    pub prefill_chunk: usize,
+    /// GB/s of device memory the predicted times assume.
+    pub bandwidth_gbps: f64,
+    pub overrides: KernelOverrides,
+    /// INT4 experts (false: f16).
+    pub int4: bool,
+}
+
+/// One stage of the model: its dispatches in one layer (or once, for the head).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StageReport {
+    /// `decode/<op>` or `prefill/<op>`.
+    pub stage: String,
+    /// The kernels of its dispatches.
+    pub kernel: String,
+    /// How many times one token runs it (layers of that kind; for prefill, per token of
+    /// the chunk).
+    pub per_token: f64,
+    pub dispatches: usize,
+    /// Workgroups of its smallest dispatch.
+    pub workgroups: u64,
+    /// Invocations of all its dispatches.
+    pub invocations: u64,
+    /// Bytes of weights and KV cache its loads use (the streams from device memory).
+    pub bytes_read: u64,
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+    /// Activations (read by every workgroup; small, cached) and the rest (ids, tables,
+    /// partial sums).
+    pub activation_bytes: u64,
+    pub other_bytes: u64,
+    /// Weight loads (words and scales): bytes used / (sectors x 32). None: no weights.
+    pub sector_efficiency: Option<f64>,
+    /// The same for the KV cache.
+    pub kv_sector_efficiency: Option<f64>,
+    /// bytes_read at the bandwidth, microseconds.
+    pub predicted_us: f64,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KernelsReport {
+    pub config: String,
+    pub device_class: DeviceClass,
+    /// The adapter the probe ran on, and its subgroup size.
+    pub measured_on: String,
+    pub subgroup_size: u32,
+    pub context: usize,
+    pub prefill_chunk: usize,
+    pub bandwidth_gbps: f64,
+    pub plan: KernelPlan,
+    pub kernels: Vec<StageReport>,
+    /// Weights and KV cache read per decoded token.
+    pub bytes_per_token: u64,
+    pub predicted_decode_tokens_per_s: f64,
+    /// Weights and KV cache read per prefilled token.
+    pub prefill_bytes_per_token: f64,
+    pub dispatches_per_token: usize,
+    /// CPU seconds to record and submit one decode step of the real layer count.
+    pub encode_seconds_per_token: f64,
+}
+
+/// The device the plan is decided for: the class's GPU traits on the probe adapter's
+/// limits (so matrices split exactly as the probe runs them), or the adapter itself.
+fn class_info(class: DeviceClass, real: &DeviceInfo) -> DeviceInfo {
+    let mut info = real.clone();
+    match class {
+        DeviceClass::Cpu => return info,
+        DeviceClass::Discrete => info.device_type = DeviceType::DiscreteGpu,
+        DeviceClass::Integrated => info.device_type = DeviceType::IntegratedGpu,
+    }
+    info.name = format!("a {} GPU (modelled)", class_name(class));
+    info.shader_f16 = true;
+    info.subgroup = true;
+    info.subgroup_min_size = 32;
+    info.subgroup_max_size = 32;
+    info
+}
+
+fn class_name(c: DeviceClass) -> &'static str {
+    match c {
+        DeviceClass::Discrete => "discrete",
+        DeviceClass::Integrated => "integrated",
+        DeviceClass::Cpu => "cpu",
+    }
+}
+
+/// The config cut to one layer of each kind it has (MoE, dense), and how many layers of
+/// each kind the real model has, by the cut model's layer index.
+fn shape_model(cfg: &ModelConfig) -> (ModelConfig, Vec<(usize, usize)>) {
+    let moe = cfg.sparse_layers.iter().filter(|&&s| s).count();
+    let dense = cfg.num_layers - moe;
+    let mut kinds = Vec::new();
+    let mut layers = Vec::new();
+    // The real model's first layer kind first: layer 0 also embeds.
+    let first_sparse = cfg.sparse_layers.first().copied().unwrap_or(true);
+    for sparse in [first_sparse, !first_sparse] {
+        let n = if sparse { moe } else { dense };
+        if n > 0 {
+            kinds.push((layers.len(), n));
+            layers.push(sparse);
+        }
+    }
+    let mut c = cfg.clone();
+    c.num_layers = layers.len();
+    c.sparse_layers = layers;
+    (c, kinds)
+}
+
+/// Dispatches of one stage in one execution.
+struct Stage {
+    name: String,
+    per_token: f64,
+    ops: Vec<ProbedOp>,
+}
+
+fn push(stages: &mut Vec<Stage>, prefix: &str, per_token: f64, ops: Vec<ProbedOp>) {
+    for op in ops {
+        let name = format!(
+            "{prefix}/{}",
+            if op.stage.is_empty() { "other" } else { op.stage }
+        );
+        match stages.iter_mut().find(|s| s.name == name) {
+            // One stage per name and execution count (embed runs once, not per layer).
+            Some(s) if s.per_token == per_token => s.ops.push(op),
+            _ => stages.push(Stage {
+                name,
+                per_token,
+                ops: vec![op],
+            }),
+        }
+    }
+}
+
+fn summarise(s: &Stage, gbps: f64) -> StageReport {
+    let mut counts = Counts::default();
+    let mut kernels: Vec<String> = Vec::new();
+    for op in &s.ops {
+        counts = counts.add(&op.counts);
+        let name = op.kernel.name();
+        if !kernels.contains(&name) {
+            kernels.push(name);
+        }
+    }
+    let weights = counts.weights();
+    let kv = counts.site(Site::KvCache);
+    let bytes_read = weights.bytes + kv.bytes;
+    StageReport {
+        stage: s.name.clone(),
+        kernel: kernels.join(" + "),
+        per_token: s.per_token,
+        dispatches: s.ops.len(),
+        workgroups: s.ops.iter().map(|o| o.workgroups()).min().unwrap_or(0),
+        invocations: s.ops.iter().map(|o| o.invocations()).sum(),
+        bytes_read,
+        weight_bytes: weights.bytes,
+        kv_bytes: kv.bytes,
+        activation_bytes: counts.site(Site::Activations).bytes,
+        other_bytes: counts.site(Site::Other).bytes,
+        sector_efficiency: weights.sector_efficiency(),
+        kv_sector_efficiency: kv.sector_efficiency(),
+        predicted_us: bytes_read as f64 / (gbps * 1e9) * 1e6,
+    }
+}
+
+/// The programs of one step: each layer kind's attention and MLP block, then the head.
+fn step_programs(f: &Forward, tokens: usize) -> Vec<(usize, &Prepared)> {
+    let mut v = Vec::new();
+    for (l, lp) in f.layers.iter().enumerate() {
+        v.push((l, &lp.pre));
+        v.push((l, lp.post_for(tokens)));
+    }
+    v
+}
+
+pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<KernelsReport> {
+    if o.context == 0 || o.context > cfg.max_position_embeddings {
+        return Err(Error::option(
+            "--context",
+            format!(
+                "{} positions: must be in 1..={} (max_position_embeddings)",
+                o.context, cfg.max_position_embeddings
+            ),
+        ));
+    }
+    if o.prefill_chunk == 0 {
+        return Err(Error::option("--prefill-chunk", "must be at least 1"));
+    }
+    if !(o.bandwidth_gbps.is_finite() && o.bandwidth_gbps > 0.0) {
+        return Err(Error::option(
+            "--bandwidth",
+            format!("{} is not a bandwidth in GB/s (> 0)", o.bandwidth_gbps),
+        ));
+    }
+    let dev = Device::open(&DeviceRequest {
+        probe: true,
+        ..Default::default()
+    })?;
+    let real = dev.info().clone();
+    let plan = KernelPlan::decide(&class_info(o.class, &real), &o.overrides)?;
+    let (shape, kinds) = shape_model(cfg);
+    let fwd = |dev: &Device| -> Result<Forward> {
+        let weights = ModelWeights::zeros(dev, &shape, o.int4)?;
+        Forward::new(
+            dev,
+            &shape,
+            weights,
+            plan,
+            ForwardOptions {
+                executor: Executor::Grouped,
+                max_context: o.context,
+                prefill_chunk: o.prefill_chunk,
+                all_logits: false,
+                suppress: Vec::new(),
+                expert_batches: false,
+                placement: Vec::new(),
+            },
+        )
+    };
+    let f = fwd(&dev)?;
+    let per_layer = |l: usize| kinds.iter().find(|k| k.0 == l).map_or(0, |k| k.1) as f64;
+    let mut stages: Vec<Stage> = Vec::new();
+    // Decode: one token at the context's last position (attention over every key).
+    dev.write_step(&f.step, o.context - 1, 1)?;
+    for (l, p) in step_programs(&f, 1) {
+        let ops = dev.probe_program(p, 1)?;
+        let (embed, rest): (Vec<_>, Vec<_>) = ops.into_iter().partition(|op| op.stage == "embed");
+        push(&mut stages, "decode", 1.0, embed);
+        push(&mut stages, "decode", per_layer(l), rest);
+    }
+    push(&mut stages, "decode", 1.0, dev.probe_program(&f.head_last, 1)?);
+    push(&mut stages, "decode", 1.0, dev.probe_program(f.argmax(), 1)?);
+    // Prefill: one chunk from position 0.
+    let t = f.opts.prefill_chunk;
+    if t > 1 {
+        dev.write_step(&f.step, 0, t)?;
+        let per = 1.0 / t as f64;
+        for (l, p) in step_programs(&f, t) {
+            let ops = dev.probe_program(p, t as u32)?;
+            let (embed, rest): (Vec<_>, Vec<_>) =
+                ops.into_iter().partition(|op| op.stage == "embed");
+            push(&mut stages, "prefill", per, embed);
+            push(&mut stages, "prefill", per_layer(l) * per, rest);
+        }
+        push(&mut stages, "prefill", per, dev.probe_program(&f.head_last, t as u32)?);
+    }
+    dev.sync()?;
+    let kernels: Vec<StageReport> = stages
+        .iter()
+        .map(|s| summarise(s, o.bandwidth_gbps))
+        .collect();
+    let total = |prefix: &str| -> f64 {
+        kernels
+            .iter()
+            .filter(|k| k.stage.starts_with(prefix))
+            .map(|k| k.bytes_read as f64 * k.per_token)
+            .sum()
+    };
+    let bytes_per_token = total("decode/").round() as u64;
+    let prefill_bytes_per_token = total("prefill/");
+    let dispatches_per_token = kernels
+        .iter()
+        .filter(|k| k.stage.starts_with("decode/"))
+        .map(|k| (k.dispatches as f64 * k.per_token).round() as usize)
+        .sum();
+    drop(f);
+    drop(dev);
+    let encode_seconds_per_token = encode_seconds(&fwd, cfg, &kinds)?;
+    Ok(KernelsReport {
+        config: config.to_string(),
+        device_class: o.class,
+        measured_on: format!("{} ({}, {})", real.name, real.backend, real.driver_string()),
+        subgroup_size: real.subgroup_max_size,
+        context: o.context,
+        prefill_chunk: t,
+        bandwidth_gbps: o.bandwidth_gbps,
+        plan,
+        kernels,
+        bytes_per_token,
+        predicted_decode_tokens_per_s: o.bandwidth_gbps * 1e9 / bytes_per_token.max(1) as f64,
+        prefill_bytes_per_token,
+        dispatches_per_token,
+        encode_seconds_per_token,
+    })
+}
+
+/// CPU seconds to record and submit one decode step of the real model: each layer's
+/// prepared programs (the shape model's layer of its kind) repeated to the real layer
+/// count, then the head, in one submission, on a plain device; the least of 3.
+fn encode_seconds(
+    fwd: &dyn Fn(&Device) -> Result<Forward>,
+    cfg: &ModelConfig,
+    kinds: &[(usize, usize)],
+) -> Result<f64> {
+    let dev = Device::open(&DeviceRequest::default())?;
+    let f = fwd(&dev)?;
+    dev.write_step(&f.step, 0, 1)?;
+    let kind_of = |real_layer: usize| -> usize {
+        let sparse = cfg.sparse_layers[real_layer];
+        kinds
+            .iter()
+            .map(|k| k.0)
+            .find(|&l| f.cfg.sparse_layers[l] == sparse)
+            .unwrap_or(0)
+    };
+    let mut work = Vec::new();
+    for real_layer in 0..cfg.num_layers {
+        let lp = &f.layers[kind_of(real_layer)];
+        for p in [&lp.pre, lp.post_for(1)] {
+            work.push(Work::Run {
+                program: p,
+                tokens: 1,
+            });
+        }
+    }
+    work.push(Work::Run {
+        program: &f.head_last,
+        tokens: 1,
+    });
+    work.push(Work::Run {
+        program: f.argmax(),
+        tokens: 1,
+    });
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        dev.submit(&work)?;
+        best = best.min(t.elapsed().as_secs_f64());
+        dev.sync()?;
+    }
+    Ok(best)
+}
+
+/// The report as a table.
+pub fn render(r: &KernelsReport) -> String {
+    let mut s = format!(
+        "{}: kernels of the {} plan, context {}, prefill chunk {}, measured on {} (subgroups of {})\n",
+        r.config,
+        class_name(r.device_class),
+        r.context,
+        r.prefill_chunk,
+        r.measured_on,
+        r.subgroup_size
+    );
+    let head = [
+        "stage", "kernel", "x/token", "dispatches", "workgroups", "invocations", "bytes read",
+        "weights eff", "kv eff", "us",
+    ];
+    let rows: Vec<[String; 10]> = r
+        .kernels
+        .iter()
+        .map(|k| {
+            let eff = |e: Option<f64>| e.map_or("-".to_string(), |e| format!("{e:.3}"));
+            [
+                k.stage.clone(),
+                k.kernel.clone(),
+                format!("{:.4}", k.per_token)
+                    .trim_end_matches('0')
+                    .trim_end_matches('.')
+                    .to_string(),
+                k.dispatches.to_string(),
+                k.workgroups.to_string(),
+                k.invocations.to_string(),
+                k.bytes_read.to_string(),
+                eff(k.sector_efficiency),
+                eff(k.kv_sector_efficiency),
+                format!("{:.1}", k.predicted_us),
+            ]
+        })
+        .collect();
+    let mut width = head.map(|h| h.len());
+    for row in &rows {
+        for (w, c) in width.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| -> String {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i > 0 {
+                l.push_str("  ");
+            }
+            if i < 2 {
+                l.push_str(&format!("{c:<w$}", w = width[i]));
+            } else {
+                l.push_str(&format!("{c:>w$}", w = width[i]));
+            }
+        }
+        l.trim_end().to_string()
+    };
+    s.push_str(&line(&head.map(String::from)));
+    s.push('\n');
+    for row in &rows {
+        s.push_str(&line(row));
+        s.push('\n');
+    }
+    s.push_str(&format!(
+        "decode: {:.3} GB of weights and KV cache per token, {} dispatches; at {} GB/s {:.1} tok/s; recording and submitting a step takes {:.2} ms of CPU\n",
+        r.bytes_per_token as f64 / 1e9,
+        r.dispatches_per_token,
+        r.bandwidth_gbps,
+        r.predicted_decode_tokens_per_s,
+        r.encode_seconds_per_token * 1e3
+    ));
+    s.push_str(&format!(
+        "prefill: {:.3} MB of weights and KV cache per token of a {}-token chunk\n",
+        r.prefill_bytes_per_token / 1e6,
+        r.prefill_chunk
+    ));
+    s
+}
