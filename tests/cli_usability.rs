@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 use common::cli::*;
+use common::fixture;
 use serde_json::Value;
 
 const HELLO: &str = "Hello, world";
@@ -509,10 +510,18 @@ fn software_adapters_are_named_and_devices_marks_the_default() {
     let args = ["run", &s(&dir), "--prompt-ids", "1", "-n", "2"];
     let r = wgmoe(args);
     assert_ok(&r);
-    let note = "note: no GPU adapter found; running on the software adapter";
+    let note = "note: no GPU found: running on";
     assert_eq!(r.stderr.contains(note), software, "{r}");
     if software {
-        assert!(r.stderr.contains("`wgmoe devices`"), "{r}");
+        // One short line that points to `wgmoe devices` (which explains).
+        let line = r.stderr.lines().find(|l| l.starts_with(note)).unwrap();
+        assert!(line.contains("`wgmoe devices`"), "{r}");
+        assert!(
+            line.chars().count() <= 120,
+            "{} characters: {line}",
+            line.len()
+        );
+        assert!(!line.contains("driver"), "{line}");
     }
     // Asked for by name, it is no fallback.
     let name = defaults[0]["name"].as_str().unwrap();
@@ -521,4 +530,322 @@ fn software_adapters_are_named_and_devices_marks_the_default() {
     let r = wgmoe(named);
     assert_ok(&r);
     assert!(!r.stderr.contains(note), "{r}");
+}
+
+/// Issue 24, defect 5: `chat` and `serve` do not list `--write-profile` (it records a
+/// calibration run, which only `run` makes), and do not accept it.
+#[test]
+fn commands_list_only_the_options_they_accept() {
+    for sub in ["chat", "serve"] {
+        let r = wgmoe([sub, "--help"]);
+        assert_ok(&r);
+        assert!(!r.stdout.contains("--write-profile"), "{r}");
+        let r = wgmoe([sub, "m", "--write-profile", "p.json"]);
+        assert_eq!(r.code, Some(2), "{r}");
+        assert!(
+            r.stderr.contains("unexpected argument '--write-profile'"),
+            "{r}"
+        );
+    }
+    let r = wgmoe(["run", "--help"]);
+    assert!(r.stdout.contains("--write-profile"), "{r}");
+}
+
+/// Issue 24, defect 6: `--chat` renders text; with `--prompt-ids` it is refused, not
+/// silently ignored.
+#[test]
+fn chat_with_prompt_ids_is_refused() {
+    let r = wgmoe(["run", &s(&fixture(QWEN3)), "--prompt-ids", "1,2", "--chat"]);
+    assert_eq!(r.code, Some(2), "{r}");
+    assert!(
+        r.stderr
+            .contains("'--prompt-ids <PROMPT_IDS>' cannot be used with '--chat'"),
+        "{r}"
+    );
+    let help = wgmoe(["run", "--help"]).stdout;
+    assert!(
+        help.contains("not with\n          --prompt-ids") || help.contains("not with --prompt-ids"),
+        "{help}"
+    );
+}
+
+/// One name per concept: `-c/--ctx-size` for the context and `--vram` for GPU memory
+/// in every command's help; the old names still work, unlisted.
+#[test]
+fn one_flag_name_per_concept() {
+    for (sub, want, old) in [
+        ("plan", "-c, --ctx-size <N>", "--context "),
+        ("inspect", "-c, --ctx-size <N>", "--max-context"),
+        ("chat", "-c, --ctx-size <N>", "--context "),
+        ("serve", "-c, --ctx-size <N>", "--context "),
+        ("plan", "--vram <VRAM>", "--vram-budget"),
+        ("run", "--vram <SIZE>", "--vram-budget"),
+        ("chat", "--vram <SIZE>", "--vram-budget"),
+    ] {
+        let r = wgmoe([sub, "--help"]);
+        assert_ok(&r);
+        assert!(r.stdout.contains(want), "{sub}: {want}\n{r}");
+        assert!(!r.stdout.contains(old), "{sub}: {old}\n{r}");
+    }
+    let dir = s(&fixture(OLMOE));
+    for args in [
+        vec!["inspect", &dir, "--max-context", "16", "--json"],
+        vec!["inspect", &dir, "-c", "16", "--json"],
+        vec![
+            "plan",
+            &dir,
+            "--vram-budget",
+            "1GiB",
+            "--context",
+            "16",
+            "--json",
+        ],
+    ] {
+        let v = json_of(&wgmoe(&args));
+        assert!(v["kv_cache_bytes"].as_u64().unwrap() > 0, "{v}");
+    }
+    let r = wgmoe([
+        "run",
+        &dir,
+        "--prompt-ids",
+        "1",
+        "-n",
+        "2",
+        "--vram-budget",
+        "1KiB",
+    ]);
+    assert_error(&r, &["--vram 1.0 KiB"]);
+}
+
+/// `--adapter N` picks the adapter `wgmoe devices` numbers N; a name no adapter has gets
+/// the numbered list with each adapter's backend.
+#[test]
+fn adapters_are_numbered_and_picked_by_index() {
+    let list = json_of(&wgmoe(["devices", "--json"]));
+    let list = list.as_array().unwrap().clone();
+    assert!(!list.is_empty());
+    let dir = s(&fixture(OLMOE));
+    let r = wgmoe([
+        "run",
+        &dir,
+        "--prompt-ids",
+        "1",
+        "-n",
+        "2",
+        "--adapter",
+        "no such card",
+    ]);
+    assert_error(&r, &["--adapter", "no such card", "[0] "]);
+    for (i, a) in list.iter().enumerate() {
+        let listed = format!(
+            "[{i}] {} ({})",
+            a["name"].as_str().unwrap(),
+            a["backend"].as_str().unwrap()
+        );
+        assert!(r.stderr.contains(&listed), "{listed}\n{r}");
+    }
+    let r = wgmoe([
+        "run",
+        &dir,
+        "--prompt-ids",
+        "1",
+        "-n",
+        "2",
+        "--adapter",
+        "99",
+    ]);
+    assert_error(&r, &["--adapter", "no adapter [99]"]);
+    // Every adapter by its index, GL included where it runs the kernels.
+    for (i, a) in list.iter().enumerate() {
+        if a["backend"] == "gl" {
+            continue;
+        }
+        let v = json_of(&wgmoe([
+            "run",
+            &dir,
+            "--prompt-ids",
+            "1",
+            "-n",
+            "2",
+            "--json",
+            "--adapter",
+            &i.to_string(),
+        ]));
+        assert_eq!(v["metrics"]["adapter"], a["name"], "[{i}] {v}");
+        assert_eq!(v["metrics"]["backend"], a["backend"], "[{i}] {v}");
+    }
+    // `devices --adapter N` marks that one as the default.
+    let r = wgmoe(["devices", "--adapter", &(list.len() - 1).to_string()]);
+    assert_ok(&r);
+    let marked = r
+        .stdout
+        .lines()
+        .find(|l| l.contains("<- default"))
+        .unwrap_or("");
+    assert!(marked.starts_with(&format!("[{}]", list.len() - 1)), "{r}");
+}
+
+/// Errors about a file an option names say which option.
+#[test]
+fn file_errors_name_their_option() {
+    let r = wgmoe(["run", &s(&fixture(OLMOE)), "-f", "/nonexistent/prompt.txt"]);
+    assert_error(&r, &["-f/--file", "/nonexistent/prompt.txt"]);
+    let t = tempfile::tempdir().unwrap();
+    let file = t.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    // Under a regular file nothing can be created (root included).
+    let out = file.join("out");
+    let r = wgmoe(["quantize", &s(&fixture(OLMOE)), "-o", &s(&out)]);
+    assert_error(&r, &["-o/--out", &s(&out)]);
+    let r = wgmoe([
+        "synth",
+        "--arch",
+        "olmoe-1b-7b",
+        "--layers",
+        "1",
+        "--experts",
+        "2",
+        "--top-k",
+        "1",
+        "--hidden",
+        "256",
+        "--vocab",
+        "64",
+        "-o",
+        &s(&out),
+    ]);
+    assert_error(&r, &["-o/--out", &s(&out)]);
+}
+
+/// `-n 0` runs the prompt and reports the prefill (documented in --help).
+#[test]
+fn run_n_0_runs_the_prompt_only() {
+    let dir = s(&fixture(OLMOE));
+    let r = wgmoe(["run", &dir, "--prompt-ids", "1,2,3", "-n", "0"]);
+    assert_ok(&r);
+    assert!(r.stdout.is_empty(), "no text, not even a newline: {r}");
+    assert!(r.stderr.contains("3 prompt tokens prefilled in"), "{r}");
+    assert!(!r.stderr.contains("decode"), "{r}");
+    let v = json_of(&wgmoe([
+        "run",
+        &dir,
+        "--prompt-ids",
+        "1,2,3",
+        "-n",
+        "0",
+        "--json",
+    ]));
+    assert_eq!(v["generated_ids"], serde_json::json!([]), "{v}");
+    assert!(
+        v["metrics"]["prefill_tokens_per_s"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    let help = wgmoe(["run", "--help"]).stdout;
+    assert!(help.contains("0 runs the prompt only"), "{help}");
+}
+
+/// Issue 24, defects 8 and 11, and progress without a terminal: bench's columns are as
+/// wide as their content, counts of one are singular, and with stderr not a terminal a
+/// line says where the sweep is.
+#[test]
+fn bench_columns_fit_a_long_configuration_and_progress_is_printed() {
+    let r = quick_bench(
+        &fixture(QWEN3),
+        &[
+            "-n",
+            "2",
+            "--resident-experts",
+            "4",
+            "--cache-policy",
+            "lfu-decay",
+            "--miss-policy",
+            "upload",
+            "--n-cpu-moe",
+            "1",
+        ],
+    );
+    assert_ok(&r);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    let (head, row) = (lines[0], lines[1]);
+    assert!(
+        row.starts_with("int4/grouped/4of7 lfu-decay miss upload n-cpu-moe 1 "),
+        "{r}"
+    );
+    // Each right-aligned column ends where its title ends.
+    for title in [
+        "decode/s",
+        "spread",
+        "TTFT s",
+        "prefill/s",
+        "peak GPU",
+        "H2D",
+        "ms/miss",
+    ] {
+        let end = head.find(title).unwrap() + title.len();
+        let chars: Vec<char> = row.chars().collect();
+        assert!(
+            chars[end - 1] != ' ' && chars.get(end).is_none_or(|&c| c == ' '),
+            "`{title}` is not above its values:\n{head}\n{row}"
+        );
+    }
+    let notes = lines[2];
+    assert!(
+        notes.contains("1 prompt x 1 block, 2 new tokens"),
+        "{notes}"
+    );
+    assert!(notes.contains("0 warm-up responses"), "{notes}");
+    assert!(
+        !notes.contains("1 prompts") && !notes.contains("1 blocks"),
+        "{notes}"
+    );
+    assert!(r.stderr.contains("bench: configuration 1 of 1: "), "{r}");
+    assert!(r.stderr.contains("bench:   block 1 of 1: decode "), "{r}");
+}
+
+/// Issue 24, defect 7: Ctrl-C during a sweep prints the finished configurations and where
+/// their records are, and exits 130.
+#[test]
+fn ctrl_c_stops_bench_with_the_finished_configurations() {
+    let t = tempfile::tempdir().unwrap();
+    let json = t.path().join("sweep.json");
+    let args: Vec<String> = [
+        "bench",
+        &s(&fixture(OLMOE)),
+        "--prompts",
+        "1",
+        "--warmup",
+        "0",
+        "-n",
+        "200",
+        "--blocks",
+        "2",
+        "--executor",
+        "grouped,per-expert",
+        "--json-out",
+        &s(&json),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let (code, out, err) =
+        interrupted_run(&args, |l, _| l.starts_with("bench: configuration 2 of 2"));
+    assert_eq!(code, Some(130), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("int4/grouped "),
+        "the finished row:\n{out}\n{err}"
+    );
+    assert!(!out.contains("int4/per-expert"), "{out}");
+    assert!(
+        err.contains(&format!(
+            "1 configuration finished before Ctrl-C; their records are above and in {}",
+            json.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.trim_end().ends_with("error: interrupted (Ctrl-C)"),
+        "{err}"
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
 }
