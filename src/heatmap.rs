@@ -37,9 +37,9 @@ pub fn color(count: u64, max: u64) -> String {
 pub struct HeatmapLabels {
     pub title: String,
     pub subtitle: String,
-    /// e.g. "outlined: on the GPU at the end (3 of 14; a cache of 4 of 7 per layer, lru)".
+    /// e.g. "outlined: on the GPU at the end (3 of 14; cache 4 of 7, lru)".
     pub resident: String,
-    /// e.g. "corner: computed on the CPU (most 12 tokens)".
+    /// e.g. "corner: computed on the CPU (12 of 36 token-expert pairs)".
     pub cpu: String,
 }
 
@@ -59,7 +59,7 @@ impl HeatmapLabels {
             ),
             resident: match &h.cache_policy {
                 Some(p) => format!(
-                    "outlined: on the GPU at the end ({} of {}; a cache of {} of {} per layer, {p})",
+                    "outlined: on the GPU at the end ({} of {}; cache {} of {}, {p})",
                     g.resident_count(),
                     g.layers.len() * g.num_experts,
                     h.resident_experts_per_layer,
@@ -76,8 +76,8 @@ impl HeatmapLabels {
             },
             cpu: match g.max_cpu() {
                 0 => "corner: computed on the CPU (none in this trace)".to_string(),
-                m => format!(
-                    "corner: computed on the CPU ({} of {} routed tokens; most {m} in a cell)",
+                _ => format!(
+                    "corner: computed on the CPU ({} of {} token-expert pairs)",
                     g.cpu.iter().flatten().sum::<u64>(),
                     g.counts.iter().flatten().sum::<u64>()
                 ),
@@ -94,7 +94,7 @@ pub fn heatmap_svg(g: &Grid, labels: &HeatmapLabels) -> String {
     let (left, top) = (80.0, 80.0);
     let (gw, gh) = (cw * e as f64, ch * rows as f64);
     let legend_x = left + gw + 40.0;
-    let w = (legend_x + 340.0).max(560.0);
+    let w = (legend_x + 400.0).max(560.0);
     let h = (top + gh + 70.0).max(top + 290.0);
     let max = g.max_count();
     let max_ev = g.max_evictions();

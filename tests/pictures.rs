@@ -62,7 +62,7 @@ fn heatmap_cells_hold_the_traces_counts_and_the_png_shows_them() {
         "routed expert",
         "MoE layer",
         "tokens routed to the expert",
-        "on the GPU at the end (8 of 14; a cache of 4 of 7 per layer, lru)",
+        "on the GPU at the end (8 of 14; cache 4 of 7, lru)",
         "evicted",
     ] {
         assert!(svg.contains(label), "the picture explains itself: {label}");

@@ -395,7 +395,7 @@ pub fn run_bench(
                 pb.set_message(format!("{:.2} tok/s", g.decode_tokens_per_s()));
                 responses.push(r);
                 let done = k + 1 - o.warmup;
-                if plain && done % prompts.len() == 0 {
+                if plain && done.is_multiple_of(prompts.len()) {
                     let block: Vec<&Response> = responses[done - prompts.len()..].iter().collect();
                     let tokens: usize = block.iter().map(|r| r.tokens.saturating_sub(1)).sum();
                     let secs: f64 = block.iter().map(|r| r.decode_s).sum();
