@@ -51,8 +51,9 @@ impl HeatmapLabels {
         HeatmapLabels {
             title: format!("Expert activations: {} ({})", h.model, h.model_type),
             subtitle: format!(
-                "{} tokens counted over {steps} steps; top-{} of {} experts; trace {}",
-                tokens,
+                "{} counted over {}; top-{} of {} experts; trace {}",
+                crate::units::count(tokens, "token"),
+                crate::units::count(steps, "step"),
                 h.top_k,
                 h.num_experts,
                 t.path.display()

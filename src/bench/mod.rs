@@ -357,11 +357,11 @@ pub fn run_bench(
         let plain = pb.is_hidden();
         if plain {
             eprintln!(
-                "bench: configuration {} of {}: {} ({} responses)",
+                "bench: configuration {} of {}: {} ({})",
                 ci + 1,
                 configs.len(),
                 describe(c),
-                total
+                crate::units::count(total, "response")
             );
         }
         let mut responses: Vec<Response> = Vec::new();
