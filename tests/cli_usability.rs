@@ -627,7 +627,7 @@ fn ctrl_c_stops_bench_with_the_finished_configurations() {
     assert!(!out.contains("int4/per-expert"), "{out}");
     assert!(
         err.contains(&format!(
-            "1 configuration finished before Ctrl-C; their records are above and in {}",
+            "1 configuration finished before Ctrl-C; its record is above and in {}",
             json.display()
         )),
         "{err}"

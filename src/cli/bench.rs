@@ -105,8 +105,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                     .map(|p| p.display().to_string())
                     .collect();
                 eprintln!(
-                    "{} finished before {why}; their records are above{}",
-                    wgmoe::units::count_as(done.len(), "configuration", "configurations"),
+                    "{} finished before {why}; {} above{}",
+                    wgmoe::units::count(done.len(), "configuration"),
+                    if done.len() == 1 {
+                        "its record is"
+                    } else {
+                        "their records are"
+                    },
                     if files.is_empty() {
                         String::new()
                     } else {
