@@ -1,7 +1,7 @@
 //! Admission control: the expert slots per layer, fixed before any allocation from the
 //! same arithmetic the allocations follow (weights, expert slots with spares and staging,
 //! the workspace table). A configuration outside the valid range, or over
-//! `--vram-budget`, is refused with what would fit. From top_k up to full residency the
+//! `--vram`, is refused with what would fit. From top_k up to full residency the
 //! cost is affine in the slot count, so the largest count a budget holds is found in
 //! closed form (below top_k, where CPU misses allow it, at most top_k counts are tried),
 //! with checked arithmetic throughout.
@@ -266,7 +266,7 @@ pub fn admit(
         (Some(n), None) => n,
         (None, Some(b)) => cost.most_within(b).ok_or_else(|| {
             Error::DoesNotFit(format!(
-                "--vram-budget {}: even {lo} experts per layer need {}; non-expert weights, KV cache and workspace alone take {}",
+                "--vram {}: even {lo} experts per layer need {}; non-expert weights, KV cache and workspace alone take {}",
                 human(b),
                 human(cost.bytes(lo)),
                 human(cost.fixed)
@@ -275,7 +275,7 @@ pub fn admit(
         (Some(n), Some(b)) => {
             if cost.bytes(n) > b {
                 return Err(Error::DoesNotFit(format!(
-                    "{n} experts per layer need {}; the --vram-budget of {} fits {}",
+                    "{n} experts per layer need {}; the --vram of {} fits {}",
                     human(cost.bytes(n)),
                     human(b),
                     cost.most_within(b)

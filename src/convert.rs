@@ -538,10 +538,11 @@ impl ConvertedModelWriter {
 
 /// `wgmoe quantize`: write a converted model to `out_dir`, streaming tensor by tensor (an
 /// existing non-empty `out_dir` must hold an earlier wgmoe output; see `write_converted_to`).
+/// `on_progress(done, total)` counts the output tensors' bytes.
 pub fn write_converted(
     src: &Path,
     out_dir: &Path,
-    on_progress: &mut dyn FnMut(usize, usize),
+    on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ConvertSummary> {
     write_converted_to(src, out_dir, false, on_progress)
 }
@@ -554,7 +555,7 @@ pub fn write_converted_to(
     src: &Path,
     out_dir: &Path,
     force: bool,
-    on_progress: &mut dyn FnMut(usize, usize),
+    on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ConvertSummary> {
     crate::checkpoint::check_model_dir(src)?;
     let cfg = ModelConfig::from_dir(src)?;
@@ -591,9 +592,12 @@ pub fn write_converted_to(
     let weights = out.stage("model.safetensors");
     let mut w = ConvertedModelWriter::create(&weights, &cfg, dense, extra)?;
     let plan: Vec<PlannedTensor> = w.stream().plan().to_vec();
-    let total = plan.len();
-    for (k, p) in plan.iter().enumerate() {
-        on_progress(k, total);
+    // Bytes, not tensors: the expert tensors are most of the bytes and of the time.
+    let total: u64 = plan.iter().map(|p| p.bytes as u64).sum();
+    let mut done = 0u64;
+    for p in &plan {
+        on_progress(done, total);
+        done += p.bytes as u64;
         crate::interrupt::check()?;
         if p.dtype == "F16" {
             let v = ckpt.read_f16(&p.name, &p.shape)?;

@@ -293,7 +293,16 @@ impl Engine {
                 .residency
                 .as_ref()
                 .map(|r| r.miss.name().to_string()),
+            cpu_layers: self.cpu_layers(),
         }
+    }
+
+    /// MoE layers whose routed experts all run on the CPU (no device slots).
+    pub fn cpu_layers(&self) -> Vec<usize> {
+        (0..self.cfg.num_layers)
+            .filter(|&l| self.cfg.sparse_layers[l])
+            .filter(|&l| self.fwd.opts.placement(l) == ExpertPlacement::Host)
+            .collect()
     }
 
     /// Trace routing from now on into `path` (JSONL), and into any `extra` sinks.
@@ -305,6 +314,7 @@ impl Engine {
         extra: Vec<Box<dyn crate::trace::RoutingSink>>,
     ) -> Result<()> {
         let mut t = crate::trace::Tracer::new(self.cfg.top_k);
+        t.set_host_layers(self.cpu_layers());
         if let Some(p) = path {
             let header = self.trace_header(policy, decay);
             t.add(Box::new(crate::trace::JsonlSink::create(p, &header)?));

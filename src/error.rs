@@ -31,6 +31,16 @@ pub enum Error {
     },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A chat template refused a conversation (its `raise_exception`): `msg` says why in
+    /// wgmoe's words where it can tell, `said` is the template's own text, `message` the
+    /// index of the message at fault (when known), `template` where the template came from.
+    #[error("{msg}")]
+    ChatTemplate {
+        message: Option<usize>,
+        msg: String,
+        said: String,
+        template: String,
+    },
     /// A command-line option (or its combination with the model) is invalid.
     #[error("option {option}: {msg}")]
     Option { option: String, msg: String },

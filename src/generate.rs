@@ -209,6 +209,39 @@ pub fn generate_from(
     Ok(out)
 }
 
+/// Run the prompt and choose no token (`run -n 0`): the prefill, timed up to the device's
+/// last result (the argmax of the last row, read back and dropped).
+pub fn prefill_only(fwd: &mut Forward, prompt: &[u32]) -> Result<Generation> {
+    if prompt.is_empty() {
+        return Err(Error::option("--prompt", "the prompt has no tokens"));
+    }
+    let c0 = fwd.counters;
+    let t0 = Instant::now();
+    let chunk = fwd.opts.prefill_chunk;
+    let mut pos = 0;
+    while pos < prompt.len() {
+        let n = chunk.min(prompt.len() - pos);
+        let last = pos + n == prompt.len();
+        fwd.submit(
+            pos,
+            n,
+            Some(&prompt[pos..pos + n]),
+            if last { Head::LastArgmax } else { Head::None },
+        )?;
+        pos += n;
+    }
+    if fwd.read_token()? == NON_FINITE_TOKEN {
+        return Err(non_finite_error(0, prompt.len() - 1));
+    }
+    fwd.dev.check()?;
+    Ok(Generation {
+        prefill_s: t0.elapsed().as_secs_f64(),
+        dispatches: fwd.counters.dispatches - c0.dispatches,
+        submissions: fwd.counters.submissions - c0.submissions,
+        ..Default::default()
+    })
+}
+
 /// Logits at every prompt position (one row per token), for parity tests and evaluation.
 pub fn prompt_logits(fwd: &mut Forward, prompt: &[u32]) -> Result<Vec<Vec<f32>>> {
     let chunk = fwd.opts.prefill_chunk;

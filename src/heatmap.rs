@@ -1,7 +1,8 @@
 //! `wgmoe heatmap`: a trace's layer x expert grid as an SVG (PNG through `render`): the
-//! colour of a cell is how many tokens chose that expert, an outline marks the experts
-//! resident when the trace ends, a red dot the experts the cache evicted (its area grows
-//! with the count), with axis labels, a colour bar and a legend.
+//! colour of a cell is how many tokens chose that expert, an outline marks the experts on
+//! the GPU when the trace ends, a corner triangle the experts the CPU computed, a red dot
+//! the experts the cache evicted (its area grows with the count), with axis labels, a
+//! colour bar and a legend.
 
 use std::fmt::Write;
 
@@ -36,8 +37,10 @@ pub fn color(count: u64, max: u64) -> String {
 pub struct HeatmapLabels {
     pub title: String,
     pub subtitle: String,
-    /// e.g. "resident at the end: 4 of 7 per layer (lru)".
+    /// e.g. "outlined: on the GPU at the end (3 of 14; cache 4 of 7, lru)".
     pub resident: String,
+    /// e.g. "corner: computed on the CPU (12 of 36 token-expert pairs)".
+    pub cpu: String,
 }
 
 impl HeatmapLabels {
@@ -48,18 +51,37 @@ impl HeatmapLabels {
         HeatmapLabels {
             title: format!("Expert activations: {} ({})", h.model, h.model_type),
             subtitle: format!(
-                "{} tokens counted over {steps} steps; top-{} of {} experts; trace {}",
-                tokens,
+                "{} counted over {}; top-{} of {} experts; trace {}",
+                crate::units::count(tokens, "token"),
+                crate::units::count(steps, "step"),
                 h.top_k,
                 h.num_experts,
                 t.path.display()
             ),
             resident: match &h.cache_policy {
                 Some(p) => format!(
-                    "outlined: resident at the end ({} of {} per layer, {p})",
-                    h.resident_experts_per_layer, h.num_experts
+                    "outlined: on the GPU at the end ({} of {}; cache {} of {}, {p})",
+                    g.resident_count(),
+                    g.layers.len() * g.num_experts,
+                    h.resident_experts_per_layer,
+                    h.num_experts
                 ),
-                None => "outlined: resident (every expert)".to_string(),
+                None if h.cpu_layers.is_empty() => {
+                    "outlined: on the GPU (every expert)".to_string()
+                }
+                None => format!(
+                    "outlined: on the GPU ({} of {})",
+                    g.resident_count(),
+                    g.layers.len() * g.num_experts
+                ),
+            },
+            cpu: match g.max_cpu() {
+                0 => "corner: computed on the CPU (none in this trace)".to_string(),
+                _ => format!(
+                    "corner: computed on the CPU ({} of {} token-expert pairs)",
+                    g.cpu.iter().flatten().sum::<u64>(),
+                    g.counts.iter().flatten().sum::<u64>()
+                ),
             },
         }
     }
@@ -73,8 +95,8 @@ pub fn heatmap_svg(g: &Grid, labels: &HeatmapLabels) -> String {
     let (left, top) = (80.0, 80.0);
     let (gw, gh) = (cw * e as f64, ch * rows as f64);
     let legend_x = left + gw + 40.0;
-    let w = (legend_x + 340.0).max(560.0);
-    let h = (top + gh + 70.0).max(top + 250.0);
+    let w = (legend_x + 400.0).max(560.0);
+    let h = (top + gh + 70.0).max(top + 290.0);
     let max = g.max_count();
     let max_ev = g.max_evictions();
     let mut o = String::new();
@@ -97,13 +119,24 @@ pub fn heatmap_svg(g: &Grid, labels: &HeatmapLabels) -> String {
         let y = top + ch * r as f64;
         for x in 0..g.num_experts {
             let cx = left + cw * x as f64;
-            let (count, ev) = (g.counts[r][x], g.evictions[r][x]);
+            let (count, ev, cpu) = (g.counts[r][x], g.evictions[r][x], g.cpu[r][x]);
             let resident = g.resident[r][x];
             let _ = writeln!(
                 o,
-                r##"<rect class="cell" data-layer="{layer}" data-expert="{x}" data-count="{count}" data-resident="{resident}" data-evictions="{ev}" x="{cx:.1}" y="{y:.1}" width="{cw:.1}" height="{ch:.1}" fill="{}" stroke="#ffffff" stroke-width="0.5"/>"##,
+                r##"<rect class="cell" data-layer="{layer}" data-expert="{x}" data-count="{count}" data-resident="{resident}" data-evictions="{ev}" data-cpu="{cpu}" x="{cx:.1}" y="{y:.1}" width="{cw:.1}" height="{ch:.1}" fill="{}" stroke="#ffffff" stroke-width="0.5"/>"##,
                 color(count, max)
             );
+            if cpu > 0 {
+                // A triangle in the lower left corner, white edged so it shows on any colour.
+                let t = cw.min(ch) * 0.4;
+                let (x0, y0) = (cx + 1.0, y + ch - 1.0);
+                let _ = writeln!(
+                    o,
+                    r##"<path class="cpu" d="M{x0:.1},{y0:.1} L{:.1},{y0:.1} L{x0:.1},{:.1} Z" fill="#222222" stroke="#ffffff" stroke-width="0.5"/>"##,
+                    x0 + t,
+                    y0 - t
+                );
+            }
             if resident {
                 let _ = writeln!(
                     o,
@@ -213,6 +246,17 @@ pub fn heatmap_svg(g: &Grid, labels: &HeatmapLabels) -> String {
         ly + 30.0,
         xml_escape(&labels.resident)
     );
+    let _ = writeln!(
+        o,
+        r##"<path d="M{bx},{} L{},{} L{bx},{} Z" fill="#222222"/><text x="{}" y="{}" font-size="11">{}</text>"##,
+        ly + 72.0,
+        bx + 12.0,
+        ly + 72.0,
+        ly + 60.0,
+        bx + 24.0,
+        ly + 70.0,
+        xml_escape(&labels.cpu)
+    );
     let ev_label = if max_ev > 0 {
         format!("red dot: evicted (area by count, most {max_ev})")
     } else {
@@ -244,21 +288,34 @@ mod tests {
 
     #[test]
     fn every_cell_carries_its_numbers() {
+        use crate::trace::Observed;
         let mut g = Grid::new(vec![0, 3], 3, true);
-        g.observe(0, &[0, 1, 1, 2], &[false; 4], &[], 2, true);
-        g.observe(3, &[2, 0], &[false, false], &[2], 2, true);
+        let obs = |layer, ids, cpu, evicted, loaded| Observed {
+            layer,
+            ids,
+            hit: &[false; 4],
+            cpu,
+            evicted,
+            loaded,
+            top_k: 2,
+            counted: true,
+        };
+        g.observe(&obs(0, &[0, 1, 1, 2], &[], &[], &[0, 1, 2]));
+        g.observe(&obs(3, &[2, 0], &[true, false], &[2], &[0, 2]));
         let labels = HeatmapLabels {
             title: "t <&>".into(),
             subtitle: "s".into(),
             resident: "r".into(),
+            cpu: "c".into(),
         };
         let svg = heatmap_svg(&g, &labels);
         assert!(svg.contains("t &lt;&amp;&gt;"));
-        assert!(svg.contains(r#"data-layer="0" data-expert="1" data-count="2" data-resident="true" data-evictions="0""#));
-        assert!(svg.contains(r#"data-layer="3" data-expert="2" data-count="1" data-resident="false" data-evictions="1""#));
+        assert!(svg.contains(r#"data-layer="0" data-expert="1" data-count="2" data-resident="true" data-evictions="0" data-cpu="0""#));
+        assert!(svg.contains(r#"data-layer="3" data-expert="2" data-count="1" data-resident="false" data-evictions="1" data-cpu="1""#));
         assert_eq!(svg.matches(r#"class="cell""#).count(), 6);
         assert_eq!(svg.matches(r#"class="evicted""#).count(), 1);
         assert_eq!(svg.matches(r#"class="resident""#).count(), 4);
+        assert_eq!(svg.matches(r#"class="cpu""#).count(), 1);
         for label in [
             "routed expert",
             "MoE layer",

@@ -69,7 +69,7 @@ pub struct Inspection {
     pub gpu_weight_bytes_int4: u64,
     pub gpu_weight_bytes_f16: Option<u64>,
     pub kv_cache_bytes_per_position: u64,
-    /// With `--max-context`: that context, the KV cache, the activation workspace (an upper
+    /// With `--ctx-size`: that context, the KV cache, the activation workspace (an upper
     /// bound: buffers of kernels a device may not use are counted) and the total with every
     /// expert resident as INT4.
     pub max_context: Option<usize>,
@@ -80,7 +80,7 @@ pub struct Inspection {
 
 impl Inspection {
     /// Fill the context-dependent fields (the arithmetic admission control uses).
-    /// Fails (naming `--max-context`) when the context cannot be held or its bytes cannot
+    /// Fails (naming `--ctx-size`) when the context cannot be held or its bytes cannot
     /// be counted in 64 bits.
     pub fn add_workspace(
         &mut self,
@@ -88,7 +88,7 @@ impl Inspection {
         max_context: usize,
         chunk: usize,
     ) -> Result<()> {
-        let option = |e: Error| Error::option("--max-context", e.to_string());
+        let option = |e: Error| Error::option("--ctx-size", e.to_string());
         crate::model::workspace::check_context(cfg, max_context, chunk).map_err(option)?;
         let shape = crate::model::workspace::planned_shape(cfg, max_context, chunk, false, false);
         let total = crate::model::workspace::workspace_bytes(cfg, &shape).map_err(option)?;
@@ -100,9 +100,7 @@ impl Inspection {
         self.total_gpu_bytes_int4 = Some(
             self.gpu_weight_bytes_int4
                 .checked_add(total)
-                .ok_or_else(|| {
-                    Error::option("--max-context", "the byte count overflows 64 bits")
-                })?,
+                .ok_or_else(|| Error::option("--ctx-size", "the byte count overflows 64 bits"))?,
         );
         Ok(())
     }

@@ -125,7 +125,7 @@ impl LiveState {
             self.title
         ))];
         out.push(fit(format!(
-            "layer  experts 0..{} ({} per cell); colour: tokens routed (grey: never), *: resident",
+            "layer  experts 0..{} ({} per cell); colour: tokens routed (grey: never), *: on the GPU, c: computed on the CPU",
             g.num_experts.saturating_sub(1),
             cols.first().map_or(1, |c| c.1 - c.0)
         )));
@@ -134,14 +134,20 @@ impl LiveState {
             for &(c0, c1) in &cols {
                 let mut count = 0;
                 let mut resident = false;
+                let mut cpu = false;
                 for r in r0..r1 {
                     for c in c0..c1 {
                         count = count.max(g.counts[r][c]);
                         resident |= g.resident[r][c];
+                        cpu |= g.cpu[r][c] > 0;
                     }
                 }
                 let fg = if shade(count, max) >= 149 { 16 } else { 231 };
-                let mark = if resident { "*" } else { " " };
+                let mark = match (resident, cpu) {
+                    (true, _) => "*",
+                    (false, true) => "c",
+                    _ => " ",
+                };
                 line.push_str(&format!(
                     "\x1b[48;5;{}m\x1b[38;5;{fg}m{:^cell$}",
                     shade(count, max),
@@ -193,7 +199,26 @@ mod tests {
     #[test]
     fn the_frame_bins_experts_to_the_width_and_marks_residency() {
         let mut g = Grid::new(vec![0, 1], 200, true);
-        g.observe(0, &[0, 150], &[false, false], &[], 2, true);
+        g.observe(&crate::trace::Observed {
+            layer: 0,
+            ids: &[0, 150],
+            hit: &[false, false],
+            cpu: &[],
+            evicted: &[],
+            loaded: &[0, 150],
+            top_k: 2,
+            counted: true,
+        });
+        g.observe(&crate::trace::Observed {
+            layer: 1,
+            ids: &[3, 4],
+            hit: &[false, false],
+            cpu: &[true, true],
+            evicted: &[],
+            loaded: &[],
+            top_k: 2,
+            counted: true,
+        });
         let v = LiveView::new(g, "t".into());
         let mut st = v.lock();
         st.width = 58; // 50 cells: 4 experts per cell
@@ -206,7 +231,9 @@ mod tests {
         // Experts 0 and 150: cells 0 and 37 are resident and coloured at the top of the ramp.
         assert_eq!(f[2].matches('*').count(), 2);
         assert_eq!(f[2].matches("\x1b[48;5;226m").count(), 2);
+        // Layer 1: experts 3 and 4 (cell 0 and 1) computed on the CPU, never on the GPU.
         assert_eq!(f[3].matches('*').count(), 0);
+        assert_eq!(f[3].matches('c').count(), 2);
         assert!(f[4].ends_with("hello world"));
         assert_eq!(bins(10, 3), vec![(0, 4), (4, 8), (8, 10)]);
         assert_eq!(shade(0, 5), NEVER);

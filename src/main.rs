@@ -70,7 +70,12 @@ enum Cmd {
         json: bool,
         /// Also print the KV cache and workspace for this many positions, and the total GPU
         /// bytes with every expert resident as INT4 (what `run`/`bench` track as peak).
-        #[arg(long)]
+        #[arg(
+            short = 'c',
+            long = "ctx-size",
+            value_name = "N",
+            alias = "max-context"
+        )]
         max_context: Option<usize>,
         /// Prefill chunk for the workspace arithmetic (as `run --prefill-chunk`).
         #[arg(long, default_value_t = 64)]
@@ -164,12 +169,16 @@ struct PlanArgs {
     /// Model directory, or its config.json (no weights needed).
     model: PathBuf,
     /// GPU memory wgmoe may use (e.g. 12GiB, 8G, 512MiB, bytes).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size, alias = "vram-budget")]
     vram: u64,
-    /// KV-cache positions to plan for (prompt + generated tokens).
-    #[arg(long, default_value_t = 4096)]
-    context: usize,
-    /// Host RAM (default: this machine's, from /proc/meminfo).
+    /// KV-cache positions to plan for, prompt and generated tokens (default:
+    /// max_position_embeddings, at most 4096, as `chat` and `serve`).
+    #[arg(short = 'c', long = "ctx-size", value_name = "N", alias = "context")]
+    context: Option<usize>,
+    /// Host RAM (default: this machine's, from /proc/meminfo). It must hold what stays in
+    /// RAM while the model runs: the INT4 copy of every routed expert below full
+    /// residency. Loading streams the weights from the memory-mapped files, so at full
+    /// residency the model need not fit in RAM.
     #[arg(long, value_parser = parse_size)]
     ram: Option<u64>,
     /// Prompt tokens per prefill submission (as `run --prefill-chunk`).
@@ -258,7 +267,7 @@ struct ResidencyArgs {
     #[arg(long)]
     cpu_threads: Option<usize>,
     /// GPU memory the runtime may allocate (e.g. 6GiB, 512MiB); derives --resident-experts.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long = "vram", value_name = "SIZE", value_parser = parse_size, alias = "vram-budget")]
     vram_budget: Option<u64>,
     /// Which expert a full cache evicts.
     #[arg(long, value_parser = ["lru", "lfu-decay", "profile"], default_value = "lru")]
@@ -266,12 +275,10 @@ struct ResidencyArgs {
     /// Per-step decay of the LFU access counter (0, 1].
     #[arg(long, default_value_t = wgmoe::residency::LfuDecay::DEFAULT_DECAY)]
     decay: f64,
-    /// Expert-frequency profile for --cache-policy profile (from --write-profile).
+    /// Expert-frequency profile for --cache-policy profile (written by a calibration
+    /// `wgmoe run`).
     #[arg(long)]
     profile: Option<PathBuf>,
-    /// Write the per-layer expert frequencies of this run to FILE (a calibration run).
-    #[arg(long)]
-    write_profile: Option<PathBuf>,
     /// Mapped staging buffers for expert uploads.
     #[arg(long, default_value_t = 4)]
     staging_buffers: usize,
@@ -294,7 +301,7 @@ impl ResidencyArgs {
             decay: self.decay,
             profile: self.profile.clone(),
             staging_buffers: self.staging_buffers,
-            record_profile: self.write_profile.is_some(),
+            record_profile: false,
             miss_policy: self.miss_policy,
             n_cpu_moe: self.n_cpu_moe,
             cpu_threads: self.cpu_threads,
@@ -336,8 +343,9 @@ struct GpuArgs {
     /// Graphics API to use (default: the best available).
     #[arg(long, value_enum)]
     backend: Option<BackendChoice>,
-    /// Use the adapter whose name contains this text (case-insensitive).
-    #[arg(long)]
+    /// The adapter at this index of `wgmoe devices`, or the first whose name contains
+    /// this text (case-insensitive).
+    #[arg(long, value_name = "INDEX|NAME")]
     adapter: Option<String>,
     /// Cap the storage-binding size used to split large tensors (bytes), below the
     /// adapter's own limit; exercises the split paths.
@@ -364,7 +372,12 @@ struct GpuArgs {
 }
 
 impl GpuArgs {
-    fn request(&self) -> DeviceRequest {
+    /// The device request, with `--adapter` resolved against the adapters there are.
+    fn request(&self) -> Result<DeviceRequest> {
+        cli::adapter_request(self.request_unresolved())
+    }
+
+    fn request_unresolved(&self) -> DeviceRequest {
         DeviceRequest {
             backend: self.backend,
             adapter: self.adapter.clone(),
@@ -396,10 +409,15 @@ struct RunArgs {
     /// Prompt as comma-separated token ids, bypassing the tokenizer.
     #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
-    /// Wrap the prompt in the model's chat template as one user message.
-    #[arg(long)]
+    /// Wrap the prompt text in the chat template as one user message (not with
+    /// --prompt-ids: ids are already tokens).
+    #[arg(long, conflicts_with = "prompt_ids")]
     chat: bool,
-    /// Most tokens to generate.
+    /// The chat template of --chat: a Jinja file, or chatml, llama-2 or plain
+    /// (default: the model's; without one, plain User:/Assistant: lines).
+    #[arg(long, value_name = "FILE|NAME", requires = "chat")]
+    chat_template: Option<String>,
+    /// Most tokens to generate; 0 runs the prompt only and reports the prefill rate.
     #[arg(short = 'n', long, default_value_t = 128)]
     max_new_tokens: usize,
     #[command(flatten)]
@@ -418,8 +436,13 @@ struct RunArgs {
     prefill_chunk: usize,
     #[command(flatten)]
     residency: ResidencyArgs,
+    /// Write the per-layer expert frequencies of this run to FILE (a calibration run for
+    /// --cache-policy profile).
+    #[arg(long, value_name = "FILE")]
+    write_profile: Option<PathBuf>,
     /// Write the routing to FILE (JSONL: one line per token and MoE layer with the expert
-    /// ids, router weights and hits); reads each layer's routing back (slower).
+    /// ids, router weights, hits and the experts computed on the CPU); reads each layer's
+    /// routing back (slower).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
     /// Draw the layer x expert activation grid in the terminal while generating (off when
@@ -467,6 +490,10 @@ struct LoadArgs {
     /// and the newest message are kept) instead of refusing it.
     #[arg(long)]
     context_shift: bool,
+    /// The chat template: a Jinja file, or chatml, llama-2 or plain (default: the
+    /// model's; without one, plain User:/Assistant: lines).
+    #[arg(long, value_name = "FILE|NAME")]
+    chat_template: Option<String>,
     /// Storage of routed expert weights: int4 (W4A16, block 256) or f16.
     #[arg(long, value_enum, default_value = "int4")]
     expert_precision: ExpertPrecision,
@@ -484,7 +511,7 @@ struct LoadArgs {
 
 #[derive(Args)]
 struct ChatArgs {
-    /// Model directory (config.json, tokenizer.json with a chat template, *.safetensors).
+    /// Model directory (config.json, tokenizer.json, *.safetensors).
     model: PathBuf,
     /// A system message that starts the conversation (kept by /reset and context shift).
     #[arg(long, value_name = "TEXT")]

@@ -222,6 +222,12 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
+    /// Use `template` as the chat template (`--chat-template`); `source` names it in errors.
+    pub fn set_chat_template(&mut self, template: String, source: impl Into<PathBuf>) {
+        self.chat_template = Some(template);
+        self.chat_template_source = Some(source.into());
+    }
+
     /// Renders the chat template for `messages` (role, content) the way transformers does:
     /// Jinja with trim_blocks and lstrip_blocks, `bos_token`, `eos_token`, `messages` and
     /// `add_generation_prompt` in scope, and a `raise_exception(msg)` function.
@@ -247,9 +253,15 @@ impl Tokenizer {
         // template with an unbounded loop fails instead of hanging `run --chat`.
         env.set_fuel(Some(CHAT_TEMPLATE_FUEL));
         env.set_recursion_limit(CHAT_TEMPLATE_RECURSION);
+        // What the template says when it refuses a conversation, kept for the error.
+        let raised = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+        let keep = raised.clone();
         env.add_function(
             "raise_exception",
-            |msg: String| -> std::result::Result<JValue, minijinja::Error> {
+            move |msg: String| -> std::result::Result<JValue, minijinja::Error> {
+                if let Ok(mut r) = keep.lock() {
+                    *r = Some(msg.clone());
+                }
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
             },
         );
@@ -276,6 +288,14 @@ impl Tokenizer {
             eos_token => self.eos_token.clone().unwrap_or_default(),
         };
         tmpl.render(ctx).map_err(|e| {
+            if let Some(said) = raised.lock().ok().and_then(|mut r| r.take()) {
+                return Error::ChatTemplate {
+                    message: None,
+                    msg: format!("{source}: the chat template refused the conversation: {said}"),
+                    said,
+                    template: source.clone(),
+                };
+            }
             let what = match e.kind() {
                 ErrorKind::OutOfFuel => format!(
                     "did not finish within {CHAT_TEMPLATE_FUEL} template steps (an unbounded loop?)"

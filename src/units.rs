@@ -12,3 +12,29 @@ pub fn human(bytes: u64) -> String {
         format!("{bytes} B")
     }
 }
+
+/// `1 turn`, `2 turns`, `0 turns`: a count with its noun, plural unless it is 1.
+pub fn count<N: std::fmt::Display + PartialEq + From<u8>>(n: N, noun: &str) -> String {
+    count_as(n, noun, &format!("{noun}s"))
+}
+
+/// A count with an irregular plural: `count_as(3, "entry", "entries")`.
+pub fn count_as<N: std::fmt::Display + PartialEq + From<u8>>(
+    n: N,
+    one: &str,
+    many: &str,
+) -> String {
+    let word = if n == N::from(1) { one } else { many };
+    format!("{n} {word}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn one_is_singular() {
+        assert_eq!(super::count(1usize, "turn"), "1 turn");
+        assert_eq!(super::count(0u64, "turn"), "0 turns");
+        assert_eq!(super::count(2u32, "GPU"), "2 GPUs");
+        assert_eq!(super::count_as(1u64, "entry", "entries"), "1 entry");
+    }
+}

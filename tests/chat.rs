@@ -313,7 +313,8 @@ fn ctrl_c_stops_an_answer_and_at_the_prompt_ends_the_chat() {
     // The session goes on: the next line is answered from the kept conversation.
     writeln!(stdin, "/stats").unwrap();
     stdin.flush().unwrap();
-    wait(&|o, t| o && t.contains("session: 1 turns"));
+    // One turn, singular (issue 24, defect 11).
+    wait(&|o, t| o && t.contains("session: 1 turn,"));
     // At the prompt, Ctrl-C leaves: a newline, status 0.
     std::thread::sleep(Duration::from_millis(200));
     sigint(child.id());
@@ -344,4 +345,133 @@ fn ctrl_c_stops_an_answer_and_at_the_prompt_ends_the_chat() {
     assert!((1..8000).contains(&t[0][3]), "{r}");
     assert!(err.contains("stopped by Ctrl-C]"), "{r}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A copy of the OLMoE fixture whose tokenizer has no chat template.
+fn without_template() -> (tempfile::TempDir, std::path::PathBuf) {
+    let (t, dir) = copy_fixture(OLMOE);
+    let p = dir.join("tokenizer_config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&p, v.to_string()).unwrap();
+    (t, dir)
+}
+
+/// A model without a chat template chats in plain `User:`/`Assistant:` lines, with a
+/// one-line note; `--chat-template` picks a built-in template or a file instead.
+#[test]
+fn chat_without_a_template_falls_back_and_chat_template_picks_one() {
+    let (t, dir) = without_template();
+    let m = s(&dir);
+    let r = chat(&strings(&[&m, "-n", "2", "--ignore-eos"]), "hello\n");
+    assert_ok(&r);
+    let notes: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("has no chat template"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{r}");
+    assert!(
+        notes[0].contains("plain User:/Assistant: lines") && notes[0].contains("--chat-template"),
+        "{r}"
+    );
+    // The prompt is the plain rendering: `run --chat` shows its ids.
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let prompt_of = |extra: &[&str]| {
+        let mut a = vec!["run", &m, "-p", "hello", "--chat", "-n", "1", "--json"];
+        a.extend_from_slice(extra);
+        ids(&json_of(&wgmoe(&a)), "prompt_ids")
+            .into_iter()
+            .map(|x| x as u32)
+            .collect::<Vec<u32>>()
+    };
+    let plain = tok.encode("User: hello\nAssistant:", false).unwrap();
+    assert_eq!(prompt_of(&[]), plain);
+    assert_eq!(prompt_of(&["--chat-template", "plain"]), plain);
+    let chatml = tok
+        .encode(
+            "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
+            false,
+        )
+        .unwrap();
+    assert_eq!(prompt_of(&["--chat-template", "chatml"]), chatml);
+    // A Jinja file.
+    let file = t.path().join("t.jinja");
+    std::fs::write(
+        &file,
+        "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}",
+    )
+    .unwrap();
+    assert_eq!(
+        prompt_of(&["--chat-template", &s(&file)]),
+        tok.encode("<<hello>>", false).unwrap()
+    );
+    let r = wgmoe([
+        "run",
+        &m,
+        "-p",
+        "x",
+        "--chat",
+        "--chat-template",
+        "nonesuch",
+    ]);
+    assert_error(
+        &r,
+        &["--chat-template", "nonesuch", "chatml, llama-2, plain"],
+    );
+    // llama-2 folds a system message into the first turn.
+    let mut tok = Tokenizer::from_dir(&dir).unwrap();
+    wgmoe::session::template::choose(&mut tok, Some("llama-2"), &dir).unwrap();
+    let text = tok
+        .apply_chat_template(
+            &[
+                ("system".into(), "Be brief.".into()),
+                ("user".into(), "hi".into()),
+                ("assistant".into(), "yes".into()),
+                ("user".into(), "more".into()),
+            ],
+            true,
+        )
+        .unwrap();
+    assert!(
+        text.contains("[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nhi [/INST] yes ")
+            && text.ends_with("[INST] more [/INST]"),
+        "{text:?}"
+    );
+}
+
+/// A template's refusal names the message and the rule in wgmoe's words, then the
+/// template's own text.
+#[test]
+fn a_template_refusal_names_the_message_and_the_rule() {
+    let dir = fixture(MIXTRAL);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let e = chat_prompt(
+        &tok,
+        &[
+            Message::new(Role::System, "Be brief."),
+            Message::new(Role::User, "hi"),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("message 0 (system): this chat template takes no system message"),
+        "{e}"
+    );
+    assert!(
+        e.contains("says: \"Conversation roles must alternate"),
+        "{e}"
+    );
+    let e = chat_prompt(
+        &tok,
+        &[Message::new(Role::User, "a"), Message::new(Role::User, "b")],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("message 1 (user): the roles must alternate"),
+        "{e}"
+    );
 }

@@ -357,6 +357,15 @@ fn quantize_converted_dir_and_f16_on_converted() {
         ],
     );
     assert_error(&r, &["--expert-precision"]);
+
+    // Issue 24, defect 4: `eval` has no --expert-precision, so its error names the
+    // directory and what it needs.
+    let r = run_untouched(
+        &conv,
+        &["eval", &s(&conv), "--prompt-ids", "1,2", "-n", "2"],
+    );
+    assert_error(&r, &[&s(&conv), "original Hugging Face checkpoint"]);
+    assert!(!r.stderr.contains("--expert-precision"), "{r}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The command line as a new user meets it: clap's own errors and help, help for every
 //! option, plain messages for a file or an empty directory given as the model, the prompt
-//! from a file or stdin, a random (printed, repeatable) seed, Ctrl-C during `run`, `bench`
-//! checking everything before it measures, and the software-adapter note.
+//! from a file or stdin, a random (printed, repeatable) seed, Ctrl-C during `run` and
+//! `bench`, `bench` checking everything before it measures, its table and its progress
+//! without a terminal, and the one-line software-adapter note.
 
 mod common;
 
@@ -10,6 +11,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 use common::cli::*;
+use common::fixture;
 use serde_json::Value;
 
 const HELLO: &str = "Hello, world";
@@ -59,7 +61,8 @@ fn clap_prints_its_own_errors_and_help() {
 fn every_option_has_a_help_line() {
     let mut empty = Vec::new();
     for sub in [
-        "devices", "run", "chat", "serve", "quantize", "inspect", "eval", "synth", "bench",
+        "devices", "run", "chat", "serve", "quantize", "inspect", "eval", "synth", "bench", "plan",
+        "simulate", "heatmap",
     ] {
         let r = wgmoe([sub, "--help"]);
         assert_ok(&r);
@@ -509,10 +512,18 @@ fn software_adapters_are_named_and_devices_marks_the_default() {
     let args = ["run", &s(&dir), "--prompt-ids", "1", "-n", "2"];
     let r = wgmoe(args);
     assert_ok(&r);
-    let note = "note: no GPU adapter found; running on the software adapter";
+    let note = "note: no GPU found: running on";
     assert_eq!(r.stderr.contains(note), software, "{r}");
     if software {
-        assert!(r.stderr.contains("`wgmoe devices`"), "{r}");
+        // One short line that points to `wgmoe devices` (which explains).
+        let line = r.stderr.lines().find(|l| l.starts_with(note)).unwrap();
+        assert!(line.contains("`wgmoe devices`"), "{r}");
+        assert!(
+            line.chars().count() <= 120,
+            "{} characters: {line}",
+            line.len()
+        );
+        assert!(!line.contains("driver"), "{line}");
     }
     // Asked for by name, it is no fallback.
     let name = defaults[0]["name"].as_str().unwrap();
@@ -521,4 +532,110 @@ fn software_adapters_are_named_and_devices_marks_the_default() {
     let r = wgmoe(named);
     assert_ok(&r);
     assert!(!r.stderr.contains(note), "{r}");
+}
+
+/// Issue 24, defects 8 and 11, and progress without a terminal: bench's columns are as
+/// wide as their content, counts of one are singular, and with stderr not a terminal a
+/// line says where the sweep is.
+#[test]
+fn bench_columns_fit_a_long_configuration_and_progress_is_printed() {
+    let r = quick_bench(
+        &fixture(QWEN3),
+        &[
+            "-n",
+            "2",
+            "--resident-experts",
+            "4",
+            "--cache-policy",
+            "lfu-decay",
+            "--miss-policy",
+            "upload",
+            "--n-cpu-moe",
+            "1",
+        ],
+    );
+    assert_ok(&r);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    let (head, row) = (lines[0], lines[1]);
+    assert!(
+        row.starts_with("int4/grouped/4of7 lfu-decay miss upload n-cpu-moe 1 "),
+        "{r}"
+    );
+    // Each right-aligned column ends where its title ends.
+    for title in [
+        "decode/s",
+        "spread",
+        "TTFT s",
+        "prefill/s",
+        "peak GPU",
+        "H2D",
+        "ms/miss",
+    ] {
+        let end = head.find(title).unwrap() + title.len();
+        let chars: Vec<char> = row.chars().collect();
+        assert!(
+            chars[end - 1] != ' ' && chars.get(end).is_none_or(|&c| c == ' '),
+            "`{title}` is not above its values:\n{head}\n{row}"
+        );
+    }
+    let notes = lines[2];
+    assert!(
+        notes.contains("1 prompt x 1 block, 2 new tokens"),
+        "{notes}"
+    );
+    assert!(notes.contains("0 warm-up responses"), "{notes}");
+    assert!(
+        !notes.contains("1 prompts") && !notes.contains("1 blocks"),
+        "{notes}"
+    );
+    assert!(r.stderr.contains("bench: configuration 1 of 1: "), "{r}");
+    assert!(r.stderr.contains("bench:   block 1 of 1: decode "), "{r}");
+}
+
+/// Issue 24, defect 7: Ctrl-C during a sweep prints the finished configurations and where
+/// their records are, and exits 130.
+#[test]
+fn ctrl_c_stops_bench_with_the_finished_configurations() {
+    let t = tempfile::tempdir().unwrap();
+    let json = t.path().join("sweep.json");
+    let args: Vec<String> = [
+        "bench",
+        &s(&fixture(OLMOE)),
+        "--prompts",
+        "1",
+        "--warmup",
+        "0",
+        "-n",
+        "200",
+        "--blocks",
+        "2",
+        "--executor",
+        "grouped,per-expert",
+        "--json-out",
+        &s(&json),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let (code, out, err) =
+        interrupted_run(&args, |l, _| l.starts_with("bench: configuration 2 of 2"));
+    assert_eq!(code, Some(130), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("int4/grouped "),
+        "the finished row:\n{out}\n{err}"
+    );
+    assert!(!out.contains("int4/per-expert"), "{out}");
+    assert!(
+        err.contains(&format!(
+            "1 configuration finished before Ctrl-C; its record is above and in {}",
+            json.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.trim_end().ends_with("error: interrupted (Ctrl-C)"),
+        "{err}"
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
 }

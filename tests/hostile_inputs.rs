@@ -112,9 +112,9 @@ fn context_and_token_counts_do_not_wrap() {
     let (_t, dir) = copy_fixture(OLMOE);
     let d = s(&dir);
     let r = run_untouched(&dir, &["inspect", &d, "--max-context", MAX]);
-    assert_error(&r, &["--max-context", MAX, "max_position_embeddings = 512"]);
+    assert_error(&r, &["--ctx-size", MAX, "max_position_embeddings = 512"]);
     let r = run_untouched(&dir, &["inspect", &d, "--max-context", "513"]);
-    assert_error(&r, &["--max-context", "513", "max_position_embeddings"]);
+    assert_error(&r, &["--ctx-size", "513", "max_position_embeddings"]);
     // A huge chunk is clamped to the context, as the forward pass does.
     let r = run_untouched(
         &dir,
@@ -202,7 +202,7 @@ fn context_and_token_counts_do_not_wrap() {
     let r = within(&["run", &d, "--prompt-ids", "1", "-n", "100000000000000000"]);
     assert_error(&r, &["does not fit", "100000000000000001 positions"]);
     let r = within(&["inspect", &d, "--max-context", "100000000000000000"]);
-    assert_error(&r, &["--max-context", "100000000000000000 positions"]);
+    assert_error(&r, &["--ctx-size", "100000000000000000 positions"]);
 }
 
 fn set_chat_template(dir: &Path, template: &str) {

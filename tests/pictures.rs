@@ -62,7 +62,7 @@ fn heatmap_cells_hold_the_traces_counts_and_the_png_shows_them() {
         "routed expert",
         "MoE layer",
         "tokens routed to the expert",
-        "resident at the end (4 of 7 per layer, lru)",
+        "on the GPU at the end (8 of 14; cache 4 of 7, lru)",
         "evicted",
     ] {
         assert!(svg.contains(label), "the picture explains itself: {label}");
@@ -167,4 +167,126 @@ fn bench_plot_writes_a_png_when_asked_for_one() {
         .filter(|c| c.blue() > 150 && c.red() < 80)
         .count();
     assert!(blue > 50, "{blue} pixels of the first series' colour");
+}
+
+/// Issue 24, defect 3: with CPU experts the heat map outlines what was on the GPU, not
+/// every expert chosen, and marks what the CPU computed; the trace's CPU flags are the
+/// run's own count of pairs computed on the CPU.
+#[test]
+fn the_heatmap_shows_what_was_on_the_gpu_and_what_the_cpu_computed() {
+    let t = tempfile::tempdir().unwrap();
+    for (what, extra) in [
+        ("auto", vec!["--resident-experts", "4"]),
+        (
+            "cpu",
+            vec!["--resident-experts", "4", "--miss-policy", "cpu"],
+        ),
+        ("none resident", vec!["--resident-experts", "0"]),
+    ] {
+        let trace = t.path().join("t.jsonl");
+        let mut args = vec![
+            "run".to_string(),
+            s(&fixture(QWEN3)),
+            "--prompt-ids".into(),
+            "5,17,99,3,250,1000,42,7,77,123,9,64".into(),
+            "-n".into(),
+            "10".into(),
+            "--ignore-eos".into(),
+            "--json".into(),
+            "--trace".into(),
+            s(&trace),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let m = json_of(&wgmoe(&args))["metrics"].clone();
+        let text = std::fs::read_to_string(&trace).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .skip(1)
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        // Every miss of a layer with CPU experts ran on the CPU.
+        let mut cpu_pairs = 0;
+        for v in &lines {
+            let hit = v["hit"].as_array().unwrap();
+            let cpu = v["cpu"].as_array().cloned().unwrap_or_default();
+            for (i, h) in hit.iter().enumerate() {
+                let on_cpu = cpu.get(i).is_some_and(|c| c == true);
+                assert_eq!(on_cpu, h == false, "{what}: {v}");
+                cpu_pairs += u64::from(on_cpu);
+            }
+        }
+        assert_eq!(cpu_pairs, m["cpu_expert_pairs"].as_u64().unwrap(), "{what}");
+        let svg_path = t.path().join("map.svg");
+        assert_ok(&wgmoe(["heatmap", &s(&trace), "-o", &s(&svg_path)]));
+        let svg = std::fs::read_to_string(&svg_path).unwrap();
+        let expected = on_gpu_at_the_end(&lines);
+        let mut outlined = 0;
+        let mut cpu_cells = 0;
+        for c in svg.lines().filter(|l| l.contains(r#"class="cell""#)) {
+            let key: (u64, u64) = (
+                attr(c, "data-layer").parse().unwrap(),
+                attr(c, "data-expert").parse().unwrap(),
+            );
+            let on = attr(c, "data-resident") == "true";
+            assert_eq!(
+                on,
+                expected.get(&key).copied().unwrap_or(false),
+                "{what}: {c}"
+            );
+            outlined += usize::from(on);
+            cpu_cells += usize::from(attr(c, "data-cpu") != "0");
+        }
+        assert_eq!(
+            svg.matches(r#"class="resident""#).count(),
+            outlined,
+            "{what}"
+        );
+        assert_eq!(svg.matches(r#"class="cpu""#).count(), cpu_cells, "{what}");
+        assert!(cpu_cells > 0, "{what}: the CPU computed misses");
+        assert!(
+            svg.contains(&format!("on the GPU at the end ({outlined} of 14")),
+            "{what}: the legend counts what is outlined"
+        );
+        assert!(svg.contains("corner: computed on the CPU ("), "{what}");
+        if what == "none resident" {
+            assert_eq!(outlined, 0, "no expert has a GPU slot");
+            assert!(text
+                .lines()
+                .next()
+                .unwrap()
+                .contains(r#""cpu_layers":[0,2]"#));
+        }
+    }
+}
+
+/// Issue 24, defect 10: the x axis of a sweep on a 7-expert model names only residencies
+/// within the data.
+#[test]
+fn bench_plot_ticks_stay_within_the_data() {
+    let t = tempfile::tempdir().unwrap();
+    for (extra, lo, hi) in [(vec![], 7, 7), (vec!["--resident-experts", "4,7"], 4, 7)] {
+        let svg = t.path().join("p.svg");
+        let mut a = vec!["-n", "2", "--plot"];
+        let p = s(&svg);
+        a.push(&p);
+        a.extend(extra);
+        assert_ok(&quick_bench(&fixture(QWEN3), &a));
+        let text = std::fs::read_to_string(&svg).unwrap();
+        let ticks: Vec<u64> = text
+            .lines()
+            .filter(|l| l.contains(r#"class="xtick""#))
+            .map(|l| {
+                let i = l.find(r#"class="xtick""#).unwrap();
+                let rest = &l[i..];
+                let a = rest.find('>').unwrap() + 1;
+                rest[a..a + rest[a..].find('<').unwrap()].parse().unwrap()
+            })
+            .collect();
+        assert!(!ticks.is_empty(), "{text}");
+        assert!(
+            ticks.iter().all(|&x| (lo..=hi).contains(&x)),
+            "ticks {ticks:?} outside {lo}..={hi}"
+        );
+        assert!(ticks.contains(&lo) && ticks.contains(&hi), "{ticks:?}");
+    }
 }

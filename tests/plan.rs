@@ -360,7 +360,7 @@ fn a_model_too_big_for_one_machine_is_named_with_what_serving_it_takes() {
         "bf16",
         "fp8",
         "int4",
-        "server(s) of 8",
+        "server of 8",
         "vLLM with expert parallelism",
         "SGLang with expert parallelism",
         "Verdict: too big for one machine",
@@ -485,11 +485,11 @@ fn bad_input_is_named() {
         ),
         (
             vec![&cfg, "--vram", "8GiB", "--context", "0"],
-            vec!["--context"],
+            vec!["--ctx-size"],
         ),
         (
             vec![&cfg, "--vram", "8GiB", "--context", "999999999"],
-            vec!["--context", "max_position_embeddings"],
+            vec!["--ctx-size", "max_position_embeddings"],
         ),
         (
             vec![&cfg, "--vram", "8GiB", "--hit-rate", "1.5"],
@@ -737,4 +737,109 @@ fn devices_measure_stores_what_plan_predicts_with() {
     assert!(p["predicted_decode_tokens_per_s"].as_f64().unwrap() > 0.0);
     // Auto below full residency: the upload and the CPU prediction.
     assert_eq!(p["predictions"].as_array().unwrap().len(), 2, "{p}");
+}
+
+/// Issue 24, defect 1: `plan` plans the context `chat` and `serve` allocate by default,
+/// min(max_position_embeddings, 4096), so a fixture with 512 positions plans as it is.
+#[test]
+fn plan_defaults_to_the_context_chat_and_serve_use() {
+    let dir = s(&fixture(OLMOE));
+    let r = wgmoe(["plan", &dir, "--vram", "1GiB"]);
+    assert_ok(&r);
+    assert!(r.stdout.contains("Context 512 positions"), "{r}");
+    assert_eq!(
+        u(&plan_json(&[&dir, "--vram", "1GiB", "--json"]), "context"),
+        512
+    );
+    // A real config: 4096 of its 4096 (OLMoE), at most 4096 (Qwen3: 40960).
+    let q3 = plan_json(&[&config("qwen3-30b-a3b.json"), "--vram", "24GiB", "--json"]);
+    assert_eq!(u(&q3, "context"), 4096);
+    // -c/--ctx-size as llama.cpp names it, and the old --context still accepted.
+    for flag in ["-c", "--ctx-size", "--context"] {
+        let p = plan_json(&[&dir, "--vram", "1GiB", flag, "100", "--json"]);
+        assert_eq!(u(&p, "context"), 100, "{flag}");
+    }
+}
+
+/// Issue 24, defect 2: the RAM limit is what stays on the host while running (the host
+/// source below full residency); a model one card holds fits whatever the RAM, and no
+/// multi-GPU engine is recommended for a model one 80 GiB card holds.
+#[test]
+fn ram_counts_what_stays_on_the_host_and_one_card_is_never_a_cluster() {
+    let mixtral = config("mixtral-8x7b-v0.1.json");
+    let args = [mixtral.as_str(), "--vram", "80GiB", "--ram", "24GiB"];
+    let r = wgmoe(["plan"].iter().chain(args.iter()));
+    assert_ok(&r);
+    for bad in ["Too big", "vllm", "vLLM", "tensor-parallel", "GPUs"] {
+        assert!(!r.stdout.contains(bad), "`{bad}` in a plan that fits:\n{r}");
+    }
+    assert_eq!(
+        r.stdout
+            .matches("Host RAM holds what stays on the host")
+            .count(),
+        1,
+        "the RAM limit is said once:\n{r}"
+    );
+    assert!(r.stdout.contains("Verdict: all experts resident"), "{r}");
+    let mut a = args.to_vec();
+    a.push("--json");
+    let p = plan_json(&a);
+    assert_eq!(p["fits"], true, "{p}");
+    assert_eq!(u(&p, "resident_experts_per_layer"), 8);
+    assert_eq!(p["command"], "wgmoe run MODEL_DIR", "{p}");
+    assert!(p["cluster"].is_null(), "{p}");
+    assert_eq!(p["one_gpu_holds"], true, "{p}");
+    // A 16 GiB card and 16 GiB of RAM: part of the experts fit, their source does not:
+    // too big for this machine, and the way out is a bigger card or more RAM, not a
+    // cluster (one 80 GiB card holds it).
+    let small = [mixtral.as_str(), "--vram", "16GiB", "--ram", "16GiB"];
+    let r = wgmoe(["plan"].iter().chain(small.iter()));
+    assert_ok(&r);
+    assert!(r.stdout.contains("Verdict: too big for one machine"), "{r}");
+    assert!(
+        r.stdout.contains("a card with at least") && r.stdout.contains("host RAM of at least"),
+        "{r}"
+    );
+    assert!(
+        !r.stdout.contains("vLLM") && !r.stdout.contains("GPUs"),
+        "{r}"
+    );
+    let mut a = small.to_vec();
+    a.push("--json");
+    let p = plan_json(&a);
+    assert_eq!(p["fits"], false, "{p}");
+    assert!(p["cluster"].is_null() && p["command"].is_null(), "{p}");
+    // The same card with RAM for the source: partial residency.
+    let p = plan_json(&[&mixtral, "--vram", "16GiB", "--ram", "32GiB", "--json"]);
+    assert_eq!(p["fits"], true, "{p}");
+    assert_eq!(p["verdict"], "partial residency", "{p}");
+}
+
+/// Issue 24, defect 11: counts of one are singular ("at least 1 GPU", "1 server").
+#[test]
+fn plan_counts_of_one_are_singular() {
+    let path = repo().join("tests/data/too-big-moe.config.json");
+    let path = path.display().to_string();
+    let p = plan_json(&[&path, "--vram", "24GiB", "--ram", "128GiB", "--json"]);
+    let int4 = u(&p["cluster"]["needs"][2], "weight_bytes");
+    // A GPU just larger than the INT4 weights: they alone fit one, the KV cache and
+    // workspace do not.
+    let gpu = (int4 + 1).to_string();
+    let r = wgmoe([
+        "plan",
+        &path,
+        "--vram",
+        "24GiB",
+        "--ram",
+        "128GiB",
+        "--gpu-memory",
+        &gpu,
+    ]);
+    assert_ok(&r);
+    assert!(r.stdout.contains("at least 1 GPU;"), "{r}");
+    assert!(r.stdout.contains("= 1 server of 8"), "{r}");
+    assert!(
+        !r.stdout.contains(" 1 GPUs") && !r.stdout.contains("(s)"),
+        "{r}"
+    );
 }

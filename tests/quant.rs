@@ -113,3 +113,24 @@ fn expert_slot_bytes_at_the_published_shapes() {
         assert_eq!(l.bytes, want, "{name}");
     }
 }
+
+/// `quantize`'s progress counts bytes, not tensors: it ends at the bytes of the tensors
+/// written (the file without its header), never going back.
+#[test]
+fn quantize_progress_counts_the_bytes_written() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("converted");
+    let mut seen: Vec<(u64, u64)> = Vec::new();
+    wgmoe::convert::write_converted(&fixture("olmoe-tiny"), &out, &mut |done, total| {
+        seen.push((done, total))
+    })
+    .unwrap();
+    let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let data = bytes.len() as u64 - 8 - header;
+    let &(done, total) = seen.last().unwrap();
+    assert_eq!((done, total), (data, data), "the end is every byte written");
+    assert!(seen
+        .windows(2)
+        .all(|w| w[0].0 <= w[1].0 && w[0].1 == w[1].1));
+}

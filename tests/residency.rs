@@ -268,7 +268,7 @@ fn admission_refuses_what_cannot_fit() {
         vram_budget: Some(1 << 20),
         ..upload()
     });
-    assert!(e.contains("--vram-budget"), "{e}");
+    assert!(e.contains("--vram "), "{e}");
     let e = err(ResidencyOptions {
         resident_experts: Some(3),
         policy: PolicyKind::Profile,

@@ -481,3 +481,46 @@ fn a_port_in_use_is_refused_before_loading() {
     let r = wgmoe_within(60, &["serve", &s(&fixture(OLMOE)), "--max-queue", "5000"]);
     assert_error(&r, &["--max-queue", "at most 4096"]);
 }
+
+/// Issue 24, defect 9: a field of the wrong kind is named with what was given.
+#[test]
+fn a_wrong_number_is_named_as_given() {
+    use wgmoe::serve::api::chat_request;
+    let user = json!([{"role": "user", "content": "hi"}]);
+    for (v, given) in [
+        (json!(-1), "-1"),
+        (json!(3.5), "3.5"),
+        (json!("8"), "the string \"8\""),
+    ] {
+        let e = chat_request(&json!({"messages": user, "max_tokens": v})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert_eq!(
+            e.message,
+            format!("`max_tokens` must be a non-negative integer, not {given}"),
+        );
+    }
+    let e = chat_request(&json!({"messages": user, "temperature": true})).unwrap_err();
+    assert_eq!(e.message, "`temperature` must be a number, not true");
+}
+
+/// A chat template's refusal is a 400 that names the message and the rule, then what
+/// the template said.
+#[test]
+fn a_template_refusal_is_explained() {
+    let srv = Server::start(&fixture(MIXTRAL), &[]);
+    let (st, v) = srv.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], "max_tokens": 2}),
+    );
+    assert_eq!(st, 400, "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(
+        m.starts_with("message 0 (system): this chat template takes no system message"),
+        "{m}"
+    );
+    assert!(
+        m.contains("says: \"Conversation roles must alternate user/assistant/user/assistant/...\""),
+        "{m}"
+    );
+    assert_eq!(v["error"]["param"], "messages", "{v}");
+}

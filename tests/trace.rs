@@ -72,7 +72,7 @@ fn a_trace_holds_every_token_and_layer_and_does_not_change_the_tokens() {
         );
         let v = lines(&path);
         let h = &v[0];
-        assert_eq!(h["wgmoe_trace"], 1);
+        assert_eq!(h["wgmoe_trace"], 2);
         let cfg = wgmoe::config::ModelConfig::from_dir(&fixture(name)).unwrap();
         let moe: Vec<u64> = (0..cfg.num_layers as u64)
             .filter(|&l| cfg.sparse_layers[l as usize])

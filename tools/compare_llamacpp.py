@@ -17,7 +17,7 @@ Steps, all on this machine, one after the other (never concurrently):
   4. A table: decode tok/s, TTFT / prefill tok/s, peak memory, with both runtimes' versions and
      backends.
 
-llama.cpp is not installed by this tool: build it yourself (see README.md, "Comparison with
+llama.cpp is not installed by this tool: build it yourself (see docs/benchmarks.md, "Comparison with
 llama.cpp"). This is a measuring tool, not a test; it is not run in CI. Python 3.8+, stdlib only
 (llama.cpp's converter needs its own requirements: `pip install -r llama.cpp/requirements.txt`).
 """
@@ -505,7 +505,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         description="Measure wgmoe and llama.cpp (Q4_0) side by side on one machine: decode "
                     "tok/s, TTFT/prefill, peak memory.",
-        epilog="llama.cpp is not installed by this tool; see README.md, 'Comparison with "
+        epilog="llama.cpp is not installed by this tool; see docs/benchmarks.md, 'Comparison with "
                "llama.cpp'.")
     ap.add_argument("model", type=Path,
                     help="Hugging Face model directory (fixture, or `wgmoe synth --format hf` "

@@ -353,11 +353,26 @@ pub fn run_bench(
             c.resident_experts
                 .map_or("all".to_string(), |n| n.to_string())
         ));
-        let mut responses = Vec::new();
+        // Without a terminal the bar is hidden: plain lines say how far the sweep is.
+        let plain = pb.is_hidden();
+        if plain {
+            eprintln!(
+                "bench: configuration {} of {}: {} ({})",
+                ci + 1,
+                configs.len(),
+                describe(c),
+                crate::units::count(total, "response")
+            );
+        }
+        let mut responses: Vec<Response> = Vec::new();
         for k in 0..total {
             let p = &tp.ids[k % prompts.len()];
             let t0 = Instant::now();
             let g = generate(&mut engine.fwd, p, &gen_opts, &mut |_| Ok(()))?;
+            if g.interrupted {
+                pb.finish_and_clear();
+                return Err(Error::Interrupted);
+            }
             let response_s = t0.elapsed().as_secs_f64();
             if g.generated_ids.len() != o.new_tokens {
                 return Err(Error::Other(format!(
@@ -379,6 +394,18 @@ pub fn run_bench(
                 };
                 pb.set_message(format!("{:.2} tok/s", g.decode_tokens_per_s()));
                 responses.push(r);
+                let done = k + 1 - o.warmup;
+                if plain && done.is_multiple_of(prompts.len()) {
+                    let block: Vec<&Response> = responses[done - prompts.len()..].iter().collect();
+                    let tokens: usize = block.iter().map(|r| r.tokens.saturating_sub(1)).sum();
+                    let secs: f64 = block.iter().map(|r| r.decode_s).sum();
+                    eprintln!(
+                        "bench:   block {} of {}: decode {:.2} tok/s",
+                        done / prompts.len(),
+                        o.blocks,
+                        tokens as f64 / secs.max(1e-9)
+                    );
+                }
             } else {
                 pb.set_message("warm-up");
             }

@@ -80,6 +80,18 @@ pub(super) fn byte_unit(max: f64) -> (f64, &'static str) {
         .unwrap_or((1.0, "bytes"))
 }
 
+/// Round ticks of resident experts within the data's range `lo..=hi` (the axis is drawn a
+/// little wider, but no tick names a residency nothing was measured near).
+pub(super) fn x_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    if hi - lo < 1.0 {
+        return vec![lo.round()];
+    }
+    nice_ticks(lo, hi, 8, true)
+        .into_iter()
+        .filter(|&t| t >= lo - 1e-9 && t <= hi + 1e-9)
+        .collect()
+}
+
 pub(super) const PLOT_COLORS: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];
@@ -109,13 +121,13 @@ pub fn plot_svg(records: &[BenchRecord]) -> String {
                 if r.synthetic { ", synthetic" } else { "" }
             ),
             format!(
-                "adapter {} ({}, {})\n{} prompts x {} blocks, {} new tokens; {}; wgmoe {} {}",
+                "adapter {} ({}, {})\n{} x {}, {}; {}; wgmoe {} {}",
                 r.adapter,
                 r.backend,
                 r.driver,
-                r.prompts,
-                r.blocks,
-                r.new_tokens,
+                crate::units::count(r.prompts, "prompt"),
+                crate::units::count(r.blocks, "block"),
+                crate::units::count(r.new_tokens, "new token"),
                 r.date_utc,
                 r.wgmoe_version,
                 r.git_revision
@@ -151,13 +163,13 @@ pub fn plot_svg(records: &[BenchRecord]) -> String {
     if !x0.is_finite() {
         (x0, x1) = (0.0, 1.0);
     }
+    let xticks = x_ticks(x0, x1);
     if x1 - x0 < 1.0 {
         (x0, x1) = (x0 - 1.0, x1 + 1.0);
     }
     let pad = (x1 - x0) * 0.05;
     let (x0, x1) = ((x0 - pad).max(0.0), x1 + pad);
     let sx = |x: f64| left + (x - x0) / (x1 - x0) * (right - left);
-    let xticks = nice_ticks(x0, x1, 8, true);
     let h2d_max = series
         .iter()
         .flat_map(|s| s.points.iter().filter_map(|p| p.2))
@@ -202,7 +214,7 @@ pub fn plot_svg(records: &[BenchRecord]) -> String {
             let x = sx(t);
             let _ = writeln!(
                 o,
-                r##"<line x1="{x:.1}" y1="{bottom}" x2="{x:.1}" y2="{:.1}" stroke="#333"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                r##"<line x1="{x:.1}" y1="{bottom}" x2="{x:.1}" y2="{:.1}" stroke="#333"/><text class="xtick" x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
                 bottom + 5.0,
                 bottom + 18.0,
                 tick_label(t)
@@ -283,4 +295,20 @@ pub fn plot_svg(records: &[BenchRecord]) -> String {
     }
     o.push_str("</svg>\n");
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::x_ticks;
+
+    #[test]
+    fn x_ticks_stay_within_the_data() {
+        assert_eq!(x_ticks(7.0, 7.0), vec![7.0]);
+        assert_eq!(x_ticks(4.0, 7.0), vec![4.0, 5.0, 6.0, 7.0]);
+        let t = x_ticks(30.0, 64.0);
+        assert!(
+            t.iter().all(|&x| (30.0..=64.0).contains(&x)) && t.len() >= 3,
+            "{t:?}"
+        );
+    }
 }

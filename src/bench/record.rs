@@ -6,8 +6,8 @@ use super::{BenchConfig, BenchOptions, Response};
 use crate::engine::{Engine, ExpertPrecision};
 use crate::model::Executor;
 
-/// One configuration's measurements. Field names are stable (documented in README.md,
-/// "## Benchmarks"); `None` serialises as null.
+/// One configuration's measurements. Field names are stable (documented in docs/benchmarks.md,
+/// "`wgmoe bench`"); `None` serialises as null.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct BenchRecord {
     // Identity of the run.

@@ -30,7 +30,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         executors: a.executor.clone(),
         expert_precisions: a.expert_precision.clone(),
         prefill_chunk: a.prefill_chunk,
-        adapter: a.gpu.request(),
+        adapter: a.gpu.request()?,
         kernels: a.gpu.kernels(),
         resident_experts: a.resident_experts.iter().map(|&n| Some(n)).collect(),
         cache_policies: a
@@ -62,16 +62,15 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         Ok(())
     };
+    // Ctrl-C ends the sweep after the response being measured: the finished
+    // configurations are printed and kept (exit status 130).
+    wgmoe::interrupt::install()?;
     let mut done: Vec<BenchRecord> = Vec::new();
     let mut write_err = None;
     let mut noted = false;
     let result = wgmoe::bench::run_bench(&opts, &mut |r| {
         if !noted && r.adapter_type == "Cpu" && a.gpu.adapter.is_none() {
-            eprintln!(
-                "note: no GPU adapter found; running on the software adapter {} (on the CPU, much slower); {}",
-                r.adapter,
-                super::SOFTWARE_HINT
-            );
+            eprintln!("{}", super::software_line(&r.adapter));
             noted = true;
         }
         eprintln!(
@@ -90,15 +89,33 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let records = match result {
         Ok(r) => r,
         Err(e) => {
-            // The table of the configurations that finished, then the error.
-            if !done.is_empty() {
+            // The table of the configurations that finished, where they were written, then
+            // the error.
+            let why = match e {
+                Error::Interrupted => "Ctrl-C",
+                _ => "this error",
+            };
+            if done.is_empty() {
+                eprintln!("no configuration finished before {why}: nothing was written");
+            } else {
                 out!("{}", wgmoe::bench::table(&done).trim_end());
+                let files: Vec<String> = [&a.json_out, &a.plot]
+                    .into_iter()
+                    .flatten()
+                    .map(|p| p.display().to_string())
+                    .collect();
                 eprintln!(
-                    "{} of the sweep's configurations finished before this error; their records are above{}",
-                    done.len(),
-                    match (&a.json_out, &a.plot) {
-                        (None, None) => String::new(),
-                        _ => " and in the --json-out / --plot files".to_string(),
+                    "{} finished before {why}; {} above{}",
+                    wgmoe::units::count(done.len(), "configuration"),
+                    if done.len() == 1 {
+                        "its record is"
+                    } else {
+                        "their records are"
+                    },
+                    if files.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" and in {}", files.join(" and "))
                     }
                 );
             }

@@ -9,6 +9,7 @@ use wgmoe::engine::Engine;
 use wgmoe::error::{Error, Result};
 use wgmoe::generate::{Flow, GenerateOptions};
 use wgmoe::session::chat::{chat_prompt, fit, Message, Role};
+use wgmoe::session::template;
 use wgmoe::session::{Session, TurnStats};
 use wgmoe::tokenizer::{TextStream, Tokenizer};
 
@@ -117,8 +118,8 @@ fn print_stats(session: &Session) -> Result<()> {
     };
     writeln!(
         out,
-        "{last}\nsession: {} turns, {} prompt tokens ({} cached, {} prefilled), {} generated; the cache holds {} of {} positions",
-        t.requests,
+        "{last}\nsession: {}, {} prompt tokens ({} cached, {} prefilled), {} generated; the cache holds {} of {} positions",
+        wgmoe::units::count(t.requests, "turn"),
         t.prompt_tokens,
         t.cached_tokens,
         t.prefilled_tokens,
@@ -132,12 +133,13 @@ fn print_stats(session: &Session) -> Result<()> {
 
 pub fn chat(a: ChatArgs) -> Result<()> {
     let (cfg, gen, tok) = Engine::open_host(&a.model)?;
-    let tok = tok.ok_or_else(|| {
+    let mut tok = tok.ok_or_else(|| {
         Error::bad_file(
             a.model.join("tokenizer.json"),
             "missing: chat needs the tokenizer",
         )
     })?;
+    let note = template::choose(&mut tok, a.load.chat_template.as_deref(), &a.model)?;
     let mut history: Vec<Message> = a
         .system
         .iter()
@@ -158,6 +160,9 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let ctx = super::ctx_size(&a.load, &cfg, &a.model)?;
     let mut engine = super::load_engine(&a.model, &a.load, ctx)?;
     engine.tokenizer = None;
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
     let mut session = Session::new(engine);
     let shift = a.load.context_shift;
     wgmoe::interrupt::install()?;

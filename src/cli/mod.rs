@@ -13,7 +13,7 @@ pub mod tools;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use wgmoe::backend::{Device, DeviceRequest, DeviceType};
+use wgmoe::backend::{BackendChoice, Device, DeviceInfo, DeviceRequest, DeviceType};
 use wgmoe::config::ModelConfig;
 use wgmoe::engine::{Engine, EngineOptions};
 use wgmoe::error::{Error, Result};
@@ -46,17 +46,12 @@ pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize) -> Result<Engine> 
     if load.prefill_chunk == 0 {
         return Err(Error::option("--prefill-chunk", "must be at least 1"));
     }
-    if load.residency.write_profile.is_some() {
-        return Err(Error::option(
-            "--write-profile",
-            "records a calibration run: use it with `wgmoe run`",
-        ));
-    }
+    let adapter = load.gpu.request()?;
     let engine = Engine::load(
         model,
         &EngineOptions {
             residency: load.residency.options()?,
-            adapter: load.gpu.request(),
+            adapter: adapter.clone(),
             kernels: load.gpu.kernels(),
             expert_precision: load.expert_precision,
             executor: load.executor,
@@ -80,7 +75,7 @@ pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize) -> Result<Engine> 
         engine.dev.info().backend,
         engine.dev.info().driver_string()
     );
-    software_note(&engine.dev, &load.gpu.request());
+    software_note(&engine.dev, &adapter);
     Ok(engine)
 }
 
@@ -98,7 +93,8 @@ pub fn prompt_text(prompt: Option<&str>, file: Option<&Path>) -> Result<Option<S
         }
         (Some(t), _) => return Ok(Some(t.to_string())),
         (None, Some(f)) => (
-            std::fs::read(f).map_err(|e| Error::io(f, e))?,
+            std::fs::read(f)
+                .map_err(|e| Error::option("-f/--file", format!("{}: {e}", f.display())))?,
             f.to_path_buf(),
         ),
         (None, None) => return Ok(None),
@@ -209,18 +205,118 @@ pub fn print_report<T: serde::Serialize>(
         .map_err(crate::stdout_error)
 }
 
-/// The hint for a machine whose only adapter is a software one.
+/// The hint for a machine whose only adapter is a software one (`wgmoe devices` says it).
 pub const SOFTWARE_HINT: &str = "for a GPU, install its Vulkan (Linux, Windows), DX12 (Windows) or Metal (macOS) driver; `wgmoe devices` lists the adapters wgmoe sees";
+
+/// The one-line note of a command that runs on a software adapter it fell back to.
+pub fn software_line(adapter: &str) -> String {
+    format!(
+        "note: no GPU found: running on {adapter}, a software adapter (slow; see `wgmoe devices`)"
+    )
+}
 
 /// Say so on stderr when the adapter is a software one (lavapipe, WARP...) that was picked
 /// because no GPU was found (not asked for with --adapter).
 pub fn software_note(dev: &Device, req: &DeviceRequest) {
     if dev.info().device_type == DeviceType::Cpu && req.adapter.is_none() {
-        eprintln!(
-            "note: no GPU adapter found; running on the software adapter {} (on the CPU, much slower); {SOFTWARE_HINT}",
-            dev.info().name
-        );
+        eprintln!("{}", software_line(&dev.info().name));
     }
+}
+
+/// `[0] name (vulkan), [1] name (gl)`: the adapters as `wgmoe devices` numbers them.
+fn adapter_list(list: &[DeviceInfo]) -> String {
+    list.iter()
+        .enumerate()
+        .map(|(i, a)| format!("[{i}] {} ({})", a.name, a.backend))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn backend_choice(name: &str) -> Option<BackendChoice> {
+    use clap::ValueEnum;
+    BackendChoice::value_variants()
+        .iter()
+        .copied()
+        .find(|b| b.to_possible_value().is_some_and(|v| v.get_name() == name))
+}
+
+/// `--adapter INDEX|NAME` checked against the adapters there are: an index (as
+/// `wgmoe devices` numbers them) becomes that adapter's backend and name; a name no
+/// adapter contains is refused with the numbered list. Also the index `open` picks.
+pub fn resolve_adapter(req: DeviceRequest) -> Result<(DeviceRequest, Option<usize>)> {
+    let Some(wanted) = req.adapter.clone() else {
+        let (_, pick) = Device::list(&req)?;
+        return Ok((req, pick));
+    };
+    let (list, _) = Device::list(&DeviceRequest {
+        adapter: None,
+        ..req.clone()
+    })?;
+    if let Ok(i) = wanted.trim().parse::<usize>() {
+        let Some(a) = list.get(i) else {
+            return Err(Error::option(
+                "--adapter",
+                format!(
+                    "there is no adapter [{i}]; {}",
+                    if list.is_empty() {
+                        "wgmoe finds none".to_string()
+                    } else {
+                        format!("there are {}", adapter_list(&list))
+                    }
+                ),
+            ));
+        };
+        // The backend and the name single it out unless an earlier adapter of the same
+        // backend matches that name too (two identical cards).
+        let name = a.name.to_lowercase();
+        if let Some(j) = list[..i]
+            .iter()
+            .position(|b| b.backend == a.backend && b.name.to_lowercase().contains(&name))
+        {
+            return Err(Error::option(
+                "--adapter",
+                format!(
+                    "[{i}] cannot be singled out: wgmoe picks an adapter by backend and name, and [{j}] ({}, {}) matches {} too",
+                    list[j].name, list[j].backend, a.name
+                ),
+            ));
+        }
+        let backend = backend_choice(&a.backend).or(req.backend);
+        return Ok((
+            DeviceRequest {
+                backend,
+                adapter: Some(a.name.clone()),
+                ..req
+            },
+            Some(i),
+        ));
+    }
+    let low = wanted.to_lowercase();
+    match list
+        .iter()
+        .position(|a| a.name.to_lowercase().contains(&low))
+    {
+        Some(i) => Ok((req, Some(i))),
+        None => Err(Error::option(
+            "--adapter",
+            format!(
+                "no adapter name contains `{wanted}`; {} (give an index or part of a name)",
+                if list.is_empty() {
+                    "wgmoe finds no adapter".to_string()
+                } else {
+                    format!("there are {}", adapter_list(&list))
+                }
+            ),
+        )),
+    }
+}
+
+/// The device request of `--backend`/`--adapter`, resolved (see [`resolve_adapter`]).
+pub fn adapter_request(req: DeviceRequest) -> Result<DeviceRequest> {
+    if req.adapter.is_none() {
+        return Ok(req);
+    }
+    resolve_adapter(req).map(|r| r.0)
 }
 
 /// Peak resident set size of this process (Linux: VmHWM), if the OS tells.

@@ -148,7 +148,9 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             model: a.model.display().to_string(),
             model_dir: dir.display().to_string(),
             vram: a.vram,
-            context: a.context,
+            context: a
+                .context
+                .unwrap_or(cfg.max_position_embeddings.min(super::DEFAULT_CTX)),
             prefill_chunk: a.prefill_chunk,
             staging_buffers: a.staging_buffers,
             ram,

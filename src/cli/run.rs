@@ -81,9 +81,10 @@ fn live_view(a: &RunArgs, engine: &Engine) -> Option<wgmoe::live::LiveView> {
     let layers = (0..cfg.num_layers)
         .filter(|&l| cfg.sparse_layers[l])
         .collect();
-    let grid = wgmoe::trace::Grid::new(layers, cfg.num_experts, partial);
+    let mut grid = wgmoe::trace::Grid::new(layers, cfg.num_experts, partial);
+    grid.set_host_layers(&engine.cpu_layers());
     let title = format!(
-        "wgmoe live: {} ({} of {} experts resident{})",
+        "wgmoe live: {} ({} of {} expert slots per layer{})",
         a.model.display(),
         engine.resident_experts,
         cfg.num_experts,
@@ -97,20 +98,25 @@ fn live_view(a: &RunArgs, engine: &Engine) -> Option<wgmoe::live::LiveView> {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let (cfg, gen, tok) = Engine::open_host(&a.model)?;
+    let (cfg, gen, mut tok) = Engine::open_host(&a.model)?;
     let seed = a.sampling.seed.unwrap_or_else(super::random_seed);
     let sampling = sampling_options(&a.sampling, gen.as_ref(), seed)?;
     let text = prompt_text(a.prompt.as_deref(), a.file.as_deref())?;
     let prompt_ids: Vec<u32> = match (&text, &a.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
-            let tok = tok.as_ref().ok_or_else(|| {
+            let tok = tok.as_mut().ok_or_else(|| {
                 Error::bad_file(
                     a.model.join("tokenizer.json"),
                     "missing: needed to encode --prompt (or pass --prompt-ids)",
                 )
             })?;
             if a.chat {
+                if let Some(n) =
+                    wgmoe::session::template::choose(tok, a.chat_template.as_deref(), &a.model)?
+                {
+                    eprintln!("{n}");
+                }
                 let user = Message::new(Role::User, text.clone());
                 chat_prompt(tok, &[user])?
             } else {
@@ -166,17 +172,20 @@ pub fn run(a: RunArgs) -> Result<()> {
             cfg.max_position_embeddings
         );
     }
-    if let Some(p) = &a.residency.write_profile {
+    if let Some(p) = &a.write_profile {
         super::check_output_file("--write-profile", p)?;
     }
     if let Some(p) = &a.trace {
         super::check_output_file("--trace", p)?;
     }
+    let adapter = a.gpu.request()?;
+    let mut residency = a.residency.options()?;
+    residency.record_profile = a.write_profile.is_some();
     let mut engine = Engine::load(
         &a.model,
         &EngineOptions {
-            residency: a.residency.options()?,
-            adapter: a.gpu.request(),
+            residency,
+            adapter: adapter.clone(),
             kernels: a.gpu.kernels(),
             expert_precision: a.expert_precision,
             executor: a.executor,
@@ -193,7 +202,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         engine.dev.info().backend,
         engine.dev.info().driver_string()
     );
-    software_note(&engine.dev, &a.gpu.request());
+    software_note(&engine.dev, &adapter);
     let live = live_view(&a, &engine);
     if a.trace.is_some() || live.is_some() {
         engine.start_trace(
@@ -241,7 +250,11 @@ pub fn run(a: RunArgs) -> Result<()> {
     // From here on, Ctrl-C stops generating: what was generated is printed with the
     // summary, and the exit status is 130.
     wgmoe::interrupt::install()?;
-    let g = generate(&mut engine.fwd, &prompt_ids, &opts, &mut on_token)?;
+    let g = if max_new == 0 {
+        wgmoe::generate::prefill_only(&mut engine.fwd, &prompt_ids)?
+    } else {
+        generate(&mut engine.fwd, &prompt_ids, &opts, &mut on_token)?
+    };
     let text = match tokr {
         Some(t) => t.decode(&g.generated_ids)?,
         None => String::new(),
@@ -255,7 +268,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     if let Some(p) = &a.trace {
         eprintln!("wrote routing trace {}", p.display());
     }
-    if let (Some(path), Some(p)) = (&a.residency.write_profile, engine.fwd.profile.as_ref()) {
+    if let (Some(path), Some(p)) = (&a.write_profile, engine.fwd.profile.as_ref()) {
         p.save(path)?;
         eprintln!("wrote expert profile {}", path.display());
     }
@@ -314,14 +327,21 @@ pub fn run(a: RunArgs) -> Result<()> {
     } else if let Some(v) = &live {
         v.finish()?;
         out!("{text}");
+    } else if max_new == 0 {
+        eprintln!(
+            "{} prefilled in {:.3}s ({:.1} tok/s); -n 0: no token generated",
+            wgmoe::units::count(prompt_ids.len(), "prompt token"),
+            g.prefill_s,
+            prompt_ids.len() as f64 / g.prefill_s.max(1e-9)
+        );
     } else {
         if let Some(t) = tokr {
             let tail = stream.finish(t)?;
             out!("{tail}");
         }
         eprintln!(
-            "{} prompt tokens, {} generated{}; TTFT {:.3}s, decode {:.2} tok/s{}",
-            prompt_ids.len(),
+            "{}, {} generated{}; TTFT {:.3}s, decode {:.2} tok/s{}",
+            wgmoe::units::count(prompt_ids.len(), "prompt token"),
             g.generated_ids.len(),
             if g.interrupted {
                 " (stopped by Ctrl-C)"

@@ -13,12 +13,14 @@ pub const MAX_QUEUE: usize = 4096;
 
 pub fn serve(a: ServeArgs) -> Result<()> {
     let (cfg, gen, tok) = Engine::open_host(&a.model)?;
-    if tok.is_none() {
+    let Some(mut tok) = tok else {
         return Err(Error::bad_file(
             a.model.join("tokenizer.json"),
             "missing: the server needs the tokenizer",
         ));
-    }
+    };
+    let note =
+        wgmoe::session::template::choose(&mut tok, a.load.chat_template.as_deref(), &a.model)?;
     if let Some(k) = &a.api_key {
         if k.trim().is_empty() || k.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(Error::option(
@@ -51,7 +53,12 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .unwrap_or_else(|| "model".into())
     });
     let listener = bind(&a.host, a.port)?;
-    let engine = super::load_engine(&a.model, &a.load, ctx)?;
+    let mut engine = super::load_engine(&a.model, &a.load, ctx)?;
+    // The tokenizer with the chat template chosen above.
+    engine.tokenizer = Some(tok);
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
     let opts = ServeOptions {
         api_key: a.api_key.clone(),
         max_queue: a.max_queue,

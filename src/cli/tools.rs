@@ -14,9 +14,13 @@ use super::{prompt_text, software_note, SOFTWARE_HINT};
 use crate::{stdout_error, EvalArgs, GpuArgs, SynthArgs};
 
 pub fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
-    let req = gpu.request();
-    // Every adapter, and the one `run` would pick with the same options.
-    let (list, chosen) = Device::list(&req)?;
+    // Every adapter (of --backend), and the one `run` would pick with the same options.
+    let all = wgmoe::backend::DeviceRequest {
+        adapter: None,
+        ..gpu.request_unresolved()
+    };
+    let (list, _) = Device::list(&all)?;
+    let (_, chosen) = super::resolve_adapter(gpu.request_unresolved())?;
     if as_json {
         let mut v = serde_json::to_value(&list).map_err(|e| Error::Other(e.to_string()))?;
         if let Some(items) = v.as_array_mut() {
@@ -32,7 +36,7 @@ pub fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
     }
     if list.is_empty() {
         // Reuse the device's message, which says how to get a driver.
-        return Device::open(&gpu.request()).map(|_| ());
+        return Device::open(&gpu.request()?).map(|_| ());
     }
     for (i, a) in list.iter().enumerate() {
         let mark = if chosen == Some(i) {
@@ -74,7 +78,7 @@ pub fn devices(gpu: &GpuArgs, as_json: bool) -> Result<()> {
 }
 
 pub fn measure(gpu: &GpuArgs, as_json: bool) -> Result<()> {
-    let req = gpu.request();
+    let req = gpu.request()?;
     let dev = Device::open(&req)?;
     let info = dev.info().clone();
     eprintln!(
@@ -135,16 +139,17 @@ pub fn quantize(model: &std::path::Path, out: &std::path::Path, force: bool) -> 
     wgmoe::interrupt::install()?;
     let pb =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("quantizing {bar:30} {pos}/{len} tensors {elapsed}")
-    {
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "quantizing {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} {elapsed}",
+    ) {
         pb.set_style(style);
     }
     let t0 = std::time::Instant::now();
     let summary = wgmoe::convert::write_converted_to(model, out, force, &mut |done, total| {
-        pb.set_length(total as u64);
-        pb.set_position(done as u64);
-    })?;
+        pb.set_length(total);
+        pb.set_position(done);
+    })
+    .map_err(|e| out_error(out, e))?;
     pb.finish_and_clear();
     if let Some(r) = &summary.replaced {
         eprintln!("replaced {r} in {}", out.display());
@@ -158,6 +163,17 @@ pub fn quantize(model: &std::path::Path, out: &std::path::Path, force: bool) -> 
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// An I/O error on a path under the output directory names `-o/--out`, as every other
+/// error about it does.
+fn out_error(out: &std::path::Path, e: Error) -> Error {
+    match e {
+        Error::Io { path, source } if path.starts_with(out) || out.starts_with(&path) => {
+            Error::option("-o/--out", format!("{}: {source}", path.display()))
+        }
+        e => e,
+    }
 }
 
 pub fn inspect(
@@ -176,13 +192,13 @@ pub fn inspect(
     if let Some(n) = max_context {
         if n == 0 || prefill_chunk == 0 {
             return Err(Error::option(
-                "--max-context",
-                "--max-context and --prefill-chunk must be at least 1",
+                "--ctx-size",
+                "--ctx-size and --prefill-chunk must be at least 1",
             ));
         }
         if n > cfg.max_position_embeddings {
             return Err(Error::option(
-                "--max-context",
+                "--ctx-size",
                 format!(
                     "{n} positions exceed max_position_embeddings = {} of {}",
                     cfg.max_position_embeddings,
@@ -191,7 +207,7 @@ pub fn inspect(
             ));
         }
         wgmoe::model::workspace::check_context(&cfg, n, prefill_chunk)
-            .map_err(|e| Error::option("--max-context", e.to_string()))?;
+            .map_err(|e| Error::option("--ctx-size", e.to_string()))?;
     }
     let mut i = wgmoe::inspect::inspect(&cfg, &ckpt)?;
     if let Some(n) = max_context {
@@ -274,6 +290,19 @@ fn inspect_gguf(model: &std::path::Path, as_json: bool, max_context: Option<usiz
 
 pub fn eval(a: EvalArgs) -> Result<()> {
     let (cfg, _, tok) = Engine::open_host(&a.model)?;
+    // The reference needs f16 experts, which only the original weights give.
+    if wgmoe::format::is_converted(&wgmoe::checkpoint::Checkpoint::open(&a.model)?) {
+        return Err(Error::bad_file(
+            &a.model,
+            "holds a converted model (INT4 experts, from `wgmoe quantize`): `wgmoe eval` compares INT4 with f16 experts, and f16 experts need the original Hugging Face checkpoint",
+        ));
+    }
+    if a.max_new_tokens == 0 {
+        return Err(Error::option(
+            "--max-new-tokens",
+            "must be at least 1 (the positions compared)",
+        ));
+    }
     let text = prompt_text(a.prompt.as_deref(), a.file.as_deref())?;
     let prompt_ids: Vec<u32> = match (&text, &a.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
@@ -306,9 +335,10 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             ),
         ));
     }
+    let adapter = a.gpu.request()?;
     let opts = |precision| EngineOptions {
         residency: Default::default(),
-        adapter: a.gpu.request(),
+        adapter: adapter.clone(),
         kernels: a.gpu.kernels(),
         expert_precision: precision,
         executor: a.executor,
@@ -331,7 +361,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         &mut |_| Ok(()),
     )
     .map_err(|e| Error::Other(format!("FP16-expert reference: {e}")))?;
-    software_note(&f16.dev, &a.gpu.request());
+    software_note(&f16.dev, &adapter);
     let adapter = f16.dev.info().name.clone();
     drop(f16);
     // Candidate: INT4 experts on the same sequence, teacher-forced.
@@ -408,7 +438,8 @@ pub fn synth(a: SynthArgs) -> Result<()> {
     let s = wgmoe::synth::write_synthetic_to(&opts, &a.out, a.force, &mut |done, total| {
         pb.set_length(total);
         pb.set_position(done);
-    })?;
+    })
+    .map_err(|e| out_error(&a.out, e))?;
     pb.finish_and_clear();
     if let Some(r) = &s.replaced {
         eprintln!("replaced {r} in {}", a.out.display());

@@ -21,6 +21,9 @@ use crate::residency::MissPolicy;
 pub use cluster::{cluster_advice, ClusterAdvice, PrecisionNeed};
 pub use text::render;
 
+/// The verdict of a model neither the card nor the host RAM can hold.
+pub const TOO_BIG: &str = "too big for one machine";
+
 /// Bandwidths the prediction uses, and where they came from.
 #[derive(Clone, Debug, Serialize)]
 pub struct Bandwidths {
@@ -148,10 +151,13 @@ pub struct PlanReport {
     pub ram_bytes: Option<u64>,
     pub ram_source: Option<String>,
     pub fits: bool,
-    /// "all experts resident", "partial residency", "does not fit the card" or
-    /// "too big for one machine" (the INT4 weights exceed the host RAM; the host source,
-    /// the only part that must stay in RAM, is the routed experts, so RAM is checked there).
+    /// "all experts resident", "partial residency", "every routed expert on the CPU",
+    /// "does not fit the card" or "too big for one machine" (the card holds only part of
+    /// the experts and the host RAM cannot hold the host source, every routed expert as
+    /// INT4: the only part that must stay in RAM while running).
     pub verdict: String,
+    /// One GPU of `--gpu-memory` holds every expert (then RAM is not needed for them).
+    pub one_gpu_holds: bool,
     pub bandwidths: Option<Bandwidths>,
     pub predictions: Vec<Prediction>,
     pub predicted_decode_tokens_per_s: Option<f64>,
@@ -225,7 +231,7 @@ fn components(cfg: &ModelConfig) -> Result<(Vec<Component>, u64, u64)> {
 pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
     if o.context == 0 || o.context > cfg.max_position_embeddings {
         return Err(Error::option(
-            "--context",
+            "--ctx-size",
             format!(
                 "{} positions: must be in 1..={} (max_position_embeddings)",
                 o.context, cfg.max_position_embeddings
@@ -260,7 +266,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
             miss,
             cpu_layers: 0,
         };
-        AdmissionCost::new(cfg, &input).map_err(|e| Error::option("--context", e.to_string()))
+        AdmissionCost::new(cfg, &input).map_err(|e| Error::option("--ctx-size", e.to_string()))
     };
     let cost = admission(o.miss_policy)?;
     let upload = admission(MissPolicy::Upload)?;
@@ -290,10 +296,17 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
     };
     let weights_int4 = non_routed.saturating_add(routed);
     let ram = o.ram.as_ref().map(|r| r.0);
-    let too_big = ram.is_some_and(|r| weights_int4 > r);
-    let fits = n.is_some() && ram.is_none_or(|r| host_source <= r);
+    // RAM holds what stays on the host while the model runs: the host source below full
+    // residency (loading streams every weight from the memory-mapped files, so at full
+    // residency the model need not fit in RAM). Too big for this machine: the card holds
+    // only part of the experts and RAM cannot hold the rest's source.
+    let too_big = match n {
+        Some(n) if n == e => false,
+        _ => ram.is_some_and(|r| routed > r),
+    };
+    let fits = n.is_some() && !too_big;
     let verdict = if too_big {
-        "too big for one machine"
+        TOO_BIG
     } else {
         match n {
             None => "does not fit the card",
@@ -379,13 +392,15 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
         host_source_bytes: host_source,
         ram_bytes: ram,
         ram_source: o.ram.as_ref().map(|r| r.1.clone()),
-        fits: fits && !too_big,
+        fits,
         verdict: verdict.to_string(),
         bandwidths: o.bandwidths.clone(),
         predicted_decode_tokens_per_s: best,
         predictions,
         command,
-        cluster: too_big
+        // Serving across GPUs only for a model one GPU of --gpu-memory cannot hold.
+        one_gpu_holds: cost.most_within(o.gpu_memory) == Some(e),
+        cluster: (too_big && cost.most_within(o.gpu_memory) != Some(e))
             .then(|| cluster_advice(dense_params, routed_params, weights_int4, o.gpu_memory)),
     })
 }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::{grouped, PlanReport};
+use super::{grouped, PlanReport, TOO_BIG};
 use crate::inspect::human;
 use crate::residency::MissPolicy;
 
@@ -241,33 +241,52 @@ pub fn render(r: &PlanReport) -> String {
         (Some(ram), Some(src)) => format!("{} ({src})", b(ram)),
         _ => "unknown (not checked; give --ram)".to_string(),
     };
-    if r.resident_experts_per_layer.is_none() {
-        let _ = writeln!(
-            o,
-            "Host RAM for the source: every expert as INT4, {l} x {e} x {} = {}; RAM {ram}",
-            grouped(r.expert_bytes),
-            b(r.routed_expert_bytes)
-        );
-    } else if r.host_source_bytes > 0 {
-        let _ = writeln!(
-            o,
-            "Host RAM for the source: every expert as INT4, {l} x {e} x {} = {}; RAM {ram}",
-            grouped(r.expert_bytes),
-            b(r.host_source_bytes)
-        );
+    let _ = writeln!(
+        o,
+        "Host RAM holds what stays on the host while the model runs: below full residency the source of the experts, every one as INT4. Loading streams the weights from the memory-mapped files, so nothing else must fit in RAM."
+    );
+    if r.resident_experts_per_layer == Some(e) {
+        let _ = writeln!(o, "  every expert resident: nothing stays; RAM {ram}");
     } else {
         let _ = writeln!(
             o,
-            "Host RAM for the source: none kept after loading (every expert resident); RAM {ram}"
+            "  the source: {l} x {e} x {} = {}; RAM {ram}{}",
+            grouped(r.expert_bytes),
+            b(r.routed_expert_bytes),
+            match r.ram_bytes {
+                Some(ram) if ram < r.routed_expert_bytes => " (too small)",
+                _ => "",
+            }
+        );
+    }
+    if r.verdict == TOO_BIG && r.cluster.is_none() {
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "Too big for this machine: the card holds {} and the host RAM cannot hold the source of the rest. Either of these runs it:",
+            match r.resident_experts_per_layer {
+                Some(n) => format!("{n} of {e} experts per layer"),
+                None => "not even the hot part".to_string(),
+            }
+        );
+        let _ = writeln!(
+            o,
+            "  a card with at least {}: every expert resident, nothing kept in RAM (`wgmoe plan --vram` with that size)",
+            b(r.all_resident_bytes)
+        );
+        let _ = writeln!(
+            o,
+            "  host RAM of at least {} for partial residency on this card",
+            b(r.routed_expert_bytes)
         );
     }
     if let Some(c) = &r.cluster {
         let _ = writeln!(o);
         let _ = writeln!(
             o,
-            "Too big for one machine: its INT4 weights ({}) exceed the host RAM. Serving it takes GPUs of {} each:",
+            "Too big for one machine: no single GPU of {} holds its {} of INT4 weights, and the host RAM cannot hold the experts' source. Serving it takes several GPUs:",
+            human(c.gpu_memory_bytes),
             b(r.non_routed_bytes.saturating_add(r.routed_expert_bytes)),
-            human(c.gpu_memory_bytes)
         );
         for n in &c.needs {
             let range = |(a, b): (u64, u64)| {
@@ -277,15 +296,19 @@ pub fn render(r: &PlanReport) -> String {
                     format!("{a}-{b}")
                 }
             };
+            let servers = if n.servers_of_8 == (1, 1) {
+                "1 server".to_string()
+            } else {
+                format!("{} servers", range(n.servers_of_8))
+            };
             let _ = writeln!(
                 o,
-                "  {:<5} {:>32}  ({}): at least {} GPUs; {} with 20-30% headroom = {} server(s) of 8",
+                "  {:<5} {:>32}  ({}): at least {}; {} with 20-30% headroom = {servers} of 8",
                 n.precision,
                 b(n.weight_bytes),
                 n.rule,
-                n.min_gpus,
+                crate::units::count(n.min_gpus, "GPU"),
                 range(n.gpus_with_headroom),
-                range(n.servers_of_8)
             );
         }
         let _ = writeln!(o, "  engines built for that:");
@@ -297,7 +320,7 @@ pub fn render(r: &PlanReport) -> String {
             "  wgmoe runs one model on one machine; it does not split a model across GPUs."
         );
     }
-    if r.cluster.is_none() {
+    if r.verdict != TOO_BIG {
         let _ = writeln!(o);
         prediction(&mut o, r);
     }
@@ -307,10 +330,10 @@ pub fn render(r: &PlanReport) -> String {
         Some(c) => {
             let _ = writeln!(o, "Run it:\n  {c}");
         }
-        None if r.cluster.is_none() => {
+        None if r.resident_experts_per_layer.is_none() => {
             let _ = writeln!(
                 o,
-                "Nothing to run on this card: a card with at least {} (or a shorter --context) holds the hot part.",
+                "Nothing to run on this card: a card with at least {} (or a shorter --ctx-size) holds the hot part.",
                 b(r.hot_bytes)
             );
         }

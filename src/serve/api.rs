@@ -107,11 +107,19 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
+/// What was given, for an error: a number or a boolean as written (`-1`, `3.5`), a short
+/// string quoted, anything else by its kind.
+fn given(v: &Value) -> String {
+    match v {
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::String(s) if s.chars().count() <= 40 => format!("the string {v}"),
+        _ => kind_of(v).to_string(),
+    }
+}
+
 fn wrong_type(param: &str, want: &str, v: &Value) -> ApiError {
-    ApiError::invalid(
-        param,
-        format!("`{param}` must be {want}, not {}", kind_of(v)),
-    )
+    ApiError::invalid(param, format!("`{param}` must be {want}, not {}", given(v)))
 }
 
 /// A field that is absent or null is None.

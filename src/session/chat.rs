@@ -3,7 +3,7 @@
 //! shift its oldest turns are dropped (the leading system messages and the last message
 //! are kept) until it fits.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,12 +41,101 @@ impl Message {
 /// The prompt of `messages` ending with the assistant's turn opened, as `run --chat` builds
 /// it. The rendered text carries the template's special tokens, so the tokenizer adds none.
 pub fn chat_prompt(tok: &Tokenizer, messages: &[Message]) -> Result<Vec<u32>> {
+    let text = render(tok, messages).map_err(|e| explain(tok, messages, e))?;
+    tok.encode(&text, false)
+}
+
+fn render(tok: &Tokenizer, messages: &[Message]) -> Result<String> {
     let pairs: Vec<(String, String)> = messages
         .iter()
         .map(|m| (m.role.as_str().to_string(), m.content.clone()))
         .collect();
-    let text = tok.apply_chat_template(&pairs, true)?;
-    tok.encode(&text, false)
+    tok.apply_chat_template(&pairs, true)
+}
+
+/// A template's refusal in wgmoe's words: which message broke which rule (where the
+/// conversation shows it), then what the template itself said.
+fn explain(tok: &Tokenizer, messages: &[Message], e: Error) -> Error {
+    let Error::ChatTemplate { said, template, .. } = e else {
+        return e;
+    };
+    let (message, why) = match diagnose(messages, |m| render(tok, m).is_ok()) {
+        Some((i, rule)) => (
+            Some(i),
+            format!("message {i} ({}): {rule}", messages[i].role.as_str()),
+        ),
+        None => (
+            None,
+            format!(
+                "the chat template refused a conversation of {} messages ({})",
+                messages.len(),
+                messages
+                    .iter()
+                    .map(|m| m.role.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+    };
+    Error::ChatTemplate {
+        message,
+        msg: format!("{why}; the template ({template}) says: \"{said}\""),
+        said,
+        template,
+    }
+}
+
+/// The message at fault and the rule it breaks, for the rules chat templates commonly
+/// enforce; `renders` tries a changed conversation. None: none of them explains it.
+fn diagnose(
+    messages: &[Message],
+    renders: impl Fn(&[Message]) -> bool,
+) -> Option<(usize, &'static str)> {
+    // A system message the template refuses: the rest renders without it.
+    if let Some(i) = messages.iter().position(|m| m.role == Role::System) {
+        let rest: Vec<Message> = messages
+            .iter()
+            .filter(|m| m.role != Role::System)
+            .cloned()
+            .collect();
+        if !rest.is_empty() && renders(&rest) {
+            return Some((
+                i,
+                "this chat template takes no system message (put the instructions in the first user message)",
+            ));
+        }
+    }
+    // user, assistant, user, ... after any leading system messages.
+    let first = messages
+        .iter()
+        .position(|m| m.role != Role::System)
+        .unwrap_or(messages.len());
+    for (k, m) in messages[first..].iter().enumerate() {
+        let want = if k % 2 == 0 {
+            Role::User
+        } else {
+            Role::Assistant
+        };
+        if m.role != want {
+            return Some((
+                first + k,
+                match (k, m.role) {
+                    (0, _) => "the conversation must start with a user message",
+                    (_, Role::System) => {
+                        "a system message may only come first; the roles after it alternate user, assistant, user, ..."
+                    }
+                    _ => "the roles must alternate user, assistant, user, ...",
+                },
+            ));
+        }
+    }
+    if messages.last().is_some_and(|m| m.role == Role::Assistant) {
+        return Some((
+            messages.len() - 1,
+            "the last message must be the user's (the answer comes next)",
+        ));
+    }
+    None
 }
 
 /// A conversation that fits: the messages kept, their prompt, and how many were dropped.
@@ -140,6 +229,27 @@ mod tests {
             .enumerate()
             .map(|(i, r)| Message::new(*r, format!("m{i}")))
             .collect()
+    }
+
+    #[test]
+    fn the_broken_rule_is_named_with_its_message() {
+        use Role::*;
+        let never = |_: &[Message]| false;
+        assert_eq!(diagnose(&conv(&[User, User]), never).map(|d| d.0), Some(1));
+        assert_eq!(
+            diagnose(&conv(&[Assistant, User]), never).map(|d| d.0),
+            Some(0)
+        );
+        assert_eq!(
+            diagnose(&conv(&[User, Assistant]), never).map(|d| d.0),
+            Some(1)
+        );
+        assert_eq!(diagnose(&conv(&[System, User]), never), None);
+        // A system message is at fault when the rest renders.
+        let no_system = |m: &[Message]| m.iter().all(|m| m.role != System);
+        let d = diagnose(&conv(&[System, User]), no_system).unwrap();
+        assert_eq!(d.0, 0);
+        assert!(d.1.contains("no system message"), "{}", d.1);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod chat;
 pub mod stop;
+pub mod template;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};

@@ -11,8 +11,13 @@ pub fn render(r: &SimReport) -> String {
     let _ = writeln!(o, "wgmoe simulate: {} ({})", r.trace, r.model);
     let _ = writeln!(
         o,
-        "  {e} experts, top-{k}, MoE layers {:?}; {} steps ({} prefill, {} decode), {} tokens counted; expert {} B",
-        r.moe_layers, r.steps, r.prefill_steps, r.decode_steps, r.tokens, r.expert_bytes
+        "  {e} experts, top-{k}, MoE layers {:?}; {} ({} prefill, {} decode), {} counted; expert {} B",
+        r.moe_layers,
+        crate::units::count(r.steps, "step"),
+        r.prefill_steps,
+        r.decode_steps,
+        crate::units::count(r.tokens, "token"),
+        r.expert_bytes
     );
     let rec = &r.recorded;
     let _ = writeln!(

@@ -41,9 +41,15 @@ impl RoutingSink for JsonlSink {
                 layer: r.layer,
                 experts: ids.to_vec(),
                 weights: r.weights.get(at.clone()).unwrap_or_default().to_vec(),
-                hit: r.hit.get(at).unwrap_or_default().to_vec(),
+                hit: r.hit.get(at.clone()).unwrap_or_default().to_vec(),
+                cpu: r.cpu.get(at).unwrap_or_default().to_vec(),
                 evicted: if t == 0 {
                     r.evicted.to_vec()
+                } else {
+                    Vec::new()
+                },
+                loaded: if t == 0 {
+                    r.loaded.to_vec()
                 } else {
                     Vec::new()
                 },

@@ -12,7 +12,7 @@ mod grid;
 mod jsonl;
 mod read;
 
-pub use grid::Grid;
+pub use grid::{Grid, Observed};
 pub use jsonl::JsonlSink;
 pub use read::{read_trace, StepGroups, Trace};
 
@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 
-/// The format version written in every header.
-pub const TRACE_VERSION: u32 = 1;
+/// The format version written in every header. Version 2 added `loaded` and `cpu`; a
+/// version 1 trace (no CPU experts then) is read as one whose misses were all uploaded.
+pub const TRACE_VERSION: u32 = 2;
 
 /// The first line of a trace: what ran.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -45,6 +46,10 @@ pub struct TraceHeader {
     /// in traces written before CPU experts existed.
     #[serde(default)]
     pub miss_policy: Option<String>,
+    /// MoE layers whose routed experts all ran on the CPU (`--n-cpu-moe`,
+    /// `--resident-experts 0`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_layers: Vec<usize>,
 }
 
 /// One (token, layer) record.
@@ -65,9 +70,21 @@ pub struct TraceLine {
     /// the layer only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub evicted: Vec<u32>,
+    /// Experts that came onto the GPU since the layer's previous step: uploaded misses
+    /// and published admissions (on the step's first line of the layer only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loaded: Vec<u32>,
+    /// Per expert: computed on the CPU (a miss the policy left there, or a layer whose
+    /// experts all run on the CPU). Left out when none was.
+    #[serde(default, skip_serializing_if = "none_true")]
+    pub cpu: Vec<bool>,
     /// A warm-up response (bench): replayed, not counted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warmup: bool,
+}
+
+fn none_true(v: &[bool]) -> bool {
+    !v.contains(&true)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,7 +107,11 @@ pub struct LayerRouting<'a> {
     pub ids: &'a [u32],
     pub weights: &'a [f32],
     pub hit: &'a [bool],
+    /// Per expert of `ids`: computed on the CPU.
+    pub cpu: &'a [bool],
     pub evicted: &'a [u32],
+    /// Experts resident now that were not after the layer's previous step.
+    pub loaded: &'a [u32],
 }
 
 /// Where routing records go.
@@ -125,6 +146,10 @@ pub struct Tracer {
     phase: Phase,
     warmup: bool,
     pending: Vec<Pending>,
+    /// Layers whose routed experts all run on the CPU (no device slots).
+    host_layers: Vec<usize>,
+    /// Per layer, what it held after its last step (the base of `loaded`).
+    known: std::collections::BTreeMap<usize, Vec<bool>>,
 }
 
 impl Tracer {
@@ -137,7 +162,14 @@ impl Tracer {
             phase: Phase::Prefill,
             warmup: false,
             pending: Vec::new(),
+            host_layers: Vec::new(),
+            known: Default::default(),
         }
+    }
+
+    /// `layers` compute every routed expert on the CPU: none is ever resident there.
+    pub fn set_host_layers(&mut self, layers: Vec<usize>) {
+        self.host_layers = layers;
     }
 
     pub fn add(&mut self, sink: Box<dyn RoutingSink>) {
@@ -165,6 +197,12 @@ impl Tracer {
         before: Option<Vec<bool>>,
         uploads: bool,
     ) {
+        let (before, uploads) = if self.host_layers.contains(&layer) {
+            let e = ids.iter().max().map_or(0, |&m| m as usize + 1);
+            (Some(vec![false; e]), false)
+        } else {
+            (before, uploads)
+        };
         self.pending.push(Pending {
             layer,
             ids: ids.to_vec(),
@@ -183,19 +221,35 @@ impl Tracer {
                     .is_none_or(|s| s.get(e as usize).copied().unwrap_or(false))
             };
             let hit: Vec<bool> = p.ids.iter().map(|&e| resident(&p.before, e)).collect();
-            // Evicted: resident before or uploaded now, and gone after.
+            // A miss of a layer that does not upload in the step ran on the CPU.
+            let cpu: Vec<bool> = hit.iter().map(|&h| !h && !p.uploads).collect();
+            // Evicted: resident before, uploaded now or held after the last step, and gone
+            // after. Loaded: held after and not after the last step.
             let now = after(p.layer);
             let mut evicted: Vec<u32> = Vec::new();
+            let mut loaded: Vec<u32> = Vec::new();
             if let Some(now) = &now {
-                let loaded = |e: usize| {
-                    p.before.as_ref().is_some_and(|b| b[e])
+                let held = |set: &Option<Vec<bool>>, e: usize| {
+                    set.as_ref()
+                        .is_some_and(|b| b.get(e).copied().unwrap_or(false))
+                };
+                // Before the layer's first step nothing was known to be loaded (a cache
+                // starts empty), so `loaded` then lists all it holds.
+                let base = self.known.get(&p.layer).cloned();
+                let was = |e: usize| {
+                    held(&p.before, e)
+                        || held(&base, e)
                         || (p.uploads && p.ids.contains(&(e as u32)))
                 };
                 for (e, &r) in now.iter().enumerate() {
-                    if !r && loaded(e) {
+                    if !r && was(e) {
                         evicted.push(e as u32);
                     }
+                    if r && !held(&base, e) {
+                        loaded.push(e as u32);
+                    }
                 }
+                self.known.insert(p.layer, now.clone());
             }
             let rec = LayerRouting {
                 step: self.step,
@@ -207,7 +261,9 @@ impl Tracer {
                 ids: &p.ids,
                 weights: &p.weights,
                 hit: &hit,
+                cpu: &cpu,
                 evicted: &evicted,
+                loaded: &loaded,
             };
             for s in &mut self.sinks {
                 s.layer(&rec)?;

@@ -48,12 +48,12 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
             let h: TraceHeader = serde_json::from_str(&line).map_err(|e| {
                 at(path, n, format!("not a wgmoe trace header ({e}); traces are written by `wgmoe run/bench --trace FILE`"))
             })?;
-            if h.wgmoe_trace != TRACE_VERSION {
+            if !(1..=TRACE_VERSION).contains(&h.wgmoe_trace) {
                 return Err(at(
                     path,
                     n,
                     format!(
-                        "trace format {} (this wgmoe reads {TRACE_VERSION})",
+                        "trace format {} (this wgmoe reads 1 to {TRACE_VERSION})",
                         h.wgmoe_trace
                     ),
                 ));
@@ -83,6 +83,17 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
                 ),
             ));
         }
+        if !r.cpu.is_empty() && r.cpu.len() != h.top_k {
+            return Err(at(
+                path,
+                n,
+                format!(
+                    "{} CPU flags; the header's top_k is {}",
+                    r.cpu.len(),
+                    h.top_k
+                ),
+            ));
+        }
         if r.experts.len() != h.top_k || r.weights.len() != h.top_k || r.hit.len() != h.top_k {
             return Err(at(
                 path,
@@ -100,6 +111,7 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
             .experts
             .iter()
             .chain(&r.evicted)
+            .chain(&r.loaded)
             .find(|&&e| e as usize >= h.num_experts)
         {
             return Err(at(

@@ -330,3 +330,30 @@ pub fn quick_bench(dir: &Path, extra: &[&str]) -> Run {
     args.extend(extra.iter().map(|a| a.to_string()));
     wgmoe(args)
 }
+
+/// Per (layer, expert) of a trace's records (header left out): on the GPU when the trace
+/// ends, replayed from the records alone (a hit was resident; `loaded` experts arrive,
+/// `evicted` ones leave).
+pub fn on_gpu_at_the_end(lines: &[Value]) -> BTreeMap<(u64, u64), bool> {
+    let mut on: BTreeMap<(u64, u64), bool> = BTreeMap::new();
+    for v in lines {
+        let l = v["layer"].as_u64().unwrap();
+        let list = |k: &str| -> Vec<u64> {
+            v[k].as_array().map_or(Vec::new(), |a| {
+                a.iter().map(|x| x.as_u64().unwrap()).collect()
+            })
+        };
+        for (e, hit) in list("experts").iter().zip(v["hit"].as_array().unwrap()) {
+            if hit == true {
+                on.insert((l, *e), true);
+            }
+        }
+        for e in list("loaded") {
+            on.insert((l, e), true);
+        }
+        for e in list("evicted") {
+            on.insert((l, e), false);
+        }
+    }
+    on
+}
