@@ -10,7 +10,7 @@ use crate::backend::params::*;
 use crate::backend::{Buffer, Device, KernelPlan, Prepared, Program, Usage};
 use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
-use crate::model::moe::{Executor, MoeDispatch, MoeSorted};
+use crate::model::moe::{Executor, MoeDispatch, MoePairs, MoeSorted};
 use crate::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
 use crate::model::residency::{ExpertPlacement, Residency};
 use crate::model::tensors::{ExpertPool, ExpertStore};
@@ -253,13 +253,36 @@ impl Forward {
         } else {
             None
         };
+        // Multi-token steps on the tiled GEMMs: the pairs sorted by expert.
+        let pairs = if plan.tiled_prefill && t > 1 {
+            Some(MoePairs {
+                pmax: t * cfg.top_k,
+                n_experts: cfg.num_experts,
+                buffer: dev.alloc(
+                    "moe_pairs",
+                    workspace::row(&table, "moe_pairs")?.bytes,
+                    Usage::Storage,
+                )?,
+            })
+        } else {
+            None
+        };
         let step = dev.alloc("step", std::mem::size_of::<Step>() as u64, Usage::Uniform)?;
         let env = OpEnv {
             plan: &plan,
             chunk: t,
             dummy: b.get("dummy")?,
         };
-        let layers = build_layers(dev, cfg, &weights, &opts, &env, &b, sorted.as_ref(), &step)?;
+        let layers = build_layers(
+            dev,
+            cfg,
+            &weights,
+            &opts,
+            &env,
+            &b,
+            (sorted.as_ref(), pairs.as_ref()),
+            &step,
+        )?;
         let (head_last, (argmax_last, argmax_eos), head_all) =
             build_head(dev, cfg, &weights, &opts, &env, &b, &step)?;
         dev.check()?;
@@ -330,9 +353,11 @@ fn moe_dispatch<'a>(
     env: &OpEnv<'a>,
     b: &'a Buffers,
     sorted: Option<&'a MoeSorted>,
+    pairs: Option<&'a MoePairs>,
     style: MoeStyle,
 ) -> Result<MoeDispatch<'a>> {
     Ok(MoeDispatch {
+        tiled: if style == MoeStyle::Multi { pairs } else { None },
         plan: env.plan,
         sorted,
         // One-token steps route to at most top_k experts, one batch: always fused.
@@ -360,7 +385,7 @@ fn build_layers(
     opts: &ForwardOptions,
     env: &OpEnv<'_>,
     b: &Buffers,
-    sorted: Option<&MoeSorted>,
+    (sorted, pairs): (Option<&MoeSorted>, Option<&MoePairs>),
     step: &Buffer,
 ) -> Result<Vec<LayerPrograms>> {
     let (h, k) = (cfg.hidden_size, cfg.top_k);
@@ -370,13 +395,14 @@ fn build_layers(
     let eps = cfg.rms_norm_eps as f32;
     let router_stride = workspace::router_stride(cfg);
     let (x, xn) = (b.get("x")?, b.get("xn")?);
-    let multi = moe_dispatch(cfg, opts, env, b, sorted, MoeStyle::Multi)?;
+    let multi = moe_dispatch(cfg, opts, env, b, sorted, pairs, MoeStyle::Multi)?;
     let single = if env.plan.coalesced_decode {
         Some(moe_dispatch(
             cfg,
             opts,
             env,
             b,
+            None,
             None,
             MoeStyle::DecodeCoalesced,
         )?)
@@ -386,6 +412,7 @@ fn build_layers(
             opts,
             env,
             b,
+            None,
             None,
             MoeStyle::DecodeUniform,
         )?)
