@@ -248,7 +248,10 @@ fn gemm_case(dev: &Device, seed: u64, c: MatmulCase, min_chunks: usize) {
     let m = F16Matrix::upload(dev, "w", c.n, c.k, &data.w).unwrap();
     assert!(m.chunks.len() >= min_chunks, "{} chunks", m.chunks.len());
     let step = dev.step_buffer(0, c.t).unwrap();
-    let x = f32_buf(dev, &common::check::strided(&data.xs, c.k, c.x_stride, f32::NAN));
+    let x = f32_buf(
+        dev,
+        &common::check::strided(&data.xs, c.k, c.x_stride, f32::NAN),
+    );
     let b = (c.flags & flags::MATMUL_BIAS != 0).then(|| f32_buf(dev, &data.bias));
     let out = f32_buf(dev, &data.out0);
     let d = dummy(dev);
@@ -258,9 +261,22 @@ fn gemm_case(dev: &Device, seed: u64, c: MatmulCase, min_chunks: usize) {
         dummy: &d,
     };
     let mut prog = Program::default();
-    push_matmul(&mut prog, &env, &m, &x, b.as_ref(), &out, c.out_stride, c.flags);
+    push_matmul(
+        &mut prog,
+        &env,
+        &m,
+        &x,
+        b.as_ref(),
+        &out,
+        c.out_stride,
+        c.flags,
+    );
     for op in &mut prog.ops {
-        assert!(matches!(op.kernel, Kernel::Gemm(_)), "multi-token steps: {}", op.kernel);
+        assert!(
+            matches!(op.kernel, Kernel::Gemm(_)),
+            "multi-token steps: {}",
+            op.kernel
+        );
         if c.x_stride != c.k {
             patch_params(op, |p: &mut DenseParams| p.x_stride = c.x_stride as u32);
         }

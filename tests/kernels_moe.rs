@@ -794,7 +794,12 @@ fn ffn_tiled_gemm_matches_cpu() {
             })
             .collect();
         let ids: Vec<u32> = (0..t)
-            .flat_map(|_| rng.permutation(experts)[..k].iter().map(|&e| e as u32).collect::<Vec<_>>())
+            .flat_map(|_| {
+                rng.permutation(experts)[..k]
+                    .iter()
+                    .map(|&e| e as u32)
+                    .collect::<Vec<_>>()
+            })
             .collect();
         let xs = rng.vec(t * hid, 1.0);
         let x = f32_buf(&dev, &xs);
@@ -833,14 +838,19 @@ fn ffn_tiled_gemm_matches_cpu() {
         } else {
             m.swiglu_f16(&mut prog, &pool, None, (0, 1), &y);
         }
-        assert!(prog.ops.iter().any(|o| matches!(o.kernel, Kernel::ExpertGemm(_))));
+        assert!(prog
+            .ops
+            .iter()
+            .any(|o| matches!(o.kernel, Kernel::ExpertGemm(_))));
         run(&dev, prog, &dev.step_buffer(0, t).unwrap(), t);
         let mut want = Vec::new();
         for ti in 0..t {
             for j in 0..k {
                 let e = &ex[ids[ti * k + j] as usize];
                 let xr = &xs[ti * hid..(ti + 1) * hid];
-                want.extend(cpu_ref::swiglu_expert(xr, hid, &e.gate, &e.up, &e.down, inter).unwrap());
+                want.extend(
+                    cpu_ref::swiglu_expert(xr, hid, &e.gate, &e.up, &e.down, inter).unwrap(),
+                );
             }
         }
         check(

@@ -422,7 +422,17 @@ fn w4a16_expert_gemm_matches_cpu() {
         let s = Setup::random(&g, 1100 + i as u64, c);
         let (h, y) = s.gpu_expert_gemm();
         let what = s.what();
-        check(&format!("expert_gemm gate_up {what}"), &h, &s.want_gate_up(), Q4_TOL);
-        check(&format!("expert_gemm down {what}"), &y, &s.want_down(&h), Q4_TOL);
+        check(
+            &format!("expert_gemm gate_up {what}"),
+            &h,
+            &s.want_gate_up(),
+            Q4_TOL,
+        );
+        check(
+            &format!("expert_gemm down {what}"),
+            &y,
+            &s.want_down(&h),
+            Q4_TOL,
+        );
     }
 }

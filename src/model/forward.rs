@@ -357,7 +357,11 @@ fn moe_dispatch<'a>(
     style: MoeStyle,
 ) -> Result<MoeDispatch<'a>> {
     Ok(MoeDispatch {
-        tiled: if style == MoeStyle::Multi { pairs } else { None },
+        tiled: if style == MoeStyle::Multi {
+            pairs
+        } else {
+            None
+        },
         plan: env.plan,
         sorted,
         // One-token steps route to at most top_k experts, one batch: always fused.
