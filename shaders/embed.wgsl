@@ -22,7 +22,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let id = ids[t];
     if (id < p.row_start || id >= p.row_start + p.rows) { return; }
     let wi = (id - p.row_start) * p.words_per_row + h / 2u;
-    probe(SITE_W, wi * 4u, 4u);
+    probe(SITE_OTHER, wi * 4u, 4u);
     let word = table[wi];
     x[t * p.hidden + h] = unpack2x16float(word)[h % 2u];
 }

@@ -23,7 +23,7 @@ const WG: u32 = 64u;
 var<workgroup> partial: array<f32, 64>;
 
 fn weight_at(i: u32) -> f32 {
-    probe(SITE_W, (i / 2u) * 4u, 4u);
+    probe(SITE_OTHER, (i / 2u) * 4u, 4u);
     return unpack2x16float(weight[i / 2u])[i % 2u];
 }
 

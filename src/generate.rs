@@ -33,6 +33,9 @@ pub struct Generation {
     pub cancelled: bool,
     pub dispatches: u64,
     pub submissions: u64,
+    /// CPU seconds spent recording and submitting the decode steps (after the first token;
+    /// None where the backend does not measure it).
+    pub decode_encode_s: Option<f64>,
 }
 
 impl Generation {
@@ -44,6 +47,12 @@ impl Generation {
         } else {
             n as f64 / self.decode_s
         }
+    }
+
+    /// CPU seconds to record and submit one decode step, averaged over the decode steps.
+    pub fn encode_seconds_per_token(&self) -> Option<f64> {
+        let n = self.generated_ids.len().saturating_sub(1);
+        self.decode_encode_s.filter(|_| n > 0).map(|e| e / n as f64)
     }
 }
 
@@ -179,6 +188,7 @@ pub fn generate_from(
     out.ttft_s = t0.elapsed().as_secs_f64();
     out.prefill_s = out.ttft_s;
     let t1 = Instant::now();
+    let e1 = fwd.dev.encode_seconds();
     loop {
         out.generated_ids.push(id);
         let flow = on_token(id)?;
@@ -204,6 +214,7 @@ pub fn generate_from(
     }
     fwd.dev.check()?;
     out.decode_s = t1.elapsed().as_secs_f64();
+    out.decode_encode_s = fwd.dev.encode_seconds().zip(e1).map(|(e, e1)| e - e1);
     out.dispatches = fwd.counters.dispatches - c0.dispatches;
     out.submissions = fwd.counters.submissions - c0.submissions;
     Ok(out)

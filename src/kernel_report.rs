@@ -98,14 +98,15 @@ pub struct KernelsReport {
     pub bandwidth_gbps: f64,
     pub plan: KernelPlan,
     pub kernels: Vec<StageReport>,
-    /// Weights and KV cache read per decoded token.
-    pub bytes_per_token: u64,
-    pub predicted_decode_tokens_per_s: f64,
-    /// Weights and KV cache read per prefilled token.
-    pub prefill_bytes_per_token: f64,
-    pub dispatches_per_token: usize,
+    pub stages: Stages,
+    /// Weights and KV cache read per decoded token (null when decode was not measured).
+    pub bytes_per_token: Option<u64>,
+    pub predicted_decode_tokens_per_s: Option<f64>,
+    /// Weights and KV cache read per prefilled token (null when prefill was not measured).
+    pub prefill_bytes_per_token: Option<f64>,
+    pub dispatches_per_token: Option<usize>,
     /// CPU seconds to record and submit one decode step of the real layer count.
-    pub encode_seconds_per_token: f64,
+    pub encode_seconds_per_token: Option<f64>,
 }
 
 /// The device the plan is decided for: the class's GPU traits on the probe adapter's
@@ -251,11 +252,11 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     let real = dev.info().clone();
     let plan = KernelPlan::decide(&class_info(o.class, &real), &o.overrides)?;
     let (shape, kinds) = shape_model(cfg);
-    let fwd = |dev: &Device| -> Result<Forward> {
-        let weights = ModelWeights::zeros(dev, &shape, o.int4)?;
+    let fwd = |dev: &Device, shape: &ModelConfig| -> Result<Forward> {
+        let weights = ModelWeights::zeros(dev, shape, o.int4)?;
         Forward::new(
             dev,
-            &shape,
+            shape,
             weights,
             plan,
             ForwardOptions {
@@ -269,7 +270,7 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
             },
         )
     };
-    let f = fwd(&dev)?;
+    let f = fwd(&dev, &shape)?;
     let per_layer = |l: usize| kinds.iter().find(|k| k.0 == l).map_or(0, |k| k.1) as f64;
     let mut stages: Vec<Stage> = Vec::new();
     // Decode: one token at the context's last position (attention over every key).
@@ -335,7 +336,14 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
         .sum();
     drop(f);
     drop(dev);
-    let encode_seconds_per_token = encode_seconds(&fwd, cfg, &kinds)?;
+    let decode = o.stages != Stages::Prefill;
+    let prefill = o.stages != Stages::Decode && t > 1;
+    let encode_seconds_per_token = if decode {
+        let plain = Device::open(&DeviceRequest::default())?;
+        Some(encode_seconds(&fwd(&plain, &narrow(&shape))?, cfg, &kinds)?)
+    } else {
+        None
+    };
     Ok(KernelsReport {
         config: config.to_string(),
         device_class: o.class,
@@ -346,10 +354,12 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
         bandwidth_gbps: o.bandwidth_gbps,
         plan,
         kernels,
-        bytes_per_token,
-        predicted_decode_tokens_per_s: o.bandwidth_gbps * 1e9 / bytes_per_token.max(1) as f64,
-        prefill_bytes_per_token,
-        dispatches_per_token,
+        stages: o.stages,
+        bytes_per_token: decode.then_some(bytes_per_token),
+        predicted_decode_tokens_per_s: decode
+            .then(|| o.bandwidth_gbps * 1e9 / bytes_per_token.max(1) as f64),
+        prefill_bytes_per_token: prefill.then_some(prefill_bytes_per_token),
+        dispatches_per_token: decode.then_some(dispatches_per_token),
         encode_seconds_per_token,
     })
 }
@@ -357,13 +367,21 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
 /// CPU seconds to record and submit one decode step of the real model: each layer's
 /// prepared programs (the shape model's layer of its kind) repeated to the real layer
 /// count, then the head, in one submission, on a plain device; the least of 3.
-fn encode_seconds(
-    fwd: &dyn Fn(&Device) -> Result<Forward>,
-    cfg: &ModelConfig,
-    kinds: &[(usize, usize)],
-) -> Result<f64> {
-    let dev = Device::open(&DeviceRequest::default())?;
-    let f = fwd(&dev)?;
+/// The shape model with narrow matrices, for timing the CPU's encoding: recording a dispatch
+/// costs the same whatever the buffer sizes, while executing the real widths on a software
+/// driver between the timed submissions would take minutes. The programs (ops, dispatches, bind
+/// groups) are the real ones, except that lm_head and expert buffers split into fewer chunks.
+fn narrow(shape: &ModelConfig) -> ModelConfig {
+    let mut c = shape.clone();
+    c.vocab_size = c.vocab_size.min(4096);
+    c.moe_intermediate = c.moe_intermediate.min(128);
+    c.dense_intermediate = c.dense_intermediate.min(256);
+    c.shared_expert_intermediate = c.shared_expert_intermediate.map(|s| s.min(256));
+    c
+}
+
+fn encode_seconds(f: &Forward, cfg: &ModelConfig, kinds: &[(usize, usize)]) -> Result<f64> {
+    let dev = &f.dev;
     dev.write_step(&f.step, 0, 1)?;
     let kind_of = |real_layer: usize| -> usize {
         let sparse = cfg.sparse_layers[real_layer];
@@ -472,18 +490,25 @@ pub fn render(r: &KernelsReport) -> String {
         s.push_str(&line(row));
         s.push('\n');
     }
-    s.push_str(&format!(
-        "decode: {:.3} GB of weights and KV cache per token, {} dispatches; at {} GB/s {:.1} tok/s; recording and submitting a step takes {:.2} ms of CPU\n",
-        r.bytes_per_token as f64 / 1e9,
+    if let (Some(b), Some(d), Some(tps), Some(e)) = (
+        r.bytes_per_token,
         r.dispatches_per_token,
-        r.bandwidth_gbps,
         r.predicted_decode_tokens_per_s,
-        r.encode_seconds_per_token * 1e3
-    ));
-    s.push_str(&format!(
-        "prefill: {:.3} MB of weights and KV cache per token of a {}-token chunk\n",
-        r.prefill_bytes_per_token / 1e6,
-        r.prefill_chunk
-    ));
+        r.encode_seconds_per_token,
+    ) {
+        s.push_str(&format!(
+            "decode: {:.3} GB of weights and KV cache per token, {d} dispatches; at {} GB/s {tps:.1} tok/s; recording and submitting a step takes {:.2} ms of CPU\n",
+            b as f64 / 1e9,
+            r.bandwidth_gbps,
+            e * 1e3
+        ));
+    }
+    if let Some(b) = r.prefill_bytes_per_token {
+        s.push_str(&format!(
+            "prefill: {:.3} MB of weights and KV cache per token of a {}-token chunk\n",
+            b / 1e6,
+            r.prefill_chunk
+        ));
+    }
     s
 }

@@ -13,19 +13,27 @@
 fn probe(site: u32, byte: u32, size: u32) {
     let word = byte / size;
     let per_sector = max(32u / size, 1u);
-    var left = true;
+    let lanes = subgroupAdd(1u);
     var words = 0u;
     var sectors = 0u;
-    var last = 0xffffffffu;
-    loop {
-        let m = subgroupMin(select(0xffffffffu, word, left));
-        if (m == 0xffffffffu) { break; }
-        if (word == m) { left = false; }
-        words += 1u;
-        let s = m / per_sector;
-        if (s != last) { sectors += 1u; last = s; }
+    // Fast path (and the common one): the active lanes read consecutive words in lane order.
+    let run = word - subgroupExclusiveAdd(1u);
+    let first = subgroupMin(run);
+    if (first == subgroupMax(run)) {
+        words = lanes;
+        sectors = (first + lanes - 1u) / per_sector - first / per_sector + 1u;
+    } else {
+        var left = true;
+        var last = 0xffffffffu;
+        loop {
+            let m = subgroupMin(select(0xffffffffu, word, left));
+            if (m == 0xffffffffu) { break; }
+            if (word == m) { left = false; }
+            words += 1u;
+            let s = m / per_sector;
+            if (s != last) { sectors += 1u; last = s; }
+        }
     }
-    let lanes = subgroupAdd(1u);
     if (subgroupExclusiveAdd(1u) == 0u) {
         atomicAdd(&probe_counts[site * 4u], 1u);
         atomicAdd(&probe_counts[site * 4u + 1u], sectors);

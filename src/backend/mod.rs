@@ -496,12 +496,12 @@ impl Device {
         }
     }
 
-    /// CPU seconds spent recording and submitting work since the device opened (0 where
+    /// CPU seconds spent recording and submitting work since the device opened (None where
     /// the backend does not measure it).
-    pub fn encode_seconds(&self) -> f64 {
+    pub fn encode_seconds(&self) -> Option<f64> {
         match self {
-            Device::Wgpu(d) => d.encode_seconds(),
-            Device::Cuda(_) => 0.0,
+            Device::Wgpu(d) => Some(d.encode_seconds()),
+            Device::Cuda(_) => None,
         }
     }
 

@@ -295,6 +295,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "expert_precision": a.expert_precision,
                 "executor": a.executor,
                 "dispatches_per_decode_step": engine.fwd.dispatches_per_decode_step(),
+                "encode_seconds_per_token": g.encode_seconds_per_token(),
                 "submissions_per_token": g.submissions as f64 / n,
                 "dispatches_per_token": g.dispatches as f64 / n,
                 "peak_gpu_bytes": engine.dev.tracker().peak(),
