@@ -16,7 +16,8 @@
 #   WGMOE_FAKE_CUDA_OUT=/tmp/fake cargo test --release --features cuda --test cuda_fake_driver
 #   LD_LIBRARY_PATH=/tmp/fake tools/gpu-check.sh /tmp/report   # emulated: slow, not a GPU
 #
-# The checks: devices; the Vulkan kernel and parity tests and `wgmoe bench --backend
+# The checks: devices and `devices --measure`; decode tok/s and a per-kernel wall-time table
+# of the scaled OLMoE and Qwen3 shapes (`wgmoe synth`) on each backend; the Vulkan kernel and parity tests and `wgmoe bench --backend
 # vulkan` where a Vulkan adapter is; on an NVIDIA GPU the CUDA kernel and parity tests
 # (tests/cuda_kernels.rs, tests/cuda_parity.rs with WGMOE_REQUIRE_CUDA=1: a missing device
 # fails them), the NVRTC compile test, the wgpu kernel suites on CUDA
@@ -28,7 +29,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 # Test binaries of the check (tests/<name>.rs), and which of them also run on CUDA.
-SUITES="kernels_dense kernels_moe kernels_attention kernels_q4 parity residency"
+SUITES="kernels_dense kernels_matvec kernels_moe kernels_attention kernels_q4 parity parity_families residency"
 CUDA_TESTS="cuda_nvrtc cuda_kernels cuda_parity"
 
 build() {
@@ -75,7 +76,7 @@ unxz_to() {
 }
 
 START=$(date +%s)
-TOTAL_LIMIT=470 # seconds: 8 minutes less the unpacking margin
+TOTAL_LIMIT=540 # seconds: 9.5 minutes less the unpacking margin
 FAILED=0
 
 # step NAME SECONDS COMMAND...: run with a limit (never past the total), log, record.
@@ -137,9 +138,28 @@ check() {
   local W="$bin/wgmoe"
   local B="--prompts 2 --blocks 1 -n 32 --warmup 1"
   step devices 30 "$W" devices
+  # The device's read bandwidth (the figure achieved rates are compared with) and the scaled
+  # OLMoE and Qwen3 shapes (random weights, INT4 experts, every expert resident).
+  step devices-measure 60 "$W" devices --measure
+  local SYN="$REPORT/synth"
+  step synth-olmoe 60 "$W" synth --arch olmoe-1b-7b --hidden 1024 --layers 8 --heads 16 --experts 64 \
+    --top-k 8 --expert-intermediate 512 --vocab 50304 -o "$SYN/olmoe-scaled"
+  step synth-qwen3 60 "$W" synth --arch qwen3-30b-a3b --hidden 1024 --layers 8 --heads 16 --kv-heads 2 \
+    --head-dim 64 --experts 128 --top-k 8 --expert-intermediate 384 --vocab 32768 -o "$SYN/qwen3-scaled"
+  # scaled BACKEND: decode tok/s of both shapes, and the wall time of each kernel of a decode
+  # step run one dispatch per submission (WGMOE_PROFILE_KERNELS; the table is in the log).
+  scaled() {
+    local b=$1 m
+    for m in olmoe-scaled qwen3-scaled; do
+      [ -d "$SYN/$m" ] || continue
+      step "$b-bench-$m" 60 "$W" bench "$SYN/$m" --backend "$b" $B --json-out "$REPORT/bench-$b-$m.json"
+      step "$b-profile-$m" 60 env WGMOE_PROFILE_KERNELS=1 "$W" run "$SYN/$m" --backend "$b" -p "The capital of France is" -n 4
+    done
+  }
   if "$W" devices --backend vulkan >/dev/null 2>&1; then
     step vulkan-kernels 120 sh -c "for t in $SUITES; do echo \"== \$t\"; '$bin/tests/'\$t --test-threads=4 || exit 1; done"
     step vulkan-bench 40 "$W" bench models/olmoe-tiny --backend vulkan $B --json-out "$REPORT/bench-vulkan.json"
+    scaled vulkan
   else
     echo "vulkan: not run: no Vulkan adapter" | tee -a "$REPORT/summary.txt"
   fi
@@ -153,6 +173,7 @@ check() {
     grep -h '^test .* FAILED$\|^test result' "$REPORT/cuda-suites.log" >"$REPORT/cuda-suites-failures.txt" 2>/dev/null
     step cuda-bench 40 "$W" bench models/olmoe-tiny --backend cuda $B --json-out "$REPORT/bench-cuda.json"
     step cuda-bench-partial 40 "$W" bench models/qwen2moe-tiny --backend cuda $B --resident-experts 3,6 --json-out "$REPORT/bench-cuda-partial.json"
+    scaled cuda
   else
     echo "cuda: not run: $(tail -1 "$REPORT/devices-cuda.txt")" | tee -a "$REPORT/summary.txt"
     # An NVIDIA GPU the CUDA backend cannot open is a failure of the check, not a skip.
@@ -162,7 +183,7 @@ check() {
     fi
   fi
   echo "total $(($(date +%s) - START))s" | tee -a "$REPORT/summary.txt"
-  rm -rf "$bin"
+  rm -rf "$bin" "$SYN"
   exit $FAILED
 }
 
