@@ -19,9 +19,14 @@ use common::fixture;
 use common::parity::{try_load_dir, Setup, F16, INT4};
 use wgmoe::backend::cuda::kernels;
 use wgmoe::backend::params::Step;
+use wgmoe::backend::params::GEMM_TOKENS;
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{Buffer, Device, Kernel, Prepared, Program, Resource, Work};
 use wgmoe::model::Executor;
+
+// The tiled prefill kernels against the CPU reference.
+#[path = "cuda_emulated/tiled.rs"]
+mod tiled;
 
 const EMU_H: &str = include_str!("cuda_emu.h");
 
@@ -57,6 +62,17 @@ impl Emulator {
         };
         assert_eq!(r, 0, "{k}: no emulated entry point");
     }
+}
+
+/// The emulated kernels, built once for the tests of this file (they run in parallel).
+fn emulator() -> Option<&'static Emulator> {
+    static EMU: std::sync::OnceLock<Option<Emulator>> = std::sync::OnceLock::new();
+    EMU.get_or_init(|| {
+        // The libraries stay mapped once loaded; their files may go.
+        let tmp = tempfile::tempdir().unwrap();
+        build(tmp.path())
+    })
+    .as_ref()
 }
 
 fn build(dir: &Path) -> Option<Emulator> {
@@ -305,11 +321,11 @@ fn cuda_like(s: Setup, gpu: bool, portable: bool) -> Setup {
 
 #[test]
 fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(emu) = build(tmp.path()) else {
+    let Some(emu) = emulator() else {
         return;
     };
-    let mut covered: Vec<Kernel> = head_kernels(&emu);
+    let mut covered: Vec<Kernel> = head_kernels(emu);
+    let mut longest = 0;
     for name in [
         "olmoe-tiny",
         "qwen2moe-tiny",
@@ -317,21 +333,23 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
         "mixtral-tiny",
     ] {
         for (p, s) in [("f16", F16), ("int4", INT4)] {
-            // The GPU plan (a CUDA device's default) in full; the storage plan's kernels
-            // are the GPU plan's prefill ones but for the scratch-row attention, so two of
-            // its combinations.
+            // The GPU plan (a CUDA device's default) in full; of the storage plan, the
+            // grouped executor with either reduction: its one-token INT4 steps fuse the
+            // combine into the W4A16 down kernel (8 lanes, or 1 when portable), which no
+            // other plan runs; the per-expert executor's storage kernels are the GPU
+            // plan's multi-token ones.
             for (gpu, executor, portable) in [
                 (true, Executor::Grouped, false),
                 (true, Executor::PerExpert, false),
                 (true, Executor::Grouped, true),
                 (true, Executor::PerExpert, true),
                 (false, Executor::Grouped, false),
-                (false, Executor::PerExpert, true),
+                (false, Executor::Grouped, true),
             ] {
                 let s = cuda_like(Setup { executor, ..s }, gpu, portable);
                 let mut e = try_load_dir(&fixture(name), 64, s).unwrap();
                 // Fill the buffers (activations, KV cache) with a real prefill and decode.
-                let prompt: Vec<u32> = (1..=9).collect();
+                let prompt: Vec<u32> = (1..=LONG as u32).collect();
                 common::engine::greedy(&mut e, &prompt, 2).unwrap();
                 let dev = e.fwd.dev.clone();
                 let plan = if gpu { "gpu" } else { "storage" };
@@ -339,7 +357,7 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
                 for (li, l) in e.fwd.layers.iter().enumerate() {
                     // Later positions too: attention over several key tiles (the online
                     // softmax's rescaling) and, one token, over both key splits.
-                    let runs: [(&str, &Prepared, usize, usize); 6] = [
+                    let mut runs: Vec<(&str, &Prepared, usize, usize)> = vec![
                         ("pre", &l.pre, 0, 8),
                         ("post", &l.post, 0, 8),
                         ("pre", &l.pre, 8, 1),
@@ -347,9 +365,20 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
                         ("pre", &l.pre, 24, 8),
                         ("pre", &l.pre, 40, 1),
                     ];
+                    // The tiled GEMMs over several token tiles, the last one partial, and
+                    // the expert GEMM over runs of more pairs than a block serves.
+                    if gpu {
+                        runs.extend([("pre", &l.pre, 0, LONG), ("post", &l.post, 0, LONG)]);
+                    }
                     for (part, prep, pos0, t) in runs {
                         let w = format!("{what} layer {li} {part}");
-                        covered.extend(compare(&emu, &dev, &w, prep.program(), pos0, t));
+                        covered.extend(compare(emu, &dev, &w, prep.program(), pos0, t));
+                        if t == LONG {
+                            if let Some(run) = longest_run(&dev, prep.program()) {
+                                assert!(run > GEMM_TOKENS, "{w}: longest run of pairs {run}");
+                                longest = longest.max(run);
+                            }
+                        }
                     }
                 }
                 println!("{what}: {} layers agree", e.fwd.layers.len());
@@ -366,7 +395,36 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
         missing.is_empty(),
         "CUDA kernels never emulated: {missing:?}"
     );
-    println!("{} CUDA kernels emulated", covered.len());
+    println!(
+        "{} CUDA kernels emulated; longest run of one expert's pairs {longest}",
+        covered.len()
+    );
+}
+
+/// Tokens of the long steps: three token tiles of the tiled GEMMs (16 each), the last one
+/// partial, and with top-3 of at most 7 experts some expert has more than 16 pairs.
+const LONG: usize = 40;
+
+/// The longest run of one expert's pairs the program's sort (if any) left in its pairs
+/// buffer (moe_sort's layout: run ends at 2 pmax + e), as lavapipe computed it.
+fn longest_run(dev: &Device, p: &Program) -> Option<usize> {
+    use wgmoe::backend::params::MoeSortParams;
+    let op = p.ops.iter().find(|o| o.kernel == Kernel::MoeSort)?;
+    let sp: MoeSortParams = bytemuck::pod_read_unaligned(&op.params);
+    let Resource::Buffer(b) = &op.binds.iter().find(|b| b.binding == 3)?.resource else {
+        panic!("moe_sort's pairs are not a storage buffer");
+    };
+    let ends: Vec<u32> = bytemuck::pod_collect_to_vec(
+        &dev.read(b, 8 * sp.pmax as u64, 4 * sp.n_experts as u64)
+            .unwrap(),
+    );
+    let mut start = 0;
+    let mut longest = 0;
+    for end in ends {
+        longest = longest.max(end.saturating_sub(start) as usize);
+        start = end;
+    }
+    Some(longest)
 }
 
 /// The embedding gather and greedy argmax (the head's kernels outside the layer programs),

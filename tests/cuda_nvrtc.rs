@@ -26,7 +26,8 @@ fn h200() -> wgmoe::backend::DeviceInfo {
 }
 
 /// Every kernel `plan` can pick on a CUDA device: the GPU-shaped kernels of its reduction
-/// (every weight format) where it runs them, the storage kernels with f32 arithmetic, the
+/// (every weight format) where it runs them, the tiled GEMMs (every format) and the pairs'
+/// sort where multi-token steps run them, the storage kernels with f32 arithmetic, the
 /// W4A16 ones in the plan's variant (8 lanes, or 1 when portable), the scratch-row attention
 /// where a step runs it; never uniform-window, window or expert-major kernels.
 fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
@@ -43,12 +44,12 @@ fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
             Kernel::AttnFlash => plan.flash_decode() || plan.flash_prefill(),
             Kernel::AttnCombine => plan.flash_decode(),
             Kernel::Attention => !plan.flash_prefill(),
+            Kernel::Gemm(_) | Kernel::ExpertGemm(_) | Kernel::MoeSort => plan.tiled_prefill,
             Kernel::MatmulUniform
             | Kernel::MatmulWindow
             | Kernel::AttentionWindow
             | Kernel::Q4GateUpSorted
             | Kernel::Q4DownSorted
-            | Kernel::MoeSort
             | Kernel::MoeGather => false,
             _ => true,
         })
@@ -115,6 +116,10 @@ fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
                 Kernel::ExpertDown(plan.rows(WeightFormat::F16)),
                 Kernel::AttnFlash,
                 Kernel::AttnCombine,
+                Kernel::Gemm(WeightFormat::F16),
+                Kernel::ExpertGemm(WeightFormat::F16),
+                Kernel::ExpertGemm(WeightFormat::Q4),
+                Kernel::MoeSort,
             ] {
                 assert!(picked.contains(&k), "{k} is not among {picked:?}");
             }

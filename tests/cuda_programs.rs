@@ -130,15 +130,25 @@ fn check_engine(what: &str, e: &Engine, mode: Mode, portable: bool) -> (usize, V
         }
     }
     assert!(n > 0, "{what}: no ops");
-    // The GPU plan's decode runs the GPU-shaped kernels, the storage plan's none of them.
+    // The GPU plan's decode runs the GPU-shaped kernels and its prefill the tiled GEMMs, the
+    // storage plan's none of them.
     let gpu_shaped = |k: &Kernel| {
         matches!(
             k,
-            Kernel::Matvec(_) | Kernel::ExpertGateUp(_) | Kernel::ExpertDown(_)
+            Kernel::Matvec(_)
+                | Kernel::ExpertGateUp(_)
+                | Kernel::ExpertDown(_)
+                | Kernel::Gemm(_)
+                | Kernel::ExpertGemm(_)
+                | Kernel::MoeSort
         ) || *k == Kernel::AttnFlash
     };
     if mode == Mode::Gpu {
-        for k in [Kernel::AttnFlash, Kernel::Matvec(p.rows(WeightFormat::F16))] {
+        for k in [
+            Kernel::AttnFlash,
+            Kernel::Matvec(p.rows(WeightFormat::F16)),
+            Kernel::Gemm(WeightFormat::F16),
+        ] {
             assert!(seen.contains(&k), "{what}: no {k} in {seen:?}");
         }
         assert!(
@@ -166,14 +176,26 @@ fn every_layer_program_fits_the_cuda_kernels() {
                     let what = format!("{name} {p} {executor:?} {mode:?} portable {portable}");
                     let (n, seen) = check_engine(&what, &e, mode, portable);
                     if mode == Mode::Gpu {
-                        // Every expert on the device: the GPU-shaped halves in its format.
+                        // Every expert on the device: the GPU-shaped halves in its format
+                        // for one-token steps (and every step of the per-expert executor),
+                        // the tiled expert GEMM over the sorted pairs for the grouped one's
+                        // multi-token steps.
                         let f = if p == "f16" {
                             WeightFormat::F16
                         } else {
                             WeightFormat::Q4
                         };
                         let r = e.fwd.plan.rows(f);
-                        for k in [Kernel::ExpertGateUp(r), Kernel::ExpertDown(r)] {
+                        let mut want = vec![Kernel::ExpertGateUp(r), Kernel::ExpertDown(r)];
+                        if executor == Executor::Grouped {
+                            want.extend([Kernel::ExpertGemm(f), Kernel::MoeSort]);
+                        } else {
+                            assert!(
+                                !seen.contains(&Kernel::MoeSort),
+                                "{what}: the per-expert executor sorts pairs: {seen:?}"
+                            );
+                        }
+                        for k in want {
                             assert!(seen.contains(&k), "{what}: no {k} in {seen:?}");
                         }
                     }

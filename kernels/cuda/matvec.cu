@@ -5,8 +5,7 @@
 // split s sums its share of each row's words into row s of `out` (one-token steps of
 // matrices with few rows, e.g. the router: router_topk adds the S rows).
 
-struct DenseParams { u32 k; u32 n_rows; u32 row_base; u32 words_per_row; u32 x_stride; u32 out_stride; u32 flags; u32 w_row0; u32 s_word0; u32 blocks_per_row; u32 _a; u32 _b; };
-CHECK_PARAMS(DenseParams);
+// Params: DenseParams (rows.cuh, shared with gemm.cu).
 
 template <class Fmt, class Sum>
 __device__ void matvec(const DenseParams& p, const Step* step, const Act& a, const float* bias,

@@ -1,19 +1,25 @@
-// The pieces of the GPU-shaped row kernels (matvec.cu, expert.cu), joined after common.cuh
-// for those files by src/backend/cuda/kernels.rs: the CUDA twins of
-// shaders/common/act_x4.wgsl, fmt_f16.wgsl, fmt_q4.wgsl, onehot.wgsl, reduce_sg.wgsl and
-// reduce_wg.wgsl.
+// The pieces of the GPU-shaped kernels (matvec.cu, expert.cu, gemm.cu), joined after
+// common.cuh for those files by src/backend/cuda/kernels.rs: the CUDA twins of
+// shaders/common/act_x4.wgsl, fmt_f16.wgsl, fmt_q4.wgsl, tile_f16.wgsl, tile_q4.wgsl,
+// onehot.wgsl, reduce_sg.wgsl and reduce_wg.wgsl.
 //
-// Thread -> data mapping (as the WGSL): a block of 64 threads serves ROWS consecutive weight
-// rows; their 16-byte words are taken as one flat run and thread l reads words l, l + 64,
-// ..., so the 32 threads of a warp read 512 contiguous bytes (coalesced) and each weight
-// byte is read once. The rows' partial sums are combined by the reduction.
+// Thread -> data mapping of the row kernels (as the WGSL): a block of 64 threads serves ROWS
+// consecutive weight rows; their 16-byte words are taken as one flat run and thread l reads
+// words l, l + 64, ..., so the 32 threads of a warp read 512 contiguous bytes (coalesced) and
+// each weight byte is read once. The rows' partial sums are combined by the reduction. The
+// tiled kernels (gemm.cu) stage tiles through the formats' `stage_word` instead.
 //
 // The variant axes are template parameters, not copies: the weight format (a struct with
-// `word_dot`; another format is one more struct) and the reduction (SubgroupSum,
-// WorkgroupSum; Reduce::Subgroup / Reduce::Workgroup on the host).
+// `word_dot`, `stage_scales` and `stage_word`; another format is one more struct) and the
+// reduction (SubgroupSum, WorkgroupSum; Reduce::Subgroup / Reduce::Workgroup on the host).
 
 #define ROWS 4u
+// Threads per block of every GPU-shaped kernel (row and tiled).
 #define ROWS_BLOCK 64u
+
+// The dense products' params (matvec.cu, gemm.cu; backend::params::DenseParams).
+struct DenseParams { u32 k; u32 n_rows; u32 row_base; u32 words_per_row; u32 x_stride; u32 out_stride; u32 flags; u32 w_row0; u32 s_word0; u32 blocks_per_row; u32 _a; u32 _b; };
+CHECK_PARAMS(DenseParams);
 
 __device__ __forceinline__ float4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
 
@@ -69,8 +75,21 @@ struct Mat {
     const u32* ws;
 };
 
+// Tiled kernels: a block's staged block scales (fmt_q4.wgsl's stage_scales) of up to two
+// matrices (gate and up): the shared words (Fmt::SCALE_WORDS of them) and, per matrix, the
+// first staged u32 word of the scales and how many are staged.
+struct Scales {
+    u32* s;
+    u32 first[2];
+    u32 n[2];
+};
+
 // f16 (rows padded to 8 halves): a word holds 8 consecutive columns of one row; no scales.
 struct FmtF16 {
+    static constexpr u32 WORD_COLS = 8u;
+    // No scales (a shared array has at least one element).
+    static constexpr u32 SCALE_WORDS = 1u;
+
     // Word `c` of the row starting at word `row_word`, dotted with columns 8c .. 8c + 8 of
     // the activation row at float `xb` (0 at and past `len`); `s_half` is unused.
     static __device__ __forceinline__ float word_dot(const Mat& m, u32 row_word, u32 c, u32 s_half,
@@ -81,6 +100,26 @@ struct FmtF16 {
         u32 k0 = c * 8u;
         return dot4(make_float4(h0.x, h0.y, h1.x, h1.y), x_quad(a, xb, k0, len)) +
                dot4(make_float4(h2.x, h2.y, h3.x, h3.y), x_quad(a, xb, k0 + 4u, len));
+    }
+    // No scales to stage.
+    static __device__ __forceinline__ void stage_scales(const Mat& m, Scales& sc, u32 mi, u32 h0,
+                                                        u32 h1) {
+        (void)m; (void)sc; (void)mi; (void)h0; (void)h1;
+    }
+    // Tiled kernels (tile_f16.wgsl): word `c` of the row at `row_word` as 8 f32 columns into
+    // the shared weight tile `wt` from index `dst`; zeros when !valid (columns past the row).
+    static __device__ __forceinline__ void stage_word(const Mat& m, const Scales& sc, u32 mi,
+                                                      u32 row_word, u32 c, u32 s_half, float* wt,
+                                                      u32 dst, bool valid) {
+        (void)sc; (void)mi; (void)s_half;
+        F8 h;
+        if (valid) {
+            h = halves(m.w[row_word + c]);
+        } else {
+            for (int i = 0; i < 8; i++) h.v[i] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) wt[dst + (u32)i] = h.v[i];
     }
 };
 
@@ -95,8 +134,17 @@ __device__ __forceinline__ float nib_dot8(u32 w, float4 a, float4 b) {
 }
 
 // INT4 (src/quant.rs): a word holds 32 consecutive columns of one row as nibbles, one f16
-// scale per 256-column block (8 words).
+// scale per 256-column block (8 words). The row kernels read each word's scale from device
+// memory (the WGSL stages a workgroup's scales in workgroup memory first: the same values,
+// so the same results; here the L1 cache serves the 8 threads sharing a scale word); the
+// tiled kernels stage them as the WGSL does.
 struct FmtQ4 {
+    static constexpr u32 WORD_COLS = 32u;
+    // u32 words of staged scales per matrix (two matrices: gate and up); rows past it read
+    // their scales from device memory.
+    static constexpr u32 SCALE_CAP = 1024u;
+    static constexpr u32 SCALE_WORDS = 2u * SCALE_CAP;
+
     // Word `c` of the row at word `row_word` (its block scales from half `s_half`), dotted
     // with columns 32c .. 32c + 32 of the activation row at `xb`: the nibbles' dot product
     // in f32, times the block's scale.
@@ -109,6 +157,49 @@ struct FmtQ4 {
                   nib_dot8(q.z, x_quad(a, xb, k0 + 16u, len), x_quad(a, xb, k0 + 20u, len)) +
                   nib_dot8(q.w, x_quad(a, xb, k0 + 24u, len), x_quad(a, xb, k0 + 28u, len));
         return half_at(m.ws, s_half + c / 8u) * d;
+    }
+    // Tiled kernels: stage the scales of matrix `mi` (0 or 1) from half `h0` to half `h1`
+    // (exclusive) into shared memory, neighbouring threads loading neighbouring u32 words.
+    // Every thread calls it with the same arguments; a __syncthreads must follow before
+    // w_scale reads them (and precede a new staging into the same matrix).
+    static __device__ __forceinline__ void stage_scales(const Mat& m, Scales& sc, u32 mi, u32 h0,
+                                                        u32 h1) {
+        u32 first = h0 / 2u;
+        u32 n = min((h1 + 1u) / 2u - first, SCALE_CAP);
+        sc.first[mi] = first;
+        sc.n[mi] = n;
+        for (u32 i = threadIdx.x; i < n; i += ROWS_BLOCK) sc.s[mi * SCALE_CAP + i] = m.ws[first + i];
+    }
+    // Half `i` of the scales of matrix `mi`: staged, or from device memory past the cap.
+    static __device__ __forceinline__ float w_scale(const Mat& m, const Scales& sc, u32 mi, u32 i) {
+        // Selected, not indexed by `mi`: the block's registers, not a stack frame.
+        u32 rel = i / 2u - (mi ? sc.first[1] : sc.first[0]);
+        u32 word = rel < (mi ? sc.n[1] : sc.n[0]) ? sc.s[mi * SCALE_CAP + rel] : m.ws[i / 2u];
+        return f16_to_f32((i % 2u) ? (word >> 16) : word);
+    }
+    // Tiled kernels (tile_q4.wgsl): word `c` of the row at `row_word` of matrix `mi` (its
+    // block scales from half `s_half`) as 32 scaled f32 columns into the shared weight tile
+    // `wt` from index `dst`: byte b of u32 j holds columns 8j + b (low nibble) and 8j + 4 + b
+    // (high), each stored as q + 8. Zeros when !valid (columns past the row).
+    static __device__ __forceinline__ void stage_word(const Mat& m, const Scales& sc, u32 mi,
+                                                      u32 row_word, u32 c, u32 s_half, float* wt,
+                                                      u32 dst, bool valid) {
+        if (!valid) {
+            for (u32 i = 0; i < 32u; i++) wt[dst + i] = 0.0f;
+            return;
+        }
+        uint4 q = m.w[row_word + c];
+        float s = w_scale(m, sc, mi, s_half + c / 8u);
+        u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (u32 j = 0; j < 4u; j++) {
+            u32 d = dst + j * 8u;
+#pragma unroll
+            for (u32 b = 0; b < 4u; b++) {
+                wt[d + b] = ((float)((words[j] >> (8u * b)) & 0xfu) - 8.0f) * s;
+                wt[d + 4u + b] = ((float)((words[j] >> (8u * b + 4u)) & 0xfu) - 8.0f) * s;
+            }
+        }
     }
 };
 

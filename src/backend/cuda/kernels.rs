@@ -3,8 +3,9 @@
 //! on it: the device is a GPU whose warps are subgroups of 32, with no SHADER_F16 and no
 //! uniform windows, so the plan picks the GPU-shaped kernels (coalesced matvecs and expert
 //! halves in f16 and INT4, reduced with warp shuffles or, with `--portable-kernels`, a
-//! shared-memory tree; flash attention and its split combine) and, for multi-token steps
-//! or with `--decode-kernels storage` / `--prefill-kernels storage`, the storage kernels
+//! shared-memory tree; flash attention and its split combine; for multi-token steps the
+//! tiled GEMMs, dense and over experts, and the pairs' sort) and, with
+//! `--decode-kernels storage` / `--prefill-kernels storage`, the storage kernels
 //! with f32 arithmetic (8-lane W4A16 kernels, or one-lane ones when portable); never
 //! f16-arithmetic, window or expert-major kernels. Every kernel that plan can pick has a
 //! CUDA version here; any other is refused by name. The device loads a CUBIN for its own architecture
@@ -27,7 +28,7 @@ const COMMON: &str = include_str!("../../../kernels/cuda/common.cuh");
 /// The GPU-shaped row kernels' formats, activations and reductions (joined after COMMON for
 /// the files in [`ROWS_FILES`]).
 const ROWS: &str = include_str!("../../../kernels/cuda/rows.cuh");
-const ROWS_FILES: &[&str] = &["matvec.cu", "expert.cu"];
+const ROWS_FILES: &[&str] = &["matvec.cu", "expert.cu", "gemm.cu"];
 /// The f16 conversion with PTX (the CPU emulation of the tests brings its own).
 pub const F16_PTX: &str = include_str!("../../../kernels/cuda/f16.cuh");
 
@@ -63,6 +64,11 @@ pub const SOURCES: &[(&str, &str)] = &[
     (
         "attn_flash.cu",
         include_str!("../../../kernels/cuda/attn_flash.cu"),
+    ),
+    ("gemm.cu", include_str!("../../../kernels/cuda/gemm.cu")),
+    (
+        "moe_sort.cu",
+        include_str!("../../../kernels/cuda/moe_sort.cu"),
     ),
 ];
 
@@ -239,6 +245,35 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
             64,
         ),
         Kernel::AttnCombine => c("attn_flash.cu", "attn_combine", "FlashParams", &[2, 3], 64),
+        Kernel::Gemm(f) => c(
+            "gemm.cu",
+            format_entry(f, &[(WeightFormat::F16, "gemm_f16")])?,
+            "DenseParams",
+            if f.has_scales() {
+                &[2, 3, 4, 5, 10, 11]
+            } else {
+                &[2, 3, 4, 5, 10]
+            },
+            64,
+        ),
+        Kernel::ExpertGemm(f) => c(
+            "gemm.cu",
+            format_entry(
+                f,
+                &[
+                    (WeightFormat::F16, "expert_gemm_f16"),
+                    (WeightFormat::Q4, "expert_gemm_q4"),
+                ],
+            )?,
+            "ExpertGemmParams",
+            if f.has_scales() {
+                &[2, 3, 4, 5, 6, 10, 11]
+            } else {
+                &[2, 3, 4, 5, 6, 10]
+            },
+            64,
+        ),
+        Kernel::MoeSort => c("moe_sort.cu", "moe_sort", "MoeSortParams", &[2, 3], 1),
         _ => return None,
     })
 }
@@ -255,6 +290,13 @@ fn rows_entry(
         Reduce::Subgroup => e[0],
         Reduce::Workgroup => e[1],
     })
+}
+
+/// The entry point of a tiled kernel in weight format `f`: `entries` holds the formats with
+/// a CUDA port (templates over the format, one entry each); a format without one has none
+/// (and is refused by name).
+fn format_entry(f: WeightFormat, entries: &[(WeightFormat, &'static str)]) -> Option<&'static str> {
+    entries.iter().find(|(g, _)| *g == f).map(|(_, e)| *e)
 }
 
 /// Every kernel with a CUDA version.
