@@ -511,7 +511,7 @@ fn flash_case(dev: &Device, seed: u64, c: &AttnCase, max_context: usize) {
     let qb = f32_buf(dev, &q);
     let ck = f32_buf(dev, &cache_k);
     let cv = f32_buf(dev, &cache_v);
-    let part_floats = ops::flash_part_floats(heads.n_heads, heads.n_kv, hd, max_context);
+    let part_floats = ops::flash_part_floats(heads.n_heads, heads.n_kv, hd, max_context, t);
     let part = f32_buf(dev, &vec![f32::NAN; part_floats]);
     let out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);
     let d = dummy(dev);
@@ -547,7 +547,7 @@ fn flash_case(dev: &Device, seed: u64, c: &AttnCase, max_context: usize) {
     assert_eq!(decode.kernel, Kernel::AttnFlash);
     assert_eq!(
         prog.len(),
-        1 + usize::from(shape.splits > 1),
+        1 + usize::from(shape.splits > 1) + usize::from(shape.prefill_splits > 1),
         "a combine after split keys"
     );
     run(dev, prog, &step, t);
@@ -615,6 +615,12 @@ fn flash_attention_prefill_matches_cpu() {
         (h(2, 1, 80), 33, 3),
         (h(16, 16, 32), 64, 100),
         (h(3, 1, 2), 70, 0),
+        // Short chunks late in long contexts: the keys split over workgroups (each walks a
+        // bounded run of tiles) and the splits merged per token.
+        (h(16, 16, 128), 2, 4094),
+        (h(32, 4, 128), 17, 3000),
+        (h(2, 1, 512), 3, 700),
+        (h(8, 8, 130), 9, 2500),
     ]
     .into_iter()
     .enumerate()

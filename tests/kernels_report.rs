@@ -123,32 +123,30 @@ fn mixtral_decode_is_coalesced_and_fills_a_gpu() {
 }
 
 /// The probe sees strided access: the storage kernels (one invocation per row) waste half
-/// of each sector or more, and the tiled prefill GEMMs do not.
+/// of each sector or more, and the tiled prefill GEMMs do not. With storage decode and
+/// tiled prefill, one-token steps run the storage kernels, not the GEMMs.
 #[test]
 fn the_probe_tells_strided_from_coalesced_loads() {
     let path = "models/olmoe-tiny/config.json";
     let cfg = config(path);
-    let storage = KernelOverrides {
+    let storage_decode = KernelOverrides {
         decode: Some(DecodeKernels::Storage),
-        prefill: Some(PrefillKernels::Storage),
+        prefill: Some(PrefillKernels::Tiled),
         ..Default::default()
     };
-    let r = report(path, &cfg, &options(Stages::All, 256, storage)).unwrap();
+    let r = report(path, &cfg, &options(Stages::All, 256, storage_decode)).unwrap();
     let qkv = stage(&r, "decode/qkv_proj");
     assert!(
         qkv.sector_efficiency.unwrap() < 0.75,
-        "storage matvec: {:?}",
-        qkv
+        "storage matvec: {qkv:?}"
     );
-    let r = report(path, &cfg, &options(Stages::All, 256, Default::default())).unwrap();
-    for name in [
-        "decode/qkv_proj",
-        "prefill/qkv_proj",
-        "prefill/experts_gate_up",
-    ] {
+    assert_eq!(qkv.kernel, "matmul");
+    assert_eq!(stage(&r, "decode/attention").kernel, "attention");
+    assert!(!stage(&r, "decode/experts_gate_up").kernel.contains("gemm"));
+    for name in ["prefill/qkv_proj", "prefill/experts_gate_up"] {
         let k = stage(&r, name);
+        assert!(k.kernel.contains("gemm"), "{name}: {k:?}");
         assert!(k.sector_efficiency.unwrap() >= 0.90, "{name}: {k:?}");
     }
-    assert!(stage(&r, "prefill/qkv_proj").kernel.contains("gemm"));
     assert!(r.prefill_bytes_per_token.unwrap() > 0.0);
 }

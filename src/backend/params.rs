@@ -105,6 +105,13 @@ pub const GEMM_ROWS: usize = 32;
 pub const EXPERT_GEMM_ROWS: usize = 16;
 /// Fewest keys per split of one-token attention.
 pub const ATTN_MIN_CHUNK: usize = 32;
+/// Loop iterations one invocation of a multi-token flash workgroup may spend walking its
+/// keys (about head_dim + 64 per key tile): a prefill over a long context splits its keys
+/// into chunks of that many tiles, which spreads it over more workgroups on a GPU and keeps
+/// each invocation far below llvmpipe's silent cap of 65535 loop iterations.
+pub const ATTN_PREFILL_TILE_BUDGET: usize = 16384;
+/// Most key splits of a multi-token step (their partial rows are per token).
+pub const ATTN_PREFILL_MAX_SPLITS: usize = 64;
 
 params! {
     /// Per-submission state shared by all kernels (binding 1): where the tokens of this

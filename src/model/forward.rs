@@ -344,6 +344,8 @@ enum MoeStyle {
     DecodeUniform,
     /// One-token steps on the GPU-shaped row kernels.
     DecodeCoalesced,
+    /// One-token steps on the storage kernels where multi-token steps are tiled.
+    DecodeStorage,
 }
 
 /// The expert dispatches of one style of step.
@@ -419,6 +421,17 @@ fn build_layers(
             None,
             None,
             MoeStyle::DecodeUniform,
+        )?)
+    } else if pairs.is_some() {
+        // The expert GEMMs would serve one token too, but re-read each row per pair.
+        Some(moe_dispatch(
+            cfg,
+            opts,
+            env,
+            b,
+            None,
+            None,
+            MoeStyle::DecodeStorage,
         )?)
     } else {
         None

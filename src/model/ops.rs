@@ -314,12 +314,15 @@ fn matmul_split(
                 offset: 0,
             };
         }
-        let op = op.with_decode(decode);
+        let mut op = op.with_decode(decode);
         // The tiled GEMM (it cannot pick the last token alone: the storage matmul can),
-        // keeping the storage op's one-token alternative.
+        // with the storage op's one-token alternative, or the storage op itself.
         if env.plan.tiled_prefill && !last {
-            let decode = op.decode.map(|d| *d);
-            prog.push(gemm_op(m, c, src, bias, dst, out_stride, f).with_decode_op(decode));
+            let one = match op.decode.take() {
+                Some(d) => *d,
+                None => op,
+            };
+            prog.push(gemm_op(m, c, src, bias, dst, out_stride, f).with_decode_op(Some(one)));
         } else {
             prog.push(op);
         }
@@ -420,6 +423,8 @@ pub struct FlashShape {
     pub tk: usize,
     /// Key splits of one-token steps.
     pub splits: usize,
+    /// Key splits of multi-token steps (1 for contexts one workgroup walks in its budget).
+    pub prefill_splits: usize,
 }
 
 /// The flash kernel's shape for a layer of `n_heads` query heads over `n_kv` KV heads of
@@ -449,28 +454,42 @@ pub fn flash_shape(n_heads: usize, n_kv: usize, head_dim: usize, max_context: us
             .min(max_context.div_ceil(ATTN_MIN_CHUNK))
             .max(1)
     };
+    let prefill_keys = tk * (ATTN_PREFILL_TILE_BUDGET / (head_dim + 64)).max(1);
+    let prefill_splits = max_context
+        .div_ceil(prefill_keys)
+        .clamp(1, ATTN_PREFILL_MAX_SPLITS);
     FlashShape {
         g_tile,
         head_tiles,
         q_tokens,
         tk,
         splits,
+        prefill_splits,
     }
 }
 
-/// Floats of the flash kernel's partial outputs for one-token steps.
+/// Floats of the flash kernel's partial outputs: one-token steps and steps of up to
+/// `tokens` tokens.
 pub fn flash_part_floats(
     n_heads: usize,
     n_kv: usize,
     head_dim: usize,
     max_context: usize,
+    tokens: usize,
 ) -> usize {
     let s = flash_shape(n_heads, n_kv, head_dim, max_context);
-    if s.splits > 1 {
-        n_heads * s.splits * (head_dim + 2)
+    let per_split = n_heads * (head_dim + 2);
+    let decode = if s.splits > 1 {
+        s.splits * per_split
     } else {
         1
-    }
+    };
+    let prefill = if s.prefill_splits > 1 && tokens > 1 {
+        tokens * s.prefill_splits * per_split
+    } else {
+        1
+    };
+    decode.max(prefill)
 }
 
 /// Optional q/k norm or clip, RoPE, and the step's k, v into the KV cache.
@@ -491,17 +510,18 @@ pub fn rope_kv(prog: &mut Program, env: &OpEnv, p: &RopeKvParams, b: &AttentionB
     ));
 }
 
-/// The flash attention ops of `splits` key splits (1: every key, the output written
-/// directly; more: partial outputs, then their combine, one-token steps only).
+/// The flash attention ops of one-token steps (`decode`) or multi-token steps: with one
+/// key split every key, the output written directly; with more, partial outputs, then
+/// their combine.
 fn flash_ops(
     p: &AttentionParams,
     b: &AttentionBuffers,
     max_context: usize,
-    splits: bool,
+    decode: bool,
 ) -> Vec<Op> {
     let (nh, nkv, hd) = (p.n_heads as usize, p.n_kv as usize, p.head_dim as usize);
     let s = flash_shape(nh, nkv, hd, max_context);
-    let splits = if splits { s.splits } else { 1 };
+    let splits = if decode { s.splits } else { s.prefill_splits };
     let fp = FlashParams {
         n_heads: p.n_heads,
         n_kv: p.n_kv,
@@ -521,7 +541,7 @@ fn flash_ops(
         [
             Dim::Const((nkv * s.head_tiles) as u32),
             Dim::Const(splits as u32),
-            if splits > 1 {
+            if decode {
                 Dim::Const(1)
             } else {
                 Dim::TokensDiv(s.q_tokens as u32)
@@ -529,14 +549,19 @@ fn flash_ops(
         ],
     )];
     if splits > 1 {
+        // One-token steps only, or multi-token steps only (their z is 0 for one token).
+        let grid = if decode {
+            [Dim::Const(p.n_heads), Dim::OneToken, Dim::Const(1)]
+        } else {
+            let many = Dim::Window {
+                first: 1,
+                per_token: 1,
+            };
+            [Dim::Const(p.n_heads), Dim::Tokens, many]
+        };
         ops.push(
-            Op::new(
-                Kernel::AttnCombine,
-                &fp,
-                binds(&[b.part, b.out]),
-                [Dim::Const(p.n_heads), Dim::OneToken, Dim::Const(1)],
-            )
-            .in_stage("attention_combine"),
+            Op::new(Kernel::AttnCombine, &fp, binds(&[b.part, b.out]), grid)
+                .in_stage("attention_combine"),
         );
     }
     ops
@@ -551,29 +576,34 @@ pub fn attention(
     max_context: usize,
 ) {
     if env.plan.flash_decode() || env.plan.flash_prefill() {
-        let mut main = if env.plan.flash_prefill() {
-            flash_ops(p, b, max_context, false).remove(0)
+        let mut multi = if env.plan.flash_prefill() {
+            flash_ops(p, b, max_context, false)
         } else {
-            old_attention(env, p, b)
-        };
-        let mut combine = None;
-        if env.plan.flash_decode() {
-            let mut d = flash_ops(p, b, max_context, true).into_iter();
-            main = main.with_decode_op(d.next());
-            combine = d.next();
+            vec![old_attention(env, p, b, env.chunk)]
         }
-        prog.push(main);
-        if let Some(c) = combine {
-            prog.push(c);
+        .into_iter();
+        let mut one = if env.plan.flash_decode() {
+            flash_ops(p, b, max_context, true)
+        } else {
+            vec![old_attention(env, p, b, 1)]
+        }
+        .into_iter();
+        if let Some(main) = multi.next() {
+            prog.push(main.with_decode_op(one.next()));
+        }
+        // The combines: each runs only in the steps its grid says.
+        for op in multi.chain(one) {
+            prog.push(op);
         }
         return;
     }
-    prog.push(old_attention(env, p, b));
+    prog.push(old_attention(env, p, b, env.chunk));
 }
 
-/// The scratch-row attention kernels (one workgroup per head and token, or 8 tokens).
-fn old_attention(env: &OpEnv, p: &AttentionParams, b: &AttentionBuffers) -> Op {
-    let kernel = env.plan.attention(p.head_dim as usize, env.chunk);
+/// The scratch-row attention kernels (one workgroup per head and token, or 8 tokens) for
+/// steps of `tokens` tokens.
+fn old_attention(env: &OpEnv, p: &AttentionParams, b: &AttentionBuffers, tokens: usize) -> Op {
+    let kernel = env.plan.attention(p.head_dim as usize, tokens);
     let grid = match kernel {
         Kernel::AttentionWindow => [
             Dim::Const(p.n_heads),

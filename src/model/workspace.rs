@@ -127,6 +127,7 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
             cfg.num_kv_heads,
             cfg.head_dim,
             ctxlen,
+            t,
         )],
     )?;
     // One-token steps on GPUs split the router's columns into partial rows.
