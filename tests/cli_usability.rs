@@ -127,7 +127,12 @@ fn a_file_or_an_empty_directory_is_explained() {
             ],
         );
         let r = wgmoe(args(&gguf));
-        assert_error(&r, &["is a file", "GGUF files are not supported"]);
+        if sub == "inspect" {
+            // inspect reads GGUF headers: this one is cut short after its magic.
+            assert_error(&r, &["model-q4_0.gguf", "truncated", "the version"]);
+        } else {
+            assert_error(&r, &["is a file", "GGUF files are not supported"]);
+        }
         let r = wgmoe(args(&empty));
         assert_error(&r, &["config.json", "missing", "the directory is empty"]);
         assert!(!out.exists());
