@@ -12,10 +12,10 @@
 //! count is measured on a second (plain) device.
 
 use crate::backend::probe::{Counts, ProbedOp, Site};
+use crate::backend::Device;
 use crate::backend::{
     DeviceInfo, DeviceRequest, DeviceType, KernelOverrides, KernelPlan, Prepared, Work,
 };
-use crate::backend::Device;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::model::forward::{Forward, ForwardOptions};
@@ -156,7 +156,11 @@ fn push(stages: &mut Vec<Stage>, prefix: &str, per_token: f64, ops: Vec<ProbedOp
     for op in ops {
         let name = format!(
             "{prefix}/{}",
-            if op.stage.is_empty() { "other" } else { op.stage }
+            if op.stage.is_empty() {
+                "other"
+            } else {
+                op.stage
+            }
         );
         match stages.iter_mut().find(|s| s.name == name) {
             // One stage per name and execution count (embed runs once, not per layer).
@@ -266,8 +270,18 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
         push(&mut stages, "decode", 1.0, embed);
         push(&mut stages, "decode", per_layer(l), rest);
     }
-    push(&mut stages, "decode", 1.0, dev.probe_program(&f.head_last, 1)?);
-    push(&mut stages, "decode", 1.0, dev.probe_program(f.argmax(), 1)?);
+    push(
+        &mut stages,
+        "decode",
+        1.0,
+        dev.probe_program(&f.head_last, 1)?,
+    );
+    push(
+        &mut stages,
+        "decode",
+        1.0,
+        dev.probe_program(f.argmax(), 1)?,
+    );
     // Prefill: one chunk from position 0.
     let t = f.opts.prefill_chunk;
     if t > 1 {
@@ -280,7 +294,12 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
             push(&mut stages, "prefill", per, embed);
             push(&mut stages, "prefill", per_layer(l) * per, rest);
         }
-        push(&mut stages, "prefill", per, dev.probe_program(&f.head_last, t as u32)?);
+        push(
+            &mut stages,
+            "prefill",
+            per,
+            dev.probe_program(&f.head_last, t as u32)?,
+        );
     }
     dev.sync()?;
     let kernels: Vec<StageReport> = stages
@@ -381,8 +400,16 @@ pub fn render(r: &KernelsReport) -> String {
         r.subgroup_size
     );
     let head = [
-        "stage", "kernel", "x/token", "dispatches", "workgroups", "invocations", "bytes read",
-        "weights eff", "kv eff", "us",
+        "stage",
+        "kernel",
+        "x/token",
+        "dispatches",
+        "workgroups",
+        "invocations",
+        "bytes read",
+        "weights eff",
+        "kv eff",
+        "us",
     ];
     let rows: Vec<[String; 10]> = r
         .kernels

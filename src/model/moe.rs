@@ -361,35 +361,41 @@ impl MoeDispatch<'_> {
             if m.format.has_scales() {
                 b.push((11, chunk));
             }
-            let stage = if route.is_some() { "experts_gate_up" } else { "" };
-            prog.push(Op::new(
-                Kernel::ExpertGateUp(self.plan.rows(m.format)),
-                &ExpertGateUpParams {
-                    hidden: self.hidden as u32,
-                    inter: m.inter as u32,
-                    top_k: top_k as u32,
-                    j_base: js.0 as u32,
-                    x_stride: self.hidden as u32,
-                    slot_words: m.slot_words,
-                    first_slot: *first as u32,
-                    chunk_slots: *n as u32,
-                    gate_w: m.gate_w,
-                    up_w: m.up_w,
-                    gate_s: m.gate_s,
-                    up_s: m.up_s,
-                    words_per_row: m.in_words,
-                    blocks_per_row: m.in_blocks,
-                    flags: fl,
-                    _a: 0,
-                },
-                numbered(&b),
-                [
-                    Dim::Const(m.inter.div_ceil(ROWS_PER_WORKGROUP) as u32),
-                    Dim::Const(js.1 as u32),
-                    Dim::Tokens,
-                ],
-            )
-            .in_stage(stage));
+            let stage = if route.is_some() {
+                "experts_gate_up"
+            } else {
+                ""
+            };
+            prog.push(
+                Op::new(
+                    Kernel::ExpertGateUp(self.plan.rows(m.format)),
+                    &ExpertGateUpParams {
+                        hidden: self.hidden as u32,
+                        inter: m.inter as u32,
+                        top_k: top_k as u32,
+                        j_base: js.0 as u32,
+                        x_stride: self.hidden as u32,
+                        slot_words: m.slot_words,
+                        first_slot: *first as u32,
+                        chunk_slots: *n as u32,
+                        gate_w: m.gate_w,
+                        up_w: m.up_w,
+                        gate_s: m.gate_s,
+                        up_s: m.up_s,
+                        words_per_row: m.in_words,
+                        blocks_per_row: m.in_blocks,
+                        flags: fl,
+                        _a: 0,
+                    },
+                    numbered(&b),
+                    [
+                        Dim::Const(m.inter.div_ceil(ROWS_PER_WORKGROUP) as u32),
+                        Dim::Const(js.1 as u32),
+                        Dim::Tokens,
+                    ],
+                )
+                .in_stage(stage),
+            );
         }
     }
 
@@ -428,30 +434,32 @@ impl MoeDispatch<'_> {
                 b.push((11, chunk));
             }
             let stage = if route.is_some() { "experts_down" } else { "" };
-            prog.push(Op::new(
-                Kernel::ExpertDown(self.plan.rows(m.format)),
-                &ExpertDownParams {
-                    hidden: self.hidden as u32,
-                    inter: m.inter as u32,
-                    top_k: top_k as u32,
-                    j_base: j0 as u32,
-                    slot_words: m.slot_words,
-                    first_slot: *first as u32,
-                    chunk_slots: *n as u32,
-                    down_w: m.down_w,
-                    down_s: m.down_s,
-                    words_per_row: m.down_words,
-                    blocks_per_row: m.down_blocks,
-                    flags: fl,
-                },
-                numbered(&b),
-                [
-                    Dim::Const(self.hidden.div_ceil(ROWS_PER_WORKGROUP) as u32),
-                    Dim::Const(ny as u32),
-                    Dim::Tokens,
-                ],
-            )
-            .in_stage(stage));
+            prog.push(
+                Op::new(
+                    Kernel::ExpertDown(self.plan.rows(m.format)),
+                    &ExpertDownParams {
+                        hidden: self.hidden as u32,
+                        inter: m.inter as u32,
+                        top_k: top_k as u32,
+                        j_base: j0 as u32,
+                        slot_words: m.slot_words,
+                        first_slot: *first as u32,
+                        chunk_slots: *n as u32,
+                        down_w: m.down_w,
+                        down_s: m.down_s,
+                        words_per_row: m.down_words,
+                        blocks_per_row: m.down_blocks,
+                        flags: fl,
+                    },
+                    numbered(&b),
+                    [
+                        Dim::Const(self.hidden.div_ceil(ROWS_PER_WORKGROUP) as u32),
+                        Dim::Const(ny as u32),
+                        Dim::Tokens,
+                    ],
+                )
+                .in_stage(stage),
+            );
         }
     }
 

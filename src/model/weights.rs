@@ -246,7 +246,11 @@ impl ModelWeights {
                 attn_norm: zeros("attn_norm", h)?,
                 qkv: F16Matrix::zeros(dev, "qkv_proj", q_dim + 2 * kv_dim, h)?,
                 qkv_bias: if cfg.qkv_bias {
-                    Some(dev.alloc("qkv_bias", ((q_dim + 2 * kv_dim) * 4) as u64, Usage::Storage)?)
+                    Some(dev.alloc(
+                        "qkv_bias",
+                        ((q_dim + 2 * kv_dim) * 4) as u64,
+                        Usage::Storage,
+                    )?)
                 } else {
                     None
                 },
