@@ -14,7 +14,11 @@ use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{DeviceRequest, KernelOverrides};
 use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
 use wgmoe::model::Executor;
-use wgmoe::residency::{MissPolicy, PolicyKind};
+use wgmoe::residency::{MissPolicy, PolicyKind, Prefetch};
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 
 /// Writes a calibration profile for `name` (full residency, routing recorded).
 fn calibrate(name: &str, prompt: &[u32], dir: &std::path::Path) -> PathBuf {
@@ -42,15 +46,28 @@ fn check_policies(name: &str) {
     let (e, k) = (cfg.num_experts, cfg.top_k);
     let slot_bytes =
         wgmoe::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64;
+    // Copies staged on the submitting thread without prefetch (the path before overlapped
+    // fills), fills off it alone, and the default (fill threads and next-layer prefetch).
+    let ways = [
+        (Prefetch::Off, Some(0)),
+        (Prefetch::Off, None),
+        (Prefetch::NextLayer, None),
+    ];
     for policy in PolicyKind::ALL {
         for n in [k, (k + e) / 2, e] {
-            for executor in [Executor::Grouped, Executor::PerExpert] {
+            for (executor, (prefetch, fills)) in [Executor::Grouped, Executor::PerExpert]
+                .into_iter()
+                .flat_map(|x| ways.map(|w| (x, w)))
+            {
                 let opts = ResidencyOptions {
                     resident_experts: Some(n),
                     policy,
                     profile: Some(profile.clone()),
+                    prefetch: Some(prefetch),
+                    fill_threads: fills,
                     ..upload()
                 };
+                let what = format!("{policy:?} N={n} {executor:?} prefetch {} fill threads {fills:?}", prefetch.name());
                 let mut eng = load(name, 64, opts, executor).unwrap();
                 let before = eng
                     .fwd
@@ -62,7 +79,7 @@ fn check_policies(name: &str) {
                     // A divergence is allowed only at a golden near tie (as tests/parity.rs).
                     for (s, (a, b)) in ids.iter().zip(&g.generated_ids).enumerate() {
                         if a != b {
-                            assert!(g.step_gap[s] < 2e-3, "{name} {policy:?} N={n} {executor:?} p{pi} step {s}: {a} != golden {b}");
+                            assert!(g.step_gap[s] < 2e-3, "{name} {what} p{pi} step {s}: {a} != golden {b}");
                             break;
                         }
                     }
@@ -71,12 +88,28 @@ fn check_policies(name: &str) {
                     Some(r) => {
                         let st = r.stats();
                         assert!(n < e);
+                        // Every copy is a miss copied on demand or a guess copied ahead.
                         assert_eq!(
                             st.h2d_bytes,
-                            st.expert_misses * slot_bytes,
-                            "{name} {policy:?} N={n}: h2d = misses x expert bytes"
+                            (st.expert_misses + st.prefetch_issued) * slot_bytes,
+                            "{name} {what}: h2d = (misses + prefetched) x expert bytes"
                         );
                         assert!(st.expert_misses > 0);
+                        assert_eq!(st.prefetch, prefetch, "{name} {what}");
+                        if prefetch == Prefetch::NextLayer {
+                            // Guesses were made and copied; each was used or wasted.
+                            assert!(st.prefetch_issued > 0, "{name} {what}: {st:?}");
+                            assert_eq!(
+                                st.prefetch_issued * slot_bytes,
+                                st.prefetch_used * slot_bytes + st.prefetch_wasted_bytes,
+                                "{name} {what}"
+                            );
+                            let acc = st.prefetch_accuracy.expect("guesses were scored");
+                            assert!((0.0..=1.0).contains(&acc), "{acc}");
+                        } else {
+                            assert_eq!(st.prefetch_issued + st.prefetch_used, 0);
+                        }
+                        assert_eq!(st.fill_threads, fills.unwrap_or(2).min(cores()));
                         if n == k {
                             assert!(st.expert_evictions > 0, "N = top_k must evict");
                         }
@@ -90,8 +123,8 @@ fn check_policies(name: &str) {
                             assert!(c.published_count() <= n);
                         }
                         eprintln!(
-                            "{name} {policy:?} N={n} {executor:?}: hits {} misses {} evictions {}",
-                            st.expert_hits, st.expert_misses, st.expert_evictions
+                            "{name} {what}: hits {} misses {} evictions {} prefetched {} used {} accuracy {:?} stall {:.4}s",
+                            st.expert_hits, st.expert_misses, st.expert_evictions, st.prefetch_issued, st.prefetch_used, st.prefetch_accuracy, st.upload_stall_seconds
                         );
                     }
                     None => assert_eq!(n, e, "full residency has no cache"),
@@ -222,7 +255,7 @@ fn failed_upload_keeps_the_previous_generation() {
     }
     {
         let r = eng.fwd.residency.as_mut().unwrap();
-        let done = r.stats().expert_misses;
+        let done = r.uploads_attempted();
         r.inject.fail_upload = Some(done + 1);
     }
     // A prompt whose routing must miss (N = top_k = 3 of 7): the first upload fails.
@@ -298,9 +331,10 @@ fn admission_refuses_what_cannot_fit() {
         max_context: opts.max_context,
         prefill_chunk: opts.prefill_chunk,
         all_logits: opts.all_logits,
-        staging_buffers: opts.residency.staging_buffers,
+        staging_buffers: opts.residency.staging_buffers(&cfg).unwrap(),
         miss: MissPolicy::Upload,
         cpu_layers: 0,
+        prefetch_width: opts.residency.prefetch_width(&cfg).unwrap(),
     };
     let need = |n| wgmoe::admission::admission_bytes(&cfg, &input, n).unwrap();
     let need5 = need(5);

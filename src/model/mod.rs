@@ -2,9 +2,11 @@
 //! that runs them, with the expert residency runtime for partial residency.
 
 mod costs;
+mod fills;
 pub mod forward;
 pub mod moe;
 pub mod ops;
+mod overlap;
 pub mod residency;
 mod step;
 pub mod tensors;

@@ -148,6 +148,33 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
 }
 
 impl Trace {
+    /// Of the experts routed in (step, layer)s that carry a guess (`predicted`), the share
+    /// the guess held (counted once per step and layer); None without guesses.
+    pub fn prediction_accuracy(&self) -> Option<f64> {
+        let (mut held, mut all) = (0u64, 0u64);
+        let mut key: Option<(u64, usize)> = None;
+        let mut seen: Vec<u32> = Vec::new();
+        let mut guess: Vec<u32> = Vec::new();
+        for r in self.lines.iter().filter(|r| !r.warmup) {
+            if key != Some((r.step, r.layer)) {
+                key = Some((r.step, r.layer));
+                seen.clear();
+                guess = r.predicted.clone();
+            }
+            if guess.is_empty() {
+                continue;
+            }
+            for &e in &r.experts {
+                if !seen.contains(&e) {
+                    seen.push(e);
+                    all += 1;
+                    held += u64::from(guess.contains(&e));
+                }
+            }
+        }
+        (all > 0).then(|| held as f64 / all as f64)
+    }
+
     /// The steps per MoE layer, in the order the cache served them.
     pub fn step_groups(&self) -> StepGroups {
         let layers = self.header.moe_layers.clone();
