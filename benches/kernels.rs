@@ -172,6 +172,7 @@ fn w4a16_matvec(bencher: divan::Bencher, (inp, out): (usize, usize), decode: boo
         fuse_combine: false,
         decode_uniform: decode,
         coalesced: false,
+        tiled: None,
         hidden: out,
         top_k: 1,
         dummy: &dummy,
@@ -319,6 +320,7 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, On(executor): On<Executor>) {
         fuse_combine: true,
         decode_uniform: true,
         coalesced: false,
+        tiled: None,
         hidden: h,
         top_k: k,
         dummy: &dummy,
@@ -389,6 +391,7 @@ fn attention_16x128_decode(bencher: divan::Bencher, On(context): On<usize>) {
         cache_k: &ck,
         cache_v: &cv,
         scratch: &scratch,
+        part: &dummy,
         out: &attn,
     };
     let mut prog = Program::default();
@@ -405,6 +408,7 @@ fn attention_16x128_decode(bencher: divan::Bencher, On(context): On<usize>) {
                 ..Default::default()
             },
             &ab,
+            context,
         );
     }
     // The token at the last position sees the whole cache.

@@ -34,8 +34,18 @@ pub enum DeviceClass {
     Cpu,
 }
 
+/// Which steps `wgmoe kernels` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stages {
+    Decode,
+    Prefill,
+    All,
+}
+
 pub struct KernelsOptions {
     pub class: DeviceClass,
+    pub stages: Stages,
     pub context: usize,
     pub prefill_chunk: usize,
     /// GB/s of device memory the predicted times assume.
@@ -264,28 +274,31 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     let per_layer = |l: usize| kinds.iter().find(|k| k.0 == l).map_or(0, |k| k.1) as f64;
     let mut stages: Vec<Stage> = Vec::new();
     // Decode: one token at the context's last position (attention over every key).
-    dev.write_step(&f.step, o.context - 1, 1)?;
-    for (l, p) in step_programs(&f, 1) {
-        let ops = dev.probe_program(p, 1)?;
-        let (embed, rest): (Vec<_>, Vec<_>) = ops.into_iter().partition(|op| op.stage == "embed");
-        push(&mut stages, "decode", 1.0, embed);
-        push(&mut stages, "decode", per_layer(l), rest);
+    if o.stages != Stages::Prefill {
+        dev.write_step(&f.step, o.context - 1, 1)?;
+        for (l, p) in step_programs(&f, 1) {
+            let ops = dev.probe_program(p, 1)?;
+            let (embed, rest): (Vec<_>, Vec<_>) =
+                ops.into_iter().partition(|op| op.stage == "embed");
+            push(&mut stages, "decode", 1.0, embed);
+            push(&mut stages, "decode", per_layer(l), rest);
+        }
+        push(
+            &mut stages,
+            "decode",
+            1.0,
+            dev.probe_program(&f.head_last, 1)?,
+        );
+        push(
+            &mut stages,
+            "decode",
+            1.0,
+            dev.probe_program(f.argmax(), 1)?,
+        );
     }
-    push(
-        &mut stages,
-        "decode",
-        1.0,
-        dev.probe_program(&f.head_last, 1)?,
-    );
-    push(
-        &mut stages,
-        "decode",
-        1.0,
-        dev.probe_program(f.argmax(), 1)?,
-    );
     // Prefill: one chunk from position 0.
     let t = f.opts.prefill_chunk;
-    if t > 1 {
+    if t > 1 && o.stages != Stages::Decode {
         dev.write_step(&f.step, 0, t)?;
         let per = 1.0 / t as f64;
         for (l, p) in step_programs(&f, t) {

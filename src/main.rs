@@ -119,6 +119,9 @@ struct KernelsArgs {
     /// The device class whose kernel plan is reported.
     #[arg(long, value_enum, default_value = "discrete")]
     device_class: wgmoe::kernel_report::DeviceClass,
+    /// The steps to measure: one-token decode, a prefill chunk, or both.
+    #[arg(long, value_enum, default_value = "all")]
+    stages: wgmoe::kernel_report::Stages,
     /// KV cache positions (decode attends over all of them).
     #[arg(long, short = 'c', visible_alias = "ctx-size", default_value_t = 4096)]
     context: usize,

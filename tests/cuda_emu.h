@@ -1,14 +1,17 @@
 // Just enough of CUDA C to run wgmoe's CUDA kernels on the CPU (tests/cuda_emulated.rs):
 // blocks run one after another; the threads of a block that synchronises run as coroutines
-// (ucontext) on one OS thread, __syncthreads passing control round-robin to the next live
+// on one OS thread, __syncthreads passing control round-robin to the next live
 // thread, so a thread resumes only once every other one has reached the barrier (kernels
 // without __syncthreads run their threads in a loop); __shared__ arrays are statics (one
 // block at a time uses them). A launch takes its arguments as cuLaunchKernel
-// does: an array of pointers to each argument's value. Not a CUDA implementation: no warps,
-// no memory model beyond the barrier; it checks the kernels' logic and argument order.
+// does: an array of pointers to each argument's value. Not a CUDA implementation: no warp
+// scheduling (a shuffle is an exchange among the whole block), no memory model beyond the
+// barrier; it checks the kernels' logic and argument order.
 #include <ucontext.h>
 #include <cmath>
 #include <math.h>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <tuple>
@@ -21,6 +24,7 @@ struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 struct uint4 { unsigned x, y, z, w; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 static uint3 threadIdx, blockIdx, blockDim, gridDim;
 
@@ -30,12 +34,64 @@ static uint3 threadIdx, blockIdx, blockDim, gridDim;
 #define __shared__ static
 
 namespace emu {
-// The block's threads as coroutines.
-static ucontext_t main_ctx;
-static std::vector<ucontext_t> ctx;
+// The block's threads as coroutines, each on a stack of its own. On x86-64 a switch saves
+// the callee-saved registers on the running stack and loads the other stack (a few ns:
+// ucontext's swapcontext makes a system call per switch, and the GPU-shaped kernels
+// synchronise often); elsewhere ucontext.
+static const unsigned MAIN = ~0u;  // the launching (not a kernel) thread
 static std::vector<char> done;
 static std::vector<std::unique_ptr<char[]>> stacks;
 static const std::size_t STACK = 256 * 1024;
+// The launch's thread body (run_now's Entry::run), called with the thread's index.
+static void (*entry)(int);
+// A coroutine's first code: the thread whose turn it is (threadIdx, set before every
+// switch) runs the kernel; its body never returns here (it ends by passing control on).
+static void trampoline() {
+    entry((int)threadIdx.x);
+    std::abort();
+}
+#if defined(__x86_64__)
+static std::vector<void*> sp;
+static void* main_sp;
+// Save the running coroutine's registers on its stack and its stack pointer in *from,
+// then resume the one whose stack pointer is `to`.
+__attribute__((naked, noinline)) static void switch_stack(void** from, void* to) {
+    asm volatile(
+        "pushq %rbp\n pushq %rbx\n pushq %r12\n pushq %r13\n pushq %r14\n pushq %r15\n"
+        "subq $8, %rsp\n stmxcsr (%rsp)\n fnstcw 4(%rsp)\n"
+        "movq %rsp, (%rdi)\n movq %rsi, %rsp\n"
+        "ldmxcsr (%rsp)\n fldcw 4(%rsp)\n addq $8, %rsp\n"
+        "popq %r15\n popq %r14\n popq %r13\n popq %r12\n popq %rbx\n popq %rbp\n ret\n");
+}
+static inline void** slot(unsigned i) { return i == MAIN ? &main_sp : &sp[i]; }
+static inline void jump(unsigned from, unsigned to) { switch_stack(slot(from), *slot(to)); }
+// Thread t starts afresh at the trampoline: its stack as switch_stack leaves a suspended
+// one (default MXCSR and x87 control word, six registers, the return address), the stack
+// pointer 8 below a 16-byte boundary at the trampoline's entry as after a call.
+static void prepare(unsigned t) {
+    sp.resize(done.size());
+    char* top = (char*)((uintptr_t)(stacks[t].get() + STACK) & ~(uintptr_t)15);
+    void** p = (void**)(top - 72);
+    std::memset(p, 0, 72);
+    ((unsigned*)p)[0] = 0x1f80u;
+    ((unsigned short*)p)[2] = 0x037f;
+    p[7] = (void*)&trampoline;
+    sp[t] = p;
+}
+#else
+static std::vector<ucontext_t> uc;
+static ucontext_t main_uc;
+static inline ucontext_t* uctx(unsigned i) { return i == MAIN ? &main_uc : &uc[i]; }
+static inline void jump(unsigned from, unsigned to) { swapcontext(uctx(from), uctx(to)); }
+static void prepare(unsigned t) {
+    uc.resize(done.size());
+    getcontext(&uc[t]);
+    uc[t].uc_stack.ss_sp = stacks[t].get();
+    uc[t].uc_stack.ss_size = STACK;
+    uc[t].uc_link = &main_uc;
+    makecontext(&uc[t], (void (*)())trampoline, 0);
+}
+#endif
 
 // Pass control from thread `from` to the next live thread (main when none is left).
 static inline void yield_from(unsigned from, bool finished) {
@@ -45,27 +101,33 @@ static inline void yield_from(unsigned from, bool finished) {
         if (!done[j] && (j != from || !finished)) {
             if (j == from) return;  // the only live thread: nothing to wait for
             threadIdx = uint3{j, 0, 0};
-            swapcontext(&ctx[from], &ctx[j]);
+            jump(from, j);
             threadIdx = uint3{from, 0, 0};
             return;
         }
     }
-    swapcontext(&ctx[from], &main_ctx);
+    jump(from, MAIN);
 }
 }  // namespace emu
 
 static inline void __syncthreads() { emu::yield_from(threadIdx.x, false); }
 
 // A warp shuffle as the block's exchange: every thread of the block calls it together (the
-// kernels shuffle in block-uniform control flow), so two barriers bracket the swap.
-static float emu_shfl_slots[1024];
+// kernels shuffle in block-uniform control flow). The partner is lane ^ lane_mask within the
+// thread's group of `width` lanes (a power of two up to the warp's 32), as on the device; a
+// mask reaching outside the group is a kernel bug. One barrier per shuffle: successive
+// shuffles alternate between two slot arrays, and a thread writes a slot array again only
+// after every thread has passed the barrier of the shuffle in between, so after reading it.
+static float emu_shfl_slots[2][1024];
+static unsigned emu_shfl_phase[1024];
 static inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width = 32) {
-    (void)width;  // the partner stays in the group: lane_mask < width
-    emu_shfl_slots[threadIdx.x] = v;
+    if (width < 1 || width > 32 || (width & (width - 1)) != 0 || lane_mask < 0 || lane_mask >= width)
+        std::abort();
+    unsigned me = threadIdx.x, ph = emu_shfl_phase[me];
+    emu_shfl_phase[me] = ph ^ 1u;
+    emu_shfl_slots[ph][me] = v;
     __syncthreads();
-    float r = emu_shfl_slots[threadIdx.x ^ (unsigned)lane_mask];
-    __syncthreads();
-    return r;
+    return emu_shfl_slots[ph][me ^ (unsigned)lane_mask];
 }
 static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
@@ -164,8 +226,7 @@ void run_now(void (*f)(A...), bool barriers, unsigned gx, unsigned gy, unsigned 
         }
         return;
     }
-    // One coroutine per thread, reused for every block.
-    ctx.assign(block, ucontext_t{});
+    // One coroutine per thread, restarted for every block.
     done.assign(block, 0);
     while (stacks.size() < block) stacks.emplace_back(new char[STACK]);
     static void (*kernel)(A...);
@@ -179,18 +240,16 @@ void run_now(void (*f)(A...), bool barriers, unsigned gx, unsigned gy, unsigned 
             yield_from((unsigned)t, true);
         }
     };
+    entry = Entry::run;
     for (unsigned long b = 0; b < blocks; b++) {
         blockIdx = block_id(b);
+        std::memset(emu_shfl_phase, 0, sizeof emu_shfl_phase);
         for (unsigned t = 0; t < block; t++) {
             done[t] = 0;
-            getcontext(&ctx[t]);
-            ctx[t].uc_stack.ss_sp = stacks[t].get();
-            ctx[t].uc_stack.ss_size = STACK;
-            ctx[t].uc_link = &main_ctx;
-            makecontext(&ctx[t], (void (*)())Entry::run, 1, (int)t);
+            prepare(t);
         }
         threadIdx = uint3{0, 0, 0};
-        swapcontext(&main_ctx, &ctx[0]);
+        jump(MAIN, 0);
     }
 }
 }  // namespace emu

@@ -1,8 +1,9 @@
 //! The CUDA kernels run on the CPU (`--features cuda`; no GPU needed): each kernel's CUDA
 //! C source, as NVRTC gets it, is compiled by the host C++ compiler against a small
 //! emulation of CUDA's launch model (tests/cuda_emu.h: blocks in turn, a block's threads
-//! as OS threads with a barrier for __syncthreads). The forward pass's layer programs of
-//! each fixture, recorded on lavapipe under the plan a CUDA device gets, then run twice
+//! as coroutines that meet at __syncthreads and at warp shuffles). The forward pass's layer
+//! programs of each fixture, recorded on lavapipe under the plan a CUDA device gets (its
+//! default GPU-shaped kernels, and the storage ones it runs when told), then run twice
 //! from the same buffer contents: on lavapipe (the WGSL kernels) and through the emulated
 //! CUDA kernels with the launcher's argument order and grids. Every buffer must agree.
 //! This checks the kernels' logic and the launch convention, not CUDA itself: it is not a
@@ -18,6 +19,7 @@ use common::fixture;
 use common::parity::{try_load_dir, Setup, F16, INT4};
 use wgmoe::backend::cuda::kernels;
 use wgmoe::backend::params::Step;
+use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{Buffer, Device, Kernel, Prepared, Program, Resource, Work};
 use wgmoe::model::Executor;
 
@@ -76,11 +78,14 @@ fn build(dir: &Path) -> Option<Emulator> {
         }
         let stem = file.trim_end_matches(".cu");
         let cpp = dir.join(format!("{stem}.cpp"));
+        // Each file's kernels in a namespace of their own: an inline function two files
+        // both define (rows.cuh's reductions) reads its file's emulation state (threadIdx,
+        // the coroutines), and linked into one library the linker would keep one copy.
         let so = dir.join(format!("lib{stem}.so"));
         std::fs::write(
             &cpp,
             format!(
-                "{EMU_H}\n{src}\nextern \"C\" int wgmoe_emu_launch(const char* entry, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args) {{\n{dispatch}    return -1;\n}}\n"
+                "{EMU_H}\nnamespace wgmoe_{stem} {{\n{src}\n}}\nusing namespace wgmoe_{stem};\nextern \"C\" int wgmoe_emu_launch(const char* entry, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args) {{\n{dispatch}    return -1;\n}}\n"
             ),
         )
         .unwrap();
@@ -219,7 +224,8 @@ fn differences(emu: &[u32], gpu: &[u32]) -> Vec<(usize, u32, u32)> {
         .collect()
 }
 
-/// Run a program on lavapipe and emulated from the same buffer contents; returns its kernels.
+/// Run a program on lavapipe and emulated from the same buffer contents; returns the kernels
+/// it dispatched.
 fn compare(
     emu: &Emulator,
     dev: &Device,
@@ -253,7 +259,14 @@ fn compare(
         ..Default::default()
     };
     emulate(emu, &program, &bufs, &mut host, step, tokens as u32);
-    let kernels: Vec<Kernel> = program.kernels();
+    // The kernels this step dispatched (not every alternative the program holds).
+    let mut kernels: Vec<Kernel> = program
+        .ops
+        .iter()
+        .filter_map(|o| o.dispatch(tokens as u32).map(|d| d.0))
+        .collect();
+    kernels.sort();
+    kernels.dedup();
     for (i, (h, a)) in host.iter().zip(&after).enumerate() {
         let gpu: &[u32] = &bytemuck::pod_collect_to_vec::<u8, u32>(&a[..a.len() / 4 * 4]);
         let d = differences(&h.words()[..gpu.len()], gpu);
@@ -271,11 +284,20 @@ fn compare(
     kernels
 }
 
-fn cuda_like(s: Setup, portable: bool) -> Setup {
+/// The plan of a CUDA device on lavapipe (tests/cuda_programs.rs checks it is the one):
+/// `gpu`, its default, the GPU-shaped kernels (coalesced decode, tiled prefill); else the
+/// storage kernels (`--decode-kernels storage --prefill-kernels storage`). `portable`:
+/// shared-memory reductions and 1-lane W4A16 kernels instead of warp shuffles.
+fn cuda_like(s: Setup, gpu: bool, portable: bool) -> Setup {
+    let (decode, prefill) = if gpu {
+        (DecodeKernels::Coalesced, PrefillKernels::Tiled)
+    } else {
+        (DecodeKernels::Storage, PrefillKernels::Storage)
+    };
     Setup {
         portable,
-        decode: Some(DecodeKernels::Storage),
-        prefill: Some(PrefillKernels::Storage),
+        decode: Some(decode),
+        prefill: Some(prefill),
         f16_arithmetic: Some(false),
         ..s
     }
@@ -287,7 +309,7 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
     let Some(emu) = build(tmp.path()) else {
         return;
     };
-    let mut covered: Vec<Kernel> = Vec::new();
+    let mut covered: Vec<Kernel> = head_kernels(&emu);
     for name in [
         "olmoe-tiny",
         "qwen2moe-tiny",
@@ -295,25 +317,35 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
         "mixtral-tiny",
     ] {
         for (p, s) in [("f16", F16), ("int4", INT4)] {
-            for (executor, portable) in [
-                (Executor::Grouped, false),
-                (Executor::PerExpert, false),
-                (Executor::Grouped, true),
-                (Executor::PerExpert, true),
+            // The GPU plan (a CUDA device's default) in full; the storage plan's kernels
+            // are the GPU plan's prefill ones but for the scratch-row attention, so two of
+            // its combinations.
+            for (gpu, executor, portable) in [
+                (true, Executor::Grouped, false),
+                (true, Executor::PerExpert, false),
+                (true, Executor::Grouped, true),
+                (true, Executor::PerExpert, true),
+                (false, Executor::Grouped, false),
+                (false, Executor::PerExpert, true),
             ] {
-                let s = cuda_like(Setup { executor, ..s }, portable);
+                let s = cuda_like(Setup { executor, ..s }, gpu, portable);
                 let mut e = try_load_dir(&fixture(name), 64, s).unwrap();
                 // Fill the buffers (activations, KV cache) with a real prefill and decode.
                 let prompt: Vec<u32> = (1..=9).collect();
                 common::engine::greedy(&mut e, &prompt, 2).unwrap();
                 let dev = e.fwd.dev.clone();
-                let what = format!("{name} {p} {executor:?} portable {portable}");
+                let plan = if gpu { "gpu" } else { "storage" };
+                let what = format!("{name} {p} {executor:?} {plan} portable {portable}");
                 for (li, l) in e.fwd.layers.iter().enumerate() {
-                    let runs: [(&str, &Prepared, usize, usize); 4] = [
+                    // Later positions too: attention over several key tiles (the online
+                    // softmax's rescaling) and, one token, over both key splits.
+                    let runs: [(&str, &Prepared, usize, usize); 6] = [
                         ("pre", &l.pre, 0, 8),
                         ("post", &l.post, 0, 8),
                         ("pre", &l.pre, 8, 1),
                         ("post(1)", l.post_for(1), 8, 1),
+                        ("pre", &l.pre, 24, 8),
+                        ("pre", &l.pre, 40, 1),
                     ];
                     for (part, prep, pos0, t) in runs {
                         let w = format!("{what} layer {li} {part}");
@@ -324,7 +356,6 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
             }
         }
     }
-    covered.extend(head_kernels(&emu));
     covered.sort();
     covered.dedup();
     let missing: Vec<Kernel> = kernels::kernels()
@@ -348,7 +379,7 @@ fn head_kernels(emu: &Emulator) -> Vec<Kernel> {
     use wgmoe::model::tensors::F16Matrix;
     common::init_env();
     let dev = Device::open(&DeviceRequest {
-        max_binding: Some(1024),
+        max_binding: Some(4096),
         ..Default::default()
     })
     .unwrap();
@@ -372,6 +403,54 @@ fn head_kernels(emu: &Emulator) -> Vec<Kernel> {
     let mut prog = Program::default();
     ops::embed(&mut prog, &m, &ids_b, &x, hidden);
     out.extend(compare(emu, &dev, "embed", &prog, 0, ids.len()));
+    // The matvec outside the layer programs: the last-token lm_head of a multi-token step
+    // (LAST_TOKEN_ONLY, bias, accumulate) and one-token products, over a matrix in chunks,
+    // with either reduction; rows of 38 words, so both warps of a block have words.
+    for portable in [false, true] {
+        use wgmoe::backend::plan::Switch;
+        use wgmoe::backend::{KernelOverrides, KernelPlan};
+        let plan = KernelPlan::decide(
+            dev.info(),
+            &KernelOverrides {
+                portable,
+                decode: Some(DecodeKernels::Coalesced),
+                prefill: Some(PrefillKernels::Tiled),
+                f16_arithmetic: Some(Switch::Off),
+            },
+        )
+        .unwrap();
+        let (rows, k, t) = (21, 300, 5);
+        let m = F16Matrix::upload(&dev, "lm_head", rows, k, &rng.f16s(rows * k, 1.0)).unwrap();
+        assert!(m.chunks.len() > 1);
+        let x = common::gpu::f32_buf(&dev, &rng.vec(t * k, 1.0));
+        let bias = common::gpu::f32_buf(&dev, &rng.vec(rows, 1.0));
+        let dst = common::gpu::f32_buf(&dev, &rng.vec(t * rows, 1.0));
+        let d = common::gpu::dummy(&dev);
+        let env = ops::OpEnv {
+            plan: &plan,
+            chunk: t,
+            dummy: &d,
+        };
+        for (fl, tokens) in [
+            (flags::LAST_TOKEN_ONLY, t),
+            (flags::LAST_TOKEN_ONLY | flags::MATMUL_ACCUMULATE, t),
+            (0, 1),
+            (flags::MATMUL_ACCUMULATE, 1),
+        ] {
+            let mut prog = Program::default();
+            ops::matmul(&mut prog, &env, &m, &x, Some(&bias), &dst, rows, fl);
+            let ks = compare(
+                emu,
+                &dev,
+                &format!("matvec flags {fl:#b} portable {portable}"),
+                &prog,
+                0,
+                tokens,
+            );
+            assert!(ks.iter().any(|k| matches!(k, Kernel::Matvec(_))), "{ks:?}");
+            out.extend(ks);
+        }
+    }
     for n in [1usize, 257, 3001] {
         let mut logits = rng.vec(3 * n, 10.0);
         logits[n + n / 2] = f32::NAN;

@@ -56,10 +56,13 @@ fn install_fake_driver(dir: &std::path::Path) -> bool {
             ));
         }
         let f = dir.join(format!("{stem}.cpp"));
+        // Each file's kernels in a namespace of their own: an inline function two files
+        // both define (rows.cuh's reductions) reads its file's emulation state (threadIdx,
+        // the coroutines), and linked into one library the linker would keep one copy.
         std::fs::write(
             &f,
             format!(
-                "{EMU_H}\n{src}\nextern \"C\" int wgmoe_emu_dispatch_{stem}(const char* entry, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args) {{\n{dispatch}    return -1;\n}}\n"
+                "{EMU_H}\nnamespace wgmoe_{stem} {{\n{src}\n}}\nusing namespace wgmoe_{stem};\nextern \"C\" int wgmoe_emu_dispatch_{stem}(const char* entry, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args) {{\n{dispatch}    return -1;\n}}\n"
             ),
         )
         .unwrap();

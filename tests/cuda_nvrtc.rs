@@ -25,40 +25,99 @@ fn h200() -> wgmoe::backend::DeviceInfo {
     })
 }
 
-/// Every kernel the plan can pick on a CUDA device: the storage kernels with f32
-/// arithmetic, the W4A16 ones in the plan's variant (8 lanes, or 1 when portable).
+/// Every kernel `plan` can pick on a CUDA device: the GPU-shaped kernels of its reduction
+/// (every weight format) where it runs them, the storage kernels with f32 arithmetic, the
+/// W4A16 ones in the plan's variant (8 lanes, or 1 when portable), the scratch-row attention
+/// where a step runs it; never uniform-window, window or expert-major kernels.
 fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
     assert!(!plan.f16_arithmetic && !plan.uniform_decode && !plan.window_prefill);
     Kernel::all()
         .into_iter()
-        .filter(|k| match k.q4_variant() {
-            Some(q) => q == plan.q4_storage(),
-            None => {
-                !k.needs_subgroups()
-                    && !k.uniform_activations()
-                    // Only the expert-major prefill (window prefill) sorts and gathers pairs.
-                    && !matches!(k, Kernel::MoeSort | Kernel::MoeGather)
+        .filter(|k| match k {
+            Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
+                *q == plan.q4_storage()
             }
+            Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => {
+                plan.coalesced_decode && *r == plan.rows(r.format)
+            }
+            Kernel::AttnFlash => plan.flash_decode() || plan.flash_prefill(),
+            Kernel::AttnCombine => plan.flash_decode(),
+            Kernel::Attention => !plan.flash_prefill(),
+            Kernel::MatmulUniform
+            | Kernel::MatmulWindow
+            | Kernel::AttentionWindow
+            | Kernel::Q4GateUpSorted
+            | Kernel::Q4DownSorted
+            | Kernel::MoeSort
+            | Kernel::MoeGather => false,
+            _ => true,
         })
         .collect()
 }
 
 #[test]
 fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
+    use wgmoe::backend::kernel::{Reduce, RowsVariant, WeightFormat};
+    use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
+    let storage = |portable| KernelOverrides {
+        portable,
+        decode: Some(DecodeKernels::Storage),
+        prefill: Some(PrefillKernels::Storage),
+        ..Default::default()
+    };
     for o in [
         KernelOverrides::default(),
         KernelOverrides {
             portable: true,
             ..Default::default()
         },
+        storage(false),
+        storage(true),
     ] {
         let plan = KernelPlan::decide(&h200(), &o).unwrap();
         assert_eq!(plan.subgroups, !o.portable, "warps are subgroups of 32");
-        assert_eq!(plan.attention(128, 64), Kernel::Attention);
         assert_eq!(plan.matmul_window_tokens(2048, 64), 0);
         assert!(!plan.expert_major(true, true, 64));
-        for k in plan_kernels(&plan) {
-            assert!(kernels::cuda_kernel(k).is_some(), "{k} has no CUDA version");
+        // A GPU: the GPU-shaped kernels unless overridden, reduced with warp shuffles or,
+        // portable, in shared memory.
+        let gpu = o.decode.is_none();
+        assert_eq!(plan.coalesced_decode, gpu, "{o:?}");
+        assert_eq!(plan.tiled_prefill, gpu, "{o:?}");
+        let reduce = if o.portable {
+            Reduce::Workgroup
+        } else {
+            Reduce::Subgroup
+        };
+        assert_eq!(plan.reduce, reduce, "{o:?}");
+        if gpu {
+            assert!(plan.flash_decode() && plan.flash_prefill());
+            assert_eq!(
+                plan.rows(WeightFormat::F16),
+                RowsVariant {
+                    format: WeightFormat::F16,
+                    reduce
+                }
+            );
+        } else {
+            assert_eq!(plan.attention(128, 64), Kernel::Attention);
+        }
+        let picked = plan_kernels(&plan);
+        for k in &picked {
+            assert!(
+                kernels::cuda_kernel(*k).is_some(),
+                "{k} has no CUDA version"
+            );
+        }
+        if gpu {
+            for k in [
+                Kernel::Matvec(plan.rows(WeightFormat::F16)),
+                Kernel::ExpertGateUp(plan.rows(WeightFormat::Q4)),
+                Kernel::ExpertDown(plan.rows(WeightFormat::F16)),
+                Kernel::AttnFlash,
+                Kernel::AttnCombine,
+            ] {
+                assert!(picked.contains(&k), "{k} is not among {picked:?}");
+            }
         }
     }
     // Overrides the CUDA kernels cannot honour are refused, not ignored.
@@ -67,11 +126,18 @@ fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
         ..Default::default()
     };
     assert!(KernelPlan::decide(&h200(), &o).is_err());
-    let o = KernelOverrides {
-        f16_arithmetic: Some(wgmoe::backend::plan::Switch::On),
-        ..Default::default()
-    };
-    assert!(KernelPlan::decide(&h200(), &o).is_err());
+    for o in [
+        KernelOverrides {
+            f16_arithmetic: Some(wgmoe::backend::plan::Switch::On),
+            ..Default::default()
+        },
+        KernelOverrides {
+            f16_arithmetic: Some(wgmoe::backend::plan::Switch::On),
+            ..storage(false)
+        },
+    ] {
+        assert!(KernelPlan::decide(&h200(), &o).is_err(), "{o:?}");
+    }
     let o = KernelOverrides {
         prefill: Some(wgmoe::backend::plan::PrefillKernels::Window),
         ..Default::default()
@@ -170,6 +236,18 @@ fn the_cuda_sources_check_their_params_layout() {
         assert!(
             src.contains(&format!("extern \"C\" __global__ void {}(", ck.entry)),
             "{k}"
+        );
+    }
+}
+
+#[test]
+fn the_cuda_flags_are_the_rust_flags() {
+    // common.cuh's flag bits, joined before every file, are backend::params::flags.
+    let src = kernels::source(Kernel::Embed).unwrap();
+    for (name, v) in wgmoe::backend::params::flags::ALL {
+        assert!(
+            src.contains(&format!("#define {name} {v}u\n")),
+            "common.cuh does not define {name} as {v}u"
         );
     }
 }

@@ -233,3 +233,102 @@ fn router_split_logits_add_up_in_router_topk() {
         }
     }
 }
+
+/// The tiled GEMM (gemm.wgsl) as `ops::matmul` records it for multi-token steps on GPUs.
+fn gemm_case(dev: &Device, seed: u64, c: MatmulCase, min_chunks: usize) {
+    let plan = plan(
+        dev,
+        &KernelOverrides {
+            decode: Some(DecodeKernels::Coalesced),
+            prefill: Some(wgmoe::backend::plan::PrefillKernels::Tiled),
+            ..Default::default()
+        },
+    );
+    let data = MatmulData::new(seed, &c);
+    let m = F16Matrix::upload(dev, "w", c.n, c.k, &data.w).unwrap();
+    assert!(m.chunks.len() >= min_chunks, "{} chunks", m.chunks.len());
+    let step = dev.step_buffer(0, c.t).unwrap();
+    let x = f32_buf(
+        dev,
+        &common::check::strided(&data.xs, c.k, c.x_stride, f32::NAN),
+    );
+    let b = (c.flags & flags::MATMUL_BIAS != 0).then(|| f32_buf(dev, &data.bias));
+    let out = f32_buf(dev, &data.out0);
+    let d = dummy(dev);
+    let env = OpEnv {
+        plan: &plan,
+        chunk: c.t,
+        dummy: &d,
+    };
+    let mut prog = Program::default();
+    push_matmul(
+        &mut prog,
+        &env,
+        &m,
+        &x,
+        b.as_ref(),
+        &out,
+        c.out_stride,
+        c.flags,
+    );
+    for op in &mut prog.ops {
+        assert!(
+            matches!(op.kernel, Kernel::Gemm(_)),
+            "multi-token steps: {}",
+            op.kernel
+        );
+        if c.x_stride != c.k {
+            patch_params(op, |p: &mut DenseParams| p.x_stride = c.x_stride as u32);
+        }
+    }
+    run(dev, prog, &step, c.t);
+    let what = format!(
+        "gemm T {} K {} N {} strides {}/{} flags {:#b} chunks {}",
+        c.t,
+        c.k,
+        c.n,
+        c.x_stride,
+        c.out_stride,
+        c.flags,
+        m.chunks.len()
+    );
+    check(
+        &what,
+        &read_f32(dev, &out, c.out_rows() * c.out_stride),
+        &data.want(&c),
+        MATVEC_TOL,
+    );
+}
+
+#[test]
+fn gemm_matches_cpu() {
+    use flags::{MATMUL_ACCUMULATE as ACCUMULATE, MATMUL_BIAS as BIAS};
+    let dev = device(None);
+    // Token counts around the 16-token tile, K around the 64-column step and below one
+    // word, rows around the 32-row tile.
+    for (i, c) in [
+        MatmulCase::new(2, 1, 3, 0),
+        MatmulCase::new(5, 7, 65, BIAS),
+        MatmulCase::new(16, 64, 32, ACCUMULATE),
+        MatmulCase::new(17, 65, 33, BIAS | ACCUMULATE),
+        MatmulCase::new(40, 257, 130, BIAS),
+        MatmulCase::new(33, 1408, 70, ACCUMULATE),
+        MatmulCase::new(64, 2048, 100, 0),
+        MatmulCase {
+            t: 9,
+            k: 13,
+            n: 61,
+            x_stride: 20,
+            out_stride: 67,
+            flags: BIAS,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        gemm_case(&dev, 3300 + i as u64, c, 1);
+    }
+    // A split matrix: K = 257 (528-byte rows) seven rows to a 4 KiB chunk.
+    let dev = device(Some(4096));
+    gemm_case(&dev, 3310, MatmulCase::new(20, 257, 70, BIAS), 10);
+}

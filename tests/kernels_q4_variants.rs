@@ -13,7 +13,7 @@ use common::gpu::*;
 use common::q4::*;
 use common::rng::Rng;
 use wgmoe::backend::kernel::{Activations, Arith, Kernel, Lanes, Q4Variant};
-use wgmoe::backend::plan::{DecodeKernels, Switch};
+use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
 use wgmoe::backend::{KernelOverrides, Program};
 use wgmoe::model::moe::{Executor, MoeDispatch};
 use wgmoe::model::tensors::{ExpertStore, Q4Pool};
@@ -156,6 +156,7 @@ fn w4a16_uniform_decode_kernels_equal_portable() {
                     fuse_combine: true,
                     decode_uniform: uniform,
                     coalesced: false,
+                    tiled: None,
                     hidden: h,
                     top_k: k,
                     dummy: &dummy,
@@ -283,6 +284,7 @@ fn w4a16_f16_arithmetic_matches_f32_kernels() {
                 fuse_combine: true,
                 decode_uniform: false,
                 coalesced: false,
+                tiled: None,
                 hidden: h,
                 top_k: k,
                 dummy: &dummy,
@@ -390,6 +392,47 @@ fn w4a16_expert_major_split_pool_matches_cpu() {
             &y,
             &s.want_down(&h),
             EXPERT_MAJOR_TOL,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiled expert GEMMs (multi-token steps on GPUs): sort, gate/up, down over the sorted pairs
+
+/// gate/up against the reference on the same input, down on the GPU's h: each kernel
+/// alone (MATMUL_TOL-like, as Q4_TOL).
+#[test]
+fn w4a16_expert_gemm_matches_cpu() {
+    let tiled = KernelOverrides {
+        prefill: Some(PrefillKernels::Tiled),
+        ..Default::default()
+    };
+    // The shapes above plus runs longer than a 16-pair tile, many tokens, split pools.
+    let mut cases: Vec<(Case, Option<usize>)> = SHAPES.iter().map(|&c| (c, None)).collect();
+    cases.extend([
+        (case(64, 96, 3, 4, 2, 20), None),
+        (case(257, 300, 5, 6, 4, 33), None),
+        (case(1024, 512, 64, 64, 8, 16), None),
+        (case(300, 65, 7, 10, 4, 9), Some(3)),
+        (case(96, 1408, 5, 7, 3, 12), Some(2)),
+    ]);
+    for (i, &(c, per_chunk)) in cases.iter().enumerate() {
+        let cap = per_chunk.map(|n| (n * Q4SlotLayout::new(c.hidden, c.inter).bytes) as u64);
+        let g = Gpu::new(cap, tiled);
+        let s = Setup::random(&g, 1100 + i as u64, c);
+        let (h, y) = s.gpu_expert_gemm();
+        let what = s.what();
+        check(
+            &format!("expert_gemm gate_up {what}"),
+            &h,
+            &s.want_gate_up(),
+            Q4_TOL,
+        );
+        check(
+            &format!("expert_gemm down {what}"),
+            &y,
+            &s.want_down(&h),
+            Q4_TOL,
         );
     }
 }

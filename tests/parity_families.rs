@@ -80,7 +80,6 @@ fn every_family_on_the_gpu_kernels() {
             name,
             Setup {
                 precision: wgmoe::engine::ExpertPrecision::F16,
-                executor: Executor::PerExpert,
                 ..GPU
             },
         );
@@ -88,6 +87,7 @@ fn every_family_on_the_gpu_kernels() {
             name,
             Setup {
                 portable: true,
+                executor: Executor::PerExpert,
                 chunk: 3,
                 ..GPU
             },

@@ -23,6 +23,7 @@ struct Step { u32 pos0; u32 n_tokens; u32 _a; u32 _b; };
 #define COMBINE_SHARED_GATED 4u
 #define COMBINE_RESIDENT 8u
 #define COMBINE_HOST 16u
+#define EXPERT_COMBINE 2u
 #define ROPE_QK_NORM 1u
 #define ROPE_CLIP 2u
 #define ROPE_QK_NORM_PER_HEAD 4u

@@ -10,6 +10,7 @@ const COMBINE_SHARED_GATED: u32 = 4u; // moe_combine: that term times sigmoid(ga
 const COMBINE_RESIDENT: u32 = 8u;     // moe_combine: only pairs whose expert has a slot
 const COMBINE_HOST: u32 = 16u;        // moe_combine: plus the CPU experts' sum host_y[t]
 const EXPERT_COMBINE: u32 = 2u;       // expert_down: weighted sum of the top-k into x
+const EXPERT_GEMM_DOWN: u32 = 4u;     // expert_gemm: the down projection (else gate/up)
 const ROPE_QK_NORM: u32 = 1u;         // rope_kv: RMSNorm of q and k first
 const ROPE_CLIP: u32 = 2u;            // rope_kv: clamp q, k, v to [-clip, clip]
 const ROPE_QK_NORM_PER_HEAD: u32 = 4u; // rope_kv: RMSNorm of each q / k head over head_dim

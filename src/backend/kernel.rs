@@ -179,6 +179,11 @@ pub enum Kernel {
     /// workgroup memory; `AttnCombine` merges the splits of one-token steps.
     AttnFlash,
     AttnCombine,
+    /// Tiled GEMM (prefill): a workgroup per 16 tokens x 32 rows, tiles in workgroup
+    /// memory.
+    Gemm(WeightFormat),
+    /// Tiled GEMM over an expert's sorted (token, top-k) pairs: gate/up + SiLU, or down.
+    ExpertGemm(WeightFormat),
 }
 
 impl Kernel {
@@ -218,6 +223,12 @@ impl Kernel {
             v.push(Kernel::ExpertDown(r));
         }
         v.extend([Kernel::AttnFlash, Kernel::AttnCombine]);
+        for f in WeightFormat::ALL {
+            if f == WeightFormat::F16 {
+                v.push(Kernel::Gemm(f));
+            }
+            v.push(Kernel::ExpertGemm(f));
+        }
         v
     }
 
@@ -249,6 +260,8 @@ impl Kernel {
             Kernel::ExpertDown(_) => "expert_down",
             Kernel::AttnFlash => "attn_flash",
             Kernel::AttnCombine => "attn_combine",
+            Kernel::Gemm(_) => "gemm",
+            Kernel::ExpertGemm(_) => "expert_gemm",
         }
     }
 
@@ -280,7 +293,17 @@ impl Kernel {
                     Reduce::Workgroup => "workgroup",
                 }
             ),
+            Kernel::Gemm(f) | Kernel::ExpertGemm(f) => format!("{}[{}]", self.family(), f.name()),
             _ => self.family().to_string(),
+        }
+    }
+
+    /// The weight format of a kernel that reads weights through a format piece.
+    pub fn weight_format(self) -> Option<WeightFormat> {
+        match self {
+            Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => Some(r.format),
+            Kernel::Gemm(f) | Kernel::ExpertGemm(f) => Some(f),
+            _ => None,
         }
     }
 
@@ -350,6 +373,8 @@ impl Kernel {
                 | Kernel::ExpertDown(_)
                 | Kernel::AttnFlash
                 | Kernel::AttnCombine
+                | Kernel::Gemm(_)
+                | Kernel::ExpertGemm(_)
         )
     }
 
@@ -406,6 +431,8 @@ impl Kernel {
             Kernel::ExpertGateUp(_) => of::<ExpertGateUpParams>(),
             Kernel::ExpertDown(_) => of::<ExpertDownParams>(),
             Kernel::AttnFlash | Kernel::AttnCombine => of::<FlashParams>(),
+            Kernel::Gemm(_) => of::<DenseParams>(),
+            Kernel::ExpertGemm(_) => of::<ExpertGemmParams>(),
         }
     }
 }

@@ -43,6 +43,8 @@ pub mod flags {
     pub const COMBINE_HOST: u32 = 16;
     /// expert_down: add the top-k experts' weighted sum into x (fused combine).
     pub const EXPERT_COMBINE: u32 = 2;
+    /// expert_gemm: the down projection (else gate/up + SiLU).
+    pub const EXPERT_GEMM_DOWN: u32 = 4;
     pub const ROPE_QK_NORM: u32 = 1;
     pub const ROPE_CLIP: u32 = 2;
     /// rope_kv: RMSNorm of each q and k head over head_dim (one weight vector per side).
@@ -61,6 +63,7 @@ pub mod flags {
         ("COMBINE_RESIDENT", COMBINE_RESIDENT),
         ("COMBINE_HOST", COMBINE_HOST),
         ("EXPERT_COMBINE", EXPERT_COMBINE),
+        ("EXPERT_GEMM_DOWN", EXPERT_GEMM_DOWN),
         ("ROPE_QK_NORM", ROPE_QK_NORM),
         ("ROPE_CLIP", ROPE_CLIP),
         ("ROPE_QK_NORM_PER_HEAD", ROPE_QK_NORM_PER_HEAD),
@@ -95,6 +98,11 @@ pub const ATTN_FLASH_MAX_QR: usize = 32;
 /// Workgroups a GPU-shaped dispatch should have at least to fill a large GPU (a 100-SM
 /// part with several resident workgroups each): the K splits and key splits aim at it.
 pub const GPU_MIN_WORKGROUPS: usize = 256;
+/// Tokens (pairs) per workgroup of the tiled GEMMs (gemm.wgsl, expert_gemm.wgsl) and rows
+/// per workgroup: `TM`, `TN`.
+pub const GEMM_TOKENS: usize = 16;
+pub const GEMM_ROWS: usize = 32;
+pub const EXPERT_GEMM_ROWS: usize = 16;
 /// Fewest keys per split of one-token attention.
 pub const ATTN_MIN_CHUNK: usize = 32;
 
@@ -378,6 +386,27 @@ params! {
         pub words_per_row: u32,
         pub blocks_per_row: u32,
         pub flags: u32,
+    }
+
+    /// expert_gemm.wgsl: one of an expert slot's matrices (two for gate/up) against the
+    /// step's sorted pairs.
+    pub struct ExpertGemmParams {
+        pub in_dim: u32,
+        pub out_dim: u32,
+        pub top_k: u32,
+        pub pmax: u32,
+        pub n_experts: u32,
+        pub slot_words: u32,
+        pub first_slot: u32,
+        pub chunk_slots: u32,
+        pub a_w: u32,
+        pub b_w: u32,
+        pub a_s: u32,
+        pub b_s: u32,
+        pub words_per_row: u32,
+        pub blocks_per_row: u32,
+        pub flags: u32,
+        pub _a: u32,
     }
 
     /// attn_flash.wgsl and attn_combine.wgsl.

@@ -134,12 +134,6 @@ impl KernelPlan {
             None => !cpu,
         };
         let f16_arithmetic = match o.f16_arithmetic {
-            Some(Switch::On) if coalesced_decode && tiled_prefill => {
-                return Err(Error::option(
-                    "--f16-arithmetic",
-                    "on: the coalesced decode and tiled prefill kernels compute in f32 (they are bound by memory); f16 products exist in the storage kernels (--decode-kernels storage or --prefill-kernels storage)",
-                ));
-            }
             Some(Switch::On) => {
                 if !dev.shader_f16 {
                     return Err(Error::option(
@@ -151,6 +145,12 @@ impl KernelPlan {
                 }
                 if !subgroups {
                     return Err(no_subgroups("--f16-arithmetic", "f16 arithmetic"));
+                }
+                if coalesced_decode && tiled_prefill {
+                    return Err(Error::option(
+                        "--f16-arithmetic",
+                        "on: the coalesced decode and tiled prefill kernels compute in f32 (they are bound by memory); f16 products exist in the storage kernels (--decode-kernels storage or --prefill-kernels storage)",
+                    ));
                 }
                 true
             }
@@ -349,13 +349,33 @@ mod tests {
     }
 
     #[test]
-    fn gpus_get_storage_subgroup_kernels_with_f16() {
-        let p = KernelPlan::decide(
-            &device(DeviceType::DiscreteGpu, Some(32), true),
-            &Default::default(),
-        )
-        .unwrap();
+    fn gpus_get_coalesced_decode_and_tiled_prefill_in_f32() {
+        let gpu = device(DeviceType::DiscreteGpu, Some(32), true);
+        let p = KernelPlan::decide(&gpu, &Default::default()).unwrap();
+        assert!(p.subgroups && p.coalesced_decode && p.tiled_prefill);
+        assert!(!p.f16_arithmetic && !p.uniform_decode && !p.window_prefill);
+        assert_eq!(p.reduce, Reduce::Subgroup);
+        let on = KernelOverrides {
+            f16_arithmetic: Some(Switch::On),
+            ..Default::default()
+        };
+        let e = KernelPlan::decide(&gpu, &on).unwrap_err().to_string();
+        assert!(
+            e.contains("--f16-arithmetic") && e.contains("storage"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn gpus_asked_for_storage_kernels_get_subgroups_with_f16() {
+        let o = KernelOverrides {
+            decode: Some(DecodeKernels::Storage),
+            prefill: Some(PrefillKernels::Storage),
+            ..Default::default()
+        };
+        let p = KernelPlan::decide(&device(DeviceType::DiscreteGpu, Some(32), true), &o).unwrap();
         assert!(p.subgroups && p.f16_arithmetic && !p.uniform_decode && !p.window_prefill);
+        assert!(!p.coalesced_decode && !p.tiled_prefill);
         assert_eq!(
             p.q4_storage(),
             Q4Variant {

@@ -204,6 +204,7 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
         &cfg,
         &KernelsOptions {
             class: a.device_class,
+            stages: a.stages,
             context: a.context,
             prefill_chunk: a.prefill_chunk,
             bandwidth_gbps: a.bandwidth,

@@ -10,7 +10,7 @@ use crate::backend::params::*;
 use crate::backend::{Buffer, Device, KernelPlan, Prepared, Program, Usage};
 use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
-use crate::model::moe::{Executor, MoeDispatch, MoeSorted};
+use crate::model::moe::{Executor, MoeDispatch, MoePairs, MoeSorted};
 use crate::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
 use crate::model::residency::{ExpertPlacement, Residency};
 use crate::model::tensors::{ExpertPool, ExpertStore, F16Matrix};
@@ -276,13 +276,36 @@ impl Forward {
         } else {
             None
         };
+        // Multi-token steps on the tiled GEMMs: the pairs sorted by expert.
+        let pairs = if plan.tiled_prefill && t > 1 {
+            Some(MoePairs {
+                pmax: t * cfg.top_k,
+                n_experts: cfg.num_experts,
+                buffer: dev.alloc(
+                    "moe_pairs",
+                    workspace::row(&table, "moe_pairs")?.bytes,
+                    Usage::Storage,
+                )?,
+            })
+        } else {
+            None
+        };
         let step = dev.alloc("step", std::mem::size_of::<Step>() as u64, Usage::Uniform)?;
         let env = OpEnv {
             plan: &plan,
             chunk: t,
             dummy: b.get("dummy")?,
         };
-        let layers = build_layers(dev, cfg, &weights, &opts, &env, &b, sorted.as_ref(), &step)?;
+        let layers = build_layers(
+            dev,
+            cfg,
+            &weights,
+            &opts,
+            &env,
+            &b,
+            (sorted.as_ref(), pairs.as_ref()),
+            &step,
+        )?;
         let (head_last, (argmax_last, argmax_eos), head_all) =
             build_head(dev, cfg, &weights, &opts, &env, &b, &step)?;
         dev.check()?;
@@ -354,9 +377,15 @@ fn moe_dispatch<'a>(
     env: &OpEnv<'a>,
     b: &'a Buffers,
     sorted: Option<&'a MoeSorted>,
+    pairs: Option<&'a MoePairs>,
     style: MoeStyle,
 ) -> Result<MoeDispatch<'a>> {
     Ok(MoeDispatch {
+        tiled: if style == MoeStyle::Multi {
+            pairs
+        } else {
+            None
+        },
         plan: env.plan,
         sorted,
         // One-token steps route to at most top_k experts, one batch: always fused.
@@ -384,7 +413,7 @@ fn build_layers(
     opts: &ForwardOptions,
     env: &OpEnv<'_>,
     b: &Buffers,
-    sorted: Option<&MoeSorted>,
+    (sorted, pairs): (Option<&MoeSorted>, Option<&MoePairs>),
     step: &Buffer,
 ) -> Result<Vec<LayerPrograms>> {
     let (h, k) = (cfg.hidden_size, cfg.top_k);
@@ -394,13 +423,14 @@ fn build_layers(
     let eps = cfg.rms_norm_eps as f32;
     let router_stride = workspace::router_stride(cfg);
     let (x, xn) = (b.get("x")?, b.get("xn")?);
-    let multi = moe_dispatch(cfg, opts, env, b, sorted, MoeStyle::Multi)?;
+    let multi = moe_dispatch(cfg, opts, env, b, sorted, pairs, MoeStyle::Multi)?;
     let single = if env.plan.coalesced_decode {
         Some(moe_dispatch(
             cfg,
             opts,
             env,
             b,
+            None,
             None,
             MoeStyle::DecodeCoalesced,
         )?)
@@ -410,6 +440,7 @@ fn build_layers(
             opts,
             env,
             b,
+            None,
             None,
             MoeStyle::DecodeUniform,
         )?)

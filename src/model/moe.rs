@@ -63,6 +63,15 @@ impl MoeSorted {
     }
 }
 
+/// The step's (token, top-k index) pairs sorted by expert (moe_sort.wgsl's layout), for
+/// the tiled expert GEMMs of multi-token steps on GPUs.
+pub struct MoePairs {
+    /// Pair capacity: chunk * top_k.
+    pub pmax: usize,
+    pub n_experts: usize,
+    pub buffer: Buffer,
+}
+
 /// The buffers and choices of a layer's expert dispatches.
 #[derive(Clone)]
 pub struct MoeDispatch<'a> {
@@ -81,6 +90,9 @@ pub struct MoeDispatch<'a> {
     /// expert, lanes reading consecutive words; f16 and INT4 pools, shared experts and
     /// dense MLPs alike.
     pub coalesced: bool,
+    /// Multi-token steps on the tiled GEMMs (GPUs): routed experts over `pairs` sorted by
+    /// expert (grouped executor), shared experts and dense MLPs as one fixed slot.
+    pub tiled: Option<&'a MoePairs>,
     pub hidden: usize,
     pub top_k: usize,
     pub dummy: &'a Buffer,
@@ -127,6 +139,25 @@ impl MoeDispatch<'_> {
                 return 0;
             }
             self.rows_down(prog, &mats, route, Some((0, k)), self.y);
+            return flags::COMBINE_ROUTED;
+        }
+        if let (Some(pairs), false) = (self.tiled, per_expert) {
+            let Some(mats) = SlotMats::of(store) else {
+                return 0;
+            };
+            prog.stage("experts_sort");
+            prog.push(Op::new(
+                Kernel::MoeSort,
+                &MoeSortParams {
+                    n_experts: pairs.n_experts as u32,
+                    top_k: k as u32,
+                    pmax: pairs.pmax as u32,
+                    _a: 0,
+                },
+                binds(&[self.topk_ids, &pairs.buffer]),
+                [Dim::Const(1), Dim::Const(1), Dim::Const(1)],
+            ));
+            self.gemm(prog, &mats, Some((slot_of, pairs)), self.y);
             return flags::COMBINE_ROUTED;
         }
         match store {
@@ -177,6 +208,10 @@ impl MoeDispatch<'_> {
         out: &Buffer,
     ) {
         let (h, k) = (self.hidden, self.top_k);
+        if let (Some(_), None) = (self.tiled, routed) {
+            self.gemm(prog, &SlotMats::f16(pool), None, out);
+            return;
+        }
         if self.coalesced {
             let mats = SlotMats::f16(pool);
             match routed {
@@ -333,6 +368,78 @@ impl MoeDispatch<'_> {
                     Dim::Const(1),
                 ],
             ));
+        }
+    }
+
+    /// Tiled expert GEMMs, gate/up (+ SiLU) into h then down into `out` (y [T, k, H], or
+    /// for one fixed slot [T, H]): over the sorted pairs with `route` = (slot table,
+    /// pairs), or every token of slot 0. One dispatch per pool chunk each.
+    fn gemm(
+        &self,
+        prog: &mut Program,
+        m: &SlotMats,
+        route: Option<(&Buffer, &MoePairs)>,
+        out: &Buffer,
+    ) {
+        let (top_k, fixed, slot_of, pairs, pmax, experts) = match route {
+            Some((s, p)) => (self.top_k, 0, s, &p.buffer, p.pmax, p.n_experts),
+            None => (1, flags::FFN_FIXED_SLOT, self.dummy, self.dummy, 0, 1),
+        };
+        let kernel = Kernel::ExpertGemm(m.format);
+        for (down, stage) in [(false, "experts_gate_up"), (true, "experts_down")] {
+            if route.is_some() {
+                prog.stage(stage);
+            }
+            let (inp, outp) = if down {
+                (self.hbuf, out)
+            } else {
+                (self.xn, self.hbuf)
+            };
+            for (first, n, chunk) in &m.chunks {
+                let mut b = vec![
+                    (2, inp),
+                    (3, inp),
+                    (4, pairs),
+                    (5, slot_of),
+                    (6, outp),
+                    (10, chunk),
+                ];
+                if m.format.has_scales() {
+                    b.push((11, chunk));
+                }
+                let (in_dim, out_dim) = if down {
+                    (m.inter, self.hidden)
+                } else {
+                    (self.hidden, m.inter)
+                };
+                prog.push(Op::new(
+                    kernel,
+                    &ExpertGemmParams {
+                        in_dim: in_dim as u32,
+                        out_dim: out_dim as u32,
+                        top_k: top_k as u32,
+                        pmax: pmax as u32,
+                        n_experts: experts as u32,
+                        slot_words: m.slot_words,
+                        first_slot: *first as u32,
+                        chunk_slots: *n as u32,
+                        a_w: if down { m.down_w } else { m.gate_w },
+                        b_w: m.up_w,
+                        a_s: if down { m.down_s } else { m.gate_s },
+                        b_s: m.up_s,
+                        words_per_row: if down { m.down_words } else { m.in_words },
+                        blocks_per_row: if down { m.down_blocks } else { m.in_blocks },
+                        flags: fixed | if down { flags::EXPERT_GEMM_DOWN } else { 0 },
+                        _a: 0,
+                    },
+                    numbered(&b),
+                    [
+                        Dim::Const(out_dim.div_ceil(EXPERT_GEMM_ROWS) as u32),
+                        Dim::Const(experts as u32),
+                        Dim::TokensDiv(GEMM_TOKENS as u32),
+                    ],
+                ));
+            }
         }
     }
 

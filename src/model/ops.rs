@@ -212,9 +212,13 @@ fn matmul_split(
         for c in &m.chunks {
             let mut decode =
                 matvec_ops(env, m, c, src, bias_b, dst, out_stride, f, splits).into_iter();
-            prog.push(
-                storage_matmul(m, c, src, bias_b, dst, out_stride, f).with_decode_op(decode.next()),
-            );
+            // The tiled GEMM where the plan says so, the storage matmul otherwise.
+            let main = if env.plan.tiled_prefill {
+                gemm_op(m, c, src, bias_b, dst, out_stride, f)
+            } else {
+                storage_matmul(m, c, src, bias_b, dst, out_stride, f)
+            };
+            prog.push(main.with_decode_op(decode.next()));
             for extra in decode {
                 // Only one-token steps dispatch it.
                 let mut extra = extra;
@@ -310,8 +314,47 @@ fn matmul_split(
                 offset: 0,
             };
         }
-        prog.push(op.with_decode(decode));
+        let op = op.with_decode(decode);
+        // The tiled GEMM (it cannot pick the last token alone: the storage matmul can),
+        // keeping the storage op's one-token alternative.
+        if env.plan.tiled_prefill && !last {
+            let decode = op.decode.map(|d| *d);
+            prog.push(gemm_op(m, c, src, bias, dst, out_stride, f).with_decode_op(decode));
+        } else {
+            prog.push(op);
+        }
     }
+}
+
+/// The tiled GEMM (gemm.wgsl) over one chunk: 16 tokens x 32 rows per workgroup.
+fn gemm_op(
+    m: &F16Matrix,
+    c: &MatrixChunk,
+    src: &Buffer,
+    bias: &Buffer,
+    dst: &Buffer,
+    out_stride: usize,
+    f: u32,
+) -> Op {
+    Op::new(
+        Kernel::Gemm(WeightFormat::F16),
+        &DenseParams {
+            k: m.cols as u32,
+            n_rows: c.rows as u32,
+            row_base: c.row_start as u32,
+            words_per_row: m.vec4_per_row(),
+            x_stride: m.cols as u32,
+            out_stride: out_stride as u32,
+            flags: f,
+            ..Default::default()
+        },
+        numbered(&[(2, src), (3, src), (4, bias), (5, dst), (10, &c.buffer)]),
+        [
+            Dim::Const(c.rows.div_ceil(GEMM_ROWS) as u32),
+            Dim::TokensDiv(GEMM_TOKENS as u32),
+            Dim::Const(1),
+        ],
+    )
 }
 
 /// The storage matmul (matmul.wgsl) over one chunk: 4 tokens per invocation.

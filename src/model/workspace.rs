@@ -162,12 +162,16 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
         w.add(format!("cache_k.{l}"), Storage, &[ctxlen, kv_dim])?;
         w.add(format!("cache_v.{l}"), Storage, &[ctxlen, kv_dim])?;
     }
-    if s.expert_major.unwrap_or(true) && t > 1 {
-        let (x_row, h_row) = sorted_rows(cfg);
+    if t > 1 {
+        // The step's pairs sorted by expert: the expert-major kernels (CPU adapters) and the
+        // tiled expert GEMMs (GPUs) read them.
         let pmax = t * k;
         w.add("moe_pairs", Storage, &[2 * pmax + cfg.num_experts])?;
-        w.add("moe_x_sorted", Storage, &[pmax, x_row])?;
-        w.add("moe_h_sorted", Storage, &[pmax, h_row])?;
+        if s.expert_major.unwrap_or(true) {
+            let (x_row, h_row) = sorted_rows(cfg);
+            w.add("moe_x_sorted", Storage, &[pmax, x_row])?;
+            w.add("moe_h_sorted", Storage, &[pmax, h_row])?;
+        }
     }
     Ok(w.rows)
 }

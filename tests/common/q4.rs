@@ -17,7 +17,7 @@ use super::rng::Rng;
 use wgmoe::backend::plan::DecodeKernels;
 use wgmoe::backend::{Buffer, KernelOverrides, Program};
 use wgmoe::cpu_ref;
-use wgmoe::model::moe::{MoeDispatch, MoeSorted};
+use wgmoe::model::moe::{Executor, MoeDispatch, MoePairs, MoeSorted};
 use wgmoe::model::tensors::{ExpertStore, Q4Pool};
 use wgmoe::model::workspace::{workspace, WorkspaceShape};
 use wgmoe::quant::{Q4Matrix, Q4SlotLayout};
@@ -363,6 +363,7 @@ impl<'a> Setup<'a> {
             fuse_combine: true,
             decode_uniform: false,
             coalesced: self.g.plan.coalesced_decode,
+            tiled: None,
             hidden: self.c.hidden,
             top_k: self.c.top_k,
             dummy: &self.dummy,
@@ -470,6 +471,37 @@ impl<'a> Setup<'a> {
             pairs[..np].to_vec(),
             pairs[sorted.pmax..sorted.pmax + np].to_vec(),
             read_f32(dev, &y, n),
+        )
+    }
+
+    /// The tiled expert GEMMs (multi-token steps on GPUs) through `MoeDispatch::routed`
+    /// with the grouped executor: sort, gate/up into h, down into y. Returns (h, y).
+    pub fn gpu_expert_gemm(&self) -> (Vec<f32>, Vec<f32>) {
+        let c = self.c;
+        let dev = &self.g.dev;
+        assert!(self.g.plan.tiled_prefill, "the tiled plan");
+        let pmax = c.t * c.top_k;
+        let pairs = MoePairs {
+            pmax,
+            n_experts: c.n_experts,
+            buffer: u32_buf(dev, &vec![0; 2 * pmax + c.n_experts]),
+        };
+        let h = f32_buf(dev, &vec![f32::NAN; c.t * c.top_k * c.inter]);
+        let y = f32_buf(dev, &vec![f32::NAN; c.t * c.top_k * c.hidden]);
+        let mut d = self.moe(&self.x_b, &h, &y, &self.dummy);
+        d.coalesced = false;
+        d.tiled = Some(&pairs);
+        let mut prog = Program::default();
+        let fl = d.routed(&mut prog, Executor::Grouped, &self.store, &self.slot_b);
+        assert_eq!(fl, wgmoe::backend::params::flags::COMBINE_ROUTED);
+        assert!(prog
+            .ops
+            .iter()
+            .any(|o| matches!(o.kernel, wgmoe::backend::Kernel::ExpertGemm(_))));
+        self.run(prog);
+        (
+            read_f32(dev, &h, c.t * c.top_k * c.inter),
+            read_f32(dev, &y, c.t * c.top_k * c.hidden),
         )
     }
 

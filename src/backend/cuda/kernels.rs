@@ -1,9 +1,13 @@
 //! The CUDA C kernels (`kernels/cuda/`, ports of the WGSL kernels under `shaders/`) and
-//! their compilation with NVRTC. The CUDA backend offers the storage kernels the kernel plan
-//! picks on it: the device reports warps as subgroups of 32 but no SHADER_F16 and no uniform
-//! windows, so the plan picks the 8-lane W4A16 kernels (warp shuffles), or the one-lane ones
-//! with `--portable-kernels`, and never f16-arithmetic, window or expert-major kernels.
-//! Every kernel that plan can pick has a CUDA version here; any other is refused by name. The device loads a CUBIN for its own architecture
+//! their compilation with NVRTC. The CUDA backend offers the kernels the kernel plan picks
+//! on it: the device is a GPU whose warps are subgroups of 32, with no SHADER_F16 and no
+//! uniform windows, so the plan picks the GPU-shaped kernels (coalesced matvecs and expert
+//! halves in f16 and INT4, reduced with warp shuffles or, with `--portable-kernels`, a
+//! shared-memory tree; flash attention and its split combine) and, for multi-token steps
+//! or with `--decode-kernels storage` / `--prefill-kernels storage`, the storage kernels
+//! with f32 arithmetic (8-lane W4A16 kernels, or one-lane ones when portable); never
+//! f16-arithmetic, window or expert-major kernels. Every kernel that plan can pick has a
+//! CUDA version here; any other is refused by name. The device loads a CUBIN for its own architecture
 //! (no PTX JIT: a CUBIN from any CUDA 12 NVRTC loads on any CUDA 12 driver, while PTX from
 //! a newer NVRTC than the driver does not), PTX where NVRTC does not know the architecture.
 //! Compiled code is cached per process and architecture.
@@ -15,11 +19,15 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::nvrtc::sys as nv;
 
 use super::load;
-use crate::backend::kernel::{Kernel, Lanes, Q4Variant};
+use crate::backend::kernel::{Kernel, Lanes, Q4Variant, Reduce, RowsVariant, WeightFormat};
 use crate::backend::Op;
 use crate::error::{Error, Result};
 
 const COMMON: &str = include_str!("../../../kernels/cuda/common.cuh");
+/// The GPU-shaped row kernels' formats, activations and reductions (joined after COMMON for
+/// the files in [`ROWS_FILES`]).
+const ROWS: &str = include_str!("../../../kernels/cuda/rows.cuh");
+const ROWS_FILES: &[&str] = &["matvec.cu", "expert.cu"];
 /// The f16 conversion with PTX (the CPU emulation of the tests brings its own).
 pub const F16_PTX: &str = include_str!("../../../kernels/cuda/f16.cuh");
 
@@ -50,6 +58,12 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("../../../kernels/cuda/moe_combine.cu"),
     ),
     ("argmax.cu", include_str!("../../../kernels/cuda/argmax.cu")),
+    ("matvec.cu", include_str!("../../../kernels/cuda/matvec.cu")),
+    ("expert.cu", include_str!("../../../kernels/cuda/expert.cu")),
+    (
+        "attn_flash.cu",
+        include_str!("../../../kernels/cuda/attn_flash.cu"),
+    ),
 ];
 
 /// How one kernel is built and launched.
@@ -164,7 +178,82 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
             64,
         ),
         Kernel::Argmax => c("argmax.cu", "argmax", "ArgmaxParams", &[2, 3], 256),
+        Kernel::Matvec(r) => c(
+            "matvec.cu",
+            rows_entry(
+                r,
+                &[(WeightFormat::F16, ["matvec_f16_sg", "matvec_f16_wg"])],
+            )?,
+            "DenseParams",
+            &[2, 3, 4, 5, 10],
+            64,
+        ),
+        Kernel::ExpertGateUp(r) => c(
+            "expert.cu",
+            rows_entry(
+                r,
+                &[
+                    (
+                        WeightFormat::F16,
+                        ["expert_gate_up_f16_sg", "expert_gate_up_f16_wg"],
+                    ),
+                    (
+                        WeightFormat::Q4,
+                        ["expert_gate_up_q4_sg", "expert_gate_up_q4_wg"],
+                    ),
+                ],
+            )?,
+            "ExpertGateUpParams",
+            if r.format.has_scales() {
+                &[2, 3, 4, 5, 6, 10, 11]
+            } else {
+                &[2, 3, 4, 5, 6, 10]
+            },
+            64,
+        ),
+        Kernel::ExpertDown(r) => c(
+            "expert.cu",
+            rows_entry(
+                r,
+                &[
+                    (
+                        WeightFormat::F16,
+                        ["expert_down_f16_sg", "expert_down_f16_wg"],
+                    ),
+                    (WeightFormat::Q4, ["expert_down_q4_sg", "expert_down_q4_wg"]),
+                ],
+            )?,
+            "ExpertDownParams",
+            if r.format.has_scales() {
+                &[2, 3, 4, 5, 6, 7, 10, 11]
+            } else {
+                &[2, 3, 4, 5, 6, 7, 10]
+            },
+            64,
+        ),
+        Kernel::AttnFlash => c(
+            "attn_flash.cu",
+            "attn_flash",
+            "FlashParams",
+            &[2, 3, 4, 5, 6],
+            64,
+        ),
+        Kernel::AttnCombine => c("attn_flash.cu", "attn_combine", "FlashParams", &[2, 3], 64),
         _ => return None,
+    })
+}
+
+/// The entry point of a GPU-shaped row kernel's variant: `entries` holds, per weight format
+/// with a CUDA port, its (Reduce::Subgroup, Reduce::Workgroup) entries; a format without
+/// one has none (and is refused by name).
+fn rows_entry(
+    r: RowsVariant,
+    entries: &[(WeightFormat, [&'static str; 2])],
+) -> Option<&'static str> {
+    let (_, e) = entries.iter().find(|(f, _)| *f == r.format)?;
+    Some(match r.reduce {
+        Reduce::Subgroup => e[0],
+        Reduce::Workgroup => e[1],
     })
 }
 
@@ -209,7 +298,7 @@ pub fn check_op(op: &Op, kernel: Kernel) -> Result<CudaKernel> {
 /// The error for a kernel this backend has no version of.
 pub fn no_cuda_version(k: Kernel) -> Error {
     Error::Gpu(format!(
-        "kernel {k} has no CUDA version (the CUDA backend runs the storage kernels with f32 arithmetic; the kernel plan picks only those on it)"
+        "kernel {k} has no CUDA version (the CUDA backend runs the GPU-shaped kernels and the storage kernels with f32 arithmetic; the kernel plan picks only those on it)"
     ))
 }
 
@@ -222,7 +311,8 @@ pub fn kernels_of(file: &str) -> Vec<Kernel> {
 }
 
 /// The complete CUDA C source of a file: every params struct's Rust size (for the file's
-/// layout checks), the f16 conversion piece, the common header, the file.
+/// layout checks), the f16 conversion piece, the common header, the row kernels' pieces
+/// (their files only), the file.
 pub fn assemble(file: &str, f16: &str) -> Result<String> {
     let body = SOURCES
         .iter()
@@ -245,6 +335,10 @@ pub fn assemble(file: &str, f16: &str) -> Result<String> {
     s.push_str(f16);
     s.push_str(COMMON);
     s.push('\n');
+    if ROWS_FILES.contains(&file) {
+        s.push_str(ROWS);
+        s.push('\n');
+    }
     s.push_str(body);
     Ok(s)
 }

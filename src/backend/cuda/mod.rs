@@ -6,9 +6,10 @@
 //! device memory copied to the host once the stream reaches them.
 //!
 //! The kernels are CUDA C ports of the WGSL kernels (`kernels/cuda/`, [`kernels`]),
-//! compiled by NVRTC on first use. The device reports warps as subgroups but no SHADER_F16
-//! and no uniform windows, so the kernel plan picks the storage kernels with f32
-//! arithmetic, which are the ones ported.
+//! compiled by NVRTC on first use. The device reports a GPU with warps as subgroups but no
+//! SHADER_F16 and no uniform windows, so the kernel plan picks the GPU-shaped kernels
+//! (coalesced decode, tiled prefill) and the storage kernels with f32 arithmetic, which are
+//! the ones ported.
 
 pub mod kernels;
 mod launch;
@@ -195,9 +196,10 @@ pub fn device_info(d: Properties) -> DeviceInfo {
             driver_version / 1000,
             driver_version % 1000 / 10
         ),
-        // Warps are subgroups (the 8-lane W4A16 kernels use warp shuffles); no
-        // f16-arithmetic or uniform-window kernels exist for CUDA, so it reports neither
-        // SHADER_F16 nor uniform bindings and the plan picks only the ported kernels.
+        // Warps are subgroups (the 8-lane W4A16 kernels and the GPU-shaped kernels'
+        // reductions use warp shuffles); no f16-arithmetic or uniform-window kernels exist
+        // for CUDA, so it reports neither SHADER_F16 nor uniform bindings and the plan
+        // picks only the ported kernels.
         shader_f16: false,
         subgroup: warp >= 8,
         subgroup_min_size: warp,

@@ -97,6 +97,14 @@ pub const PIECES: &[(&str, &str)] = &[
         include_str!("../../../shaders/common/onehot.wgsl"),
     ),
     (
+        "tile_f16.wgsl",
+        include_str!("../../../shaders/common/tile_f16.wgsl"),
+    ),
+    (
+        "tile_q4.wgsl",
+        include_str!("../../../shaders/common/tile_q4.wgsl"),
+    ),
+    (
         "fmt_f16.wgsl",
         include_str!("../../../shaders/common/fmt_f16.wgsl"),
     ),
@@ -175,6 +183,11 @@ pub const BODIES: &[(&str, &str)] = &[
         "attn_combine",
         include_str!("../../../shaders/attn_combine.wgsl"),
     ),
+    ("gemm", include_str!("../../../shaders/gemm.wgsl")),
+    (
+        "expert_gemm",
+        include_str!("../../../shaders/expert_gemm.wgsl"),
+    ),
 ];
 
 fn piece(name: &str) -> &'static str {
@@ -243,6 +256,13 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
                 Reduce::Subgroup => "reduce_sg.wgsl",
                 Reduce::Workgroup => "reduce_wg.wgsl",
             });
+        }
+        Kernel::Gemm(f) | Kernel::ExpertGemm(f) => {
+            v.push("act_x4.wgsl");
+            match f {
+                WeightFormat::F16 => v.extend(["f16_halves.wgsl", "fmt_f16.wgsl", "tile_f16.wgsl"]),
+                WeightFormat::Q4 => v.extend(["q4_dot_f32.wgsl", "fmt_q4.wgsl", "tile_q4.wgsl"]),
+            }
         }
         _ => {}
     }

@@ -1,0 +1,156 @@
+// SwiGLU halves for GPUs over the routed experts of a pool, or one fixed slot (a dense MLP,
+// Qwen's shared expert), in the pool's weight format (shaders/expert_gate_up.wgsl,
+// expert_down.wgsl):
+//   h[t, j, n] = silu(gate_e[n] . x_t) * (up_e[n] . x_t)      e the j-th expert of token t
+//   y[t, j, m] = down_e[m] . h[t, j, :]                         (per (token, top-k index))
+//   x[t, m] += sum_j w[t, j] * (down_e[m] . h[t, j, :])         (EXPERT_COMBINE: fused)
+// A block of 64 serves ROWS rows (of gate and of up, or of down) of one token, thread l
+// reading words l, l + 64, ... of their flat run (rows.cuh). Expert ids are read on the
+// device and mapped to a pool slot by the slot table; one launch serves the slots of one
+// chunk of the pool, and chunks are successive launches on one stream, so the fused
+// read-modify-write of x never races. Grid (row groups, top-k indices from j_base (1 when
+// fused), tokens).
+
+struct ExpertGateUpParams { u32 hidden; u32 inter; u32 top_k; u32 j_base; u32 x_stride; u32 slot_words; u32 first_slot; u32 chunk_slots; u32 gate_w; u32 up_w; u32 gate_s; u32 up_s; u32 words_per_row; u32 blocks_per_row; u32 flags; u32 _a; };
+struct ExpertDownParams { u32 hidden; u32 inter; u32 top_k; u32 j_base; u32 slot_words; u32 first_slot; u32 chunk_slots; u32 down_w; u32 down_s; u32 words_per_row; u32 blocks_per_row; u32 flags; };
+CHECK_PARAMS(ExpertGateUpParams);
+CHECK_PARAMS(ExpertDownParams);
+
+template <class Fmt, class Sum>
+__device__ void gate_up(const ExpertGateUpParams& p, const Step* step, const Act& a,
+                        const u32* ids, const u32* slot_of, float* h_out, const Mat& m) {
+    u32 li = threadIdx.x;
+    u32 n0 = blockIdx.x * ROWS;
+    u32 j = blockIdx.y + p.j_base;
+    u32 t = blockIdx.z;
+    if (t >= step->n_tokens || n0 >= p.inter) return;
+    u32 slot = 0u;
+    if (!(p.flags & FFN_FIXED_SLOT)) slot = slot_of[ids[t * p.top_k + j]];
+    // The same slot for every thread: the reduction's barriers stay uniform.
+    if (slot < p.first_slot || slot >= p.first_slot + p.chunk_slots) return;
+    u32 sw = (slot - p.first_slot) * p.slot_words;
+    u32 nr = min(ROWS, p.inter - n0);
+    u32 wpr = p.words_per_row;
+    u32 xb = t * p.x_stride;
+    float4 g = zero4(), u = zero4();
+    for (u32 f = li; f < nr * wpr; f += ROWS_BLOCK) {
+        u32 r = f / wpr;
+        u32 c = f % wpr;
+        u32 n = n0 + r;
+        float4 mask = onehot4(r);
+        // Each word's activations serve the gate and the up row.
+        g = madd4(g, mask, Fmt::word_dot(m, sw + p.gate_w + n * wpr, c,
+                                         (sw * 4u + p.gate_s) * 2u + n * p.blocks_per_row, a, xb, p.hidden));
+        u = madd4(u, mask, Fmt::word_dot(m, sw + p.up_w + n * wpr, c,
+                                         (sw * 4u + p.up_s) * 2u + n * p.blocks_per_row, a, xb, p.hidden));
+    }
+    float4 gs = Sum::sum4(g);
+    float4 us = Sum::sum4(u);
+    if (li == 0u) {
+        for (u32 i = 0; i < nr; i++) {
+            float gi = comp4(gs, i);
+            // silu(g) = g * sigmoid(g)
+            h_out[(t * p.top_k + j) * p.inter + n0 + i] = gi / (1.0f + expf(-gi)) * comp4(us, i);
+        }
+    }
+}
+
+template <class Fmt, class Sum>
+__device__ void down(const ExpertDownParams& p, const Step* step, const Act& a, const u32* ids,
+                     const u32* slot_of, const float* weights, float* out, const Mat& m) {
+    u32 li = threadIdx.x;
+    u32 m0 = blockIdx.x * ROWS;
+    u32 t = blockIdx.z;
+    if (t >= step->n_tokens || m0 >= p.hidden) return;
+    bool combine = (p.flags & EXPERT_COMBINE) != 0u;
+    u32 j0 = blockIdx.y + p.j_base;
+    u32 j1 = j0 + 1u;
+    if (combine) {
+        j0 = 0u;
+        j1 = p.top_k;
+    }
+    u32 nr = min(ROWS, p.hidden - m0);
+    u32 wpr = p.words_per_row;
+    float4 acc = zero4();
+    bool hit = false;
+    for (u32 j = j0; j < j1; j++) {
+        u32 tj = t * p.top_k + j;
+        u32 slot = 0u;
+        if (!(p.flags & FFN_FIXED_SLOT)) slot = slot_of[ids[tj]];
+        if (slot >= p.first_slot && slot < p.first_slot + p.chunk_slots) {
+            // The weight scales each thread's partial sums before the one reduction (the
+            // sum is linear), so the combine needs no launch of its own.
+            float wj = combine ? weights[tj] : 1.0f;
+            u32 sw = (slot - p.first_slot) * p.slot_words;
+            u32 hb = tj * p.inter;
+            for (u32 f = li; f < nr * wpr; f += ROWS_BLOCK) {
+                u32 r = f / wpr;
+                u32 mm = m0 + r;
+                float d = Fmt::word_dot(m, sw + p.down_w + mm * wpr, f % wpr,
+                                        (sw * 4u + p.down_s) * 2u + mm * p.blocks_per_row, a, hb, p.inter);
+                acc = madd4(acc, onehot4(r), wj * d);
+            }
+            hit = true;
+        }
+    }
+    // `hit` is the same for every thread (it depends on the token's slots only).
+    if (!hit) return;
+    float4 s = Sum::sum4(acc);
+    if (li == 0u) {
+        for (u32 i = 0; i < nr; i++) {
+            if (combine) {
+                out[t * p.hidden + m0 + i] += comp4(s, i);
+            } else {
+                out[(t * p.top_k + j0) * p.hidden + m0 + i] = comp4(s, i);
+            }
+        }
+    }
+}
+
+// The entry points: one per variant (RowsVariant { format, reduce }). Bindings: x (2), x as
+// float4 (3), ids (4), slot_of (5), then h (6) for gate/up or weights (6) and out (7) for
+// down, then the weights (10) and, INT4, their scales (11).
+extern "C" __global__ void expert_gate_up_f16_sg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w) {
+    gate_up<FmtF16, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, nullptr});
+}
+extern "C" __global__ void expert_gate_up_f16_wg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w) {
+    gate_up<FmtF16, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, nullptr});
+}
+extern "C" __global__ void expert_gate_up_q4_sg(ExpertGateUpParams p, const Step* step,
+                                                const float* x, const float4* x4, const u32* ids,
+                                                const u32* slot_of, float* h, const uint4* w,
+                                                const u32* ws) {
+    gate_up<FmtQ4, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_gate_up_q4_wg(ExpertGateUpParams p, const Step* step,
+                                                const float* x, const float4* x4, const u32* ids,
+                                                const u32* slot_of, float* h, const uint4* w,
+                                                const u32* ws) {
+    gate_up<FmtQ4, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_f16_sg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w) {
+    down<FmtF16, SubgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, nullptr});
+}
+extern "C" __global__ void expert_down_f16_wg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w) {
+    down<FmtF16, WorkgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, nullptr});
+}
+extern "C" __global__ void expert_down_q4_sg(ExpertDownParams p, const Step* step, const float* h,
+                                             const float4* h4, const u32* ids, const u32* slot_of,
+                                             const float* weights, float* out, const uint4* w,
+                                             const u32* ws) {
+    down<FmtQ4, SubgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q4_wg(ExpertDownParams p, const Step* step, const float* h,
+                                             const float4* h4, const u32* ids, const u32* slot_of,
+                                             const float* weights, float* out, const uint4* w,
+                                             const u32* ws) {
+    down<FmtQ4, WorkgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}

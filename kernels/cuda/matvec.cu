@@ -1,0 +1,63 @@
+// Matrix-vector products for GPUs (shaders/matvec.wgsl; decode, and the last-token
+// lm_head of a prefill): out[t, row_base + n] (+)= W[n] . x[t] (+ bias[row_base + n]).
+// A block of 64 serves ROWS consecutive rows, thread l reading words l, l + 64, ... of their
+// flat run (rows.cuh). Grid (row groups, K splits, tokens): with S = gridDim.y splits,
+// split s sums its share of each row's words into row s of `out` (one-token steps of
+// matrices with few rows, e.g. the router: router_topk adds the S rows).
+
+struct DenseParams { u32 k; u32 n_rows; u32 row_base; u32 words_per_row; u32 x_stride; u32 out_stride; u32 flags; u32 w_row0; u32 s_word0; u32 blocks_per_row; u32 _a; u32 _b; };
+CHECK_PARAMS(DenseParams);
+
+template <class Fmt, class Sum>
+__device__ void matvec(const DenseParams& p, const Step* step, const Act& a, const float* bias,
+                       float* out, const Mat& m) {
+    u32 li = threadIdx.x;
+    u32 r0 = blockIdx.x * ROWS;
+    u32 split = blockIdx.y;
+    u32 splits = gridDim.y;
+    u32 n_tokens = step->n_tokens;
+    u32 t = blockIdx.z;
+    u32 t_out = t;
+    if (p.flags & LAST_TOKEN_ONLY) {
+        t = n_tokens - 1u;
+        t_out = 0u;
+    }
+    // Both the same for every thread of the block: the reduction's barriers stay uniform.
+    if (t >= n_tokens || r0 >= p.n_rows) return;
+    u32 nr = min(ROWS, p.n_rows - r0);
+    u32 per = (p.words_per_row + splits - 1u) / splits;
+    u32 c0 = min(split * per, p.words_per_row);
+    u32 span = min(per, p.words_per_row - c0);
+    u32 xb = t * p.x_stride;
+    float4 acc = zero4();
+    for (u32 f = li; f < nr * span; f += ROWS_BLOCK) {
+        u32 r = f / span;
+        u32 n = p.w_row0 + r0 + r;
+        float d = Fmt::word_dot(m, n * p.words_per_row, c0 + f % span,
+                                p.s_word0 * 2u + n * p.blocks_per_row, a, xb, p.k);
+        acc = madd4(acc, onehot4(r), d);
+    }
+    float4 s = Sum::sum4(acc);
+    if (li == 0u) {
+        for (u32 i = 0; i < nr; i++) {
+            u32 row = p.row_base + r0 + i;
+            float v = comp4(s, i);
+            if ((p.flags & MATMUL_BIAS) && split == 0u) v += bias[row];
+            u32 o = (t_out * splits + split) * p.out_stride + row;
+            if (p.flags & MATMUL_ACCUMULATE) v += out[o];
+            out[o] = v;
+        }
+    }
+}
+
+// The entry points: one per variant (RowsVariant { format, reduce }) the plan can pick.
+extern "C" __global__ void matvec_f16_sg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w) {
+    matvec<FmtF16, SubgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, nullptr});
+}
+extern "C" __global__ void matvec_f16_wg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w) {
+    matvec<FmtF16, WorkgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, nullptr});
+}
