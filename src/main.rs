@@ -162,6 +162,10 @@ struct SimulateArgs {
     /// Share of the trace's steps the static profile is fitted on (scored on the rest).
     #[arg(long, default_value_t = 0.5)]
     fit: f64,
+    /// Also replay each policy with the trace's recorded next-layer guesses copied ahead
+    /// (what `run --prefetch next-layer` does): hit rate, H2D and wasted bytes.
+    #[arg(long, value_enum, default_value = "off")]
+    prefetch: wgmoe::residency::Prefetch,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,

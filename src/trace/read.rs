@@ -26,6 +26,9 @@ pub struct StepGroups {
     pub phase: Vec<Phase>,
     /// Tokens per step.
     pub tokens: Vec<usize>,
+    /// `guesses[i][s]`: the guess recorded for layer `layers[i]` in step `s` (the previous
+    /// MoE layer's prediction of its experts; empty: none).
+    pub guesses: Vec<Vec<Vec<u32>>>,
 }
 
 fn at(path: &Path, line: usize, msg: impl Into<String>) -> Error {
@@ -180,6 +183,7 @@ impl Trace {
         let layers = self.header.moe_layers.clone();
         let mut g = StepGroups {
             steps: vec![Vec::new(); layers.len()],
+            guesses: vec![Vec::new(); layers.len()],
             layers,
             ..Default::default()
         };
@@ -192,7 +196,7 @@ impl Trace {
                 g.counted.push(!r.warmup);
                 g.phase.push(r.phase);
                 g.tokens.push(0);
-                for s in &mut g.steps {
+                for s in g.steps.iter_mut().chain(&mut g.guesses) {
                     s.push(Vec::new());
                 }
             }
@@ -204,6 +208,10 @@ impl Trace {
             if let Some(i) = g.layers.iter().position(|&l| l == r.layer) {
                 if let Some(s) = g.steps[i].last_mut() {
                     s.extend_from_slice(&r.experts);
+                }
+                // The guess is on the layer's first line of the step.
+                if let Some(s) = g.guesses[i].last_mut().filter(|s| s.is_empty()) {
+                    s.extend_from_slice(&r.predicted);
                 }
             }
         }
