@@ -276,6 +276,84 @@ fn failed_upload_keeps_the_previous_generation() {
     }
 }
 
+/// Failures in one-token steps with next-layer prefetch (the guesses' copies and the
+/// misses' copies both staged off the submitting thread, or both on it): the n-th copy's
+/// staging fails, for every n across several steps. After each failure every cache keeps
+/// its invariants (no slot reused before its fence, prefetch slots returned), the device
+/// table is the published generation, nothing is left staged, and the next request gives
+/// the golden tokens.
+#[test]
+fn failed_copies_with_prefetch_keep_tables_and_tokens() {
+    let golden = load_golden("olmoe-tiny.int4.safetensors");
+    let g = &golden.prompts[0];
+    for fills in [Some(0), None] {
+        let mut eng = load(
+            "olmoe-tiny",
+            64,
+            ResidencyOptions {
+                resident_experts: Some(3),
+                prefetch: Some(Prefetch::NextLayer),
+                fill_threads: fills,
+                ..upload()
+            },
+            Executor::Grouped,
+        )
+        .unwrap();
+        // `settled`: after a whole request (a failed one may leave copies ahead that the
+        // layer's next step settles).
+        let check = |eng: &Engine, what: &str, settled: bool| {
+            let r = eng.fwd.residency.as_ref().unwrap();
+            for (l, c) in r.caches.iter().enumerate() {
+                let Some(c) = c else { continue };
+                c.check_invariants()
+                    .unwrap_or_else(|e| panic!("{what}: layer {l}: {e}"));
+                if settled {
+                    assert!(c.prefetched().is_empty(), "{what}: layer {l} holds guesses");
+                }
+                let gpu = match &eng.fwd.weights.layers[l].mlp {
+                    wgmoe::model::weights::Mlp::Moe { slot_of, .. } => eng
+                        .dev
+                        .read(slot_of, 0, (c.table().words().len() * 4) as u64)
+                        .unwrap(),
+                    _ => unreachable!(),
+                };
+                let gpu: Vec<u32> = bytemuck::pod_collect_to_vec(&gpu);
+                assert_eq!(c.table().words(), &gpu[..], "{what}: layer {l}: GPU table");
+            }
+        };
+        let mut failed = 0;
+        for n in 1..=24u64 {
+            let what = format!("fill threads {fills:?}, copy {n} fails");
+            {
+                let r = eng.fwd.residency.as_mut().unwrap();
+                let done = r.uploads_attempted();
+                r.inject.fail_upload = Some(done + n);
+            }
+            // One-token prompt: every step guesses the next layer's experts.
+            match greedy(&mut eng, &[g.prompt_ids[0]], 6) {
+                Err(err) => {
+                    assert!(err.to_string().contains("injected failure"), "{what}: {err}");
+                    failed += 1;
+                }
+                Ok(_) => {}
+            }
+            eng.fwd.residency.as_mut().unwrap().inject.fail_upload = None;
+            check(&eng, &what, false);
+            let ids = greedy(&mut eng, &g.prompt_ids, g.generated_ids.len()).unwrap();
+            for (s, (a, b)) in ids.iter().zip(&g.generated_ids).enumerate() {
+                if a != b {
+                    assert!(g.step_gap[s] < 2e-3, "{what}: step {s}: {a} != golden {b}");
+                    break;
+                }
+            }
+            check(&eng, &what, true);
+        }
+        assert!(failed >= 20, "fill threads {fills:?}: only {failed} of 24 failed");
+        let st = eng.fwd.residency.as_ref().unwrap().stats();
+        assert!(st.prefetch_issued > 0, "{st:?}");
+    }
+}
+
 #[test]
 fn admission_refuses_what_cannot_fit() {
     let err = |r: ResidencyOptions| {

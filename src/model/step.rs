@@ -146,9 +146,20 @@ impl Forward {
     fn submit_segmented(&mut self, n: usize, head: Head) -> Result<()> {
         let r = self.submit_layers(n, head);
         if r.is_err() {
-            // Prefetch copies staged and never submitted are returned (nothing published).
+            // Prefetch copies staged and never submitted are returned (nothing published),
+            // and a table left holding a step's partial mapping is the published one again.
             if let Some(res) = self.residency.as_mut() {
                 res.abandon_prefetch(&self.dev);
+                let w = &self.weights;
+                let restored = res.after_submit(&self.dev, |l| match &w.layers.get(l)?.mlp {
+                    Mlp::Moe { slot_of, .. } => Some(slot_of.clone()),
+                    _ => None,
+                });
+                if let (Err(first), Err(e)) = (&r, restored) {
+                    return Err(Error::Gpu(format!(
+                        "{first}; then restoring the published expert tables failed: {e}"
+                    )));
+                }
             }
         }
         r
