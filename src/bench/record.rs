@@ -88,6 +88,7 @@ pub struct BenchRecord {
     pub prefetch_used: Option<u64>,
     pub prefetch_wasted_bytes: Option<u64>,
     pub prefetch_accuracy: Option<f64>,
+    pub prefetch_accuracy_per_layer: Option<Vec<Option<f64>>>,
 }
 
 /// "int4/grouped": a configuration's label in tables and logs.
@@ -249,5 +250,10 @@ pub(super) fn record(
             .as_ref()
             .map(|_| res.prefetch_wasted_bytes),
         prefetch_accuracy: res.prefetch_accuracy,
+        prefetch_accuracy_per_layer: engine
+            .fwd
+            .residency
+            .as_ref()
+            .map(|_| res.prefetch_accuracy_per_layer.clone()),
     }
 }
