@@ -321,7 +321,7 @@ fn failed_copies_with_prefetch_keep_tables_and_tokens() {
                 assert_eq!(c.table().words(), &gpu[..], "{what}: layer {l}: GPU table");
             }
         };
-        let mut failed = 0;
+        let (mut misses, mut ahead) = (0, 0);
         for n in 1..=24u64 {
             let what = format!("fill threads {fills:?}, copy {n} fails");
             {
@@ -330,12 +330,15 @@ fn failed_copies_with_prefetch_keep_tables_and_tokens() {
                 r.inject.fail_upload = Some(done + n);
             }
             // One-token prompt: every step guesses the next layer's experts.
-            match greedy(&mut eng, &[g.prompt_ids[0]], 6) {
-                Err(err) => {
-                    assert!(err.to_string().contains("injected failure"), "{what}: {err}");
-                    failed += 1;
+            if let Err(err) = greedy(&mut eng, &[g.prompt_ids[0]], 8) {
+                let err = err.to_string();
+                assert!(err.contains("injected failure"), "{what}: {err}");
+                if err.contains("(a guess copied ahead)") {
+                    ahead += 1;
+                } else {
+                    assert!(err.contains("(a miss)"), "{what}: {err}");
+                    misses += 1;
                 }
-                Ok(_) => {}
             }
             eng.fwd.residency.as_mut().unwrap().inject.fail_upload = None;
             check(&eng, &what, false);
@@ -348,7 +351,12 @@ fn failed_copies_with_prefetch_keep_tables_and_tokens() {
             }
             check(&eng, &what, true);
         }
-        assert!(failed >= 20, "fill threads {fills:?}: only {failed} of 24 failed");
+        // Both kinds of copy failed somewhere (which copies a request makes depends on
+        // what the failures before it left resident).
+        assert!(
+            misses > 0 && ahead > 0,
+            "fill threads {fills:?}: {misses} misses and {ahead} copies ahead failed"
+        );
         let st = eng.fwd.residency.as_ref().unwrap().stats();
         assert!(st.prefetch_issued > 0, "{st:?}");
     }

@@ -17,13 +17,13 @@ use crate::error::{Error, Result};
 use crate::residency::HostSource;
 
 /// One fill: expert `expert` of `layer` into staging buffer `staging`; `fail`: the test
-/// hook's injected mapping failure instead.
+/// hook's injected mapping failure instead (naming the kind of copy).
 struct Job {
     id: u64,
     layer: usize,
     expert: u32,
     staging: usize,
-    fail: bool,
+    fail: Option<&'static str>,
 }
 
 struct Done {
@@ -42,9 +42,9 @@ struct Shared {
 
 impl Shared {
     fn run(&self, j: &Job) -> Result<()> {
-        if j.fail {
+        if let Some(kind) = j.fail {
             return Err(Error::Gpu(format!(
-                "injected failure: staging map for expert {} of layer {}",
+                "injected failure: staging map for expert {} of layer {} ({kind})",
                 j.expert, j.layer
             )));
         }
@@ -153,7 +153,13 @@ impl FillPool {
     }
 
     /// Queue a fill; returns its id for [`wait`](Self::wait). Without workers it runs now.
-    pub fn fill(&mut self, layer: usize, expert: u32, staging: usize, fail: bool) -> u64 {
+    pub fn fill(
+        &mut self,
+        layer: usize,
+        expert: u32,
+        staging: usize,
+        fail: Option<&'static str>,
+    ) -> u64 {
         let id = self.next;
         self.next += 1;
         let job = Job {

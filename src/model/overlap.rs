@@ -49,7 +49,7 @@ struct Staged {
     expert: u32,
     slot: u32,
     fill: Option<u64>,
-    fail: bool,
+    fail: Option<&'static str>,
 }
 
 /// A layer's plan being served (`begin_serve` .. `finish_serve`).
@@ -203,7 +203,7 @@ impl Residency {
             };
             open.todo.remove(0);
             self.uploads_done += 1;
-            let fail = self.inject.fail_upload == Some(self.uploads_done);
+            let fail = (self.inject.fail_upload == Some(self.uploads_done)).then_some("a miss");
             let fill = self.fills.fill(open.layer, u.expert, idx, fail);
             open.staged.push(Staged {
                 staging: idx,
@@ -378,7 +378,8 @@ impl Residency {
                 break;
             };
             self.uploads_done += 1;
-            let fail = self.inject.fail_upload == Some(self.uploads_done);
+            let fail = (self.inject.fail_upload == Some(self.uploads_done))
+                .then_some("a guess copied ahead");
             // Without fill threads the fill runs at flush, after the next submission.
             let fill = (self.fills.threads() > 0).then(|| self.fills.fill(layer, p.expert, idx, fail));
             staged.push(Staged {
