@@ -67,7 +67,10 @@ fn check_policies(name: &str) {
                     fill_threads: fills,
                     ..upload()
                 };
-                let what = format!("{policy:?} N={n} {executor:?} prefetch {} fill threads {fills:?}", prefetch.name());
+                let what = format!(
+                    "{policy:?} N={n} {executor:?} prefetch {} fill threads {fills:?}",
+                    prefetch.name()
+                );
                 let mut eng = load(name, 64, opts, executor).unwrap();
                 let before = eng
                     .fwd
@@ -79,7 +82,10 @@ fn check_policies(name: &str) {
                     // A divergence is allowed only at a golden near tie (as tests/parity.rs).
                     for (s, (a, b)) in ids.iter().zip(&g.generated_ids).enumerate() {
                         if a != b {
-                            assert!(g.step_gap[s] < 2e-3, "{name} {what} p{pi} step {s}: {a} != golden {b}");
+                            assert!(
+                                g.step_gap[s] < 2e-3,
+                                "{name} {what} p{pi} step {s}: {a} != golden {b}"
+                            );
                             break;
                         }
                     }

@@ -114,7 +114,10 @@ fn a_trace_holds_every_token_and_layer_and_does_not_change_the_tokens() {
             }
             // Decode steps carry the guess of every MoE layer after the first: top_k
             // distinct experts (the previous MoE layer's hidden state through its router).
-            let guess = r.get("predicted").map(|_| ids(r, "predicted")).unwrap_or_default();
+            let guess = r
+                .get("predicted")
+                .map(|_| ids(r, "predicted"))
+                .unwrap_or_default();
             if phase == "decode" && u(&r["layer"]) != moe[0] {
                 let mut d = guess.clone();
                 d.sort_unstable();
@@ -158,7 +161,10 @@ fn a_prefetch_runs_guesses_are_in_its_trace_and_simulate_scores_them() {
         let recs = &lines(&path)[1..];
         let in_trace: u64 = recs
             .iter()
-            .map(|r| r.get("prefetch_issued").map_or(0, |_| ids(r, "prefetch_issued").len() as u64))
+            .map(|r| {
+                r.get("prefetch_issued")
+                    .map_or(0, |_| ids(r, "prefetch_issued").len() as u64)
+            })
             .sum();
         assert_eq!(in_trace, issued, "{what}: copies ahead in the trace");
         let served: u64 = recs
@@ -185,7 +191,10 @@ fn a_prefetch_runs_guesses_are_in_its_trace_and_simulate_scores_them() {
         assert!((sim_acc - acc).abs() < 1e-12, "{what}: {sim_acc} vs {acc}");
         let per_layer = &m["prefetch_accuracy_per_layer"];
         for (i, &l) in ids(&sim, "moe_layers").iter().enumerate() {
-            let (a, b) = (&row["prefetch_accuracy_per_layer"][i], &per_layer[l as usize]);
+            let (a, b) = (
+                &row["prefetch_accuracy_per_layer"][i],
+                &per_layer[l as usize],
+            );
             match (a.as_f64(), b.as_f64()) {
                 (Some(a), Some(b)) => assert!((a - b).abs() < 1e-12, "{what} layer {l}"),
                 _ => assert_eq!(a, b, "{what} layer {l}"),

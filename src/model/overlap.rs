@@ -90,7 +90,8 @@ impl Residency {
         guess: Option<&[u32]>,
     ) -> Result<Vec<u32>> {
         if let Some(g) = guess {
-            if let (Some(n), Some(p)) = (self.guessed.get_mut(layer), self.predicted.get_mut(layer)) {
+            if let (Some(n), Some(p)) = (self.guessed.get_mut(layer), self.predicted.get_mut(layer))
+            {
                 *n += wanted.len() as u64;
                 *p += wanted.iter().filter(|e| g.contains(e)).count() as u64;
             }
@@ -121,7 +122,9 @@ impl Residency {
     ) -> Result<OpenServe> {
         let plan = loop {
             let Some(cache) = self.caches.get_mut(layer).and_then(|c| c.as_mut()) else {
-                return Err(Error::Other(format!("internal: layer {layer} has no cache")));
+                return Err(Error::Other(format!(
+                    "internal: layer {layer} has no cache"
+                )));
             };
             match cache.plan(wanted, self.policy.as_mut(), dev) {
                 Ok(p) => break p,
@@ -188,7 +191,9 @@ impl Residency {
     fn table_words(&self, layer: usize) -> Result<Vec<u32>> {
         match self.caches.get(layer).and_then(|c| c.as_ref()) {
             Some(c) => Ok(c.table().words().to_vec()),
-            None => Err(Error::Other(format!("internal: layer {layer} has no cache"))),
+            None => Err(Error::Other(format!(
+                "internal: layer {layer} has no cache"
+            ))),
         }
     }
 
@@ -251,7 +256,9 @@ impl Residency {
         }
         let layer = open.layer;
         let Some(cache) = self.caches.get_mut(layer).and_then(|c| c.as_mut()) else {
-            return Err(Error::Other(format!("internal: layer {layer} has no cache")));
+            return Err(Error::Other(format!(
+                "internal: layer {layer} has no cache"
+            )));
         };
         let copies = open.plan.uploads().len();
         if let Some(t) = token {
@@ -381,7 +388,8 @@ impl Residency {
             let fail = (self.inject.fail_upload == Some(self.uploads_done))
                 .then_some("a guess copied ahead");
             // Without fill threads the fill runs at flush, after the next submission.
-            let fill = (self.fills.threads() > 0).then(|| self.fills.fill(layer, p.expert, idx, fail));
+            let fill =
+                (self.fills.threads() > 0).then(|| self.fills.fill(layer, p.expert, idx, fail));
             staged.push(Staged {
                 staging: idx,
                 expert: p.expert,
@@ -512,7 +520,11 @@ impl Residency {
     /// After a submission: the published tables of layers whose device table held a
     /// step's partial mapping for it (that submission read them; the next reads the
     /// published one).
-    pub fn after_submit(&mut self, dev: &Device, slot_of: impl Fn(usize) -> Option<Buffer>) -> Result<()> {
+    pub fn after_submit(
+        &mut self,
+        dev: &Device,
+        slot_of: impl Fn(usize) -> Option<Buffer>,
+    ) -> Result<()> {
         for l in std::mem::take(&mut self.deferred_tables) {
             let (Some(c), Some(buf)) = (self.caches.get(l).and_then(|c| c.as_ref()), slot_of(l))
             else {

@@ -136,7 +136,11 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     w.add("topk_weights", Storage, &[t, k])?;
     // The next MoE layer's router on this layer's hidden state (one-token steps): its
     // logits and its top-k' guess, k' at most every expert (`--prefetch next-layer`).
-    w.add("predict_logits", Storage, &[router_rows, router_stride(cfg)])?;
+    w.add(
+        "predict_logits",
+        Storage,
+        &[router_rows, router_stride(cfg)],
+    )?;
     w.add("predict_ids", Storage, &[cfg.num_experts])?;
     w.add("predict_weights", Storage, &[cfg.num_experts])?;
     w.add("ffn_h", Window, &[t, intermediate_width(cfg)])?;
