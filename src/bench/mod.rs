@@ -265,6 +265,12 @@ pub(super) fn describe(c: &BenchConfig) -> String {
                 c.miss_policy
                     .map(|m| format!(" --miss-policy {}", m.name()))
                     .unwrap_or_default()
+                    + &c.prefetch
+                        .map(|p| format!(" --prefetch {}", p.name()))
+                        .unwrap_or_default()
+                    + &c.fill_threads
+                        .map(|n| format!(" --fill-threads {n}"))
+                        .unwrap_or_default()
             ))
             .unwrap_or_default()
     )
