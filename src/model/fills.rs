@@ -59,6 +59,9 @@ impl Shared {
     }
 }
 
+/// A submission to watch, and where to say when it completed.
+type Watch = (u64, Sender<Result<Instant>>);
+
 pub struct FillPool {
     shared: Shared,
     jobs: Option<Sender<Job>>,
@@ -67,7 +70,7 @@ pub struct FillPool {
     stash: HashMap<u64, Done>,
     workers: Vec<JoinHandle<()>>,
     next: u64,
-    watcher: Option<(SyncSender<(u64, Sender<Result<Instant>>)>, JoinHandle<()>)>,
+    watcher: Option<(SyncSender<Watch>, JoinHandle<()>)>,
 }
 
 /// The completion of a watched submission, read once it is known to have completed.
@@ -124,7 +127,7 @@ impl FillPool {
         } else {
             None
         };
-        let (wtx, wrx) = mpsc::sync_channel::<(u64, Sender<Result<Instant>>)>(0);
+        let (wtx, wrx) = mpsc::sync_channel::<Watch>(0);
         let wdev = dev.clone();
         let watcher = std::thread::Builder::new()
             .name("wgmoe-fence-watch".into())

@@ -6,7 +6,6 @@ mod fills;
 pub mod forward;
 pub mod moe;
 pub mod ops;
-mod overlap;
 pub mod residency;
 mod step;
 pub mod tensors;

@@ -22,13 +22,15 @@ use crate::backend::cpu::{CpuExperts, ExpertPair};
 use crate::backend::{Buffer, Device, Staging, Work};
 use crate::error::{Error, Result};
 use crate::model::fills::{FillPool, Ticket};
-use crate::model::overlap::GpuState;
 use crate::model::tensors::Q4Pool;
 use crate::quant::Q4SlotLayout;
 use crate::residency::{
     choose_uploads, CacheConfig, CacheError, CostFigures, ExpertCache, HostSource, MissPolicy,
     Policy, Prefetch, Reuse, StagingPool,
 };
+
+mod overlap;
+pub use overlap::GpuState;
 
 /// Where one layer's routed experts live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -142,7 +144,7 @@ pub struct Residency {
     pub(crate) guessed: Vec<u64>,
     pub(crate) predicted: Vec<u64>,
     /// Prefetch copies staged and not yet submitted (`flush_prefetch`).
-    pub(crate) inflight: Vec<crate::model::overlap::PrefetchFill>,
+    pub(crate) inflight: Vec<overlap::PrefetchFill>,
     /// Staging fills off the submitting thread, and the fence watcher.
     pub(crate) fills: FillPool,
     pub(crate) stall_seconds: f64,

@@ -7,8 +7,8 @@ use crate::error::{Error, Result};
 use std::time::Instant;
 
 use crate::model::forward::{Forward, Head};
-use crate::model::overlap::GpuState;
 use crate::model::residency::ExpertPlacement;
+use crate::model::residency::GpuState;
 use crate::model::tensors::ExpertStore;
 use crate::model::weights::Mlp;
 use crate::residency::Prefetch;
@@ -134,7 +134,7 @@ impl Forward {
     /// In one-token steps with `--prefetch next-layer` (or a trace) submission l also
     /// applies the next MoE layer's router to layer l's hidden state; its guess comes back
     /// with the ids, and the guessed experts not resident are staged and copied into the
-    /// next layer's prefetch slots while layer l's experts run (`model::overlap`). A cached
+    /// next layer's prefetch slots while layer l's experts run (`model::residency::overlap`). A cached
     /// layer's hits run as soon as the routing is known while its misses are staged off
     /// this thread; their copies are submitted when the staging is full.
     ///

@@ -228,7 +228,7 @@ mod property {
 fn prefetch_replay_with_oracle_and_wrong_guesses() {
     let steps = singles(&SMALL);
     let plain = replay(0, &steps, 4, 1, 2, &mut Lru::new()).unwrap();
-    let oracle: Vec<Vec<u32>> = steps.iter().cloned().collect();
+    let oracle: Vec<Vec<u32>> = steps.to_vec();
     let s = replay_prefetch(0, &steps, &oracle, 4, 1, 2, 1, &mut Lru::new()).unwrap();
     let sum = |f: fn(&PrefetchSimStats) -> u64| s.iter().map(f).sum::<u64>();
     // Hits as without prefetch (resident before); each plain miss comes from the prefetch.

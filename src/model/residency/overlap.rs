@@ -25,9 +25,9 @@
 
 use std::time::Instant;
 
+use super::{ExpertPlacement, Residency};
 use crate::backend::{Buffer, Device, Prepared, Work};
 use crate::error::{Error, Result};
-use crate::model::residency::{ExpertPlacement, Residency};
 use crate::model::tensors::Q4Pool;
 use crate::residency::{CacheError, Placement, Plan, NO_SLOT};
 
