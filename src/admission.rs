@@ -30,6 +30,9 @@ pub struct AdmissionInput {
     pub miss: MissPolicy,
     /// MoE layers whose experts all run on the CPU (`--n-cpu-moe`): no device slots.
     pub cpu_layers: usize,
+    /// Prefetch slots per cached layer below full residency (`--prefetch-width`; 0 with
+    /// `--prefetch off`).
+    pub prefetch_width: usize,
 }
 
 /// Bytes of one routed expert's slot on the device.
@@ -90,6 +93,8 @@ pub struct AdmissionCost {
     pub miss: MissPolicy,
     /// Some layer's experts run on the CPU whatever `n` is.
     pub cpu_layers: bool,
+    /// Prefetch slots per layer below full residency.
+    pub prefetch: u64,
 }
 
 impl AdmissionCost {
@@ -126,7 +131,7 @@ impl AdmissionCost {
         // The largest counts must be countable, so `bytes` never overflows.
         device_layers
             .checked_mul(slot)
-            .and_then(|x| x.checked_mul(e as u64 + k as u64))
+            .and_then(|x| x.checked_mul(e as u64 + k as u64 + a.prefetch_width as u64))
             .and_then(|x| x.checked_add(fixed))
             .and_then(|x| x.checked_add(staging))
             .and_then(|x| x.checked_add(ws_host - ws))
@@ -141,11 +146,13 @@ impl AdmissionCost {
             top_k: k,
             miss: a.miss,
             cpu_layers: a.cpu_layers > 0,
+            prefetch: a.prefetch_width as u64,
         })
     }
 
     /// Device slots per MoE layer with `n` experts resident: all of them, or `n` plus the
-    /// spares uploads land in (top_k; min(top_k, n) beside CPU experts), or none.
+    /// spares uploads land in (top_k; min(top_k, n) beside CPU experts) and the prefetch
+    /// slots, or none.
     pub fn slots(&self, n: usize) -> u64 {
         let (e, k) = (self.num_experts, self.top_k);
         if n >= e {
@@ -153,9 +160,9 @@ impl AdmissionCost {
         } else if n == 0 {
             0
         } else if self.miss == MissPolicy::Upload {
-            (n + k) as u64
+            (n + k) as u64 + self.prefetch
         } else {
-            (n + k.min(n)) as u64
+            (n + k.min(n)) as u64 + self.prefetch
         }
     }
 
@@ -194,7 +201,7 @@ impl AdmissionCost {
             return Some(e);
         }
         let lo = self.min_experts();
-        // From top_k up the cost is affine in n: base + per_slot * (n + top_k).
+        // From top_k up the cost is affine in n: base + per_slot * (n + top_k + prefetch).
         let per_slot = self.device_layers * self.slot;
         let base = self.fixed
             + self.staging
@@ -210,7 +217,10 @@ impl AdmissionCost {
                 // No MoE layer with device slots: every n costs the same.
                 None => Some(usize::MAX),
             })
-            .map(|m| m.saturating_sub(k).min(e.saturating_sub(1)))
+            .map(|m| {
+                m.saturating_sub(k + self.prefetch as usize)
+                    .min(e.saturating_sub(1))
+            })
             .filter(|&n| n >= k.max(lo) && self.bytes(n) <= budget);
         if affine.is_some() {
             return affine;

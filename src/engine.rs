@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::model::forward::Head;
 use crate::model::residency::{ExpertPlacement, Residency, ResidencyConfig};
 use crate::model::{Executor, Forward, ForwardOptions, ModelWeights};
-use crate::residency::{build_policy, CacheConfig, MissPolicy, PolicyKind, Profile};
+use crate::residency::{build_policy, CacheConfig, MissPolicy, PolicyKind, Prefetch, Profile};
 use crate::tokenizer::Tokenizer;
 use std::sync::Arc;
 
@@ -34,6 +34,8 @@ pub struct ResidencyOptions {
     pub policy: PolicyKind,
     pub decay: f64,
     pub profile: Option<PathBuf>,
+    /// Staging buffers for uploads (0: top_k plus the prefetch width, so a layer's misses
+    /// and the next layer's guesses can all be staged at once).
     pub staging_buffers: usize,
     /// Record per-layer expert frequencies (reads each layer's routing back).
     pub record_profile: bool,
@@ -43,9 +45,67 @@ pub struct ResidencyOptions {
     pub n_cpu_moe: usize,
     /// CPU expert threads (None: one per core).
     pub cpu_threads: Option<usize>,
+    /// `--prefetch` (None: next-layer below full residency unless every miss runs on the
+    /// CPU) and `--prefetch-width` (None: top_k).
+    pub prefetch: Option<Prefetch>,
+    pub prefetch_width: Option<usize>,
+    /// Threads filling staging buffers (None: 2, at most one per core; 0: the submitting
+    /// thread fills them).
+    pub fill_threads: Option<usize>,
 }
 
 impl ResidencyOptions {
+    /// `--prefetch` in effect below full residency: explicit, or next-layer unless every
+    /// miss runs on the CPU (`--miss-policy cpu` never uploads in decode steps).
+    pub fn prefetch(&self, cfg: &ModelConfig) -> Result<Prefetch> {
+        let miss = self.miss_policy(cfg);
+        match self.prefetch {
+            Some(Prefetch::NextLayer) if miss == MissPolicy::Cpu => Err(Error::option(
+                "--prefetch",
+                "next-layer copies guessed experts to the device; with --miss-policy cpu nothing is copied in decode steps (use --miss-policy auto or upload, or --prefetch off)",
+            )),
+            Some(p) => Ok(p),
+            None if miss == MissPolicy::Cpu => Ok(Prefetch::Off),
+            None => Ok(Prefetch::NextLayer),
+        }
+    }
+
+    /// Experts guessed per layer and step (the prefetch slots of a cached layer); 0 with
+    /// prefetch off.
+    pub fn prefetch_width(&self, cfg: &ModelConfig) -> Result<usize> {
+        if self.prefetch(cfg)? == Prefetch::Off {
+            return Ok(0);
+        }
+        let w = self.prefetch_width.unwrap_or(cfg.top_k);
+        if w == 0 || w > cfg.num_experts {
+            return Err(Error::option(
+                "--prefetch-width",
+                format!(
+                    "{w} is outside 1..={} (the model's experts per layer)",
+                    cfg.num_experts
+                ),
+            ));
+        }
+        Ok(w)
+    }
+
+    /// Staging buffers: as given, or top_k plus the prefetch width.
+    pub fn staging_buffers(&self, cfg: &ModelConfig) -> Result<usize> {
+        Ok(match self.staging_buffers {
+            0 => cfg.top_k + self.prefetch_width(cfg)?,
+            n => n,
+        })
+    }
+
+    /// Fill threads: as given, or 2 (at most one per core).
+    pub fn fill_threads(&self) -> usize {
+        self.fill_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(2)
+        })
+    }
+
     /// The miss policy in effect for a model of `layers` layers.
     pub fn miss_policy(&self, cfg: &ModelConfig) -> MissPolicy {
         let partial = self.resident_experts.is_some_and(|n| n < cfg.num_experts)
@@ -94,11 +154,14 @@ impl Default for ResidencyOptions {
             policy: PolicyKind::Lru,
             decay: crate::residency::LfuDecay::DEFAULT_DECAY,
             profile: None,
-            staging_buffers: 4,
+            staging_buffers: 0,
             record_profile: false,
             miss_policy: None,
             n_cpu_moe: 0,
             cpu_threads: None,
+            prefetch: None,
+            prefetch_width: None,
+            fill_threads: None,
         }
     }
 }
@@ -186,6 +249,7 @@ impl Engine {
         let dev = Device::open(&opts.adapter)?;
         let plan = KernelPlan::decide(dev.info(), &opts.kernels)?;
         // Device slots per layer: the cache's (capacity + spares), none for CPU layers.
+        let width = r.prefetch_width(&cfg)?;
         let slots: Vec<Option<usize>> = place
             .iter()
             .enumerate()
@@ -193,11 +257,15 @@ impl Engine {
                 ExpertPlacement::Device => None,
                 ExpertPlacement::Host => Some(0),
                 ExpertPlacement::Cached => Some(
-                    CacheConfig::partial(l, cfg.num_experts, cfg.top_k, capacity).total_slots(),
+                    CacheConfig::partial(l, cfg.num_experts, cfg.top_k, capacity)
+                        .with_prefetch(width)
+                        .total_slots(),
                 ),
-                ExpertPlacement::Hybrid => {
-                    Some(CacheConfig::hybrid(l, cfg.num_experts, cfg.top_k, capacity).total_slots())
-                }
+                ExpertPlacement::Hybrid => Some(
+                    CacheConfig::hybrid(l, cfg.num_experts, cfg.top_k, capacity)
+                        .with_prefetch(width)
+                        .total_slots(),
+                ),
             })
             .collect();
         let mut weights = ModelWeights::load(&dev, &cfg, &ckpt, int4, &slots)?;
@@ -216,6 +284,7 @@ impl Engine {
                 suppress,
                 expert_batches: place.contains(&ExpertPlacement::Cached),
                 placement: place.clone(),
+                predict_width: if width > 0 { width } else { cfg.top_k },
             },
         )?;
         warm_up(&mut fwd)?;
@@ -230,10 +299,13 @@ impl Engine {
                     placement: &place,
                     top_k: cfg.top_k,
                     capacity,
-                    staging_buffers: r.staging_buffers,
+                    staging_buffers: r.staging_buffers(&cfg)?,
                     miss,
                     cpu_threads: r.cpu_threads,
                     layout: crate::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate),
+                    prefetch: r.prefetch(&cfg)?,
+                    prefetch_width: width,
+                    fill_threads: r.fill_threads(),
                 },
                 policy,
             )?;
@@ -393,9 +465,10 @@ pub fn check_host(
             max_context: opts.max_context,
             prefill_chunk: opts.prefill_chunk,
             all_logits: opts.all_logits,
-            staging_buffers: r.staging_buffers,
+            staging_buffers: r.staging_buffers(cfg)?,
             miss: r.miss_policy(cfg),
             cpu_layers: r.cpu_layers(cfg),
+            prefetch_width: r.prefetch_width(cfg)?,
         },
         r.resident_experts,
         r.vram_budget,

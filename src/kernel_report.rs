@@ -267,6 +267,7 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
                 suppress: Vec::new(),
                 expert_batches: false,
                 placement: Vec::new(),
+                predict_width: 0,
             },
         )
     };

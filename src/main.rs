@@ -162,6 +162,10 @@ struct SimulateArgs {
     /// Share of the trace's steps the static profile is fitted on (scored on the rest).
     #[arg(long, default_value_t = 0.5)]
     fit: f64,
+    /// Also replay each policy with the trace's recorded next-layer guesses copied ahead
+    /// (what `run --prefetch next-layer` does): hit rate, H2D and wasted bytes.
+    #[arg(long, value_enum, default_value = "off")]
+    prefetch: wgmoe::residency::Prefetch,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -187,9 +191,21 @@ struct PlanArgs {
     /// Prompt tokens per prefill submission (as `run --prefill-chunk`).
     #[arg(long, default_value_t = 64)]
     prefill_chunk: usize,
-    /// Staging buffers for expert uploads (as `run --staging-buffers`).
-    #[arg(long, default_value_t = 4)]
-    staging_buffers: usize,
+    /// Staging buffers for expert uploads (as `run --staging-buffers`; default: top_k,
+    /// plus the prefetch width with prefetch).
+    #[arg(long)]
+    staging_buffers: Option<usize>,
+    /// Prefetch, as `run --prefetch` (default: next-layer unless --miss-policy cpu): its
+    /// slots are counted and its saving predicted.
+    #[arg(long, value_enum)]
+    prefetch: Option<wgmoe::residency::Prefetch>,
+    /// Experts guessed and prefetched per layer and step (default: top_k).
+    #[arg(long, value_name = "N")]
+    prefetch_width: Option<usize>,
+    /// A routing trace whose recorded guesses give the prefetch accuracy to predict with
+    /// (`wgmoe run/bench --trace`; default: no saving predicted without one).
+    #[arg(long, value_name = "TRACE")]
+    prefetch_trace: Option<PathBuf>,
     /// Memory of one GPU of a serving cluster, for a model too big for one machine.
     #[arg(long, value_parser = parse_size, default_value = "80GiB")]
     gpu_memory: u64,
@@ -282,9 +298,34 @@ struct ResidencyArgs {
     /// `wgmoe run`).
     #[arg(long)]
     profile: Option<PathBuf>,
-    /// Mapped staging buffers for expert uploads.
-    #[arg(long, default_value_t = 4)]
-    staging_buffers: usize,
+    /// Mapped staging buffers for expert uploads (default: top_k, plus the prefetch
+    /// width with --prefetch next-layer).
+    #[arg(long)]
+    staging_buffers: Option<usize>,
+    /// Copy the experts the next layer's router predicts from this layer's hidden state
+    /// while this layer computes (default: next-layer below full residency, unless
+    /// --miss-policy cpu).
+    #[arg(long, value_enum)]
+    prefetch: Option<wgmoe::residency::Prefetch>,
+    /// Experts guessed and prefetched per layer and step (default: top_k).
+    #[arg(long, value_name = "N")]
+    prefetch_width: Option<usize>,
+    /// Threads filling staging buffers while the GPU computes (default 2, at most one per
+    /// core; 0: the submitting thread fills them, the GPU waiting).
+    #[arg(long, value_name = "N")]
+    fill_threads: Option<usize>,
+}
+
+/// `--staging-buffers` as given (0 is refused, as admission would), or 0 for the default.
+fn staging_buffers(n: Option<usize>) -> Result<usize> {
+    match n {
+        Some(0) => Err(Error::option(
+            "--staging-buffers",
+            format!("0 is outside 1..={}", wgmoe::admission::MAX_STAGING_BUFFERS),
+        )),
+        Some(n) => Ok(n),
+        None => Ok(0),
+    }
 }
 
 impl ResidencyArgs {
@@ -303,11 +344,14 @@ impl ResidencyArgs {
             policy,
             decay: self.decay,
             profile: self.profile.clone(),
-            staging_buffers: self.staging_buffers,
+            staging_buffers: staging_buffers(self.staging_buffers)?,
             record_profile: false,
             miss_policy: self.miss_policy,
             n_cpu_moe: self.n_cpu_moe,
             cpu_threads: self.cpu_threads,
+            prefetch: self.prefetch,
+            prefetch_width: self.prefetch_width,
+            fill_threads: self.fill_threads,
         })
     }
 }
@@ -724,9 +768,21 @@ struct BenchArgs {
     /// Expert-frequency profile for the profile policy.
     #[arg(long)]
     profile: Option<PathBuf>,
-    /// Mapped staging buffers for expert uploads (partial residency).
-    #[arg(long, default_value_t = 4)]
-    staging_buffers: usize,
+    /// Mapped staging buffers for expert uploads (partial residency; default: top_k, plus
+    /// the prefetch width with prefetch).
+    #[arg(long)]
+    staging_buffers: Option<usize>,
+    /// Prefetch settings to sweep below full residency: off,next-layer (default:
+    /// next-layer unless --miss-policy cpu).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    prefetch: Vec<wgmoe::residency::Prefetch>,
+    /// Experts guessed and prefetched per layer and step (default: top_k).
+    #[arg(long, value_name = "N")]
+    prefetch_width: Option<usize>,
+    /// Staging fill thread counts to sweep below full residency, e.g. 0,2 (default 2, at
+    /// most one per core; 0: the submitting thread fills).
+    #[arg(long, value_delimiter = ',', value_name = "N,...")]
+    fill_threads: Vec<usize>,
     /// Miss policies to sweep below full residency: upload,cpu,auto (default: auto).
     #[arg(long, value_enum, value_delimiter = ',')]
     miss_policy: Vec<wgmoe::residency::MissPolicy>,

@@ -288,7 +288,14 @@ fn bench_residency_sweep_reports_cache_counters() {
     for r in recs {
         let n = r["resident_experts_per_layer"].as_u64().unwrap();
         let misses = r["expert_misses"].as_u64().unwrap();
-        assert_eq!(r["h2d_bytes"].as_u64().unwrap(), misses * slot, "{r:#}");
+        // Copies: the misses, and the guesses copied ahead (next-layer prefetch, the
+        // default below full residency; null at full residency).
+        let ahead = r["prefetch_issued"].as_u64().unwrap_or(0);
+        assert_eq!(
+            r["h2d_bytes"].as_u64().unwrap(),
+            (misses + ahead) * slot,
+            "{r:#}"
+        );
         if n == 3 {
             assert!(
                 misses > 0 && r["expert_evictions"].as_u64().unwrap() > 0,
@@ -341,7 +348,12 @@ fn bench_miss_policy_sweep_reports_cpu_experts() {
         let n = r["resident_experts_per_layer"].as_u64().unwrap();
         assert!(r["miss_policy"].is_string(), "{r:#}");
         let uploaded = r["uploaded_misses"].as_u64().unwrap();
-        assert_eq!(r["h2d_bytes"].as_u64().unwrap(), uploaded * slot, "{r:#}");
+        let ahead = r["prefetch_issued"].as_u64().unwrap_or(0);
+        assert_eq!(
+            r["h2d_bytes"].as_u64().unwrap(),
+            (uploaded + ahead) * slot,
+            "{r:#}"
+        );
         assert!(r["cpu_expert_pairs"].as_u64().unwrap() > 0, "{r:#}");
         if n == 0 {
             assert_eq!(uploaded, 0, "{r:#}");

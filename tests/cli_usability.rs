@@ -575,6 +575,8 @@ fn bench_columns_fit_a_long_configuration_and_progress_is_printed() {
         "peak GPU",
         "H2D",
         "ms/miss",
+        "stall s",
+        "pf acc",
     ] {
         let end = head.find(title).unwrap() + title.len();
         let chars: Vec<char> = row.chars().collect();

@@ -66,7 +66,16 @@ fn cpu_misses_give_the_int4_golden_at_every_capacity() {
                     check_golden(name, &what, &mut eng);
                     let r = eng.fwd.residency.as_ref().expect("a residency runtime");
                     let st = r.stats();
-                    assert_eq!(st.h2d_bytes, st.uploaded_misses * slot, "{name} {what}");
+                    // Copies: uploaded misses, and with auto the guesses the cost model
+                    // copied ahead (next-layer prefetch, the default with uploads).
+                    assert_eq!(
+                        st.h2d_bytes,
+                        (st.uploaded_misses + st.prefetch_issued) * slot,
+                        "{name} {what}"
+                    );
+                    if miss == MissPolicy::Cpu {
+                        assert_eq!(st.prefetch_issued, 0, "{name} {what}");
+                    }
                     assert!(
                         st.cpu_expert_pairs > 0,
                         "{name} {what}: nothing ran on the CPU"

@@ -291,6 +291,7 @@ fn admission_in_closed_form_matches_trying_every_count() {
                 staging_buffers: 2,
                 miss,
                 cpu_layers,
+                prefetch_width: 0,
             };
             let c = AdmissionCost::new(&cfg, &input).unwrap();
             let (k, e) = (cfg.top_k, cfg.num_experts);

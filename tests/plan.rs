@@ -83,14 +83,19 @@ fn real_configs_pin_expert_bytes_and_fit_the_most_experts_the_vram_holds() {
                     u(&p, "non_routed_bytes") + u(&p, "kv_cache_bytes") + u(&p, "workspace_bytes");
                 let host = u(&p, "host_experts_bytes");
                 let staging = u(&p, "staging_bytes");
+                // Next-layer prefetch (the default with uploads): top_k prefetch slots.
+                let w = u(&p, "prefetch_width");
+                assert_eq!(w, if policy == "cpu" { 0 } else { k }, "{what}");
                 // Device bytes with n < experts resident: upload keeps top_k spares and
                 // needs n >= top_k; cpu and auto keep min(top_k, n) spares (staging once
-                // n > 0) plus the CPU experts' buffers.
+                // n > 0) plus the CPU experts' buffers; both the prefetch slots once n > 0.
                 let at = |n: u64| {
                     if policy == "upload" {
-                        fixed + (n + k) * per + staging
+                        fixed + (n + k + w) * per + staging
+                    } else if n > 0 {
+                        fixed + host + (n + k.min(n) + w) * per + staging
                     } else {
-                        fixed + host + (n + k.min(n)) * per + if n > 0 { staging } else { 0 }
+                        fixed + host
                     }
                 };
                 let lo = if policy == "upload" { k } else { 0 };

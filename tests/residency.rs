@@ -14,7 +14,11 @@ use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{DeviceRequest, KernelOverrides};
 use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
 use wgmoe::model::Executor;
-use wgmoe::residency::{MissPolicy, PolicyKind};
+use wgmoe::residency::{MissPolicy, PolicyKind, Prefetch};
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 
 /// Writes a calibration profile for `name` (full residency, routing recorded).
 fn calibrate(name: &str, prompt: &[u32], dir: &std::path::Path) -> PathBuf {
@@ -42,15 +46,31 @@ fn check_policies(name: &str) {
     let (e, k) = (cfg.num_experts, cfg.top_k);
     let slot_bytes =
         wgmoe::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64;
+    // Copies staged on the submitting thread without prefetch (the path before overlapped
+    // fills), fills off it alone, and the default (fill threads and next-layer prefetch).
+    let ways = [
+        (Prefetch::Off, Some(0)),
+        (Prefetch::Off, None),
+        (Prefetch::NextLayer, None),
+    ];
     for policy in PolicyKind::ALL {
         for n in [k, (k + e) / 2, e] {
-            for executor in [Executor::Grouped, Executor::PerExpert] {
+            for (executor, (prefetch, fills)) in [Executor::Grouped, Executor::PerExpert]
+                .into_iter()
+                .flat_map(|x| ways.map(|w| (x, w)))
+            {
                 let opts = ResidencyOptions {
                     resident_experts: Some(n),
                     policy,
                     profile: Some(profile.clone()),
+                    prefetch: Some(prefetch),
+                    fill_threads: fills,
                     ..upload()
                 };
+                let what = format!(
+                    "{policy:?} N={n} {executor:?} prefetch {} fill threads {fills:?}",
+                    prefetch.name()
+                );
                 let mut eng = load(name, 64, opts, executor).unwrap();
                 let before = eng
                     .fwd
@@ -62,7 +82,10 @@ fn check_policies(name: &str) {
                     // A divergence is allowed only at a golden near tie (as tests/parity.rs).
                     for (s, (a, b)) in ids.iter().zip(&g.generated_ids).enumerate() {
                         if a != b {
-                            assert!(g.step_gap[s] < 2e-3, "{name} {policy:?} N={n} {executor:?} p{pi} step {s}: {a} != golden {b}");
+                            assert!(
+                                g.step_gap[s] < 2e-3,
+                                "{name} {what} p{pi} step {s}: {a} != golden {b}"
+                            );
                             break;
                         }
                     }
@@ -71,12 +94,28 @@ fn check_policies(name: &str) {
                     Some(r) => {
                         let st = r.stats();
                         assert!(n < e);
+                        // Every copy is a miss copied on demand or a guess copied ahead.
                         assert_eq!(
                             st.h2d_bytes,
-                            st.expert_misses * slot_bytes,
-                            "{name} {policy:?} N={n}: h2d = misses x expert bytes"
+                            (st.expert_misses + st.prefetch_issued) * slot_bytes,
+                            "{name} {what}: h2d = (misses + prefetched) x expert bytes"
                         );
                         assert!(st.expert_misses > 0);
+                        assert_eq!(st.prefetch, prefetch, "{name} {what}");
+                        if prefetch == Prefetch::NextLayer {
+                            // Guesses were made and copied; each was used or wasted.
+                            assert!(st.prefetch_issued > 0, "{name} {what}: {st:?}");
+                            assert_eq!(
+                                st.prefetch_issued * slot_bytes,
+                                st.prefetch_used * slot_bytes + st.prefetch_wasted_bytes,
+                                "{name} {what}"
+                            );
+                            let acc = st.prefetch_accuracy.expect("guesses were scored");
+                            assert!((0.0..=1.0).contains(&acc), "{acc}");
+                        } else {
+                            assert_eq!(st.prefetch_issued + st.prefetch_used, 0);
+                        }
+                        assert_eq!(st.fill_threads, fills.unwrap_or(2).min(cores()));
                         if n == k {
                             assert!(st.expert_evictions > 0, "N = top_k must evict");
                         }
@@ -90,8 +129,8 @@ fn check_policies(name: &str) {
                             assert!(c.published_count() <= n);
                         }
                         eprintln!(
-                            "{name} {policy:?} N={n} {executor:?}: hits {} misses {} evictions {}",
-                            st.expert_hits, st.expert_misses, st.expert_evictions
+                            "{name} {what}: hits {} misses {} evictions {} prefetched {} used {} accuracy {:?} stall {:.4}s",
+                            st.expert_hits, st.expert_misses, st.expert_evictions, st.prefetch_issued, st.prefetch_used, st.prefetch_accuracy, st.upload_stall_seconds
                         );
                     }
                     None => assert_eq!(n, e, "full residency has no cache"),
@@ -222,7 +261,7 @@ fn failed_upload_keeps_the_previous_generation() {
     }
     {
         let r = eng.fwd.residency.as_mut().unwrap();
-        let done = r.stats().expert_misses;
+        let done = r.uploads_attempted();
         r.inject.fail_upload = Some(done + 1);
     }
     // A prompt whose routing must miss (N = top_k = 3 of 7): the first upload fails.
@@ -240,6 +279,92 @@ fn failed_upload_keeps_the_previous_generation() {
     }
     for c in eng.fwd.residency.as_ref().unwrap().caches.iter().flatten() {
         c.check_invariants().unwrap();
+    }
+}
+
+/// Failures in one-token steps with next-layer prefetch (the guesses' copies and the
+/// misses' copies both staged off the submitting thread, or both on it): the n-th copy's
+/// staging fails, for every n across several steps. After each failure every cache keeps
+/// its invariants (no slot reused before its fence, prefetch slots returned), the device
+/// table is the published generation, nothing is left staged, and the next request gives
+/// the golden tokens.
+#[test]
+fn failed_copies_with_prefetch_keep_tables_and_tokens() {
+    let golden = load_golden("olmoe-tiny.int4.safetensors");
+    let g = &golden.prompts[0];
+    for fills in [Some(0), None] {
+        let mut eng = load(
+            "olmoe-tiny",
+            64,
+            ResidencyOptions {
+                resident_experts: Some(3),
+                prefetch: Some(Prefetch::NextLayer),
+                fill_threads: fills,
+                ..upload()
+            },
+            Executor::Grouped,
+        )
+        .unwrap();
+        // `settled`: after a whole request (a failed one may leave copies ahead that the
+        // layer's next step settles).
+        let check = |eng: &Engine, what: &str, settled: bool| {
+            let r = eng.fwd.residency.as_ref().unwrap();
+            for (l, c) in r.caches.iter().enumerate() {
+                let Some(c) = c else { continue };
+                c.check_invariants()
+                    .unwrap_or_else(|e| panic!("{what}: layer {l}: {e}"));
+                if settled {
+                    assert!(c.prefetched().is_empty(), "{what}: layer {l} holds guesses");
+                }
+                let gpu = match &eng.fwd.weights.layers[l].mlp {
+                    wgmoe::model::weights::Mlp::Moe { slot_of, .. } => eng
+                        .dev
+                        .read(slot_of, 0, (c.table().words().len() * 4) as u64)
+                        .unwrap(),
+                    _ => unreachable!(),
+                };
+                let gpu: Vec<u32> = bytemuck::pod_collect_to_vec(&gpu);
+                assert_eq!(c.table().words(), &gpu[..], "{what}: layer {l}: GPU table");
+            }
+        };
+        let (mut misses, mut ahead) = (0, 0);
+        for n in 1..=24u64 {
+            let what = format!("fill threads {fills:?}, copy {n} fails");
+            {
+                let r = eng.fwd.residency.as_mut().unwrap();
+                let done = r.uploads_attempted();
+                r.inject.fail_upload = Some(done + n);
+            }
+            // One-token prompt: every step guesses the next layer's experts.
+            if let Err(err) = greedy(&mut eng, &[g.prompt_ids[0]], 8) {
+                let err = err.to_string();
+                assert!(err.contains("injected failure"), "{what}: {err}");
+                if err.contains("(a guess copied ahead)") {
+                    ahead += 1;
+                } else {
+                    assert!(err.contains("(a miss)"), "{what}: {err}");
+                    misses += 1;
+                }
+            }
+            eng.fwd.residency.as_mut().unwrap().inject.fail_upload = None;
+            check(&eng, &what, false);
+            let ids = greedy(&mut eng, &g.prompt_ids, g.generated_ids.len()).unwrap();
+            for (s, (a, b)) in ids.iter().zip(&g.generated_ids).enumerate() {
+                if a != b {
+                    assert!(g.step_gap[s] < 2e-3, "{what}: step {s}: {a} != golden {b}");
+                    break;
+                }
+            }
+            check(&eng, &what, true);
+        }
+        // Both kinds of copy failed somewhere (which copies a request makes depends on
+        // what the failures before it left resident).
+        assert!(
+            misses > 0 && ahead > 0,
+            "fill threads {fills:?}: {misses} misses and {ahead} copies ahead failed"
+        );
+        let st = eng.fwd.residency.as_ref().unwrap().stats();
+        assert!(st.prefetch_issued > 0, "{st:?}");
     }
 }
 
@@ -298,9 +423,10 @@ fn admission_refuses_what_cannot_fit() {
         max_context: opts.max_context,
         prefill_chunk: opts.prefill_chunk,
         all_logits: opts.all_logits,
-        staging_buffers: opts.residency.staging_buffers,
+        staging_buffers: opts.residency.staging_buffers(&cfg).unwrap(),
         miss: MissPolicy::Upload,
         cpu_layers: 0,
+        prefetch_width: opts.residency.prefetch_width(&cfg).unwrap(),
     };
     let need = |n| wgmoe::admission::admission_bytes(&cfg, &input, n).unwrap();
     let need5 = need(5);

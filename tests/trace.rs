@@ -72,7 +72,7 @@ fn a_trace_holds_every_token_and_layer_and_does_not_change_the_tokens() {
         );
         let v = lines(&path);
         let h = &v[0];
-        assert_eq!(h["wgmoe_trace"], 2);
+        assert_eq!(h["wgmoe_trace"], 3);
         let cfg = wgmoe::config::ModelConfig::from_dir(&fixture(name)).unwrap();
         let moe: Vec<u64> = (0..cfg.num_layers as u64)
             .filter(|&l| cfg.sparse_layers[l as usize])
@@ -112,7 +112,105 @@ fn a_trace_holds_every_token_and_layer_and_does_not_change_the_tokens() {
             if i > 0 && u(&recs[i - 1]["step"]) != u(&r["step"]) {
                 assert!(u(&r["step"]) == u(&recs[i - 1]["step"]) + 1);
             }
+            // Decode steps carry the guess of every MoE layer after the first: top_k
+            // distinct experts (the previous MoE layer's hidden state through its router).
+            let guess = r
+                .get("predicted")
+                .map(|_| ids(r, "predicted"))
+                .unwrap_or_default();
+            if phase == "decode" && u(&r["layer"]) != moe[0] {
+                let mut d = guess.clone();
+                d.sort_unstable();
+                d.dedup();
+                assert_eq!(d.len(), cfg.top_k, "{name}: guess {r}");
+                assert!(guess.iter().all(|&x| x < cfg.num_experts as u64));
+            } else {
+                assert!(guess.is_empty(), "{name}: no guess here: {r}");
+            }
         }
+    }
+}
+
+/// With `--prefetch next-layer` the run's guess accuracy, copies ahead and copies used are
+/// what its trace records, and `simulate --prefetch next-layer` scores the same guesses
+/// (its accuracy is the run's) over the same experts wanted.
+#[test]
+fn a_prefetch_runs_guesses_are_in_its_trace_and_simulate_scores_them() {
+    let t = tempfile::tempdir().unwrap();
+    for (name, n) in [(OLMOE, 3), (QWEN3, 4), (MIXTRAL, 3)] {
+        let path = t.path().join(format!("{name}-{n}-pf.jsonl"));
+        let run = run_traced(
+            name,
+            &path,
+            &[
+                "--resident-experts",
+                &n.to_string(),
+                "--miss-policy",
+                "upload",
+                "--prefetch",
+                "next-layer",
+            ],
+        );
+        let m = &run["metrics"];
+        let what = format!("{name} N={n}");
+        assert_eq!(m["prefetch"], "next-layer", "{what}");
+        let issued = u(&m["prefetch_issued"]);
+        let used = u(&m["prefetch_used"]);
+        assert!(issued > 0 && used <= issued, "{what}: {m}");
+        assert!(m["upload_stall_seconds"].as_f64().unwrap() >= 0.0);
+        let recs = &lines(&path)[1..];
+        let in_trace: u64 = recs
+            .iter()
+            .map(|r| {
+                r.get("prefetch_issued")
+                    .map_or(0, |_| ids(r, "prefetch_issued").len() as u64)
+            })
+            .sum();
+        assert_eq!(in_trace, issued, "{what}: copies ahead in the trace");
+        let served: u64 = recs
+            .iter()
+            .map(|r| {
+                r.get("prefetched").map_or(0, |p| {
+                    p.as_array().unwrap().iter().filter(|x| **x == true).count() as u64
+                })
+            })
+            .sum();
+        assert_eq!(served, used, "{what}: experts served from copies ahead");
+        let sim = simulate(
+            &path,
+            &["--capacity", &n.to_string(), "--prefetch", "next-layer"],
+        );
+        let rows = sim["capacities"][0]["policies"].as_array().unwrap();
+        let row = rows
+            .iter()
+            .find(|r| r["policy"] == "lru" && r["prefetch"] == "next-layer")
+            .unwrap_or_else(|| panic!("{what}: no prefetch row in {sim}"));
+        let acc = m["prefetch_accuracy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&acc), "{what}");
+        let sim_acc = row["prefetch_accuracy"].as_f64().unwrap();
+        assert!((sim_acc - acc).abs() < 1e-12, "{what}: {sim_acc} vs {acc}");
+        let per_layer = &m["prefetch_accuracy_per_layer"];
+        for (i, &l) in ids(&sim, "moe_layers").iter().enumerate() {
+            let (a, b) = (
+                &row["prefetch_accuracy_per_layer"][i],
+                &per_layer[l as usize],
+            );
+            match (a.as_f64(), b.as_f64()) {
+                (Some(a), Some(b)) => assert!((a - b).abs() < 1e-12, "{what} layer {l}"),
+                _ => assert_eq!(a, b, "{what} layer {l}"),
+            }
+        }
+        // The same experts wanted; a copy made ahead and used counts as a hit there.
+        assert_eq!(
+            u(&row["hits"]) + u(&row["misses"]),
+            u(&m["expert_hits"]) + u(&m["expert_misses"]) + used,
+            "{what}"
+        );
+        assert_eq!(
+            u(&row["h2d_bytes"]),
+            (u(&row["misses"]) + u(&row["prefetch_issued"])) * u(&sim["expert_bytes"]),
+            "{what}"
+        );
     }
 }
 
@@ -136,6 +234,9 @@ fn simulated_hits_equal_the_runs_counted_hits() {
                     decay,
                     "--miss-policy",
                     "upload",
+                    // Copies on demand only: what the rows without prefetch replay.
+                    "--prefetch",
+                    "off",
                 ],
             );
             let m = &run["metrics"];
@@ -244,6 +345,9 @@ fn bench_traces_mark_warm_up_and_count_like_the_record() {
             "4",
             "--miss-policy",
             "upload",
+            // Copies on demand only: what the lru row replays.
+            "--prefetch",
+            "off",
             "--trace",
             &s(&trace),
             "--json-out",

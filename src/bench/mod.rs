@@ -58,6 +58,11 @@ pub struct BenchOptions {
     pub miss_policies: Vec<crate::residency::MissPolicy>,
     pub n_cpu_moe: usize,
     pub cpu_threads: Option<usize>,
+    /// `--prefetch` values and `--fill-threads` counts to sweep below full residency
+    /// (empty: the default), and `--prefetch-width`.
+    pub prefetches: Vec<crate::residency::Prefetch>,
+    pub fill_threads: Vec<usize>,
+    pub prefetch_width: Option<usize>,
     /// Write each configuration's routing trace (see [`trace_path`]).
     pub trace: Option<PathBuf>,
 }
@@ -88,6 +93,9 @@ pub struct BenchConfig {
     pub cache_policy: crate::residency::PolicyKind,
     /// None: the default (auto below full residency).
     pub miss_policy: Option<crate::residency::MissPolicy>,
+    /// None: the defaults (next-layer below full residency with uploads; 2 fill threads).
+    pub prefetch: Option<crate::residency::Prefetch>,
+    pub fill_threads: Option<usize>,
 }
 
 /// Every combination of the sweep lists, in the order given (precision outermost).
@@ -108,18 +116,34 @@ pub fn configurations(o: &BenchOptions) -> Vec<BenchConfig> {
     } else {
         o.miss_policies.iter().map(|&m| Some(m)).collect()
     };
+    let prefetches: Vec<Option<crate::residency::Prefetch>> = if o.prefetches.is_empty() {
+        vec![None]
+    } else {
+        o.prefetches.iter().map(|&p| Some(p)).collect()
+    };
+    let fills: Vec<Option<usize>> = if o.fill_threads.is_empty() {
+        vec![None]
+    } else {
+        o.fill_threads.iter().map(|&n| Some(n)).collect()
+    };
     for &expert_precision in &o.expert_precisions {
         for &executor in &o.executors {
             for &resident_experts in &residents {
                 for &cache_policy in &policies {
                     for &miss_policy in &misses {
-                        v.push(BenchConfig {
-                            expert_precision,
-                            executor,
-                            resident_experts,
-                            cache_policy,
-                            miss_policy,
-                        });
+                        for &prefetch in &prefetches {
+                            for &fill_threads in &fills {
+                                v.push(BenchConfig {
+                                    expert_precision,
+                                    executor,
+                                    resident_experts,
+                                    cache_policy,
+                                    miss_policy,
+                                    prefetch,
+                                    fill_threads,
+                                });
+                            }
+                        }
                     }
                 }
             }
@@ -192,6 +216,9 @@ pub(super) fn engine_options(
             miss_policy: c.miss_policy,
             n_cpu_moe: o.n_cpu_moe,
             cpu_threads: o.cpu_threads,
+            prefetch: c.prefetch,
+            prefetch_width: o.prefetch_width,
+            fill_threads: c.fill_threads,
         },
         adapter: o.adapter.clone(),
         kernels: o.kernels,
@@ -238,6 +265,12 @@ pub(super) fn describe(c: &BenchConfig) -> String {
                 c.miss_policy
                     .map(|m| format!(" --miss-policy {}", m.name()))
                     .unwrap_or_default()
+                    + &c.prefetch
+                        .map(|p| format!(" --prefetch {}", p.name()))
+                        .unwrap_or_default()
+                    + &c.fill_threads
+                        .map(|n| format!(" --fill-threads {n}"))
+                        .unwrap_or_default()
             ))
             .unwrap_or_default()
     )

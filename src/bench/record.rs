@@ -79,6 +79,16 @@ pub struct BenchRecord {
     pub cpu_expert_seconds: Option<f64>,
     pub n_cpu_moe: usize,
     pub cost_figures: Option<crate::residency::CostFigures>,
+    // Hiding the copies (null without a residency runtime).
+    pub prefetch: Option<crate::residency::Prefetch>,
+    pub prefetch_width: Option<usize>,
+    pub fill_threads: Option<usize>,
+    pub upload_stall_seconds: Option<f64>,
+    pub prefetch_issued: Option<u64>,
+    pub prefetch_used: Option<u64>,
+    pub prefetch_wasted_bytes: Option<u64>,
+    pub prefetch_accuracy: Option<f64>,
+    pub prefetch_accuracy_per_layer: Option<Vec<Option<f64>>>,
 }
 
 /// "int4/grouped": a configuration's label in tables and logs.
@@ -92,6 +102,9 @@ pub fn config_label(r: &BenchRecord) -> String {
     }
     if r.n_cpu_moe > 0 {
         res.push_str(&format!(" n-cpu-moe {}", r.n_cpu_moe));
+    }
+    if let (Some(p), Some(t), false) = (r.prefetch, r.fill_threads, res.is_empty()) {
+        res.push_str(&format!(" prefetch {} fills {t}", p.name()));
     }
     format!(
         "{}/{}{res}",
@@ -221,5 +234,26 @@ pub(super) fn record(
             .map(|_| res.cpu_expert_seconds),
         n_cpu_moe: o.n_cpu_moe,
         cost_figures: res.cost_figures,
+        prefetch: engine.fwd.residency.as_ref().map(|_| res.prefetch),
+        prefetch_width: engine.fwd.residency.as_ref().map(|_| res.prefetch_width),
+        fill_threads: engine.fwd.residency.as_ref().map(|_| res.fill_threads),
+        upload_stall_seconds: engine
+            .fwd
+            .residency
+            .as_ref()
+            .map(|_| res.upload_stall_seconds),
+        prefetch_issued: engine.fwd.residency.as_ref().map(|_| res.prefetch_issued),
+        prefetch_used: engine.fwd.residency.as_ref().map(|_| res.prefetch_used),
+        prefetch_wasted_bytes: engine
+            .fwd
+            .residency
+            .as_ref()
+            .map(|_| res.prefetch_wasted_bytes),
+        prefetch_accuracy: res.prefetch_accuracy,
+        prefetch_accuracy_per_layer: engine
+            .fwd
+            .residency
+            .as_ref()
+            .map(|_| res.prefetch_accuracy_per_layer.clone()),
     }
 }

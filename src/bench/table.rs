@@ -25,6 +25,8 @@ pub fn table(records: &[BenchRecord]) -> String {
         "miss/tok",
         "H2D",
         "ms/miss",
+        "stall s",
+        "pf acc",
     ];
     let rows: Vec<Vec<String>> = records
         .iter()
@@ -44,6 +46,10 @@ pub fn table(records: &[BenchRecord]) -> String {
                 bytes_or_dash(r.h2d_bytes),
                 r.upload_seconds_per_miss
                     .map_or("-".to_string(), |s| format!("{:.3}", s * 1e3)),
+                r.upload_stall_seconds
+                    .map_or("-".to_string(), |s| format!("{s:.3}")),
+                r.prefetch_accuracy
+                    .map_or("-".to_string(), |a| format!("{a:.3}")),
             ]
         })
         .collect();

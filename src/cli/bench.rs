@@ -44,10 +44,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .collect::<Result<Vec<_>>>()?,
         decay: a.decay,
         profile: a.profile.clone(),
-        staging_buffers: a.staging_buffers,
+        staging_buffers: crate::staging_buffers(a.staging_buffers)?,
         miss_policies: a.miss_policy.clone(),
         n_cpu_moe: a.n_cpu_moe,
         cpu_threads: a.cpu_threads,
+        prefetches: a.prefetch.clone(),
+        fill_threads: a.fill_threads.clone(),
+        prefetch_width: a.prefetch_width,
         trace: a.trace.clone(),
     };
     let write = |records: &[BenchRecord]| -> Result<()> {

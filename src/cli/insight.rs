@@ -25,6 +25,7 @@ pub fn simulate(a: SimulateArgs) -> Result<()> {
             capacities,
             decays: a.decay.clone(),
             fit_fraction: a.fit,
+            prefetch: a.prefetch,
         },
     )?;
     super::print_report(a.json, &report, render)

@@ -142,6 +142,31 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         Some(r) => Some((r, "--ram".to_string())),
         None => mem_total().map(|r| (r, "this machine's MemTotal".to_string())),
     };
+    // The residency options `run` would take with these flags: prefetch and staging
+    // resolve as they do there.
+    let res = wgmoe::engine::ResidencyOptions {
+        miss_policy: Some(a.miss_policy),
+        staging_buffers: crate::staging_buffers(a.staging_buffers)?,
+        prefetch: a.prefetch,
+        prefetch_width: a.prefetch_width,
+        ..Default::default()
+    };
+    let prefetch_accuracy = match &a.prefetch_trace {
+        Some(p) => {
+            let t = wgmoe::trace::read_trace(p)?;
+            let acc = t.prediction_accuracy().ok_or_else(|| {
+                Error::option(
+                    "--prefetch-trace",
+                    format!(
+                        "{} records no guesses (traces of decode steps from a wgmoe that guesses the next layer's experts do)",
+                        p.display()
+                    ),
+                )
+            })?;
+            Some((acc, format!("measured in {}", p.display())))
+        }
+        None => None,
+    };
     let report = make_plan(
         &cfg,
         &PlanOptions {
@@ -152,12 +177,14 @@ pub fn plan(a: PlanArgs) -> Result<()> {
                 .context
                 .unwrap_or(cfg.max_position_embeddings.min(super::DEFAULT_CTX)),
             prefill_chunk: a.prefill_chunk,
-            staging_buffers: a.staging_buffers,
+            staging_buffers: res.staging_buffers(&cfg)?,
             ram,
             gpu_memory: a.gpu_memory,
             bandwidths: bandwidths(&a)?,
             hit_rate: a.hit_rate,
             miss_policy: a.miss_policy,
+            prefetch_width: res.prefetch_width(&cfg)?,
+            prefetch_accuracy,
         },
     )?;
     super::print_report(a.json, &report, render)

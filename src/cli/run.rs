@@ -324,6 +324,22 @@ pub fn run(a: RunArgs) -> Result<()> {
         obj["metrics"]["cpu_isa"] = json!(rs.cpu_isa);
         obj["metrics"]["cost_figures"] = json!(rs.cost_figures);
         obj["metrics"]["expert_placement"] = json!(engine.fwd.opts.placement);
+        // Hiding the copies: overlapped fills and next-layer prefetch.
+        let res = engine.fwd.residency.as_ref().map(|_| &rs);
+        let m = &mut obj["metrics"];
+        m["prefetch"] = json!(res.map(|r| r.prefetch));
+        m["prefetch_width"] = json!(res.map(|r| r.prefetch_width));
+        m["fill_threads"] = json!(res.map(|r| r.fill_threads));
+        m["upload_stall_seconds"] = json!(res.map(|r| r.upload_stall_seconds));
+        m["prefetch_issued"] = json!(res.map(|r| r.prefetch_issued));
+        m["prefetch_used"] = json!(res.map(|r| r.prefetch_used));
+        m["prefetch_wasted_bytes"] = json!(res.map(|r| r.prefetch_wasted_bytes));
+        m["prefetch_accuracy"] = json!(rs.prefetch_accuracy);
+        m["prefetch_issued_per_layer"] = json!(res.map(|r| &r.prefetch_issued_per_layer));
+        m["prefetch_used_per_layer"] = json!(res.map(|r| &r.prefetch_used_per_layer));
+        m["prefetch_wasted_bytes_per_layer"] =
+            json!(res.map(|r| &r.prefetch_wasted_bytes_per_layer));
+        m["prefetch_accuracy_per_layer"] = json!(res.map(|r| &r.prefetch_accuracy_per_layer));
         out!("{obj}");
     } else if let Some(v) = &live {
         v.finish()?;

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::model::moe::{Executor, MoeDispatch, MoePairs, MoeSorted};
 use crate::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
 use crate::model::residency::{ExpertPlacement, Residency};
-use crate::model::tensors::{ExpertPool, ExpertStore};
+use crate::model::tensors::{ExpertPool, ExpertStore, F16Matrix};
 use crate::model::weights::{Mlp, ModelWeights};
 use crate::model::workspace::{self, WorkspaceShape};
 use crate::residency::Profile;
@@ -35,6 +35,9 @@ pub struct ForwardOptions {
     pub expert_batches: bool,
     /// Where each layer's routed experts live (empty: all on the device).
     pub placement: Vec<ExpertPlacement>,
+    /// Experts each layer's guess of the next MoE layer's routing holds (`predict`
+    /// programs; 0: none built).
+    pub predict_width: usize,
 }
 
 impl ForwardOptions {
@@ -82,6 +85,13 @@ pub struct LayerPrograms {
     pub routed_only_decode: Option<Prepared>,
     /// `post` adds the CPU experts' sum (`host_y`) and, from y, only the pairs with a slot.
     pub host_term: bool,
+    /// MoE layers followed by another: the next MoE layer's router applied to this
+    /// layer's MLP input (`xn`), its top-k' into `predict_ids` (one-token steps; run after
+    /// `pre` in the same submission: the guess `--prefetch next-layer` copies ahead).
+    pub predict: Option<Prepared>,
+    /// Cached layers with a one-token MLP program of their own: its routed experts alone
+    /// (the hits, run while the misses are staged; `post_decode` then computes the misses).
+    pub hits_decode: Option<Prepared>,
 }
 
 impl LayerPrograms {
@@ -97,6 +107,17 @@ impl LayerPrograms {
     pub fn routed_for(&self, n: usize) -> Option<&Prepared> {
         match &self.routed_only_decode {
             Some(p) if n == 1 => Some(p),
+            _ => self.routed_only.as_ref(),
+        }
+    }
+
+    /// A cached layer's routed experts alone in the form `post_for(n)` computes them (so
+    /// the hits can run before the misses are copied, and the MLP block, reading a table
+    /// of the misses, adds the rest).
+    pub fn hits_for(&self, n: usize) -> Option<&Prepared> {
+        match (&self.hits_decode, &self.post_decode) {
+            (Some(p), _) if n == 1 => Some(p),
+            (None, Some(_)) if n == 1 => None,
             _ => self.routed_only.as_ref(),
         }
     }
@@ -121,6 +142,8 @@ pub struct Forward {
     pub(crate) token_readback: Buffer,
     pub(crate) topk_ids: Buffer,
     pub(crate) topk_weights: Buffer,
+    /// The guess of the next MoE layer's experts (`LayerPrograms::predict`).
+    pub(crate) predict_ids: Buffer,
     pub(crate) xn: Buffer,
     pub(crate) route_readback: Buffer,
     /// The CPU experts' weighted sum, [T, H] (with CPU experts).
@@ -297,6 +320,7 @@ impl Forward {
             token_readback: b.get("token_readback")?.clone(),
             topk_ids: b.get("topk_ids")?.clone(),
             topk_weights: b.get("topk_weights")?.clone(),
+            predict_ids: b.get("predict_ids")?.clone(),
             xn: b.get("xn")?.clone(),
             route_readback: b.get("route_readback")?.clone(),
             host_y: b.0.get("host_y").cloned(),
@@ -588,6 +612,7 @@ fn build_layers(
         );
         pre.stage("ffn_norm");
         ops::rmsnorm(&mut pre, &lw.ffn_norm, x, xn, h, eps);
+        let mut hits_decode = None;
         let (post, post_decode, routed_only, routed_only_decode, host_term) = match &lw.mlp {
             Mlp::Moe {
                 router,
@@ -651,6 +676,14 @@ fn build_layers(
                         multi.routed(&mut p, opts.executor, experts, slot_of);
                         p
                     });
+                    if let (Some(_), Some(m), ExpertPlacement::Cached) =
+                        (&post_decode, &single, placement)
+                    {
+                        let mut p = Program::default();
+                        p.stage("experts");
+                        m.routed(&mut p, opts.executor, experts, slot_of);
+                        hits_decode = Some(p);
+                    }
                     (post, post_decode, routed_only, None)
                 };
                 (
@@ -677,6 +710,34 @@ fn build_layers(
                 (dense(&multi), decode, None, None, false)
             }
         };
+        let predict = match next_router(cfg, w, l) {
+            Some(router) if opts.predict_width > 0 && matches!(lw.mlp, Mlp::Moe { .. }) => {
+                let mut p = Program::default();
+                p.stage("predict");
+                let logits = b.get("predict_logits")?;
+                ops::router_matmul(&mut p, env, router, xn, logits, router_stride);
+                ops::router_topk(
+                    &mut p,
+                    &RouterTopkParams {
+                        n_experts: cfg.num_experts as u32,
+                        top_k: opts.predict_width.min(cfg.num_experts) as u32,
+                        logits_stride: router_stride as u32,
+                        norm_topk: 0,
+                        splits: if env.plan.coalesced_decode {
+                            ops::router_splits(router.rows, h) as u32
+                        } else {
+                            1
+                        },
+                        ..Default::default()
+                    },
+                    logits,
+                    b.get("predict_ids")?,
+                    b.get("predict_weights")?,
+                );
+                Some(dev.prepare(p, step)?)
+            }
+            _ => None,
+        };
         out.push(LayerPrograms {
             pre: dev.prepare(pre, step)?,
             post: dev.prepare(post, step)?,
@@ -686,9 +747,21 @@ fn build_layers(
                 .map(|p| dev.prepare(p, step))
                 .transpose()?,
             host_term,
+            predict,
+            hits_decode: hits_decode.map(|p| dev.prepare(p, step)).transpose()?,
         });
     }
     Ok(out)
+}
+
+/// The router of the first MoE layer after layer `l`.
+fn next_router<'w>(cfg: &ModelConfig, w: &'w ModelWeights, l: usize) -> Option<&'w F16Matrix> {
+    (l + 1..cfg.num_layers)
+        .filter(|&n| cfg.sparse_layers[n])
+        .find_map(|n| match &w.layers.get(n)?.mlp {
+            Mlp::Moe { router, .. } => Some(router),
+            Mlp::Dense { .. } => None,
+        })
 }
 
 type Heads = (Prepared, (Prepared, Prepared), Option<(Prepared, Prepared)>);

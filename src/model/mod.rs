@@ -2,6 +2,7 @@
 //! that runs them, with the expert residency runtime for partial residency.
 
 mod costs;
+mod fills;
 pub mod forward;
 pub mod moe;
 pub mod ops;

@@ -15,17 +15,22 @@
 //! layer's combine adds.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::cpu::{CpuExperts, ExpertPair};
 use crate::backend::{Buffer, Device, Staging, Work};
 use crate::error::{Error, Result};
+use crate::model::fills::{FillPool, Ticket};
 use crate::model::tensors::Q4Pool;
 use crate::quant::Q4SlotLayout;
 use crate::residency::{
     choose_uploads, CacheConfig, CacheError, CostFigures, ExpertCache, HostSource, MissPolicy,
-    Policy, Reuse, StagingPool,
+    Policy, Prefetch, Reuse, StagingPool,
 };
+
+mod overlap;
+pub use overlap::GpuState;
 
 /// Where one layer's routed experts live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -101,6 +106,26 @@ pub struct ResidencyStats {
     /// Threads and instruction set of the CPU expert kernel.
     pub cpu_threads: usize,
     pub cpu_isa: Option<&'static str>,
+    /// Threads filling staging buffers off the submitting thread (0: on it).
+    pub fill_threads: usize,
+    /// Seconds the device waited for a copy: from when it ran out of submitted work to
+    /// when the copy it waited for was submitted (its staging full).
+    pub upload_stall_seconds: f64,
+    /// `--prefetch` and its width (experts guessed per layer and step).
+    pub prefetch: Prefetch,
+    pub prefetch_width: usize,
+    /// Guessed experts copied ahead, those the real router then chose, and the bytes of
+    /// the others (wrong guesses), in total and per layer.
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
+    pub prefetch_wasted_bytes: u64,
+    /// Of the experts the router chose where a guess was made (decode steps, layers after
+    /// the first MoE layer), the share the guess held; null before any guess.
+    pub prefetch_accuracy: Option<f64>,
+    pub prefetch_issued_per_layer: Vec<u64>,
+    pub prefetch_used_per_layer: Vec<u64>,
+    pub prefetch_wasted_bytes_per_layer: Vec<u64>,
+    pub prefetch_accuracy_per_layer: Vec<Option<f64>>,
 }
 
 /// Test hook: fail the n-th upload (counting from 1) as if mapping its staging buffer had
@@ -112,6 +137,26 @@ pub struct FailureInjection {
 
 pub struct Residency {
     pub caches: Vec<Option<ExpertCache<Device>>>,
+    /// `--prefetch` in effect (off where no layer has prefetch slots) and its width.
+    pub prefetch: Prefetch,
+    pub prefetch_width: usize,
+    /// Per layer: distinct experts routed where a guess was made, and those it held.
+    pub(crate) guessed: Vec<u64>,
+    pub(crate) predicted: Vec<u64>,
+    /// Prefetch copies staged and not yet submitted (`flush_prefetch`).
+    pub(crate) inflight: Vec<overlap::PrefetchFill>,
+    /// Staging fills off the submitting thread, and the fence watcher.
+    pub(crate) fills: FillPool,
+    pub(crate) stall_seconds: f64,
+    /// Waits for staging whose device idle time is known once the watched submission
+    /// completed: (its ticket, when the staging was full, the layer).
+    pub(crate) stalls: Vec<(Ticket, Instant, usize)>,
+    /// Per layer, this step's wait for copies and the experts copied ahead (traces).
+    pub(crate) step_stall: Vec<f64>,
+    pub(crate) step_issued: Vec<Vec<u32>>,
+    /// Layers whose device table holds a step's partial mapping (the hits, or the misses)
+    /// until the published table is written after the next submission.
+    pub(crate) deferred_tables: Vec<usize>,
     pub placement: Vec<ExpertPlacement>,
     pub miss: MissPolicy,
     /// The CPU expert kernel (with CPU experts).
@@ -127,12 +172,12 @@ pub struct Residency {
     cpu_seconds: f64,
     cpu_misses: u64,
     pub policy: Box<dyn Policy>,
-    pub host: HostSource,
-    staging: StagingPool<Device>,
-    staging_bufs: Vec<Staging>,
+    pub host: Arc<HostSource>,
+    pub(crate) staging: StagingPool<Device>,
+    pub(crate) staging_bufs: Arc<[Staging]>,
     pub h2d_bytes: u64,
     pub upload_seconds: f64,
-    uploads_done: u64,
+    pub(crate) uploads_done: u64,
     pub inject: FailureInjection,
 }
 
@@ -150,6 +195,10 @@ pub struct ResidencyConfig<'a> {
     /// CPU expert threads (None: one per core).
     pub cpu_threads: Option<usize>,
     pub layout: Q4SlotLayout,
+    /// `--prefetch`, its width (prefetch slots per cached layer), `--fill-threads`.
+    pub prefetch: Prefetch,
+    pub prefetch_width: usize,
+    pub fill_threads: usize,
 }
 
 impl Residency {
@@ -160,13 +209,18 @@ impl Residency {
         policy: Box<dyn Policy>,
     ) -> Result<Self> {
         let e = host.num_experts;
+        let width = match rc.prefetch {
+            Prefetch::Off => 0,
+            Prefetch::NextLayer => rc.prefetch_width,
+        };
         let mut caches = Vec::new();
         for (l, &p) in rc.placement.iter().enumerate() {
             let config = match p {
                 ExpertPlacement::Cached => Some(CacheConfig::partial(l, e, rc.top_k, rc.capacity)),
                 ExpertPlacement::Hybrid => Some(CacheConfig::hybrid(l, e, rc.top_k, rc.capacity)),
                 ExpertPlacement::Device | ExpertPlacement::Host => None,
-            };
+            }
+            .map(|c| c.with_prefetch(width));
             caches.push(match config {
                 Some(c) => Some(
                     ExpertCache::new(c).map_err(|er| Error::option("--resident-experts", er.0))?,
@@ -178,9 +232,17 @@ impl Residency {
         let staging_buffers = if uploads { rc.staging_buffers } else { 0 };
         let staging = StagingPool::new(staging_buffers.max(1))
             .map_err(|er| Error::option("--staging-buffers", er.0))?;
-        let staging_bufs = (0..staging_buffers)
+        let staging_bufs: Arc<[Staging]> = (0..staging_buffers)
             .map(|_| dev.staging(host.slot_bytes as u64))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?
+            .into();
+        let host = Arc::new(host);
+        let fills = FillPool::new(dev, host.clone(), staging_bufs.clone(), rc.fill_threads)?;
+        let prefetching = caches
+            .iter()
+            .flatten()
+            .any(|c: &ExpertCache<Device>| c.config().prefetch > 0);
+        let layers = rc.placement.len();
         let cpu = if rc.placement.iter().any(|p| p.host_term()) {
             Some(CpuExperts::new(rc.layout, rc.cpu_threads)?)
         } else {
@@ -188,6 +250,21 @@ impl Residency {
         };
         Ok(Residency {
             caches,
+            prefetch: if prefetching {
+                rc.prefetch
+            } else {
+                Prefetch::Off
+            },
+            prefetch_width: if prefetching { width } else { 0 },
+            guessed: vec![0; layers],
+            predicted: vec![0; layers],
+            inflight: Vec::new(),
+            fills,
+            stall_seconds: 0.0,
+            stalls: Vec::new(),
+            step_stall: vec![0.0; layers],
+            step_issued: vec![Vec::new(); layers],
+            deferred_tables: Vec::new(),
             placement: rc.placement.to_vec(),
             miss: rc.miss,
             cpu,
@@ -207,6 +284,11 @@ impl Residency {
             uploads_done: 0,
             inject: FailureInjection::default(),
         })
+    }
+
+    /// Uses of `expert` expected while resident in `layer`'s cache of `capacity` slots.
+    pub(crate) fn reuse_expected(&self, layer: usize, expert: u32, capacity: usize) -> f64 {
+        self.reuse.expected(layer, expert, capacity)
     }
 
     pub fn placement(&self, layer: usize) -> ExpertPlacement {
@@ -239,6 +321,7 @@ impl Residency {
         let mut step = HybridStep::default();
         if let (true, Some((pool, slot_of))) = (self.has_cache(layer), pool) {
             self.publish_pending(dev, layer, slot_of)?;
+            self.adopt_prefetched(dev, layer, &counts, pool, slot_of)?;
             let Some(cache) = self.caches.get(layer).and_then(|c| c.as_ref()) else {
                 return Err(Error::Other(format!(
                     "internal: layer {layer} has no cache"
@@ -301,6 +384,41 @@ impl Residency {
         }
         self.cpu_misses += counts.keys().filter(|e| !step.device.contains(e)).count() as u64;
         Ok(step)
+    }
+
+    /// Publish the prefetched experts this step wants (their copies were submitted in an
+    /// earlier submission), with the step's most used hits kept, so they serve as hits.
+    fn adopt_prefetched(
+        &mut self,
+        dev: &Device,
+        layer: usize,
+        counts: &BTreeMap<u32, usize>,
+        pool: &Q4Pool,
+        slot_of: &Buffer,
+    ) -> Result<()> {
+        let Some(cache) = self.caches.get(layer).and_then(|c| c.as_ref()) else {
+            return Ok(());
+        };
+        let cap = cache.config().capacity;
+        let mut wanted: Vec<u32> = cache
+            .prefetched()
+            .iter()
+            .map(|p| p.expert)
+            .filter(|e| counts.contains_key(e))
+            .take(cap)
+            .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let mut hits: Vec<(u32, usize)> = counts
+            .iter()
+            .filter(|(e, _)| cache.table().slot_of(**e).is_some())
+            .map(|(&e, &n)| (e, n))
+            .collect();
+        hits.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let room = cap - wanted.len();
+        wanted.extend(hits.iter().map(|&(e, _)| e).take(room));
+        self.serve(dev, layer, &wanted, pool, slot_of)
     }
 
     fn has_cache(&self, layer: usize) -> bool {
@@ -511,9 +629,15 @@ impl Residency {
             cost_figures: self.figures,
             cpu_threads: self.cpu.as_ref().map_or(0, |c| c.threads()),
             cpu_isa: self.cpu.as_ref().map(|c| c.isa()),
+            fill_threads: self.fills.threads(),
+            upload_stall_seconds: self.stall_seconds,
+            prefetch: self.prefetch,
+            prefetch_width: self.prefetch_width,
             ..Default::default()
         };
-        for c in &self.caches {
+        let slot = self.host.slot_bytes as u64;
+        let share = |hit: u64, of: u64| (of > 0).then(|| hit as f64 / of as f64);
+        for (l, c) in self.caches.iter().enumerate() {
             let st = c.as_ref().map(|c| c.stats()).unwrap_or_default();
             s.expert_hits += st.hits;
             s.expert_misses += st.misses;
@@ -521,7 +645,17 @@ impl Residency {
             s.hits_per_layer.push(st.hits);
             s.misses_per_layer.push(st.misses);
             s.evictions_per_layer.push(st.evictions);
+            s.prefetch_issued += st.prefetch_issued;
+            s.prefetch_used += st.prefetch_used;
+            s.prefetch_wasted_bytes += st.prefetch_wasted * slot;
+            s.prefetch_issued_per_layer.push(st.prefetch_issued);
+            s.prefetch_used_per_layer.push(st.prefetch_used);
+            s.prefetch_wasted_bytes_per_layer
+                .push(st.prefetch_wasted * slot);
+            let (p, g) = (self.predicted[l], self.guessed[l]);
+            s.prefetch_accuracy_per_layer.push(share(p, g));
         }
+        s.prefetch_accuracy = share(self.predicted.iter().sum(), self.guessed.iter().sum());
         // Misses: uploaded ones in caches without CPU experts (counted at publication),
         // and every expert that had no slot when routed beside CPU experts (those the
         // policy admitted were computed on the CPU that step too).
@@ -548,10 +682,13 @@ impl Residency {
         self.cpu_seconds = 0.0;
         self.cpu_misses = 0;
         self.admitted = 0;
+        self.stall_seconds = 0.0;
+        self.guessed.iter_mut().for_each(|x| *x = 0);
+        self.predicted.iter_mut().for_each(|x| *x = 0);
     }
 
     /// A staging buffer whose previous copy has completed.
-    fn acquire_staging(&mut self, dev: &Device) -> Result<usize> {
+    pub(crate) fn acquire_staging(&mut self, dev: &Device) -> Result<usize> {
         loop {
             if let Some(i) = self.staging.acquire(dev) {
                 return Ok(i);
@@ -564,7 +701,7 @@ impl Residency {
     }
 
     /// Submit the staged uploads; their staging buffers are released with the token.
-    fn submit_uploads(
+    pub(crate) fn submit_uploads(
         &mut self,
         dev: &Device,
         pool: &Q4Pool,
@@ -589,7 +726,8 @@ impl Residency {
     }
 
     /// Make every expert of `wanted` resident in `layer` and publish the new table into
-    /// `slot_of`, before the next submission (the first to read it).
+    /// `slot_of`, before the next submission (the first to read it). The device is idle
+    /// from `idle_since` (or runs submission `busy`) while the copies are staged.
     pub fn serve(
         &mut self,
         dev: &Device,
@@ -598,92 +736,22 @@ impl Residency {
         pool: &Q4Pool,
         slot_of: &Buffer,
     ) -> Result<()> {
-        let Some(cache) = self.caches.get_mut(layer).and_then(|c| c.as_mut()) else {
-            return Ok(());
-        };
-        let plan = loop {
-            match cache.plan(wanted, self.policy.as_mut(), dev) {
-                Ok(p) => break p,
-                Err(CacheError::NotNow { wait_for, .. }) => dev.wait(wait_for)?,
-                Err(e) => return Err(Error::DoesNotFit(e.to_string())),
-            }
-        };
-        if !plan.is_all_hits() {
-            let t0 = Instant::now();
-            let mut pending: Vec<Pending> = Vec::new();
-            let mut failure = None;
-            let mut token = None;
-            for u in plan.uploads() {
-                self.uploads_done += 1;
-                if self.inject.fail_upload == Some(self.uploads_done) {
-                    failure = Some(Error::Gpu(format!(
-                        "injected failure: staging map for expert {} of layer {layer}",
-                        u.expert
-                    )));
-                    break;
-                }
-                if !pending.is_empty() && self.staging.in_use() == self.staging_bufs.len() {
-                    // Every staging buffer holds a copy not yet submitted: submit those
-                    // copies now so the buffers can be reused once they complete.
-                    token = Some(self.submit_uploads(dev, pool, &mut pending)?);
-                }
-                let idx = match self.acquire_staging(dev) {
-                    Ok(i) => i,
-                    Err(e) => {
-                        failure = Some(e);
-                        break;
-                    }
-                };
-                let filled = self.host.expert(layer, u.expert).and_then(|src| {
-                    dev.fill_staging(&self.staging_bufs[idx], src)
-                        .map(|_| src.len())
-                });
-                match filled {
-                    Ok(len) => {
-                        let (chunk, off) = pool.locate(u.slot as usize);
-                        pending.push((idx, chunk, off, len as u64));
-                    }
-                    Err(e) => {
-                        let _ = self.staging.cancel(idx);
-                        failure = Some(e);
-                        break;
-                    }
-                }
-            }
-            if let Some(e) = failure {
-                // Nothing of this group was published: the previous generation stays.
-                for (idx, ..) in pending {
-                    let _ = self.staging.cancel(idx);
-                    dev.unstage(&self.staging_bufs[idx]);
-                }
-                if let Some(cache) = self.caches.get_mut(layer).and_then(|c| c.as_mut()) {
-                    cache.abort(&plan).map_err(Error::from)?;
-                }
-                return Err(e);
-            }
-            if !pending.is_empty() {
-                token = Some(self.submit_uploads(dev, pool, &mut pending)?);
-            }
-            self.h2d_bytes += (plan.uploads().len() * self.host.slot_bytes) as u64;
-            self.upload_seconds += t0.elapsed().as_secs_f64();
-            if let (Some(cache), Some(token)) =
-                (self.caches.get_mut(layer).and_then(|c| c.as_mut()), token)
-            {
-                cache.complete_uploads(&plan, token).map_err(Error::from)?;
-            }
-        }
-        let Some(cache) = self.caches.get_mut(layer).and_then(|c| c.as_mut()) else {
-            return Ok(());
-        };
-        let before = cache.generation();
-        cache
-            .publish(&plan, self.policy.as_mut())
-            .map_err(Error::from)?;
-        if cache.generation() != before {
-            // Lands before the next submission, which is the first to read this layer.
-            dev.write(slot_of, 0, bytemuck::cast_slice(cache.table().words()))?;
-        }
-        Ok(())
+        let gpu = GpuState::IdleSince(Instant::now());
+        self.serve_on(dev, layer, wanted, pool, slot_of, gpu)
+    }
+
+    /// [`serve`](Self::serve) while the device does `gpu` (for the count of its wait).
+    pub fn serve_on(
+        &mut self,
+        dev: &Device,
+        layer: usize,
+        wanted: &[u32],
+        pool: &Q4Pool,
+        slot_of: &Buffer,
+        gpu: GpuState,
+    ) -> Result<()> {
+        let open = self.begin_serve(dev, layer, wanted, slot_of, None, gpu)?;
+        self.finish_serve(dev, open, pool, slot_of)
     }
 
     /// Seconds to stage expert `expert` of `layer` and copy it into pool slot `slot`

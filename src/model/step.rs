@@ -4,10 +4,14 @@
 
 use crate::backend::{KernelTimes, Prepared, Work};
 use crate::error::{Error, Result};
+use std::time::Instant;
+
 use crate::model::forward::{Forward, Head};
 use crate::model::residency::ExpertPlacement;
+use crate::model::residency::GpuState;
 use crate::model::tensors::ExpertStore;
 use crate::model::weights::Mlp;
+use crate::residency::Prefetch;
 
 /// The programs after the layers for a head.
 fn heads(f: &Forward, head: Head) -> Result<Vec<&Prepared>> {
@@ -127,12 +131,41 @@ impl Forward {
     /// (k per token, a few bytes) are read back, the cache makes them resident (uploads,
     /// then one table publication), and the next submission reads them.
     ///
+    /// In one-token steps with `--prefetch next-layer` (or a trace) submission l also
+    /// applies the next MoE layer's router to layer l's hidden state; its guess comes back
+    /// with the ids, and the guessed experts not resident are staged and copied into the
+    /// next layer's prefetch slots while layer l's experts run (`model::residency::overlap`). A cached
+    /// layer's hits run as soon as the routing is known while its misses are staged off
+    /// this thread; their copies are submitted when the staging is full.
+    ///
     /// A layer with CPU experts also reads back the router weights and the experts' input
     /// in the same copy; the miss policy splits its experts; the device's share is
     /// submitted on its own, and while it runs the CPU computes the rest from the host
     /// source; their weighted sum is written into `host_y`, which the layer's MLP block
     /// (in the next submission) adds.
     fn submit_segmented(&mut self, n: usize, head: Head) -> Result<()> {
+        let r = self.submit_layers(n, head);
+        if r.is_err() {
+            // Prefetch copies staged and never submitted are returned (nothing published),
+            // and a table left holding a step's partial mapping is the published one again.
+            if let Some(res) = self.residency.as_mut() {
+                res.abandon_prefetch(&self.dev);
+                let w = &self.weights;
+                let restored = res.after_submit(&self.dev, |l| match &w.layers.get(l)?.mlp {
+                    Mlp::Moe { slot_of, .. } => Some(slot_of.clone()),
+                    _ => None,
+                });
+                if let (Err(first), Err(e)) = (&r, restored) {
+                    return Err(Error::Gpu(format!(
+                        "{first}; then restoring the published expert tables failed: {e}"
+                    )));
+                }
+            }
+        }
+        r
+    }
+
+    fn submit_layers(&mut self, n: usize, head: Head) -> Result<()> {
         let copy_token = matches!(head, Head::LastArgmax | Head::All);
         let head_programs = heads(self, head)?.len();
         let (k, h) = (self.cfg.top_k, self.cfg.hidden_size);
@@ -146,6 +179,18 @@ impl Forward {
         let (ids_bytes, xn_bytes) = ((n * k * 4) as u64, (n * h * 4) as u64);
         // Traces read the router's weights back too, after the ids (as CPU experts do).
         let tracing = self.tracing();
+        let prefetching = self
+            .residency
+            .as_ref()
+            .is_some_and(|r| r.prefetch == Prefetch::NextLayer);
+        // One-token steps guess each next MoE layer's routing (prefetch, traces).
+        let guessing = n == 1 && (prefetching || tracing);
+        let width = self.opts.predict_width;
+        // Per layer, the guess the previous MoE layer's readback made for it.
+        let mut guesses: Vec<Option<Vec<u32>>> = vec![None; layers];
+        if let Some(r) = self.residency.as_mut() {
+            r.begin_step();
+        }
         for l in 0..=layers {
             let placement = self
                 .residency
@@ -155,6 +200,10 @@ impl Forward {
                 && self.cfg.sparse_layers[l]
                 && (placement != ExpertPlacement::Device || self.record_routing || tracing);
             let host_term = routed && placement.host_term();
+            let predict = match self.layers.get(l).and_then(|p| p.predict.as_ref()) {
+                Some(p) if routed && guessing => Some(p),
+                _ => None,
+            };
             let mut work: Vec<Work> = Vec::new();
             if l > 0 {
                 work.push(Work::Run {
@@ -167,6 +216,12 @@ impl Forward {
                     program: &self.layers[l].pre,
                     tokens: t,
                 });
+                if let Some(p) = predict {
+                    work.push(Work::Run {
+                        program: p,
+                        tokens: t,
+                    });
+                }
             } else {
                 let hp = [&self.head_last, self.argmax()];
                 let all = self.head_all.as_ref().map(|(h, a)| [h, a]);
@@ -208,19 +263,6 @@ impl Forward {
                     bytes: xn_bytes,
                 });
             }
-            if l == layers && copy_token {
-                work.push(self.token_copy());
-            }
-            let s = dev.submit(&work)?;
-            drop(work);
-            dispatches += s.dispatches;
-            submissions += 1;
-            if let (Some(r), Some((rl, wanted))) = (self.residency.as_mut(), reads.take()) {
-                r.mark_read(rl, &wanted, s.token)?;
-            }
-            if !routed {
-                continue;
-            }
             let read_bytes = if host_term {
                 2 * ids_bytes + xn_bytes
             } else if tracing {
@@ -228,15 +270,76 @@ impl Forward {
             } else {
                 ids_bytes
             };
-            let bytes = dev.map_read(&self.route_readback, read_bytes)?;
+            if predict.is_some() {
+                work.push(Work::Copy {
+                    src: &self.predict_ids,
+                    src_offset: 0,
+                    dst: &self.route_readback,
+                    dst_offset: read_bytes,
+                    bytes: (width * 4) as u64,
+                });
+            }
+            if l == layers && copy_token {
+                work.push(self.token_copy());
+            }
+            let s = dev.submit(&work)?;
+            drop(work);
+            dispatches += s.dispatches;
+            submissions += 1;
+            if let Some(r) = self.residency.as_mut() {
+                if let Some((rl, wanted)) = reads.take() {
+                    r.mark_read(rl, &wanted, s.token)?;
+                }
+                let w = &self.weights;
+                r.after_submit(&dev, |l| match &w.layers.get(l)?.mlp {
+                    Mlp::Moe { slot_of, .. } => Some(slot_of.clone()),
+                    _ => None,
+                })?;
+                // The next layer's guessed experts, staged meanwhile, copied now.
+                r.flush_prefetch(&dev, s.token, |l| match &w.layers.get(l)?.mlp {
+                    Mlp::Moe {
+                        experts: ExpertStore::Int4(p),
+                        ..
+                    } => Some(p),
+                    _ => None,
+                })?;
+            }
+            if !routed {
+                continue;
+            }
+            let bytes = dev.map_read(
+                &self.route_readback,
+                read_bytes + predict.map_or(0, |_| (width * 4) as u64),
+            )?;
+            // The device has run out of work: from now it waits for this thread.
+            let ready = Instant::now();
             let route: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-            if route.len() * 4 != read_bytes as usize {
+            if route.len() * 4 != bytes.len() || bytes.len() < read_bytes as usize {
                 return Err(Error::Gpu(format!(
                     "routing readback returned {} of {read_bytes} bytes",
                     bytes.len()
                 )));
             }
+            if let Some(r) = self.residency.as_mut() {
+                r.resolve_stalls()?;
+            }
+            let next = (l + 1..layers).find(|&m| self.cfg.sparse_layers[m]);
+            let guess_next = match (predict, next) {
+                (Some(_), Some(m)) => {
+                    let g = route[read_bytes as usize / 4..].to_vec();
+                    guesses[m] = Some(g.clone());
+                    Some((m, g))
+                }
+                _ => None,
+            };
             let ids = &route[..n * k];
+            let wanted = crate::residency::distinct(ids);
+            // Score the guess for this layer and release the prefetched experts it does
+            // not want (before the trace reads the residency).
+            let mut prefetched: Vec<u32> = Vec::new();
+            if let Some(r) = self.residency.as_mut() {
+                prefetched = r.settle_step(l, &wanted, guesses[l].as_deref())?;
+            }
             if tracing {
                 // A CPU-experts layer first publishes its previous step's admission, so the
                 // trace's hit flags are the residency the layer is served with.
@@ -250,7 +353,7 @@ impl Forward {
                     }
                 }
                 let weights: &[f32] = bytemuck::cast_slice(&route[n * k..2 * n * k]);
-                self.trace_layer(l, ids, weights);
+                self.trace_layer(l, ids, weights, guesses[l].as_deref(), &prefetched);
             }
             if let Some(p) = self.profile.as_mut() {
                 for g in ids.chunks(k) {
@@ -259,17 +362,11 @@ impl Forward {
             }
             if host_term {
                 let weights: &[f32] = bytemuck::cast_slice(&route[n * k..2 * n * k]);
-                let xn: &[f32] = bytemuck::cast_slice(&route[2 * n * k..]);
-                let (ro, d) = self.serve_hybrid(l, n, ids, weights, xn)?;
+                let xn: &[f32] = bytemuck::cast_slice(&route[2 * n * k..2 * n * k + n * h]);
+                let (ro, d) = self.serve_hybrid(l, n, ids, weights, xn, guess_next)?;
                 dispatches += d;
                 submissions += ro;
                 continue;
-            }
-            let mut wanted: Vec<u32> = Vec::new();
-            for &e in ids {
-                if !wanted.contains(&e) {
-                    wanted.push(e);
-                }
             }
             let Some(r) = self.residency.as_mut() else {
                 continue;
@@ -280,6 +377,9 @@ impl Forward {
                 ..
             } = &self.weights.layers[l].mlp
             else {
+                if let Some((m, g)) = &guess_next {
+                    r.issue_prefetch(&dev, *m, g, 0)?;
+                }
                 continue;
             };
             let batches = match r.caches.get(l) {
@@ -292,7 +392,12 @@ impl Forward {
                         cfg.spares,
                     )
                 }
-                _ => continue,
+                _ => {
+                    if let Some((m, g)) = &guess_next {
+                        r.issue_prefetch(&dev, *m, g, 0)?;
+                    }
+                    continue;
+                }
             };
             // More than one plan's worth of experts: all but the last batch run here,
             // each in its own submission after its uploads; the next submission (this
@@ -300,6 +405,7 @@ impl Forward {
             let Some((last, earlier)) = batches.split_last() else {
                 continue;
             };
+            let mut gpu = GpuState::IdleSince(ready);
             if !earlier.is_empty() {
                 let Some(routed) = self.layers[l].routed_only.as_ref() else {
                     return Err(Error::Other(format!(
@@ -309,17 +415,28 @@ impl Forward {
                     )));
                 };
                 for b in earlier {
-                    r.serve(&dev, l, b, pool, slot_of)?;
+                    r.serve_on(&dev, l, b, pool, slot_of, gpu)?;
                     let s = dev.submit(&[Work::Run {
                         program: routed,
                         tokens: t,
                     }])?;
                     dispatches += s.dispatches;
                     submissions += 1;
+                    gpu = GpuState::Busy(s.token);
                     r.mark_read(l, b, s.token)?;
                 }
             }
-            r.serve(&dev, l, last, pool, slot_of)?;
+            // The hits run now, while the misses are staged, then the next layer's guess
+            // is queued behind them, then the misses' copies go as soon as they are full.
+            let hits = self.layers[l].hits_for(n).map(|p| (p, t));
+            let open = r.begin_serve(&dev, l, last, slot_of, hits, gpu)?;
+            if open.hits_submitted() {
+                submissions += 1;
+            }
+            if let Some((m, g)) = &guess_next {
+                r.issue_prefetch(&dev, *m, g, 0)?;
+            }
+            r.finish_serve(&dev, open, pool, slot_of)?;
             reads = Some((l, last.clone()));
         }
         self.trace_end_step()?;
@@ -339,6 +456,7 @@ impl Forward {
         ids: &[u32],
         weights: &[f32],
         xn: &[f32],
+        guess_next: Option<(usize, Vec<u32>)>,
     ) -> Result<(u64, usize)> {
         let (k, h) = (self.cfg.top_k, self.cfg.hidden_size);
         let dev = self.dev.clone();
@@ -371,6 +489,10 @@ impl Forward {
                 disp += s.dispatches;
                 r.mark_read(l, &split.device, s.token)?;
             }
+        }
+        // The next layer's guesses worth copying are staged while the CPU computes.
+        if let Some((m, g)) = &guess_next {
+            r.issue_prefetch(&dev, *m, g, split.cpu.len())?;
         }
         // The CPU's share (and any admission's staging), while the device computes its own.
         let mut sum = vec![0.0f32; n * h];

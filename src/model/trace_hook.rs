@@ -37,8 +37,16 @@ impl Forward {
     }
 
     /// Layer `l` routed its tokens to `ids` with `weights` (both read back, `top_k` per
-    /// token), before the cache serves them.
-    pub(crate) fn trace_layer(&mut self, l: usize, ids: &[u32], weights: &[f32]) {
+    /// token), before the cache serves them; `guess`: what the previous MoE layer
+    /// predicted for it; `prefetched`: the routed experts a prefetch copied ahead.
+    pub(crate) fn trace_layer(
+        &mut self,
+        l: usize,
+        ids: &[u32],
+        weights: &[f32],
+        guess: Option<&[u32]>,
+        prefetched: &[u32],
+    ) {
         let before = self.resident_flags(l);
         // Only a cached layer uploads its misses in the step; a CPU-experts layer computes
         // them and publishes any admission at its next step.
@@ -48,6 +56,7 @@ impl Forward {
             .is_none_or(|r| r.placement(l) == crate::model::residency::ExpertPlacement::Cached);
         if let Some(t) = self.trace.as_mut() {
             t.layer(l, ids, weights, before, uploads);
+            t.prefetch(l, guess, prefetched);
         }
     }
 
@@ -56,6 +65,17 @@ impl Forward {
         let Some(mut t) = self.trace.take() else {
             return Ok(());
         };
+        if let Some(r) = self.residency.as_mut() {
+            // The waits of the step's last layers are known once the device finishes them.
+            if let Err(e) = r.resolve_stalls() {
+                self.trace = Some(t);
+                return Err(e);
+            }
+            for l in 0..self.cfg.num_layers {
+                let (issued, stall) = r.step_copies(l);
+                t.layer_copies(l, issued, stall);
+            }
+        }
         let r = t.end_step(|l| self.resident_flags(l));
         self.trace = Some(t);
         r

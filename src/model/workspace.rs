@@ -135,6 +135,15 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     w.add("router_logits", Storage, &[router_rows, router_stride(cfg)])?;
     w.add("topk_ids", Storage, &[t, k])?;
     w.add("topk_weights", Storage, &[t, k])?;
+    // The next MoE layer's router on this layer's hidden state (one-token steps): its
+    // logits and its top-k' guess, k' at most every expert (`--prefetch next-layer`).
+    w.add(
+        "predict_logits",
+        Storage,
+        &[router_rows, router_stride(cfg)],
+    )?;
+    w.add("predict_ids", Storage, &[cfg.num_experts])?;
+    w.add("predict_weights", Storage, &[cfg.num_experts])?;
     w.add("ffn_h", Window, &[t, intermediate_width(cfg)])?;
     w.add("ffn_y", Storage, &[t, k, h])?;
     w.add("shared_y", Storage, &[t, h])?;
@@ -143,12 +152,14 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     w.add("dummy", Storage, &[4])?;
     w.add("token_readback", Readback, &[4])?;
     // Per routed layer: the router's ids and weights (the weights used by CPU experts and
-    // traces; CPU experts also read the experts' input xn), read back in one copy.
+    // traces; CPU experts also read the experts' input xn), then the next layer's guess,
+    // read back in one copy.
+    let e = cfg.num_experts;
     if s.host_experts {
-        w.add("route_readback", Readback, &[t, 2 * k + h])?;
+        w.add("route_readback", Readback, &[t * (2 * k + h) + e])?;
         w.add("host_y", Storage, &[t, h])?;
     } else {
-        w.add("route_readback", Readback, &[t, 2 * k])?;
+        w.add("route_readback", Readback, &[t * 2 * k + e])?;
     }
     // cos/sin per position and rotated pair.
     w.add("rope", Storage, &[ctxlen, cfg.head_dim])?;
@@ -252,6 +263,7 @@ pub fn check_context(cfg: &ModelConfig, max_context: usize, chunk: usize) -> Res
         .max(cfg.shared_expert_intermediate.unwrap_or(0) as u128)
         .max(cfg.dense_intermediate as u128);
     let per_token = 4 * h
+        + 2 * e
         + 3 * q
         + 2 * kv
         + cfg.num_heads as u128 * c

@@ -59,6 +59,10 @@ pub struct PlanOptions {
     pub hit_rate: Option<f64>,
     /// Where misses run (as `run --miss-policy`; auto is the runtime's default).
     pub miss_policy: MissPolicy,
+    /// Prefetch slots per cached layer (`--prefetch-width`; 0: `--prefetch off`), and the
+    /// measured share of routed experts the guesses held (from a trace), if known.
+    pub prefetch_width: usize,
+    pub prefetch_accuracy: Option<(f64, String)>,
 }
 
 /// Bytes of one class of non-routed tensors as the device holds them.
@@ -93,6 +97,12 @@ pub struct Prediction {
     pub sync_points_per_token: usize,
     /// sync points x the measured round trip (0 when no round trip is known).
     pub t_sync_s: f64,
+    /// `--prefetch next-layer` with a measured accuracy (`upload`): the transfer time of
+    /// the guessed misses, copied while the device computes, as far as the compute time
+    /// (less the link time of the wrong guesses) covers it; and the bytes of the wrong
+    /// guesses per token.
+    pub t_prefetch_hidden_s: f64,
+    pub prefetch_wasted_bytes_per_token: f64,
     pub t_token_s: f64,
     pub tokens_per_s: f64,
 }
@@ -126,6 +136,14 @@ pub struct PlanReport {
     /// Per MoE layer at the planned residency, below full residency: the unpublished
     /// slots uploads land in (top_k with upload, min(top_k, resident) otherwise).
     pub spare_slots_per_layer: usize,
+    /// `--prefetch` in this plan (next-layer unless cpu), its width, the prefetch slots
+    /// per MoE layer below full residency (beside the spares), and the share of routed
+    /// experts the guesses held in the trace given (`--prefetch-trace`), with its source.
+    pub prefetch: crate::residency::Prefetch,
+    pub prefetch_width: usize,
+    pub prefetch_slots_per_layer: usize,
+    pub prefetch_accuracy: Option<f64>,
+    pub prefetch_accuracy_source: Option<String>,
     pub staging_buffers: usize,
     pub staging_bytes: u64,
     /// Bytes that must be on the card at any residency: non-routed weights, KV cache and
@@ -265,6 +283,11 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
             staging_buffers: o.staging_buffers,
             miss,
             cpu_layers: 0,
+            prefetch_width: if miss == MissPolicy::Cpu {
+                0
+            } else {
+                o.prefetch_width
+            },
         };
         AdmissionCost::new(cfg, &input).map_err(|e| Error::option("--ctx-size", e.to_string()))
     };
@@ -375,10 +398,23 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
             cost.host_extra
         },
         spare_slots_per_layer: if planned < e {
-            (cost.slots(planned) as usize).saturating_sub(planned)
+            (cost.slots(planned) as usize).saturating_sub(planned + cost.prefetch as usize)
         } else {
             0
         },
+        prefetch: if cost.prefetch > 0 {
+            crate::residency::Prefetch::NextLayer
+        } else {
+            crate::residency::Prefetch::Off
+        },
+        prefetch_width: cost.prefetch as usize,
+        prefetch_slots_per_layer: if planned < e && planned > 0 {
+            cost.prefetch as usize
+        } else {
+            0
+        },
+        prefetch_accuracy: o.prefetch_accuracy.as_ref().map(|a| a.0),
+        prefetch_accuracy_source: o.prefetch_accuracy.as_ref().map(|a| a.1.clone()),
         staging_buffers: o.staging_buffers,
         staging_bytes: staging,
         hot_bytes: hot,
@@ -473,7 +509,21 @@ fn predict(
         1
     };
     let t_sync = bw.round_trip_s.map_or(0.0, |r| syncs as f64 * r);
-    let t_token = t_compute + t_transfer + t_cpu + t_sync;
+    // Prefetch (uploads below full residency): the guessed share of the misses is copied
+    // while the device computes; the wrong guesses (width - accuracy x top_k experts of
+    // each layer, non-resident at the miss rate) take link time from that window.
+    let (hidden, wasted) = match (o.prefetch_accuracy.as_ref(), way, n < e) {
+        (Some((acc, _)), MissPolicy::Upload | MissPolicy::Auto, true) if o.prefetch_width > 0 => {
+            let layers = cfg.num_sparse_layers() as f64;
+            let miss = 1.0 - hit_rate;
+            let wrong = (o.prefetch_width as f64 - acc * cfg.top_k as f64).max(0.0);
+            let wasted = layers * wrong * miss * expert as f64;
+            let window = (t_compute - wasted / (bw.h2d_gbps * gb)).max(0.0);
+            ((acc * t_transfer).min(window), wasted)
+        }
+        _ => (0.0, 0.0),
+    };
+    let t_token = t_compute + t_transfer - hidden + t_cpu + t_sync;
     Ok(Some(Prediction {
         miss_policy: way,
         hit_rate,
@@ -486,6 +536,8 @@ fn predict(
         t_cpu_s: t_cpu,
         sync_points_per_token: syncs,
         t_sync_s: t_sync,
+        t_prefetch_hidden_s: hidden,
+        prefetch_wasted_bytes_per_token: wasted,
         t_token_s: t_token,
         tokens_per_s: if t_token > 0.0 { 1.0 / t_token } else { 0.0 },
     }))

@@ -138,6 +138,14 @@ pub fn render(r: &PlanReport) -> String {
             "  + {k} spare slots per MoE layer (uploads land there): {}",
             b(r.bytes_per_resident_expert * k as u64)
         );
+        if r.prefetch_slots_per_layer > 0 {
+            let w = r.prefetch_slots_per_layer;
+            let _ = writeln!(
+                o,
+                "  + {w} prefetch slots per MoE layer (next-layer guesses land there): {}",
+                b(r.bytes_per_resident_expert * w as u64)
+            );
+        }
         let _ = writeln!(
             o,
             "  + {} staging buffers x {} B                = {}",
@@ -194,12 +202,17 @@ pub fn render(r: &PlanReport) -> String {
                 // n resident plus min(top_k, n) spares, and the staging buffers once n > 0.
                 let _ = writeln!(
                     o,
-                    "  n resident + min({k}, n) spare slots per layer, + {} staging buffers once n > 0: the most within {} is n = {n} of {e} ({:.0}%), {} + {} slots x {} B{}",
+                    "  n resident + min({k}, n) spare slots{} per layer, + {} staging buffers once n > 0: the most within {} is n = {n} of {e} ({:.0}%), {} + {} slots x {} B{}",
+                    if r.prefetch_slots_per_layer > 0 {
+                        format!(" + {} prefetch slots", r.prefetch_slots_per_layer)
+                    } else {
+                        String::new()
+                    },
                     r.staging_buffers,
                     grouped(r.vram_bytes),
                     100.0 * n as f64 / e as f64,
                     grouped(r.hot_bytes),
-                    n + r.spare_slots_per_layer,
+                    n + r.spare_slots_per_layer + r.prefetch_slots_per_layer,
                     grouped(per),
                     if n > 0 {
                         format!(" + {} B staging", grouped(r.staging_bytes))
@@ -426,12 +439,35 @@ fn prediction(o: &mut String, r: &PlanReport) {
                 secs(p.t_transfer_s)
             );
             sync_line(o, bw, p);
-            let _ = writeln!(
-                o,
-                "  t_token = t_compute + t_transfer + t_sync = {} -> {:.2} tokens/s",
-                secs(p.t_token_s),
-                p.tokens_per_s
-            );
+            if let (Some(acc), true) = (r.prefetch_accuracy, r.prefetch_slots_per_layer > 0) {
+                let _ = writeln!(
+                    o,
+                    "  t_hidden   = min({acc:.3} x t_transfer, t_compute - wrong guesses' {} B / {:.1} GB/s) = {} (--prefetch next-layer, accuracy {})",
+                    grouped(p.prefetch_wasted_bytes_per_token.round() as u64),
+                    bw.h2d_gbps,
+                    secs(p.t_prefetch_hidden_s),
+                    r.prefetch_accuracy_source.as_deref().unwrap_or("given")
+                );
+                let _ = writeln!(
+                    o,
+                    "  t_token = t_compute + t_transfer - t_hidden + t_sync = {} -> {:.2} tokens/s",
+                    secs(p.t_token_s),
+                    p.tokens_per_s
+                );
+            } else {
+                let _ = writeln!(
+                    o,
+                    "  t_token = t_compute + t_transfer + t_sync = {} -> {:.2} tokens/s",
+                    secs(p.t_token_s),
+                    p.tokens_per_s
+                );
+                if r.prefetch_slots_per_layer > 0 {
+                    let _ = writeln!(
+                        o,
+                        "  (--prefetch next-layer hides part of t_transfer: give a trace's measured guess accuracy with --prefetch-trace t.jsonl to predict it)"
+                    );
+                }
+            }
         }
     }
     if r.miss_policy == MissPolicy::Auto && r.predictions.len() > 1 {

@@ -37,6 +37,9 @@ pub struct CacheConfig {
     pub capacity: usize,
     /// Unpublished slots that uploads land in while the previous generation stays readable.
     pub spares: usize,
+    /// Unpublished slots that prefetched experts land in ([`ExpertCache::prefetch`]), beside
+    /// the spares, so a step's misses always find `spares` slots (0: no prefetch).
+    pub prefetch: usize,
 }
 
 impl CacheConfig {
@@ -48,6 +51,7 @@ impl CacheConfig {
             top_k,
             capacity: num_experts,
             spares: 0,
+            prefetch: 0,
         }
     }
 
@@ -61,6 +65,7 @@ impl CacheConfig {
             top_k,
             capacity,
             spares,
+            prefetch: 0,
         }
     }
 
@@ -75,12 +80,26 @@ impl CacheConfig {
             top_k: group,
             capacity,
             spares: if capacity >= num_experts { 0 } else { group },
+            prefetch: 0,
         }
     }
 
-    /// Slots in GPU memory: `capacity + spares`.
+    /// The same cache with `width` prefetch slots below full residency (none at full
+    /// residency: every expert is resident already).
+    pub fn with_prefetch(self, width: usize) -> Self {
+        Self {
+            prefetch: if self.capacity >= self.num_experts {
+                0
+            } else {
+                width
+            },
+            ..self
+        }
+    }
+
+    /// Slots in GPU memory: `capacity + spares + prefetch`.
     pub fn total_slots(&self) -> usize {
-        self.capacity + self.spares
+        self.capacity + self.spares + self.prefetch
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -108,9 +127,16 @@ impl CacheConfig {
                  readable; got {s}"
             )));
         }
-        if c + s >= NO_SLOT as usize {
+        if self.prefetch > e {
             return Err(ConfigError::new(format!(
-                "layer {l}: {c} + {s} slots is too many"
+                "layer {l}: {} prefetch slots for {e} experts; at most {e}",
+                self.prefetch
+            )));
+        }
+        if c + s + self.prefetch >= NO_SLOT as usize {
+            return Err(ConfigError::new(format!(
+                "layer {l}: {c} + {s} + {} slots is too many",
+                self.prefetch
             )));
         }
         Ok(())
@@ -126,6 +152,9 @@ pub enum SlotState {
     Published,
     /// Reserved by the open plan for an upload; not in the table.
     Uploading,
+    /// Holds (or is being copied) an expert guessed for the layer's next step; not in the
+    /// table until a plan that wants it is published ([`ExpertCache::prefetch`]).
+    Prefetched,
 }
 
 /// What the cache knows about one slot.
@@ -204,6 +233,8 @@ pub struct Plan {
     wanted: Vec<u32>,
     hits: Vec<Placement>,
     uploads: Vec<Placement>,
+    /// Misses already copied by a prefetch: published without a copy.
+    prefetched: Vec<Placement>,
     evictions: Vec<Placement>,
 }
 
@@ -229,10 +260,15 @@ impl Plan {
     pub fn uploads(&self) -> &[Placement] {
         &self.uploads
     }
+    /// Misses a prefetch already copied into their (unpublished) slots: no copy to make.
+    pub fn prefetched(&self) -> &[Placement] {
+        &self.prefetched
+    }
     /// Published experts this plan drops at publication.
     pub fn evictions(&self) -> &[Placement] {
         &self.evictions
     }
+    /// Nothing to copy (prefetched misses need none).
     pub fn is_all_hits(&self) -> bool {
         self.uploads.is_empty()
     }
@@ -250,6 +286,12 @@ pub struct CacheStats {
     pub aborts: u64,
     /// `plan` calls refused with [`CacheError::NotNow`].
     pub not_now: u64,
+    /// Experts copied ahead by [`ExpertCache::prefetch`] (counted when their copy is
+    /// submitted), those a published plan then used (not counted in `misses`), and those
+    /// released unused.
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
+    pub prefetch_wasted: u64,
 }
 
 /// What an abort undid.
@@ -272,13 +314,15 @@ struct OpenPlan<T> {
 /// The residency state of one layer, generic over the fence that says when a submission
 /// has retired.
 pub struct ExpertCache<F: Fence> {
-    config: CacheConfig,
-    table: SlotTable,
-    slots: Vec<SlotInfo<F::Token>>,
+    pub(super) config: CacheConfig,
+    pub(super) table: SlotTable,
+    pub(super) slots: Vec<SlotInfo<F::Token>>,
     open: Option<OpenPlan<F::Token>>,
     next_plan: u64,
     step: u64,
-    stats: CacheStats,
+    pub(super) stats: CacheStats,
+    /// Per slot: a prefetched slot's copy was submitted (`complete_prefetch`).
+    pub(super) prefetch_copied: Vec<bool>,
 }
 
 impl<F: Fence> fmt::Debug for ExpertCache<F> {
@@ -312,6 +356,7 @@ impl<F: Fence> ExpertCache<F> {
             next_plan: 1,
             step: 0,
             stats: CacheStats::default(),
+            prefetch_copied: vec![false; config.total_slots()],
         })
     }
 
@@ -394,10 +439,12 @@ impl<F: Fence> ExpertCache<F> {
         }
         let mut hits = Vec::new();
         let mut misses = Vec::new();
+        let mut prefetched = Vec::new();
         for &e in &distinct {
-            match self.table.slot_of(e) {
-                Some(slot) => hits.push(Placement { expert: e, slot }),
-                None => misses.push(e),
+            match (self.table.slot_of(e), self.prefetched_slot(e)) {
+                (Some(slot), _) => hits.push(Placement { expert: e, slot }),
+                (None, Some(slot)) => prefetched.push(Placement { expert: e, slot }),
+                (None, None) => misses.push(e),
             }
         }
 
@@ -434,7 +481,8 @@ impl<F: Fence> ExpertCache<F> {
 
         // Victims: just enough to keep the published count within capacity.
         let published = self.published_count();
-        let need = (published + misses.len()).saturating_sub(self.config.capacity);
+        let need =
+            (published + misses.len() + prefetched.len()).saturating_sub(self.config.capacity);
         let mut candidates: Vec<u32> = self
             .table
             .resident()
@@ -485,6 +533,7 @@ impl<F: Fence> ExpertCache<F> {
             wanted: distinct,
             hits,
             uploads,
+            prefetched,
             evictions,
         };
         self.next_plan += 1;
@@ -535,11 +584,14 @@ impl<F: Fence> ExpertCache<F> {
             slot.expert = None;
             policy.on_evict(layer, v.expert);
         }
-        for u in &plan.uploads {
+        for u in plan.uploads.iter().chain(&plan.prefetched) {
             next[u.expert as usize] = u.slot;
             self.slots[u.slot as usize].state = SlotState::Published;
+            self.prefetch_copied[u.slot as usize] = false;
         }
-        if !plan.uploads.is_empty() || !plan.evictions.is_empty() {
+        let changed =
+            !plan.uploads.is_empty() || !plan.prefetched.is_empty() || !plan.evictions.is_empty();
+        if changed {
             self.table = SlotTable {
                 generation: self.table.generation + 1,
                 slot_of: next,
@@ -553,6 +605,7 @@ impl<F: Fence> ExpertCache<F> {
         self.stats.hits += plan.hits.len() as u64;
         self.stats.misses += plan.uploads.len() as u64;
         self.stats.uploads += plan.uploads.len() as u64;
+        self.stats.prefetch_used += plan.prefetched.len() as u64;
         self.stats.evictions += plan.evictions.len() as u64;
         self.stats.publishes += 1;
         Ok(self.table.generation)
@@ -673,6 +726,6 @@ impl<F: Fence> ExpertCache<F> {
         {
             return Err(format!("free slot holds an expert: {s:?}"));
         }
-        Ok(())
+        self.check_prefetch_invariants()
     }
 }

@@ -15,6 +15,7 @@ fn cache(
         top_k,
         capacity,
         spares,
+        prefetch: 0,
     })
     .unwrap()
 }
@@ -47,6 +48,7 @@ fn geometry_is_validated_with_the_valid_range() {
         top_k,
         capacity,
         spares,
+        prefetch: 0,
     };
     let err = ExpertCache::<MockFence>::new(cfg(8, 4, 8)).unwrap_err();
     assert!(
@@ -72,6 +74,24 @@ fn geometry_is_validated_with_the_valid_range() {
     assert_eq!(CacheConfig::full(0, 64, 8).total_slots(), 64);
     assert_eq!(CacheConfig::partial(0, 64, 8, 30).total_slots(), 38);
     assert_eq!(CacheConfig::partial(0, 64, 8, 64).spares, 0);
+    // Prefetch slots come on top of the spares, none at full residency.
+    assert_eq!(
+        CacheConfig::partial(0, 64, 8, 30)
+            .with_prefetch(8)
+            .total_slots(),
+        46
+    );
+    assert_eq!(
+        CacheConfig::full(0, 64, 8).with_prefetch(8).total_slots(),
+        64
+    );
+    assert!(ExpertCache::<MockFence>::new(CacheConfig {
+        prefetch: 65,
+        ..cfg(8, 30, 8)
+    })
+    .unwrap_err()
+    .0
+    .contains("prefetch"));
 }
 
 #[test]

@@ -58,6 +58,8 @@ pub enum CacheError<T: Debug> {
     StalePlan { layer: usize, plan: u64 },
     #[error("layer {layer}: plan {plan} has uploads not yet marked complete")]
     UploadsIncomplete { layer: usize, plan: u64 },
+    #[error("layer {layer}: the prefetch copy of expert {expert} was never submitted")]
+    PrefetchNotCopied { layer: usize, expert: u32 },
     #[error("layer {layer}: expert {expert} is not resident in generation {generation}")]
     NotResident {
         layer: usize,

@@ -7,6 +7,8 @@
 //! - [`Policy`]: [`Lru`], [`LfuDecay`], [`StaticProfile`] (from a [`Profile`]).
 //! - [`HostSource`]: the immutable, already-quantised expert set in host memory.
 //! - [`MissPolicy`] and the cost model: where a miss runs (uploaded, or on the CPU).
+//! - [`Prefetch`]: experts guessed for a layer's next step copied ahead into its prefetch
+//!   slots, published only if the real routing wants them.
 //! - Ceilings: [`belady`], [`frequency_ceiling`], and [`simulate`] to compare policies;
 //!   [`replay`] and [`belady_steps`] over recorded steps served as the runtime serves them.
 //!
@@ -22,12 +24,15 @@ mod fence;
 mod host_source;
 mod miss;
 mod policy;
+mod prefetch;
 mod profile;
 mod replay;
 mod staging;
 
 #[cfg(test)]
 mod cache_tests;
+#[cfg(test)]
+mod prefetch_tests;
 #[cfg(test)]
 mod testutil;
 
@@ -42,6 +47,9 @@ pub use fence::{Fence, MockFence};
 pub use host_source::{HostLayer, HostSource};
 pub use miss::{choose_uploads, CostFigures, MissPolicy, Reuse};
 pub use policy::{build_policy, LfuDecay, Lru, Policy, PolicyKind, StaticProfile};
+pub use prefetch::{Prefetch, Settled};
 pub use profile::Profile;
-pub use replay::{belady_steps, distinct, replay, total, SimStats};
+pub use replay::{
+    belady_steps, distinct, replay, replay_prefetch, total, PrefetchSimStats, SimStats,
+};
 pub use staging::{StagingPool, StagingStats};

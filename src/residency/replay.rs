@@ -56,7 +56,46 @@ pub fn replay(
     capacity: usize,
     policy: &mut dyn Policy,
 ) -> Result<Vec<SimStats>, ConfigError> {
-    let config = CacheConfig::partial(layer, num_experts, top_k, capacity);
+    let none = vec![Vec::new(); steps.len()];
+    Ok(
+        replay_prefetch(layer, steps, &none, num_experts, top_k, capacity, 0, policy)?
+            .into_iter()
+            .map(|s| s.cache)
+            .collect(),
+    )
+}
+
+/// One step of [`replay_prefetch`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefetchSimStats {
+    /// Hits (resident before the step), misses (copied on demand) and evictions.
+    pub cache: SimStats,
+    /// Guessed experts copied ahead, those the step wanted, and those released unused.
+    pub issued: u64,
+    pub used: u64,
+    pub wasted: u64,
+    /// Of the step's distinct experts, those its guess held (`guessed` counts the steps'
+    /// distinct experts where a guess existed).
+    pub predicted: u64,
+    pub guessed: u64,
+}
+
+/// [`replay`] with `--prefetch next-layer`: before step s is served, the experts of
+/// `guesses[s]` (the recorded guess for this layer; empty: none) that are not resident are
+/// copied ahead into the layer's `width` prefetch slots, exactly as the runtime does
+/// (the same cache, its prefetch slots, the same settle and plans).
+#[allow(clippy::too_many_arguments)]
+pub fn replay_prefetch(
+    layer: usize,
+    steps: &[Vec<u32>],
+    guesses: &[Vec<u32>],
+    num_experts: usize,
+    top_k: usize,
+    capacity: usize,
+    width: usize,
+    policy: &mut dyn Policy,
+) -> Result<Vec<PrefetchSimStats>, ConfigError> {
+    let config = CacheConfig::partial(layer, num_experts, top_k, capacity).with_prefetch(width);
     let mut cache = ExpertCache::<MockFence>::new(config)?;
     let mut fence = MockFence::new();
     let mut out = Vec::with_capacity(steps.len());
@@ -64,6 +103,22 @@ pub fn replay(
     for (t, ids) in steps.iter().enumerate() {
         let before = cache.stats();
         let wanted = distinct(ids);
+        let guess = guesses.get(t).map_or(&[][..], |g| &g[..]);
+        let mut st = PrefetchSimStats::default();
+        if !guess.is_empty() {
+            st.guessed = wanted.len() as u64;
+            st.predicted = wanted.iter().filter(|e| guess.contains(e)).count() as u64;
+            if config.prefetch > 0 {
+                let placed = cache.prefetch(guess, &fence).map_err(|e| fail(t, &e))?;
+                if !placed.is_empty() {
+                    let copy = fence.submit();
+                    cache
+                        .complete_prefetch(&placed, copy)
+                        .map_err(|e| fail(t, &e))?;
+                }
+            }
+        }
+        cache.settle_prefetch(&wanted).map_err(|e| fail(t, &e))?;
         let batches = expert_batches(
             &wanted,
             |e| cache.table().slot_of(e).is_some(),
@@ -86,11 +141,15 @@ pub fn replay(
             fence.complete_all();
         }
         let after = cache.stats();
-        out.push(SimStats {
+        st.cache = SimStats {
             hits: after.hits - before.hits,
             misses: after.misses - before.misses,
             evictions: after.evictions - before.evictions,
-        });
+        };
+        st.issued = after.prefetch_issued - before.prefetch_issued;
+        st.used = after.prefetch_used - before.prefetch_used;
+        st.wasted = after.prefetch_wasted - before.prefetch_wasted;
+        out.push(st);
     }
     Ok(out)
 }

@@ -220,3 +220,35 @@ mod property {
         }
     }
 }
+
+/// SMALL under LRU with a guess per step: the true next set (an oracle) turns every miss
+/// but the first into a used prefetch; a guess of an expert never wanted is wasted, every
+/// time, and changes nothing else.
+#[test]
+fn prefetch_replay_with_oracle_and_wrong_guesses() {
+    let steps = singles(&SMALL);
+    let plain = replay(0, &steps, 4, 1, 2, &mut Lru::new()).unwrap();
+    let oracle: Vec<Vec<u32>> = steps.to_vec();
+    let s = replay_prefetch(0, &steps, &oracle, 4, 1, 2, 1, &mut Lru::new()).unwrap();
+    let sum = |f: fn(&PrefetchSimStats) -> u64| s.iter().map(f).sum::<u64>();
+    // Hits as without prefetch (resident before); each plain miss comes from the prefetch.
+    assert_eq!(sum(|x| x.cache.hits), total(&plain).hits);
+    assert_eq!(sum(|x| x.cache.misses), 0);
+    assert_eq!(sum(|x| x.used), total(&plain).misses);
+    assert_eq!((sum(|x| x.issued), sum(|x| x.wasted)), (5, 0));
+    assert_eq!((sum(|x| x.predicted), sum(|x| x.guessed)), (6, 6));
+    // Expert 3 is never wanted: every guess of it is copied and released.
+    let wrong = vec![vec![3u32]; steps.len()];
+    let w = replay_prefetch(0, &steps, &wrong, 4, 1, 2, 1, &mut Lru::new()).unwrap();
+    assert_eq!(
+        w.iter().map(|x| x.cache).collect::<Vec<_>>(),
+        plain,
+        "wrong guesses change no hit nor miss"
+    );
+    assert_eq!(w.iter().map(|x| x.wasted).sum::<u64>(), 6);
+    assert_eq!(w.iter().map(|x| x.predicted).sum::<u64>(), 0);
+    // No prefetch slots: the guesses are scored, nothing is copied.
+    let z = replay_prefetch(0, &steps, &oracle, 4, 1, 2, 0, &mut Lru::new()).unwrap();
+    assert_eq!(z.iter().map(|x| x.issued).sum::<u64>(), 0);
+    assert_eq!(z.iter().map(|x| x.predicted).sum::<u64>(), 6);
+}

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::residency::{
     belady_steps, build_policy, distinct, expected_experts_touched, frequency_ceiling, replay,
-    PolicyKind, Profile, SimStats,
+    replay_prefetch, PolicyKind, Prefetch, Profile, SimStats,
 };
 use crate::trace::{Phase, StepGroups, Trace};
 
@@ -23,6 +23,9 @@ pub struct SimulateOptions {
     pub decays: Vec<f64>,
     /// The share of counted steps the static profile is fitted on (scored on the rest).
     pub fit_fraction: f64,
+    /// `--prefetch next-layer`: each policy also replayed with the trace's recorded guesses
+    /// copied ahead into prefetch slots, as the runtime does.
+    pub prefetch: Prefetch,
 }
 
 /// One policy at one capacity.
@@ -42,6 +45,16 @@ pub struct PolicyResult {
     /// Misses x expert bytes: what the policy would upload.
     pub h2d_bytes: u64,
     pub per_layer_hit_rate: Vec<f64>,
+    /// `next-layer` for a replay with the recorded guesses copied ahead (null: none). Its
+    /// hits count the experts served from a prefetch copy (no wait); its H2D bytes count
+    /// every copy, wrong guesses included.
+    pub prefetch: Option<Prefetch>,
+    pub prefetch_issued: Option<u64>,
+    pub prefetch_used: Option<u64>,
+    pub prefetch_wasted_bytes: Option<u64>,
+    /// Of the routed experts in steps with a guess, the share the guess held.
+    pub prefetch_accuracy: Option<f64>,
+    pub prefetch_accuracy_per_layer: Option<Vec<Option<f64>>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -174,6 +187,17 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
         crate::residency::LfuDecay::new(d).map_err(|er| Error::option("--decay", er.0))?;
     }
     let g = trace.step_groups();
+    // The runtime's width: the longest recorded guess.
+    let width = g.guesses.iter().flatten().map(Vec::len).max().unwrap_or(0);
+    if o.prefetch == Prefetch::NextLayer && width == 0 {
+        return Err(Error::option(
+            "--prefetch",
+            format!(
+                "{} records no guesses of the next layer's experts (a trace of decode steps from a wgmoe whose run guessed them: --prefetch next-layer or any trace of version 3)",
+                trace.path.display()
+            ),
+        ));
+    }
     let nsteps = g.counted.len();
     let counted_steps = g.counted.iter().filter(|&&c| c).count();
     // The fitting part: the first fit_fraction of the counted steps.
@@ -257,13 +281,41 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
                 );
             }
             results.push(result(
-                name,
+                name.clone(),
                 decay,
                 &per_layer,
                 &g,
                 fit_steps,
                 h.expert_bytes,
             ));
+            if o.prefetch == Prefetch::NextLayer && c < e {
+                let mut p = build_policy(kind, decay.unwrap_or(1.0), Some(&profile), c)
+                    .map_err(|er| Error::option("--capacity", er.0))?;
+                let mut per_layer = Vec::new();
+                for (i, &layer) in g.layers.iter().enumerate() {
+                    per_layer.push(
+                        replay_prefetch(
+                            layer,
+                            &g.steps[i],
+                            &g.guesses[i],
+                            e,
+                            k,
+                            c,
+                            width,
+                            p.as_mut(),
+                        )
+                        .map_err(|er| Error::bad_file(&trace.path, er.0))?,
+                    );
+                }
+                results.push(prefetch_result(
+                    name,
+                    decay,
+                    &per_layer,
+                    &g,
+                    fit_steps,
+                    h.expert_bytes,
+                ));
+            }
         }
         let per_layer: Vec<Vec<SimStats>> = g
             .steps
@@ -337,7 +389,64 @@ fn result(
         heldout_hit_rate: rate(held.hits, held.misses),
         h2d_bytes: all.misses * expert_bytes,
         per_layer_hit_rate: rates,
+        prefetch: None,
+        prefetch_issued: None,
+        prefetch_used: None,
+        prefetch_wasted_bytes: None,
+        prefetch_accuracy: None,
+        prefetch_accuracy_per_layer: None,
     }
+}
+
+/// A replay with prefetch: experts served from a prefetch copy count as hits (the step
+/// found them on the device), every copy (used or not) as H2D bytes.
+fn prefetch_result(
+    policy: String,
+    decay: Option<f64>,
+    per_layer: &[Vec<crate::residency::PrefetchSimStats>],
+    g: &StepGroups,
+    fit_steps: usize,
+    expert_bytes: u64,
+) -> PolicyResult {
+    let as_hits: Vec<Vec<SimStats>> = per_layer
+        .iter()
+        .map(|steps| {
+            steps
+                .iter()
+                .map(|s| SimStats {
+                    hits: s.cache.hits + s.used,
+                    ..s.cache
+                })
+                .collect()
+        })
+        .collect();
+    let mut r = result(policy, decay, &as_hits, g, fit_steps, expert_bytes);
+    let (mut issued, mut used, mut wasted, mut held, mut guessed) = (0, 0, 0, 0, 0);
+    let mut acc = Vec::new();
+    for steps in per_layer {
+        let (mut lh, mut lg) = (0u64, 0u64);
+        for (s, st) in steps.iter().enumerate() {
+            if !g.counted.get(s).copied().unwrap_or(true) {
+                continue;
+            }
+            issued += st.issued;
+            used += st.used;
+            wasted += st.wasted;
+            lh += st.predicted;
+            lg += st.guessed;
+        }
+        held += lh;
+        guessed += lg;
+        acc.push((lg > 0).then(|| lh as f64 / lg as f64));
+    }
+    r.h2d_bytes += issued * expert_bytes;
+    r.prefetch = Some(Prefetch::NextLayer);
+    r.prefetch_issued = Some(issued);
+    r.prefetch_used = Some(used);
+    r.prefetch_wasted_bytes = Some(wasted * expert_bytes);
+    r.prefetch_accuracy = (guessed > 0).then(|| held as f64 / guessed as f64);
+    r.prefetch_accuracy_per_layer = Some(acc);
+    r
 }
 
 /// Hits and misses as the run counted them: per (step, layer), the distinct experts and

@@ -85,11 +85,14 @@ pub fn render(r: &SimReport) -> String {
             "policy", "hits", "misses", "hit rate", "held-out", "H2D"
         );
         for p in &c.policies {
-            let name = match (p.policy.as_str(), p.decay) {
+            let mut name = match (p.policy.as_str(), p.decay) {
                 (n, Some(d)) => format!("{n} {d}"),
                 ("belady", None) => "belady (ceiling)".to_string(),
                 (n, None) => n.to_string(),
             };
+            if p.prefetch.is_some() {
+                name.push_str(" +pf");
+            }
             let layers: Vec<String> = p
                 .per_layer_hit_rate
                 .iter()
@@ -106,6 +109,36 @@ pub fn render(r: &SimReport) -> String {
                 human(p.h2d_bytes),
                 layers.join(" ")
             );
+        }
+        let pf: Vec<&super::PolicyResult> =
+            c.policies.iter().filter(|p| p.prefetch.is_some()).collect();
+        if let Some(first) = pf.first() {
+            let acc = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{a:.3}"));
+            let layers: Vec<String> = first
+                .prefetch_accuracy_per_layer
+                .iter()
+                .flatten()
+                .map(|&a| acc(a))
+                .collect();
+            let _ = writeln!(
+                o,
+                "  +pf: --prefetch next-layer with the recorded guesses; guess accuracy {} (per layer {})",
+                acc(first.prefetch_accuracy),
+                layers.join(" ")
+            );
+            for p in pf {
+                let _ = writeln!(
+                    o,
+                    "    {:<16} issued {:>7}, used {:>7}, wasted {:>10}",
+                    match p.decay {
+                        Some(d) => format!("{} {d}", p.policy),
+                        None => p.policy.clone(),
+                    },
+                    p.prefetch_issued.unwrap_or(0),
+                    p.prefetch_used.unwrap_or(0),
+                    human(p.prefetch_wasted_bytes.unwrap_or(0))
+                );
+            }
         }
     }
     o

@@ -42,7 +42,7 @@ impl RoutingSink for JsonlSink {
                 experts: ids.to_vec(),
                 weights: r.weights.get(at.clone()).unwrap_or_default().to_vec(),
                 hit: r.hit.get(at.clone()).unwrap_or_default().to_vec(),
-                cpu: r.cpu.get(at).unwrap_or_default().to_vec(),
+                cpu: r.cpu.get(at.clone()).unwrap_or_default().to_vec(),
                 evicted: if t == 0 {
                     r.evicted.to_vec()
                 } else {
@@ -54,6 +54,19 @@ impl RoutingSink for JsonlSink {
                     Vec::new()
                 },
                 warmup: r.warmup,
+                // The guess is of one token (one-token steps).
+                predicted: if t == 0 {
+                    r.predicted.to_vec()
+                } else {
+                    Vec::new()
+                },
+                prefetched: r.prefetched.get(at.clone()).unwrap_or_default().to_vec(),
+                prefetch_issued: if t == 0 {
+                    r.prefetch_issued.to_vec()
+                } else {
+                    Vec::new()
+                },
+                stall_s: if t == 0 { r.stall_s } else { 0.0 },
             };
             self.write(&line)?;
         }

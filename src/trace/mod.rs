@@ -22,7 +22,9 @@ use crate::error::Result;
 
 /// The format version written in every header. Version 2 added `loaded` and `cpu`; a
 /// version 1 trace (no CPU experts then) is read as one whose misses were all uploaded.
-pub const TRACE_VERSION: u32 = 2;
+/// Version 3 added the next-layer guess (`predicted`), what was prefetched
+/// (`prefetched`, `prefetch_issued`) and the device's wait for copies (`stall_s`).
+pub const TRACE_VERSION: u32 = 3;
 
 /// The first line of a trace: what ran.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -81,6 +83,25 @@ pub struct TraceLine {
     /// A warm-up response (bench): replayed, not counted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warmup: bool,
+    /// The guess of this token's experts in this layer: this layer's router applied to
+    /// the previous MoE layer's hidden state (one-token steps; what `--prefetch
+    /// next-layer` copies ahead), best first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub predicted: Vec<u32>,
+    /// Per expert: served from a copy a prefetch made ahead (left out when none was).
+    #[serde(default, skip_serializing_if = "none_true")]
+    pub prefetched: Vec<bool>,
+    /// Experts copied ahead for this layer's step, used or not (on the step's first line
+    /// of the layer only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefetch_issued: Vec<u32>,
+    /// Seconds the device waited for this layer's copies in the step (first line only).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stall_s: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn none_true(v: &[bool]) -> bool {
@@ -112,6 +133,13 @@ pub struct LayerRouting<'a> {
     pub evicted: &'a [u32],
     /// Experts resident now that were not after the layer's previous step.
     pub loaded: &'a [u32],
+    /// The guess made for this layer at the previous MoE layer (one token), if any.
+    pub predicted: &'a [u32],
+    /// Per expert of `ids`: served from a prefetch copy.
+    pub prefetched: &'a [bool],
+    /// Experts copied ahead for this layer in the step, and the device's wait for copies.
+    pub prefetch_issued: &'a [u32],
+    pub stall_s: f64,
 }
 
 /// Where routing records go.
@@ -135,6 +163,11 @@ struct Pending {
     /// Misses are uploaded into the cache this step (false: computed on the CPU, and any
     /// admission is published at the layer's next step).
     uploads: bool,
+    guess: Vec<u32>,
+    /// Routed experts served from a prefetch copy.
+    prefetched: Vec<u32>,
+    issued: Vec<u32>,
+    stall_s: f64,
 }
 
 /// Collects a step's routing layer by layer and reports it to the sinks when the step ends.
@@ -209,7 +242,28 @@ impl Tracer {
             weights: weights.to_vec(),
             before,
             uploads,
+            guess: Vec::new(),
+            prefetched: Vec::new(),
+            issued: Vec::new(),
+            stall_s: 0.0,
         });
+    }
+
+    /// The guess made for `layer`'s routing just reported, and its experts served from a
+    /// prefetch copy.
+    pub fn prefetch(&mut self, layer: usize, guess: Option<&[u32]>, prefetched: &[u32]) {
+        if let Some(p) = self.pending.iter_mut().rev().find(|p| p.layer == layer) {
+            p.guess = guess.map(<[u32]>::to_vec).unwrap_or_default();
+            p.prefetched = prefetched.to_vec();
+        }
+    }
+
+    /// What the step copied ahead for `layer`, and the device's wait for its copies.
+    pub fn layer_copies(&mut self, layer: usize, issued: Vec<u32>, stall_s: f64) {
+        if let Some(p) = self.pending.iter_mut().rev().find(|p| p.layer == layer) {
+            p.issued = issued;
+            p.stall_s = stall_s;
+        }
     }
 
     /// The step is done; `after(layer)` says which experts each layer holds now.
@@ -221,8 +275,14 @@ impl Tracer {
                     .is_none_or(|s| s.get(e as usize).copied().unwrap_or(false))
             };
             let hit: Vec<bool> = p.ids.iter().map(|&e| resident(&p.before, e)).collect();
-            // A miss of a layer that does not upload in the step ran on the CPU.
-            let cpu: Vec<bool> = hit.iter().map(|&h| !h && !p.uploads).collect();
+            let prefetched: Vec<bool> = p.ids.iter().map(|e| p.prefetched.contains(e)).collect();
+            // A miss of a layer that does not upload in the step ran on the CPU (unless a
+            // prefetch had copied it).
+            let cpu: Vec<bool> = hit
+                .iter()
+                .zip(&prefetched)
+                .map(|(&h, &f)| !h && !f && !p.uploads)
+                .collect();
             // Evicted: resident before, uploaded now or held after the last step, and gone
             // after. Loaded: held after and not after the last step.
             let now = after(p.layer);
@@ -239,7 +299,8 @@ impl Tracer {
                 let was = |e: usize| {
                     held(&p.before, e)
                         || held(&base, e)
-                        || (p.uploads && p.ids.contains(&(e as u32)))
+                        || ((p.uploads || p.prefetched.contains(&(e as u32)))
+                            && p.ids.contains(&(e as u32)))
                 };
                 for (e, &r) in now.iter().enumerate() {
                     if !r && was(e) {
@@ -264,6 +325,10 @@ impl Tracer {
                 cpu: &cpu,
                 evicted: &evicted,
                 loaded: &loaded,
+                predicted: &p.guess,
+                prefetched: &prefetched,
+                prefetch_issued: &p.issued,
+                stall_s: p.stall_s,
             };
             for s in &mut self.sinks {
                 s.layer(&rec)?;

@@ -26,6 +26,9 @@ pub struct StepGroups {
     pub phase: Vec<Phase>,
     /// Tokens per step.
     pub tokens: Vec<usize>,
+    /// `guesses[i][s]`: the guess recorded for layer `layers[i]` in step `s` (the previous
+    /// MoE layer's prediction of its experts; empty: none).
+    pub guesses: Vec<Vec<Vec<u32>>>,
 }
 
 fn at(path: &Path, line: usize, msg: impl Into<String>) -> Error {
@@ -148,11 +151,39 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
 }
 
 impl Trace {
+    /// Of the experts routed in (step, layer)s that carry a guess (`predicted`), the share
+    /// the guess held (counted once per step and layer); None without guesses.
+    pub fn prediction_accuracy(&self) -> Option<f64> {
+        let (mut held, mut all) = (0u64, 0u64);
+        let mut key: Option<(u64, usize)> = None;
+        let mut seen: Vec<u32> = Vec::new();
+        let mut guess: Vec<u32> = Vec::new();
+        for r in self.lines.iter().filter(|r| !r.warmup) {
+            if key != Some((r.step, r.layer)) {
+                key = Some((r.step, r.layer));
+                seen.clear();
+                guess = r.predicted.clone();
+            }
+            if guess.is_empty() {
+                continue;
+            }
+            for &e in &r.experts {
+                if !seen.contains(&e) {
+                    seen.push(e);
+                    all += 1;
+                    held += u64::from(guess.contains(&e));
+                }
+            }
+        }
+        (all > 0).then(|| held as f64 / all as f64)
+    }
+
     /// The steps per MoE layer, in the order the cache served them.
     pub fn step_groups(&self) -> StepGroups {
         let layers = self.header.moe_layers.clone();
         let mut g = StepGroups {
             steps: vec![Vec::new(); layers.len()],
+            guesses: vec![Vec::new(); layers.len()],
             layers,
             ..Default::default()
         };
@@ -165,7 +196,7 @@ impl Trace {
                 g.counted.push(!r.warmup);
                 g.phase.push(r.phase);
                 g.tokens.push(0);
-                for s in &mut g.steps {
+                for s in g.steps.iter_mut().chain(&mut g.guesses) {
                     s.push(Vec::new());
                 }
             }
@@ -177,6 +208,10 @@ impl Trace {
             if let Some(i) = g.layers.iter().position(|&l| l == r.layer) {
                 if let Some(s) = g.steps[i].last_mut() {
                     s.extend_from_slice(&r.experts);
+                }
+                // The guess is on the layer's first line of the step.
+                if let Some(s) = g.guesses[i].last_mut().filter(|s| s.is_empty()) {
+                    s.extend_from_slice(&r.predicted);
                 }
             }
         }
