@@ -171,6 +171,14 @@ fn attn_cases() -> Vec<AttnCase> {
         head_dim,
     };
     vec![
+        // A long context's last position: llvmpipe ends a shader invocation's loops after
+        // 65535 iterations, so this guards the one-token kernel's loop counts too.
+        AttnCase {
+            heads: h(16, 16, 128),
+            t: 1,
+            pos0: 4094,
+            flags: 0,
+        },
         AttnCase {
             heads: h(6, 2, 6),
             t: 5,
