@@ -4,28 +4,14 @@
 // length is bounded by the cache, not by workgroup memory. GQA: query head h reads kv
 // head h / (n_heads / n_kv), as transformers' repeat_kv.
 
-struct Params {
-    n_heads: u32,
-    n_kv: u32,
-    head_dim: u32,
-    scratch_stride: u32,  // floats per scratch row (>= cache capacity in positions)
-    scale: f32,
-    _a: u32,
-    _b: u32,
-    _c: u32,
-}
+// Params, p, scratch (5) and out (6) come from attn_scratch.wgsl.
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
-@group(0) @binding(3) var<storage, read> cache_k: array<f32>;
-@group(0) @binding(4) var<storage, read> cache_v: array<f32>;
-@group(0) @binding(5) var<storage, read_write> scratch: array<f32>;
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+// cache_k (3) and cache_v (4) come from the KV piece.
 
 const WG: u32 = 64u;
 const MAX_HEAD_DIM: u32 = 512u;
 var<workgroup> qs: array<f32, 512>;
-var<workgroup> red: array<f32, 64>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -51,14 +37,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         scratch[srow + j] = s;
         m = max(m, s);
     }
-    red[lid.x] = m;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid.x < s) { red[lid.x] = max(red[lid.x], red[lid.x + s]); }
-        workgroupBarrier();
-    }
-    let mx = red[0];
-    workgroupBarrier();
+    let mx = wg_max(m, lid.x);
 
     var sum = 0.0;
     for (var j = lid.x; j < n_keys; j += WG) {
@@ -66,13 +45,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         scratch[srow + j] = e;
         sum += e;
     }
-    red[lid.x] = sum;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid.x < s) { red[lid.x] += red[lid.x + s]; }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / red[0];
+    let inv = 1.0 / wg_sum(sum, lid.x);
     // Scratch was written by other invocations of this workgroup.
     storageBarrier();
 

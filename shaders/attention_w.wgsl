@@ -8,23 +8,11 @@
 // least 8 lanes and head_dim % 4 == 0; the one-token kernel is attention.wgsl. Scores go
 // to the same scratch rows as there; GQA as there.
 
-struct Params {
-    n_heads: u32,
-    n_kv: u32,
-    head_dim: u32,
-    scratch_stride: u32,  // floats per scratch row (>= cache capacity in positions)
-    scale: f32,
-    _a: u32,
-    _b: u32,
-    _c: u32,
-}
+// Params, p, scratch (5) and out (6) come from attn_scratch.wgsl.
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> cache_k: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> cache_v: array<f32>;
-@group(0) @binding(5) var<storage, read_write> scratch: array<f32>;
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
 // Per-subgroup partial maxima / sums of the 8 tokens, one pair of slots per 8 local
 // invocations: each subgroup's first lane writes slot li / 8, unwritten slots hold the

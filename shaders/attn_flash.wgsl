@@ -28,8 +28,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
-@group(0) @binding(3) var<storage, read> cache_k: array<f32>;
-@group(0) @binding(4) var<storage, read> cache_v: array<f32>;
+// cache_k (3) and cache_v (4) come from the KV piece.
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 // [T][n_heads][S][head_dim + 2]: a split's output, then its max and sum.
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;

@@ -19,9 +19,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> x: array<f32>;  // h [T, top_k, inter]
-@group(0) @binding(3) var<storage, read> ids: array<u32>;
-@group(0) @binding(4) var<storage, read> slot_of: array<u32>;
-@group(0) @binding(5) var<storage, read> w: array<vec4<u32>>;
+// ids (3), slot_of (4) and the weights w (5) come from ffn_slot.wgsl.
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 
 @compute @workgroup_size(64)
@@ -29,11 +27,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let m = gid.x;
     let j = gid.y + p.j_base;
     let t = gid.z;
-    if (m >= p.hidden || t >= step.n_tokens) { return; }
-    var slot = 0u;
-    if ((p.flags & FFN_FIXED_SLOT) == 0u) { slot = slot_of[ids[t * p.top_k + j]]; }
-    if (slot < p.first_slot || slot >= p.first_slot + p.chunk_slots) { return; }
-    let row = (slot - p.first_slot) * p.slot_vec4 + 2u * p.inter * p.in_vec4 + m * p.down_vec4;
+    let sbase = ffn_slot_base(gid, p.hidden);
+    if (sbase == NO_SLOT) { return; }
+    let row = sbase + 2u * p.inter * p.in_vec4 + m * p.down_vec4;
     let hb = (t * p.top_k + j) * p.inter;
     var acc = 0.0;
     for (var c = 0u; c < p.down_vec4; c++) {

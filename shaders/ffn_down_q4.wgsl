@@ -10,19 +10,14 @@
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let lane = row_lane(li);
-    let m_raw = wid.x * (64u / LANES) + li / LANES;
-    // With one lane per row, rows past the end return; with several, they compute a copy
-    // of the last row and do not store it, so every lane of a row takes part in the
-    // reduction.
-    if (LANES == 1u && m_raw >= p.hidden) { return; }
-    let m = min(m_raw, p.hidden - 1u);
-    let t = window_token(wid.z);
-    if (t >= step.n_tokens) { return; }
-    let tj = t * p.top_k + wid.y + p.j_base;
+    let r = down_row(wid, li);
+    if (!r.live) { return; }
+    let lane = r.lane;
+    let m = r.m;
+    let tj = r.t * p.top_k + wid.y + p.j_base;
     let slot = slot_of[ids[tj]];
     if (slot < p.first_slot || slot >= p.first_slot + p.chunk_slots) { return; }
     // One expression on purpose: binding the dot product to a `let` before the store made
     // llvmpipe's build of this kernel about 3.5x slower (measured with WGMOE_PROFILE_KERNELS).
-    store_row(tj * p.hidden + m, reduce_lanes(lane_dot(slot - p.first_slot, m, tj * p.inter, lane)), lane, m_raw, p.hidden);
+    store_row(tj * p.hidden + m, reduce_lanes(lane_dot(slot - p.first_slot, m, tj * p.inter, lane)), lane, r.m_raw, p.hidden);
 }

@@ -11,12 +11,11 @@
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let lane = row_lane(li);
-    let m_raw = wid.x * (64u / LANES) + li / LANES;
-    if (LANES == 1u && m_raw >= p.hidden) { return; }
-    let m = min(m_raw, p.hidden - 1u);
-    let t = window_token(wid.z);
-    if (t >= step.n_tokens) { return; }
+    let r = down_row(wid, li);
+    if (!r.live) { return; }
+    let lane = r.lane;
+    let m = r.m;
+    let t = r.t;
     var acc = 0.0;
     var hit = false;
     for (var j = 0u; j < p.top_k; j++) {
@@ -27,5 +26,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             hit = true;
         }
     }
-    if (hit) { add_row(t * p.hidden + m, acc, lane, m_raw, p.hidden); }
+    if (hit) { add_row(t * p.hidden + m, acc, lane, r.m_raw, p.hidden); }
 }

@@ -22,9 +22,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
-@group(0) @binding(3) var<storage, read> ids: array<u32>;
-@group(0) @binding(4) var<storage, read> slot_of: array<u32>;
-@group(0) @binding(5) var<storage, read> w: array<vec4<u32>>;
+// ids (3), slot_of (4) and the weights w (5) come from ffn_slot.wgsl.
 @group(0) @binding(6) var<storage, read_write> h_out: array<f32>;
 
 @compute @workgroup_size(64)
@@ -32,11 +30,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let n = gid.x;
     let j = gid.y + p.j_base;
     let t = gid.z;
-    if (n >= p.inter || t >= step.n_tokens) { return; }
-    var slot = 0u;
-    if ((p.flags & FFN_FIXED_SLOT) == 0u) { slot = slot_of[ids[t * p.top_k + j]]; }
-    if (slot < p.first_slot || slot >= p.first_slot + p.chunk_slots) { return; }
-    let sbase = (slot - p.first_slot) * p.slot_vec4;
+    let sbase = ffn_slot_base(gid, p.inter);
+    if (sbase == NO_SLOT) { return; }
     let g_row = sbase + n * p.in_vec4;
     let u_row = sbase + (p.inter + n) * p.in_vec4;
     let xb = t * p.x_stride;

@@ -25,7 +25,7 @@ struct Params {
 const WG: u32 = 64u;
 /// Most experts a router may have (ROUTER_MAX_EXPERTS on the host).
 const MAX_EXPERTS: u32 = 1024u;
-var<workgroup> red: array<f32, 64>;
+// red (the top-k tree's values) comes from wg_tree.wgsl.
 var<workgroup> redi: array<u32, 64>;
 const NONE: u32 = 0xffffffffu;
 
@@ -52,28 +52,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         probe_bytes(SITE_X, 4u);
         m = max(m, logits[lb + e]);
     }
-    red[lid.x] = m;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid.x < s) { red[lid.x] = max(red[lid.x], red[lid.x + s]); }
-        workgroupBarrier();
-    }
-    let mx = red[0];
-    workgroupBarrier();
+    let mx = wg_max(m, lid.x);
     var sum = 0.0;
     for (var e0 = 0u; e0 < n; e0 += WG) {
         let e = e0 + lid.x;
         let v = exp(logits[lb + min(e, n - 1u)] - mx);
         sum += select(0.0, v, e < n);
     }
-    red[lid.x] = sum;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid.x < s) { red[lid.x] += red[lid.x + s]; }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
+    let total = wg_sum(sum, lid.x);
     // Top-k: pick j is the best expert ranked after pick j-1 in the order (probability
     // descending, index ascending), so nothing picked needs remembering. Each lane takes
     // the best of its experts, then a tree reduction; probabilities are recomputed from the

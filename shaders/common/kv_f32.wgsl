@@ -1,5 +1,8 @@
-// The KV cache as f32 (`cache_k`, `cache_v`, declared by the kernel): element i of a
-// layer's keys or values, through the probe.
+// The KV cache as f32, a layer's keys and values at bindings 3 and 4 of the attention
+// kernels: element i of them, through the probe.
+@group(0) @binding(3) var<storage, read> cache_k: array<f32>;
+@group(0) @binding(4) var<storage, read> cache_v: array<f32>;
+
 fn k_at(i: u32) -> f32 {
     probe(SITE_KV, i * 4u, 4u);
     return cache_k[i];

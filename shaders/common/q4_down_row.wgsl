@@ -46,3 +46,16 @@ fn lane_dot(rel: u32, m: u32, hb: u32, lane: u32) -> f32 {
     }
     return acc;
 }
+
+// The output row of invocation `li` in workgroup `wid` (rows of 64 / LANES per workgroup,
+// token window_token(wid.z)). With one lane per row, rows past the end have nothing to do;
+// with several, they compute a copy of the last row and do not store it, so every lane of
+// a row takes part in the reduction.
+struct DownRow { lane: u32, m_raw: u32, m: u32, t: u32, live: bool }
+
+fn down_row(wid: vec3<u32>, li: u32) -> DownRow {
+    let m_raw = wid.x * (64u / LANES) + li / LANES;
+    let t = window_token(wid.z);
+    let live = !(LANES == 1u && m_raw >= p.hidden) && t < step.n_tokens;
+    return DownRow(row_lane(li), m_raw, min(m_raw, p.hidden - 1u), t, live);
+}

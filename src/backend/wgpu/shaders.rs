@@ -65,6 +65,22 @@ pub const PIECES: &[(&str, &str)] = &[
         include_str!("../../../shaders/common/q4_down_row.wgsl"),
     ),
     (
+        "wg_tree.wgsl",
+        include_str!("../../../shaders/common/wg_tree.wgsl"),
+    ),
+    (
+        "attn_scratch.wgsl",
+        include_str!("../../../shaders/common/attn_scratch.wgsl"),
+    ),
+    (
+        "ffn_slot.wgsl",
+        include_str!("../../../shaders/common/ffn_slot.wgsl"),
+    ),
+    (
+        "q4_pairs8.wgsl",
+        include_str!("../../../shaders/common/q4_pairs8.wgsl"),
+    ),
+    (
         "kv_f32.wgsl",
         include_str!("../../../shaders/common/kv_f32.wgsl"),
     ),
@@ -219,13 +235,19 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
         });
     }
     match k {
-        Kernel::Matmul | Kernel::FfnGateUp | Kernel::FfnDown => {
-            v.extend(["f16_halves.wgsl", "act8.wgsl"]);
+        Kernel::Matmul => v.extend(["f16_halves.wgsl", "act8.wgsl"]),
+        Kernel::FfnGateUp | Kernel::FfnDown => {
+            v.extend(["f16_halves.wgsl", "act8.wgsl", "ffn_slot.wgsl"])
         }
         Kernel::MatmulUniform => v.extend(["f16_halves.wgsl", "uniform_window.wgsl"]),
         Kernel::MatmulWindow => v.push("uniform_window.wgsl"),
-        Kernel::Attention | Kernel::AttnFlash => v.push("kv_f32.wgsl"),
-        Kernel::Q4GateUpSorted | Kernel::Q4DownSorted => v.push("q4_unpack.wgsl"),
+        Kernel::Attention => v.extend(["wg_tree.wgsl", "attn_scratch.wgsl", "kv_f32.wgsl"]),
+        Kernel::RouterTopk => v.push("wg_tree.wgsl"),
+        Kernel::AttentionWindow => v.push("attn_scratch.wgsl"),
+        Kernel::AttnFlash => v.push("kv_f32.wgsl"),
+        Kernel::Q4GateUpSorted | Kernel::Q4DownSorted => {
+            v.extend(["q4_unpack.wgsl", "q4_pairs8.wgsl"])
+        }
         Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
             v.push("q4_unpack.wgsl");
             v.push(match q.arith {
