@@ -32,6 +32,7 @@ pub mod measure;
 pub mod model;
 pub mod output_dir;
 pub mod planner;
+pub mod q8_0;
 pub mod quant;
 pub mod render;
 pub mod residency;

@@ -88,28 +88,42 @@ pub enum WeightFormat {
     F16,
     /// INT4, block 256, one f16 scale per block (`quant.rs`): 32 columns per word.
     Q4,
+    /// Q8_0, ggml's block of 32 int8 with one f16 scale (`q8_0.rs`): 16 columns per word.
+    Q8,
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 2] = [WeightFormat::F16, WeightFormat::Q4];
+    pub const ALL: [WeightFormat; 3] = [WeightFormat::F16, WeightFormat::Q4, WeightFormat::Q8];
+
+    /// The formats of dense (non-routed) weights: f16 and Q8_0.
+    pub fn dense(self) -> bool {
+        self != WeightFormat::Q4
+    }
+
+    /// The formats of routed experts: f16 and INT4.
+    pub fn expert(self) -> bool {
+        self != WeightFormat::Q8
+    }
 
     /// Columns of one 16-byte word.
     pub fn word_cols(self) -> usize {
         match self {
             WeightFormat::F16 => 8,
             WeightFormat::Q4 => 32,
+            WeightFormat::Q8 => 16,
         }
     }
 
     /// Whether the format has block scales (bound at binding 11).
     pub fn has_scales(self) -> bool {
-        self == WeightFormat::Q4
+        self != WeightFormat::F16
     }
 
     pub fn name(self) -> &'static str {
         match self {
             WeightFormat::F16 => "f16",
             WeightFormat::Q4 => "int4",
+            WeightFormat::Q8 => "q8_0",
         }
     }
 }
@@ -123,7 +137,8 @@ pub struct RowsVariant {
 }
 
 impl RowsVariant {
-    /// Every variant (2 formats x 2 reductions).
+    /// Every variant (3 formats x 2 reductions; a kernel family takes the formats of its
+    /// weights).
     pub fn all() -> Vec<RowsVariant> {
         let mut v = Vec::new();
         for format in WeightFormat::ALL {
@@ -216,18 +231,22 @@ impl Kernel {
             Kernel::Argmax,
         ]);
         for r in RowsVariant::all() {
-            if r.format == WeightFormat::F16 {
+            if r.format.dense() {
                 v.push(Kernel::Matvec(r));
             }
-            v.push(Kernel::ExpertGateUp(r));
-            v.push(Kernel::ExpertDown(r));
+            if r.format.expert() {
+                v.push(Kernel::ExpertGateUp(r));
+                v.push(Kernel::ExpertDown(r));
+            }
         }
         v.extend([Kernel::AttnFlash, Kernel::AttnCombine]);
         for f in WeightFormat::ALL {
-            if f == WeightFormat::F16 {
+            if f.dense() {
                 v.push(Kernel::Gemm(f));
             }
-            v.push(Kernel::ExpertGemm(f));
+            if f.expert() {
+                v.push(Kernel::ExpertGemm(f));
+            }
         }
         v
     }

@@ -4,8 +4,10 @@
 
 use half::f16;
 
+use crate::backend::kernel::WeightFormat;
 use crate::backend::{Buffer, Device, Usage};
 use crate::error::{Error, Result};
+use crate::q8_0::{self, Q8Matrix};
 use crate::quant::Q4SlotLayout;
 
 pub fn pad8(n: usize) -> usize {
@@ -28,11 +30,13 @@ pub struct MatrixChunk {
     pub buffer: Buffer,
 }
 
-/// An f16 [rows, cols] matrix, row-major, split into chunks of whole rows.
+/// A dense [rows, cols] matrix, row-major, split into chunks of whole rows: f16 (rows
+/// padded to 8 halves), or Q8_0 (`q8_0.rs`: each chunk's quants, then its scales).
 pub struct F16Matrix {
     pub rows: usize,
     pub cols: usize,
     pub chunks: Vec<MatrixChunk>,
+    pub format: WeightFormat,
 }
 
 impl F16Matrix {
@@ -40,8 +44,123 @@ impl F16Matrix {
         pad8(cols) as u64 * 2
     }
 
+    /// 16-byte words per row.
     pub fn vec4_per_row(&self) -> u32 {
-        (pad8(self.cols) / 8) as u32
+        match self.format {
+            WeightFormat::Q8 => self.q8(1).vec4_per_row() as u32,
+            _ => (pad8(self.cols) / 8) as u32,
+        }
+    }
+
+    /// Scales per row (0 for f16).
+    pub fn blocks_per_row(&self) -> u32 {
+        match self.format {
+            WeightFormat::Q8 => self.q8(1).blocks() as u32,
+            _ => 0,
+        }
+    }
+
+    /// The u32 offset of a chunk's scales inside its buffer (0 for f16).
+    pub fn scale_word0(&self, c: &MatrixChunk) -> u32 {
+        match self.format {
+            WeightFormat::Q8 => (self.q8(c.rows).q_bytes() / 4) as u32,
+            _ => 0,
+        }
+    }
+
+    fn q8(&self, rows: usize) -> Q8Matrix {
+        Q8Matrix {
+            out: rows,
+            inp: self.cols,
+        }
+    }
+
+    /// Bytes on the device of `rows` rows of `cols` in `format` (a chunk's buffer).
+    pub fn chunk_bytes(format: WeightFormat, rows: usize, cols: usize) -> u64 {
+        match format {
+            WeightFormat::Q8 => Q8Matrix { out: rows, inp: cols }.bytes() as u64,
+            _ => rows as u64 * Self::row_bytes(cols),
+        }
+    }
+
+    /// Rows per chunk under the storage-binding limit: the most whose buffer fits.
+    fn rows_per_chunk(dev: &Device, label: &str, format: WeightFormat, cols: usize) -> Result<usize> {
+        let max = dev.max_binding();
+        if Self::chunk_bytes(format, 1, cols) > max {
+            return Err(Error::DoesNotFit(format!(
+                "{label}: one row of {cols} {} values exceeds the adapter's storage binding limit of {max} bytes",
+                format.name()
+            )));
+        }
+        // Q8_0's scale section is padded to 16 bytes: start from the estimate and step back.
+        let mut n = (max / Self::chunk_bytes(format, 1, cols)).max(1) as usize;
+        while n > 1 && Self::chunk_bytes(format, n, cols) > max {
+            n -= 1;
+        }
+        Ok(n)
+    }
+
+    /// Quantise `data` ([rows, cols], row-major, finite) to Q8_0 and upload it. A block
+    /// whose scale overflows f16, or a value that is not finite, is an error naming `label`.
+    pub fn upload_q8(dev: &Device, label: &str, rows: usize, cols: usize, data: &[f32]) -> Result<Self> {
+        if data.len() != rows * cols {
+            return Err(Error::Other(format!(
+                "{label}: {} values for a [{rows}, {cols}] matrix",
+                data.len()
+            )));
+        }
+        if let Some((i, v)) = q8_0::first_unstorable(data, cols) {
+            return Err(Error::Other(format!(
+                "{label}: element [{}, {}] = {v} cannot be stored as Q8_0 (non-finite, or its block's scale max|w|/127 overflows f16)",
+                i / cols.max(1),
+                i % cols.max(1)
+            )));
+        }
+        let per = Self::rows_per_chunk(dev, label, WeightFormat::Q8, cols)?;
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        while start < rows {
+            let n = per.min(rows - start);
+            let m = Q8Matrix { out: n, inp: cols };
+            let mut bytes = vec![0u8; m.bytes()];
+            let (q, s) = bytes.split_at_mut(m.q_bytes());
+            m.pack(&data[start * cols..(start + n) * cols], q, s);
+            chunks.push(MatrixChunk {
+                row_start: start,
+                rows: n,
+                buffer: dev.upload(label, &bytes, Usage::Storage)?,
+            });
+            start += n;
+        }
+        Ok(F16Matrix {
+            rows,
+            cols,
+            chunks,
+            format: WeightFormat::Q8,
+        })
+    }
+
+    /// A [rows, cols] matrix of zeros in `format`, chunked as an upload would be (a shape
+    /// model: the memory-access report runs the real kernels on it).
+    pub fn zeros_in(dev: &Device, label: &str, format: WeightFormat, rows: usize, cols: usize) -> Result<Self> {
+        let per = Self::rows_per_chunk(dev, label, format, cols)?;
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        while start < rows {
+            let n = per.min(rows - start);
+            chunks.push(MatrixChunk {
+                row_start: start,
+                rows: n,
+                buffer: dev.alloc(label, Self::chunk_bytes(format, n, cols), Usage::Storage)?,
+            });
+            start += n;
+        }
+        Ok(F16Matrix {
+            rows,
+            cols,
+            chunks,
+            format,
+        })
     }
 
     /// A [rows, cols] matrix of zeros, chunked as an upload would be (a shape model: the
@@ -66,7 +185,12 @@ impl F16Matrix {
             });
             start += n;
         }
-        Ok(F16Matrix { rows, cols, chunks })
+        Ok(F16Matrix {
+            rows,
+            cols,
+            chunks,
+            format: WeightFormat::F16,
+        })
     }
 
     /// Upload `data` ([rows, cols], row-major).
@@ -110,7 +234,12 @@ impl F16Matrix {
             });
             start += n;
         }
-        Ok(F16Matrix { rows, cols, chunks })
+        Ok(F16Matrix {
+            rows,
+            cols,
+            chunks,
+            format: WeightFormat::F16,
+        })
     }
 }
 

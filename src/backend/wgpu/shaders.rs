@@ -125,6 +125,18 @@ pub const PIECES: &[(&str, &str)] = &[
         include_str!("../../../shaders/common/fmt_f16.wgsl"),
     ),
     (
+        "scales_staged.wgsl",
+        include_str!("../../../shaders/common/scales_staged.wgsl"),
+    ),
+    (
+        "fmt_q8.wgsl",
+        include_str!("../../../shaders/common/fmt_q8.wgsl"),
+    ),
+    (
+        "tile_q8.wgsl",
+        include_str!("../../../shaders/common/tile_q8.wgsl"),
+    ),
+    (
         "fmt_q4.wgsl",
         include_str!("../../../shaders/common/fmt_q4.wgsl"),
     ),
@@ -271,7 +283,10 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
             v.push("act_x4.wgsl");
             match r.format {
                 WeightFormat::F16 => v.extend(["f16_halves.wgsl", "fmt_f16.wgsl"]),
-                WeightFormat::Q4 => v.extend(["q4_dot_f32.wgsl", "fmt_q4.wgsl"]),
+                WeightFormat::Q4 => {
+                    v.extend(["q4_dot_f32.wgsl", "scales_staged.wgsl", "fmt_q4.wgsl"])
+                }
+                WeightFormat::Q8 => v.extend(["scales_staged.wgsl", "fmt_q8.wgsl"]),
             }
             v.push("onehot.wgsl");
             v.push(match r.reduce {
@@ -283,7 +298,13 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
             v.push("act_x4.wgsl");
             match f {
                 WeightFormat::F16 => v.extend(["f16_halves.wgsl", "fmt_f16.wgsl", "tile_f16.wgsl"]),
-                WeightFormat::Q4 => v.extend(["q4_dot_f32.wgsl", "fmt_q4.wgsl", "tile_q4.wgsl"]),
+                WeightFormat::Q4 => v.extend([
+                    "q4_dot_f32.wgsl",
+                    "scales_staged.wgsl",
+                    "fmt_q4.wgsl",
+                    "tile_q4.wgsl",
+                ]),
+                WeightFormat::Q8 => v.extend(["scales_staged.wgsl", "fmt_q8.wgsl", "tile_q8.wgsl"]),
             }
         }
         _ => {}
