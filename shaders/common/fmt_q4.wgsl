@@ -1,4 +1,4 @@
-// Weights as INT4 (layout in src/quant.rs): a 16-byte word holds 32 consecutive columns
+// Weights as INT4 (layout in src/format/quant.rs): a 16-byte word holds 32 consecutive columns
 // of one row as nibbles, one f16 scale per 256-column block (8 words). Words at binding
 // 10, scales (the same buffer, as u32 pairs of halves) at binding 11.
 //

@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::backend::{Buffer, Device, Usage};
 use crate::error::{Error, Result};
-use crate::quant::Q4SlotLayout;
+use crate::format::quant::Q4SlotLayout;
 
 pub fn pad8(n: usize) -> usize {
     n.div_ceil(8) * 8
