@@ -17,10 +17,10 @@ use half::f16;
 use wgmoe::backend::params::*;
 use wgmoe::backend::plan::PrefillKernels;
 use wgmoe::backend::{Buffer, Device, KernelOverrides, Prepared, Program, Usage, Work};
+use wgmoe::format::quant::Q4SlotLayout;
 use wgmoe::model::moe::{Executor, MoeDispatch};
 use wgmoe::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
 use wgmoe::model::tensors::{ExpertStore, F16Matrix, Q4Pool};
-use wgmoe::quant::Q4SlotLayout;
 
 #[allow(dead_code)]
 #[path = "../tests/common/gpu.rs"]
@@ -514,8 +514,8 @@ fn synth_model() -> &'static std::path::Path {
 /// after a 16-token prefill. Counter: tokens (items/s = decode tok/s).
 #[divan::bench(args = on([Executor::Grouped, Executor::PerExpert]), sample_count = 20)]
 fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(executor): On<Executor>) {
-    use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
     use wgmoe::model::Head;
+    use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
     let prompt: Vec<u32> = (0..16u32).map(|i| 10 + i * 37 % 4000).collect();
     let mut engine = Engine::load(
         synth_model(),
@@ -558,8 +558,8 @@ fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(executor): On<Exe
 /// kernels (the GPU default), side by side. Counter: prompt tokens (items/s = prefill tok/s).
 #[divan::bench(args = on(["window", "storage"]), sample_count = 10)]
 fn prefill_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(kernels): On<&str>) {
-    use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
     use wgmoe::model::Head;
+    use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
     let n = 64usize;
     let prompt: Vec<u32> = (0..n as u32).map(|i| 10 + i * 37 % 4000).collect();
     let mut engine = Engine::load(

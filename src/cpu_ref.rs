@@ -9,7 +9,7 @@
 use half::f16;
 
 use crate::error::{Error, Result};
-use crate::quant::{Q4Matrix, Q4SlotLayout, BLOCK};
+use crate::format::quant::{Q4Matrix, Q4SlotLayout, BLOCK};
 
 fn need(what: &str, got: usize, want: usize) -> Result<()> {
     if got == want {
@@ -416,11 +416,11 @@ pub fn moe_combine(
 /// Greedy choice: the largest logit, lowest index on ties, skipping `suppress`.
 /// Mirrors `next_tokens = torch.argmax(next_token_scores, dim=-1)`.
 pub fn argmax(logits: &[f32], suppress: &[u32]) -> u32 {
-    crate::sampling::argmax(logits, suppress)
+    crate::runtime::sampling::argmax(logits, suppress)
 }
 
 // ---------------------------------------------------------------------------------------------
-// W4A16 routed experts: INT4 weights in the packed layout of `crate::quant`
+// W4A16 routed experts: INT4 weights in the packed layout of `crate::format::quant`
 
 /// Row `n` of a packed INT4 matrix dotted with `x` (`m.inp` values), read element by
 /// element through `Q4Matrix::nibble` and `Q4Matrix::scale`. Per-block scaling, as the

@@ -7,9 +7,9 @@ use clap::{Args, Parser, Subcommand};
 
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
 use wgmoe::backend::{BackendChoice, DeviceRequest, KernelOverrides};
-use wgmoe::engine::ExpertPrecision;
 use wgmoe::error::{Error, Result};
 use wgmoe::model::Executor;
+use wgmoe::runtime::engine::ExpertPrecision;
 
 #[derive(Parser)]
 #[command(
@@ -118,10 +118,10 @@ struct KernelsArgs {
     model: PathBuf,
     /// The device class whose kernel plan is reported.
     #[arg(long, value_enum, default_value = "discrete")]
-    device_class: wgmoe::kernel_report::DeviceClass,
+    device_class: wgmoe::insight::kernel_report::DeviceClass,
     /// The steps to measure: one-token decode, a prefill chunk, or both.
     #[arg(long, value_enum, default_value = "all")]
-    stages: wgmoe::kernel_report::Stages,
+    stages: wgmoe::insight::kernel_report::Stages,
     /// KV cache positions (decode attends over all of them).
     #[arg(long, short = 'c', visible_alias = "ctx-size", default_value_t = 4096)]
     context: usize,
@@ -321,7 +321,10 @@ fn staging_buffers(n: Option<usize>) -> Result<usize> {
     match n {
         Some(0) => Err(Error::option(
             "--staging-buffers",
-            format!("0 is outside 1..={}", wgmoe::admission::MAX_STAGING_BUFFERS),
+            format!(
+                "0 is outside 1..={}",
+                wgmoe::runtime::admission::MAX_STAGING_BUFFERS
+            ),
         )),
         Some(n) => Ok(n),
         None => Ok(0),
@@ -329,12 +332,12 @@ fn staging_buffers(n: Option<usize>) -> Result<usize> {
 }
 
 impl ResidencyArgs {
-    fn options(&self) -> Result<wgmoe::engine::ResidencyOptions> {
+    fn options(&self) -> Result<wgmoe::runtime::engine::ResidencyOptions> {
         let policy: wgmoe::residency::PolicyKind = self
             .cache_policy
             .parse()
             .map_err(|e: wgmoe::residency::ConfigError| Error::option("--cache-policy", e.0))?;
-        Ok(wgmoe::engine::ResidencyOptions {
+        Ok(wgmoe::runtime::engine::ResidencyOptions {
             resident_experts: if self.cpu_experts {
                 Some(0)
             } else {

@@ -284,7 +284,7 @@ fn bench_residency_sweep_reports_cache_counters() {
         "N = 3 with 2 policies; N = 7 (all resident) once"
     );
     // olmoe-tiny: hidden 64, expert intermediate 96 -> one packed expert is 9728 bytes.
-    let slot = wgmoe::quant::Q4SlotLayout::new(64, 96).bytes as u64;
+    let slot = wgmoe::format::quant::Q4SlotLayout::new(64, 96).bytes as u64;
     for r in recs {
         let n = r["resident_experts_per_layer"].as_u64().unwrap();
         let misses = r["expert_misses"].as_u64().unwrap();
@@ -343,7 +343,7 @@ fn bench_miss_policy_sweep_reports_cpu_experts() {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
     let recs = v.as_array().unwrap();
     assert_eq!(recs.len(), 4, "N = 0 and 3, each with cpu and auto");
-    let slot = wgmoe::quant::Q4SlotLayout::new(64, 96).bytes as u64;
+    let slot = wgmoe::format::quant::Q4SlotLayout::new(64, 96).bytes as u64;
     for r in recs {
         let n = r["resident_experts_per_layer"].as_u64().unwrap();
         assert!(r["miss_policy"].is_string(), "{r:#}");
@@ -448,11 +448,11 @@ fn synthetic_models_load_and_run() {
         ),
         (64, 2, 5, 2, 96, 512)
     );
-    let ckpt = wgmoe::checkpoint::Checkpoint::open(&conv).unwrap();
-    assert!(wgmoe::convert::is_converted(&ckpt));
-    wgmoe::convert::validate_converted(&ckpt, &cfg).unwrap();
+    let ckpt = wgmoe::format::checkpoint::Checkpoint::open(&conv).unwrap();
+    assert!(wgmoe::format::convert::is_converted(&ckpt));
+    wgmoe::format::convert::validate_converted(&ckpt, &cfg).unwrap();
     drop(ckpt);
-    let tok = wgmoe::tokenizer::Tokenizer::from_dir(&conv).unwrap();
+    let tok = wgmoe::format::tokenizer::Tokenizer::from_dir(&conv).unwrap();
     assert_eq!(tok.vocab_size(), 512);
     let ids = tok
         .encode("The old clockmaker walked along the river", true)
@@ -479,9 +479,9 @@ fn synthetic_models_load_and_run() {
     synth("olmoe-1b-7b", &hf, &extra);
     assert!(hf.join("model.safetensors.index.json").is_file());
     assert!(hf.join("model-00001-of-00003.safetensors").is_file());
-    let ckpt = wgmoe::checkpoint::Checkpoint::open(&hf).unwrap();
+    let ckpt = wgmoe::format::checkpoint::Checkpoint::open(&hf).unwrap();
     assert!(ckpt.contains("model.layers.1.mlp.experts.4.down_proj.weight"));
-    assert!(!wgmoe::convert::is_converted(&ckpt));
+    assert!(!wgmoe::format::convert::is_converted(&ckpt));
     drop(ckpt);
     run_json(&hf, 4);
 
@@ -584,7 +584,7 @@ fn synthetic_qwen3_and_mixtral_load_and_run() {
     let mut extra = shape.to_vec();
     extra.extend_from_slice(&["--format", "hf"]);
     synth("qwen3-30b-a3b", &q3_hf, &extra);
-    let ckpt = wgmoe::checkpoint::Checkpoint::open(&q3_hf).unwrap();
+    let ckpt = wgmoe::format::checkpoint::Checkpoint::open(&q3_hf).unwrap();
     assert_eq!(
         ckpt.info("model.layers.0.self_attn.q_norm.weight")
             .unwrap()
@@ -619,12 +619,12 @@ fn synthetic_qwen3_and_mixtral_load_and_run() {
     assert_eq!(cfg.arch, wgmoe::config::Arch::Mixtral);
     // The preset's 4:1 ratio of heads to KV heads, kept for --heads 8.
     assert_eq!((cfg.num_heads, cfg.num_kv_heads, cfg.top_k), (8, 2, 2));
-    let ckpt = wgmoe::checkpoint::Checkpoint::open(&mx_hf).unwrap();
+    let ckpt = wgmoe::format::checkpoint::Checkpoint::open(&mx_hf).unwrap();
     assert!(ckpt.contains("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
     assert!(ckpt.contains("model.layers.0.block_sparse_moe.gate.weight"));
     drop(ckpt);
     run_json(&mx_hf, 3);
-    let tok = wgmoe::tokenizer::Tokenizer::from_dir(&mx_hf).unwrap();
+    let tok = wgmoe::format::tokenizer::Tokenizer::from_dir(&mx_hf).unwrap();
     assert_eq!(
         tok.apply_chat_template(&[("user".into(), "Hi".into())], true)
             .unwrap(),

@@ -181,7 +181,7 @@ fn poke_converted(path: &Path, tensor: &str, at: usize, bytes: &[u8]) {
         );
         let new = format!(
             "{:016x}",
-            wgmoe::convert::fast_hash(&file[8 + n + a..8 + n + b])
+            wgmoe::format::convert::fast_hash(&file[8 + n + a..8 + n + b])
         );
         text = text.replace(sum.as_str(), &new);
     }
@@ -195,7 +195,7 @@ fn converted_models_with_broken_numbers_are_refused() {
     let (t, src) = copy_fixture(OLMOE);
     let conv = t.path().join("conv");
     assert_ok(&wgmoe(["quantize", &s(&src), "-o", &s(&conv)]));
-    let layout = wgmoe::quant::Q4SlotLayout::new(64, 96);
+    let layout = wgmoe::format::quant::Q4SlotLayout::new(64, 96);
     let file = conv.join("model.safetensors");
     let good = std::fs::read(&file).unwrap();
     // An infinite scale of expert 1 of layer 1 (with a checksum that matches).
@@ -222,9 +222,9 @@ mod runtime {
     //! the final norm's GPU buffer of a loaded model, before the first step or between
     //! decode steps.
     use super::common;
-    use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
-    use wgmoe::generate::{generate, prompt_logits, GenerateOptions};
-    use wgmoe::sampling::SamplingOptions;
+    use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision};
+    use wgmoe::runtime::generate::{generate, prompt_logits, GenerateOptions};
+    use wgmoe::runtime::sampling::SamplingOptions;
 
     fn engine() -> Engine {
         common::init_env();
@@ -270,7 +270,8 @@ mod runtime {
         let mut e = engine();
         let norm = e.fwd.weights.final_norm.clone();
         let dev = e.dev.clone();
-        let ckpt = wgmoe::checkpoint::Checkpoint::open(&common::fixture("olmoe-tiny")).unwrap();
+        let ckpt =
+            wgmoe::format::checkpoint::Checkpoint::open(&common::fixture("olmoe-tiny")).unwrap();
         let good: Vec<u8> = ckpt
             .read_f16("model.norm.weight", &[64])
             .unwrap()

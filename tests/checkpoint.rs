@@ -10,7 +10,7 @@ use safetensors::Dtype;
 use tempfile::TempDir;
 
 use common::st::*;
-use wgmoe::checkpoint::{Checkpoint, DType, ExpertLayout, ExpertProj};
+use wgmoe::format::checkpoint::{Checkpoint, DType, ExpertLayout, ExpertProj};
 
 // Checkpoints
 

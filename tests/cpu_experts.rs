@@ -12,7 +12,7 @@ use common::q4::*;
 use common::rng::Rng;
 use wgmoe::backend::cpu::{CpuExperts, ExpertPair};
 use wgmoe::cpu_ref;
-use wgmoe::quant::Q4SlotLayout;
+use wgmoe::format::quant::Q4SlotLayout;
 
 /// The kernel sums in f32 (16 running sums per 256-input block, FMA where the CPU has it,
 /// one scale multiply per block) what the reference sums in f64, gate/up and down; as the

@@ -8,10 +8,10 @@ mod common;
 
 use common::engine::*;
 use common::*;
-use wgmoe::engine::{Engine, ResidencyOptions};
 use wgmoe::model::residency::ExpertPlacement;
 use wgmoe::model::Executor;
 use wgmoe::residency::MissPolicy;
+use wgmoe::runtime::engine::{Engine, ResidencyOptions};
 
 const FIXTURES: [&str; 4] = [
     "olmoe-tiny",
@@ -51,8 +51,8 @@ fn cpu_misses_give_the_int4_golden_at_every_capacity() {
     for name in FIXTURES {
         let cfg = wgmoe::config::ModelConfig::from_dir(&fixture(name)).unwrap();
         let (e, k) = (cfg.num_experts, cfg.top_k);
-        let slot =
-            wgmoe::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64;
+        let slot = wgmoe::format::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate)
+            .bytes as u64;
         for miss in [MissPolicy::Cpu, MissPolicy::Auto] {
             for n in [0, 1, k, (k + e) / 2] {
                 for executor in [Executor::Grouped, Executor::PerExpert] {

@@ -17,8 +17,8 @@ use common::parity::*;
 use common::*;
 use wgmoe::backend::cuda::{kernels, load as cuda_load};
 use wgmoe::backend::{BackendChoice, Device, DeviceRequest};
-use wgmoe::engine::ResidencyOptions;
 use wgmoe::model::Executor;
+use wgmoe::runtime::engine::ResidencyOptions;
 
 const EMU_H: &str = include_str!("cuda_emu.h");
 const FAKE: &str = include_str!("cuda_fake_driver.cpp");

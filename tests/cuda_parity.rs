@@ -11,8 +11,8 @@ use common::engine::{greedy, load, upload};
 use common::parity::*;
 use common::*;
 use wgmoe::backend::{BackendChoice, Device, DeviceRequest};
-use wgmoe::engine::ResidencyOptions;
 use wgmoe::model::Executor;
+use wgmoe::runtime::engine::ResidencyOptions;
 
 const MODELS: [&str; 4] = [
     "olmoe-tiny",

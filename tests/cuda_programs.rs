@@ -18,8 +18,8 @@ use wgmoe::backend::cuda::{device_info, kernels, Properties};
 use wgmoe::backend::kernel::WeightFormat;
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
 use wgmoe::backend::{Kernel, KernelOverrides, KernelPlan, Prepared};
-use wgmoe::engine::{Engine, ResidencyOptions};
 use wgmoe::model::Executor;
+use wgmoe::runtime::engine::{Engine, ResidencyOptions};
 
 const MODELS: [&str; 4] = [
     "olmoe-tiny",

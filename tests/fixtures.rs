@@ -11,9 +11,9 @@ use half::f16;
 use common::st::*;
 use safetensors::Dtype;
 use tempfile::TempDir;
-use wgmoe::checkpoint::{Checkpoint, DType, ExpertLayout, ExpertProj};
 use wgmoe::config::{Arch, GenerationConfig, ModelConfig, QkNorm};
-use wgmoe::tokenizer::{TextStream, Tokenizer};
+use wgmoe::format::checkpoint::{Checkpoint, DType, ExpertLayout, ExpertProj};
+use wgmoe::format::tokenizer::{TextStream, Tokenizer};
 
 fn fixture(name: &str) -> PathBuf {
     common::fixture(name)

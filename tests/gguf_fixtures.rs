@@ -178,7 +178,13 @@ fn qk_rows_are_in_the_order_the_converter_wrote() {
     }
 }
 
-fn check_ids(tok: &wgmoe::tokenizer::Tokenizer, text: &str, want: &Value, bos: bool, what: &str) {
+fn check_ids(
+    tok: &wgmoe::format::tokenizer::Tokenizer,
+    text: &str,
+    want: &Value,
+    bos: bool,
+    what: &str,
+) {
     let want: Vec<u32> = want
         .as_array()
         .unwrap()
@@ -271,8 +277,8 @@ fn model_fixtures_tokenize_their_prompts_and_render_their_templates() {
 #[test]
 fn inspect_lists_types_per_class() {
     let m = GgufModel::open(&root().join("qwen2moe/qwen2moe-Q4_K_M.gguf")).unwrap();
-    let i = wgmoe::inspect::inspect_gguf(&m);
-    use wgmoe::inspect::TensorClass as C;
+    let i = wgmoe::insight::inspect::inspect_gguf(&m);
+    use wgmoe::insight::inspect::TensorClass as C;
     let experts = &i.classes[&C::RoutedExperts];
     assert_eq!(experts.tensors, 6);
     assert_eq!(experts.types.values().sum::<usize>(), 6);
@@ -283,7 +289,7 @@ fn inspect_lists_types_per_class() {
     let total: u64 = i.classes.values().map(|c| c.bytes).sum();
     assert_eq!(total, i.tensor_bytes);
     assert!(i.tensor_bytes < i.file_bytes);
-    let table = wgmoe::inspect::gguf_table(&i);
+    let table = wgmoe::insight::inspect::gguf_table(&i);
     assert!(
         table.contains("routed_experts") && table.contains("q6_K x"),
         "{table}"

@@ -270,8 +270,8 @@ fn eos_outside_the_vocabulary_is_refused() {
 /// runtime no longer does).
 #[test]
 fn admission_in_closed_form_matches_trying_every_count() {
-    use wgmoe::admission::{AdmissionCost, AdmissionInput};
     use wgmoe::residency::MissPolicy;
+    use wgmoe::runtime::admission::{AdmissionCost, AdmissionInput};
     for fixture in [OLMOE, QWEN] {
         // The fixture's shapes with 64 experts, so that many counts are partial residency.
         let path = common::fixture(fixture).join("config.json");
@@ -316,7 +316,7 @@ fn admission_in_closed_form_matches_trying_every_count() {
             }
             assert!(granted.len() > 20, "{fixture}: budgets spanned {granted:?}");
             assert_eq!(
-                wgmoe::admission::admission_bytes(&cfg, &input, e).unwrap(),
+                wgmoe::runtime::admission::admission_bytes(&cfg, &input, e).unwrap(),
                 c.bytes(e)
             );
             // Below full residency, fewer slots never cost more (full residency needs no

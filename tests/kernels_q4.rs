@@ -22,9 +22,9 @@ use common::q4::*;
 use common::rng::Rng;
 use wgmoe::backend::params::*;
 use wgmoe::backend::Program;
+use wgmoe::format::quant::{Q4SlotLayout, BLOCK};
 use wgmoe::model::moe::Executor;
 use wgmoe::model::ops::{self, CombineBuffers};
-use wgmoe::quant::{Q4SlotLayout, BLOCK};
 
 /// Serving top-k index j by its own dispatch (j_base = j, grid y = 1) runs the very same
 /// invocation arithmetic as the grouped dispatch: bit-identical.

@@ -6,7 +6,7 @@
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::KernelOverrides;
 use wgmoe::config::ModelConfig;
-use wgmoe::kernel_report::{report, DeviceClass, KernelsOptions, KernelsReport, Stages};
+use wgmoe::insight::kernel_report::{report, DeviceClass, KernelsOptions, KernelsReport, Stages};
 
 fn options(stages: Stages, context: usize, overrides: KernelOverrides) -> KernelsOptions {
     KernelsOptions {
@@ -31,7 +31,7 @@ fn config(path: &str) -> ModelConfig {
     ModelConfig::from_json(&text, std::path::Path::new(path)).unwrap()
 }
 
-fn stage<'a>(r: &'a KernelsReport, name: &str) -> &'a wgmoe::kernel_report::StageReport {
+fn stage<'a>(r: &'a KernelsReport, name: &str) -> &'a wgmoe::insight::kernel_report::StageReport {
     r.kernels
         .iter()
         .find(|k| k.stage == name)

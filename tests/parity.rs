@@ -6,8 +6,8 @@ mod common;
 use common::parity::*;
 use common::*;
 use wgmoe::backend::{DeviceRequest, KernelOverrides};
-use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
 use wgmoe::model::Executor;
+use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision};
 
 #[test]
 fn olmoe_f16_matches_transformers() {
@@ -216,7 +216,7 @@ fn converted_model_matches_and_is_validated() {
     for name in ["olmoe-tiny", "qwen2moe-tiny"] {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join(name);
-        wgmoe::convert::write_converted(&fixture(name), &out, &mut |_, _| {}).unwrap();
+        wgmoe::format::convert::write_converted(&fixture(name), &out, &mut |_, _| {}).unwrap();
         check_dir(name, &out, INT4);
         check_dir(
             name,

@@ -79,7 +79,7 @@ fn every_family_on_the_gpu_kernels() {
         check_fixture(
             name,
             Setup {
-                precision: wgmoe::engine::ExpertPrecision::F16,
+                precision: wgmoe::runtime::engine::ExpertPrecision::F16,
                 ..GPU
             },
         );

@@ -548,7 +548,7 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
         let ctx = 40u64;
         let p = plan_of(&dir, ctx, "upload");
         let dev = Device::open(&DeviceRequest::default()).unwrap();
-        let ckpt = std::sync::Arc::new(wgmoe::checkpoint::Checkpoint::open(&dir).unwrap());
+        let ckpt = std::sync::Arc::new(wgmoe::format::checkpoint::Checkpoint::open(&dir).unwrap());
         let before = dev.tracker().current();
         let w = wgmoe::model::ModelWeights::load(
             &dev,

@@ -12,9 +12,9 @@ use common::engine::*;
 use common::*;
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{DeviceRequest, KernelOverrides};
-use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
 use wgmoe::model::Executor;
 use wgmoe::residency::{MissPolicy, PolicyKind, Prefetch};
+use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
 
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -45,7 +45,7 @@ fn check_policies(name: &str) {
     let cfg = wgmoe::config::ModelConfig::from_dir(&fixture(name)).unwrap();
     let (e, k) = (cfg.num_experts, cfg.top_k);
     let slot_bytes =
-        wgmoe::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64;
+        wgmoe::format::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64;
     // Copies staged on the submitting thread without prefetch (the path before overlapped
     // fills), fills off it alone, and the default (fill threads and next-layer prefetch).
     let ways = [
@@ -418,7 +418,7 @@ fn admission_refuses_what_cannot_fit() {
         prefill_chunk: 64,
         all_logits: false,
     };
-    let input = wgmoe::admission::AdmissionInput {
+    let input = wgmoe::runtime::admission::AdmissionInput {
         int4: true,
         max_context: opts.max_context,
         prefill_chunk: opts.prefill_chunk,
@@ -428,7 +428,7 @@ fn admission_refuses_what_cannot_fit() {
         cpu_layers: 0,
         prefetch_width: opts.residency.prefetch_width(&cfg).unwrap(),
     };
-    let need = |n| wgmoe::admission::admission_bytes(&cfg, &input, n).unwrap();
+    let need = |n| wgmoe::runtime::admission::admission_bytes(&cfg, &input, n).unwrap();
     let need5 = need(5);
     assert!(need(7) < need5, "spares and staging cost more than 2 slots");
     let mut eng = load(

@@ -9,9 +9,9 @@ use common::cli::*;
 use common::fixture;
 use common::server::*;
 use serde_json::{json, Value};
+use wgmoe::format::tokenizer::Tokenizer;
 use wgmoe::session::chat::{chat_prompt, Message, Role};
 use wgmoe::session::common_prefix;
-use wgmoe::tokenizer::Tokenizer;
 
 const U1: &str = "Hello there";
 const U2: &str = "Tell me more";

@@ -8,12 +8,12 @@ mod common;
 use common::cli::{copy_fixture, OLMOE, QWEN3};
 use common::engine::load;
 use common::fixture;
-use wgmoe::generate::{generate, Flow, GenerateOptions};
+use wgmoe::format::tokenizer::Tokenizer;
 use wgmoe::model::Executor;
-use wgmoe::sampling::SamplingOptions;
+use wgmoe::runtime::generate::{generate, Flow, GenerateOptions};
+use wgmoe::runtime::sampling::SamplingOptions;
 use wgmoe::session::chat::{chat_prompt, fit, Message, Role};
 use wgmoe::session::{common_prefix, Session};
-use wgmoe::tokenizer::Tokenizer;
 
 fn greedy(n: usize) -> GenerateOptions {
     GenerateOptions {
@@ -140,13 +140,13 @@ fn greedy_decoding_stops_at_eos_unless_it_is_ignored() {
         v["eos_token_id"] = eos.into();
         std::fs::write(&path, v.to_string()).unwrap();
     }
-    let e = wgmoe::engine::Engine::load(
+    let e = wgmoe::runtime::engine::Engine::load(
         &dir,
-        &wgmoe::engine::EngineOptions {
+        &wgmoe::runtime::engine::EngineOptions {
             residency: Default::default(),
             adapter: Default::default(),
             kernels: Default::default(),
-            expert_precision: wgmoe::engine::ExpertPrecision::Int4,
+            expert_precision: wgmoe::runtime::engine::ExpertPrecision::Int4,
             executor: Executor::Grouped,
             max_context: 32,
             prefill_chunk: 64,

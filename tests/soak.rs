@@ -5,8 +5,8 @@
 mod common;
 
 use common::engine::*;
-use wgmoe::engine::ResidencyOptions;
 use wgmoe::model::Executor;
+use wgmoe::runtime::engine::ResidencyOptions;
 
 fn rss() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

@@ -133,7 +133,7 @@ __device__ __forceinline__ float nib_dot8(u32 w, float4 a, float4 b) {
     return dot4(lo, a) + dot4(hi, b);
 }
 
-// INT4 (src/quant.rs): a word holds 32 consecutive columns of one row as nibbles, one f16
+// INT4 (src/format/quant.rs): a word holds 32 consecutive columns of one row as nibbles, one f16
 // scale per 256-column block (8 words). The row kernels read each word's scale from device
 // memory (the WGSL stages a workgroup's scales in workgroup memory first: the same values,
 // so the same results; here the L1 cache serves the 8 threads sharing a scale word); the

@@ -88,7 +88,7 @@ pub enum WeightFormat {
     F16,
     /// INT4, block 256, one f16 scale per block (`quant.rs`): 32 columns per word.
     Q4,
-    /// Q8_0, ggml's block of 32 int8 with one f16 scale (`q8_0.rs`): 16 columns per word.
+    /// Q8_0, ggml's block of 32 int8 with one f16 scale (`format/q8_0.rs`): 16 columns per word.
     Q8,
 }
 

@@ -19,11 +19,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::backend::{DeviceRequest, KernelOverrides};
-use crate::engine::{Engine, EngineOptions, ExpertPrecision};
 use crate::error::{Error, Result};
-use crate::generate::{generate, GenerateOptions};
 use crate::model::Executor;
-use crate::sampling::SamplingOptions;
+use crate::runtime::engine::{Engine, EngineOptions, ExpertPrecision};
+use crate::runtime::generate::{generate, GenerateOptions};
+use crate::runtime::sampling::SamplingOptions;
 
 pub use host::{git_revision, is_synthetic, peak_rss_bytes, reset_peak_rss, rfc3339_utc};
 pub use plot::{plot_series, plot_svg, PlotSeries};
@@ -205,7 +205,7 @@ pub(super) fn engine_options(
     max_context: usize,
 ) -> EngineOptions {
     EngineOptions {
-        residency: crate::engine::ResidencyOptions {
+        residency: crate::runtime::engine::ResidencyOptions {
             resident_experts: c.resident_experts,
             vram_budget: None,
             policy: c.cache_policy,
@@ -238,16 +238,15 @@ pub(super) fn validate(
     cfg: &crate::config::ModelConfig,
     max_context: usize,
 ) -> Result<()> {
-    let ckpt = crate::checkpoint::Checkpoint::open(&o.model)?;
+    let ckpt = crate::format::checkpoint::Checkpoint::open(&o.model)?;
     for c in sweep(o, cfg) {
-        crate::engine::check_host(cfg, &ckpt, &engine_options(o, &c, max_context)).map_err(
-            |e| {
+        crate::runtime::engine::check_host(cfg, &ckpt, &engine_options(o, &c, max_context))
+            .map_err(|e| {
                 Error::Other(format!(
                     "configuration `{}` cannot run (nothing was measured): {e}",
                     describe(&c)
                 ))
-            },
-        )?;
+            })?;
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The SVG plot of a sweep: decode rate and H2D bytes against resident experts per layer.
 
 use super::record::{name_of, BenchRecord};
-use crate::svg::{nice_ticks, tick_label, xml_escape};
+use crate::format::svg::{nice_ticks, tick_label, xml_escape};
 
 /// One line of the plot: a (precision, executor, policy) combination.
 #[derive(Clone, Debug)]

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::runtime::engine::Engine;
 
 pub(super) const PROMPTS_JSON: &str = include_str!("../../bench/prompts.json");
 

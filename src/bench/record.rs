@@ -3,8 +3,8 @@
 use super::host::{peak_rss_bytes, rfc3339_utc};
 use super::prompts::BenchPrompt;
 use super::{BenchConfig, BenchOptions, Response};
-use crate::engine::{Engine, ExpertPrecision};
 use crate::model::Executor;
+use crate::runtime::engine::{Engine, ExpertPrecision};
 
 /// One configuration's measurements. Field names are stable (documented in docs/benchmarks.md,
 /// "`wgmoe bench`"); `None` serialises as null.

@@ -4,7 +4,8 @@ use super::record::{config_label, BenchRecord};
 use crate::units::count;
 
 pub(super) fn bytes_or_dash(b: Option<u64>) -> String {
-    b.map(crate::inspect::human).unwrap_or_else(|| "-".into())
+    b.map(crate::insight::inspect::human)
+        .unwrap_or_else(|| "-".into())
 }
 
 /// The records as a readable table, each column as wide as its widest cell, then the
@@ -38,7 +39,7 @@ pub fn table(records: &[BenchRecord]) -> String {
                 format!("{:.3}", r.ttft_s_mean),
                 format!("{:.3}", r.response_s_mean),
                 format!("{:.1}", r.prefill_tokens_per_s),
-                crate::inspect::human(r.peak_gpu_bytes),
+                crate::insight::inspect::human(r.peak_gpu_bytes),
                 bytes_or_dash(r.peak_rss_bytes),
                 format!("{:.1}", r.dispatches_per_token),
                 format!("{:.2}", r.submissions_per_token),

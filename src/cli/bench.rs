@@ -15,7 +15,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         check_output_file("--json-out", p)?;
     }
     if let Some(p) = &a.plot {
-        wgmoe::render::format_of("--plot", p)?;
+        wgmoe::format::render::format_of("--plot", p)?;
         check_output_file("--plot", p)?;
     }
     if let Some(p) = &a.trace {
@@ -61,7 +61,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         if let Some(path) = &a.plot {
             let svg = wgmoe::bench::plot_svg(records);
-            write_atomic(path, &wgmoe::render::image_bytes("--plot", path, &svg)?)?;
+            write_atomic(
+                path,
+                &wgmoe::format::render::image_bytes("--plot", path, &svg)?,
+            )?;
         }
         Ok(())
     };

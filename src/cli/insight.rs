@@ -1,8 +1,8 @@
 //! `wgmoe simulate` and `wgmoe heatmap`: what a routing trace says.
 
 use wgmoe::error::Result;
-use wgmoe::simulate::{render, simulate as run_simulation, SimulateOptions};
-use wgmoe::trace::{read_trace, Grid};
+use wgmoe::format::trace::{read_trace, Grid};
+use wgmoe::insight::simulate::{render, simulate as run_simulation, SimulateOptions};
 
 use crate::SimulateArgs;
 
@@ -32,13 +32,16 @@ pub fn simulate(a: SimulateArgs) -> Result<()> {
 }
 
 pub fn heatmap(trace: &std::path::Path, out: &std::path::Path) -> Result<()> {
-    wgmoe::render::format_of("--out", out)?;
+    wgmoe::format::render::format_of("--out", out)?;
     super::check_output_file("--out", out)?;
     let t = read_trace(trace)?;
     let g = Grid::of_trace(&t);
-    let labels = wgmoe::heatmap::HeatmapLabels::of_trace(&t, &g);
-    let svg = wgmoe::heatmap::heatmap_svg(&g, &labels);
-    super::write_atomic(out, &wgmoe::render::image_bytes("--out", out, &svg)?)?;
+    let labels = wgmoe::insight::heatmap::HeatmapLabels::of_trace(&t, &g);
+    let svg = wgmoe::insight::heatmap::heatmap_svg(&g, &labels);
+    super::write_atomic(
+        out,
+        &wgmoe::format::render::image_bytes("--out", out, &svg)?,
+    )?;
     eprintln!("wrote {}", out.display());
     Ok(())
 }

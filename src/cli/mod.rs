@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 
 use wgmoe::backend::{BackendChoice, Device, DeviceInfo, DeviceRequest, DeviceType};
 use wgmoe::config::ModelConfig;
-use wgmoe::engine::{Engine, EngineOptions};
 use wgmoe::error::{Error, Result};
+use wgmoe::runtime::engine::{Engine, EngineOptions};
 
 use crate::LoadArgs;
 
@@ -117,7 +117,7 @@ pub fn prompt_text(prompt: Option<&str>, file: Option<&Path>) -> Result<Option<S
     Ok(Some(text))
 }
 
-pub use wgmoe::sampling::random_seed;
+pub use wgmoe::runtime::sampling::random_seed;
 
 /// An output file an option names must be writable before the command does any work: its
 /// directory must exist and accept a new file, and the path must not be a directory.

@@ -2,9 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use wgmoe::bandwidth::{store_path, Store};
 use wgmoe::config::ModelConfig;
 use wgmoe::error::{Error, Result};
+use wgmoe::format::bandwidth::{store_path, Store};
 use wgmoe::planner::{plan as make_plan, render, Bandwidths, PlanOptions};
 
 use crate::{KernelsArgs, PlanArgs};
@@ -144,7 +144,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     };
     // The residency options `run` would take with these flags: prefetch and staging
     // resolve as they do there.
-    let res = wgmoe::engine::ResidencyOptions {
+    let res = wgmoe::runtime::engine::ResidencyOptions {
         miss_policy: Some(a.miss_policy),
         staging_buffers: crate::staging_buffers(a.staging_buffers)?,
         prefetch: a.prefetch,
@@ -153,7 +153,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     };
     let prefetch_accuracy = match &a.prefetch_trace {
         Some(p) => {
-            let t = wgmoe::trace::read_trace(p)?;
+            let t = wgmoe::format::trace::read_trace(p)?;
             let acc = t.prediction_accuracy().ok_or_else(|| {
                 Error::option(
                     "--prefetch-trace",
@@ -192,7 +192,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
 
 /// `wgmoe kernels`.
 pub fn kernels(a: KernelsArgs) -> Result<()> {
-    use wgmoe::kernel_report::{render, report, KernelsOptions};
+    use wgmoe::insight::kernel_report::{render, report, KernelsOptions};
     let (config, _) = config_path(&a.model)?;
     let text = std::fs::read_to_string(&config).map_err(|e| Error::io(&config, e))?;
     let cfg = ModelConfig::from_json(&text, &config)?;

@@ -4,12 +4,12 @@ use std::io::Write;
 
 use serde_json::json;
 
-use wgmoe::engine::{Engine, EngineOptions};
 use wgmoe::error::{Error, Result};
-use wgmoe::generate::{generate, GenerateOptions};
-use wgmoe::sampling::SamplingOptions;
+use wgmoe::format::tokenizer::TextStream;
+use wgmoe::runtime::engine::{Engine, EngineOptions};
+use wgmoe::runtime::generate::{generate, GenerateOptions};
+use wgmoe::runtime::sampling::SamplingOptions;
 use wgmoe::session::chat::{chat_prompt, Message, Role};
-use wgmoe::tokenizer::TextStream;
 
 use super::{peak_rss_bytes, prompt_text, software_note};
 use crate::{stdout_error, RunArgs, SamplingArgs};
@@ -60,7 +60,7 @@ pub fn sampling_options(
 }
 
 /// The live grid of `--live`, when stdout is a terminal (and not `--json`).
-fn live_view(a: &RunArgs, engine: &Engine) -> Option<wgmoe::live::LiveView> {
+fn live_view(a: &RunArgs, engine: &Engine) -> Option<wgmoe::insight::live::LiveView> {
     use std::io::IsTerminal;
     if !a.live {
         return None;
@@ -81,7 +81,7 @@ fn live_view(a: &RunArgs, engine: &Engine) -> Option<wgmoe::live::LiveView> {
     let layers = (0..cfg.num_layers)
         .filter(|&l| cfg.sparse_layers[l])
         .collect();
-    let mut grid = wgmoe::trace::Grid::new(layers, cfg.num_experts, partial);
+    let mut grid = wgmoe::format::trace::Grid::new(layers, cfg.num_experts, partial);
     grid.set_host_layers(&engine.cpu_layers());
     let title = format!(
         "wgmoe live: {} ({} of {} expert slots per layer{})",
@@ -94,7 +94,7 @@ fn live_view(a: &RunArgs, engine: &Engine) -> Option<wgmoe::live::LiveView> {
             String::new()
         }
     );
-    Some(wgmoe::live::LiveView::new(grid, title))
+    Some(wgmoe::insight::live::LiveView::new(grid, title))
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
@@ -251,7 +251,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     // summary, and the exit status is 130.
     wgmoe::interrupt::install()?;
     let g = if max_new == 0 {
-        wgmoe::generate::prefill_only(&mut engine.fwd, &prompt_ids)?
+        wgmoe::runtime::generate::prefill_only(&mut engine.fwd, &prompt_ids)?
     } else {
         generate(&mut engine.fwd, &prompt_ids, &opts, &mut on_token)?
     };

@@ -1,7 +1,7 @@
 //! `wgmoe serve`: load the model once and serve the OpenAI API over HTTP (`wgmoe::serve`).
 
-use wgmoe::engine::Engine;
 use wgmoe::error::{Error, Result};
+use wgmoe::runtime::engine::Engine;
 use wgmoe::serve::{bind, serve as run_server, Defaults, ServeOptions};
 use wgmoe::session::Session;
 

@@ -5,10 +5,10 @@ use std::io::Write;
 use serde_json::json;
 
 use wgmoe::backend::{Device, DeviceType};
-use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
 use wgmoe::error::{Error, Result};
-use wgmoe::generate::{generate, GenerateOptions};
-use wgmoe::sampling::SamplingOptions;
+use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision};
+use wgmoe::runtime::generate::{generate, GenerateOptions};
+use wgmoe::runtime::sampling::SamplingOptions;
 
 use super::{prompt_text, software_note, SOFTWARE_HINT};
 use crate::{stdout_error, EvalArgs, GpuArgs, SynthArgs};
@@ -86,16 +86,16 @@ pub fn measure(gpu: &GpuArgs, as_json: bool) -> Result<()> {
         info.name,
         info.backend,
         info.driver_string(),
-        wgmoe::measure::READ_BYTES >> 20,
-        wgmoe::measure::H2D_BYTES >> 20,
-        wgmoe::measure::REPETITIONS
+        wgmoe::insight::measure::READ_BYTES >> 20,
+        wgmoe::insight::measure::H2D_BYTES >> 20,
+        wgmoe::insight::measure::REPETITIONS
     );
     let date = wgmoe::bench::rfc3339_utc(std::time::SystemTime::now());
-    let m = wgmoe::measure::measure(&dev, &gpu.kernels(), date)?;
-    let path = wgmoe::bandwidth::store_path().ok_or_else(|| {
+    let m = wgmoe::insight::measure::measure(&dev, &gpu.kernels(), date)?;
+    let path = wgmoe::format::bandwidth::store_path().ok_or_else(|| {
         Error::Other("cannot store the measurements: neither XDG_CACHE_HOME nor HOME is set".into())
     })?;
-    let mut store = wgmoe::bandwidth::Store::load(&path)?;
+    let mut store = wgmoe::format::bandwidth::Store::load(&path)?;
     store.put(m.clone());
     store.save(&path)?;
     if as_json {
@@ -117,8 +117,8 @@ pub fn measure(gpu: &GpuArgs, as_json: bool) -> Result<()> {
         if let (Some(g), Some(t), Some(isa)) = (m.cpu_expert_gbps, m.cpu_threads, &m.cpu_isa) {
             out!(
                 "  CPU experts:     {g:8.2} GB/s  (INT4 expert kernel, one token x {} experts of 2048 x 1024 from a pool of {}, {t} threads, {isa})",
-                wgmoe::measure::CPU_EXPERTS,
-                wgmoe::measure::CPU_POOL
+                wgmoe::insight::measure::CPU_EXPERTS,
+                wgmoe::insight::measure::CPU_POOL
             );
         }
         if let Some(us) = m.round_trip_us {
@@ -145,11 +145,12 @@ pub fn quantize(model: &std::path::Path, out: &std::path::Path, force: bool) -> 
         pb.set_style(style);
     }
     let t0 = std::time::Instant::now();
-    let summary = wgmoe::convert::write_converted_to(model, out, force, &mut |done, total| {
-        pb.set_length(total);
-        pb.set_position(done);
-    })
-    .map_err(|e| out_error(out, e))?;
+    let summary =
+        wgmoe::format::convert::write_converted_to(model, out, force, &mut |done, total| {
+            pb.set_length(total);
+            pb.set_position(done);
+        })
+        .map_err(|e| out_error(out, e))?;
     pb.finish_and_clear();
     if let Some(r) = &summary.replaced {
         eprintln!("replaced {r} in {}", out.display());
@@ -157,9 +158,9 @@ pub fn quantize(model: &std::path::Path, out: &std::path::Path, force: bool) -> 
     eprintln!(
         "wrote {} ({}: {} f16 non-routed + {} int4 experts) in {:.1}s",
         summary.out_file,
-        wgmoe::inspect::human(summary.bytes),
-        wgmoe::inspect::human(summary.dense_f16_bytes),
-        wgmoe::inspect::human(summary.expert_int4_bytes),
+        wgmoe::insight::inspect::human(summary.bytes),
+        wgmoe::insight::inspect::human(summary.dense_f16_bytes),
+        wgmoe::insight::inspect::human(summary.expert_int4_bytes),
         t0.elapsed().as_secs_f64()
     );
     Ok(())
@@ -186,9 +187,9 @@ pub fn inspect(
         return inspect_gguf(model, as_json, max_context);
     }
     let (cfg, _, _) = Engine::open_host(model)?;
-    let ckpt = wgmoe::checkpoint::Checkpoint::open(model)?;
+    let ckpt = wgmoe::format::checkpoint::Checkpoint::open(model)?;
     // The config's counts against the real tensors before any arithmetic uses them.
-    wgmoe::manifest::check_checkpoint(&cfg, &ckpt)?;
+    wgmoe::format::manifest::check_checkpoint(&cfg, &ckpt)?;
     if let Some(n) = max_context {
         if n == 0 || prefill_chunk == 0 {
             return Err(Error::option(
@@ -209,7 +210,7 @@ pub fn inspect(
         wgmoe::model::workspace::check_context(&cfg, n, prefill_chunk)
             .map_err(|e| Error::option("--ctx-size", e.to_string()))?;
     }
-    let mut i = wgmoe::inspect::inspect(&cfg, &ckpt)?;
+    let mut i = wgmoe::insight::inspect::inspect(&cfg, &ckpt)?;
     if let Some(n) = max_context {
         i.add_workspace(&cfg, n, prefill_chunk)?;
     }
@@ -230,8 +231,8 @@ pub fn inspect(
             cfg.moe_intermediate,
             cfg.vocab_size
         );
-        let missing = wgmoe::manifest::check_tensors(&cfg, &ckpt).err();
-        out!("{}", wgmoe::inspect::table(&i));
+        let missing = wgmoe::format::manifest::check_tensors(&cfg, &ckpt).err();
+        out!("{}", wgmoe::insight::inspect::table(&i));
         if let Some(e) = missing {
             out!("warning: this checkpoint cannot be loaded: {e}");
         }
@@ -249,7 +250,7 @@ fn inspect_gguf(model: &std::path::Path, as_json: bool, max_context: Option<usiz
         ));
     }
     let gguf = wgmoe::gguf::GgufModel::open(model)?;
-    let i = wgmoe::inspect::inspect_gguf(&gguf);
+    let i = wgmoe::insight::inspect::inspect_gguf(&gguf);
     let cfg = wgmoe::gguf::model_config(&gguf);
     if as_json {
         let mut v = serde_json::to_value(&i).map_err(|e| Error::Other(e.to_string()))?;
@@ -281,7 +282,7 @@ fn inspect_gguf(model: &std::path::Path, as_json: bool, max_context: Option<usiz
             i.architecture.as_deref().unwrap_or("(none)")
         ),
     }
-    out!("{}", wgmoe::inspect::gguf_table(&i));
+    out!("{}", wgmoe::insight::inspect::gguf_table(&i));
     if let Err(e) = cfg {
         out!("warning: this model cannot be loaded: {e}");
     }
@@ -291,7 +292,9 @@ fn inspect_gguf(model: &std::path::Path, as_json: bool, max_context: Option<usiz
 pub fn eval(a: EvalArgs) -> Result<()> {
     let (cfg, _, tok) = Engine::open_host(&a.model)?;
     // The reference needs f16 experts, which only the original weights give.
-    if wgmoe::format::is_converted(&wgmoe::checkpoint::Checkpoint::open(&a.model)?) {
+    if wgmoe::format::identity::is_converted(&wgmoe::format::checkpoint::Checkpoint::open(
+        &a.model,
+    )?) {
         return Err(Error::bad_file(
             &a.model,
             "holds a converted model (INT4 experts, from `wgmoe quantize`): `wgmoe eval` compares INT4 with f16 experts, and f16 experts need the original Hugging Face checkpoint",
@@ -368,10 +371,10 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let mut int4 = Engine::load(&a.model, &opts(ExpertPrecision::Int4))?;
     let mut seq = prompt_ids.clone();
     seq.extend_from_slice(&g.generated_ids[..g.generated_ids.len().saturating_sub(1)]);
-    let rows = wgmoe::generate::prompt_logits(&mut int4.fwd, &seq)
+    let rows = wgmoe::runtime::generate::prompt_logits(&mut int4.fwd, &seq)
         .map_err(|e| Error::Other(format!("INT4-expert candidate: {e}")))?;
     let cand = &rows[prompt_ids.len() - 1..];
-    let f = wgmoe::eval::fidelity(&g.step_logits, cand);
+    let f = wgmoe::insight::eval::fidelity(&g.step_logits, cand);
     if a.json {
         out!(
             "{}",
@@ -398,7 +401,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
 }
 
 pub fn synth(a: SynthArgs) -> Result<()> {
-    use wgmoe::inspect::human;
+    use wgmoe::insight::inspect::human;
     use wgmoe::synth::{ShapeOverrides, SynthOptions, SynthShape};
     let shape = SynthShape::resolve(
         a.arch,

@@ -10,6 +10,7 @@ use crate::backend::params::*;
 use crate::backend::{Buffer, Device, KernelPlan, Prepared, Program, Usage};
 use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
+use crate::format::trace::Tracer;
 use crate::model::moe::{Executor, MoeDispatch, MoePairs, MoeSorted};
 use crate::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
 use crate::model::residency::{ExpertPlacement, Residency};
@@ -17,7 +18,6 @@ use crate::model::tensors::{ExpertPool, ExpertStore, F16Matrix};
 use crate::model::weights::{Mlp, ModelWeights};
 use crate::model::workspace::{self, WorkspaceShape};
 use crate::residency::Profile;
-use crate::trace::Tracer;
 
 #[derive(Clone, Debug)]
 pub struct ForwardOptions {

@@ -21,9 +21,9 @@ use std::time::Instant;
 use crate::backend::cpu::{CpuExperts, ExpertPair};
 use crate::backend::{Buffer, Device, Staging, Work};
 use crate::error::{Error, Result};
+use crate::format::quant::Q4SlotLayout;
 use crate::model::fills::{FillPool, Ticket};
 use crate::model::tensors::Q4Pool;
-use crate::quant::Q4SlotLayout;
 use crate::residency::{
     choose_uploads, CacheConfig, CacheError, CostFigures, ExpertCache, HostSource, MissPolicy,
     Policy, Prefetch, Reuse, StagingPool,

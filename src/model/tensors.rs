@@ -7,8 +7,8 @@ use half::f16;
 use crate::backend::kernel::WeightFormat;
 use crate::backend::{Buffer, Device, Usage};
 use crate::error::{Error, Result};
-use crate::q8_0::{self, Q8Matrix};
-use crate::quant::Q4SlotLayout;
+use crate::format::q8_0::{self, Q8Matrix};
+use crate::format::quant::Q4SlotLayout;
 
 pub fn pad8(n: usize) -> usize {
     n.div_ceil(8) * 8
@@ -31,7 +31,7 @@ pub struct MatrixChunk {
 }
 
 /// A dense [rows, cols] matrix, row-major, split into chunks of whole rows: f16 (rows
-/// padded to 8 halves), or Q8_0 (`q8_0.rs`: each chunk's quants, then its scales).
+/// padded to 8 halves), or Q8_0 (`format/q8_0.rs`: each chunk's quants, then its scales).
 pub struct F16Matrix {
     pub rows: usize,
     pub cols: usize,
@@ -78,13 +78,22 @@ impl F16Matrix {
     /// Bytes on the device of `rows` rows of `cols` in `format` (a chunk's buffer).
     pub fn chunk_bytes(format: WeightFormat, rows: usize, cols: usize) -> u64 {
         match format {
-            WeightFormat::Q8 => Q8Matrix { out: rows, inp: cols }.bytes() as u64,
+            WeightFormat::Q8 => Q8Matrix {
+                out: rows,
+                inp: cols,
+            }
+            .bytes() as u64,
             _ => rows as u64 * Self::row_bytes(cols),
         }
     }
 
     /// Rows per chunk under the storage-binding limit: the most whose buffer fits.
-    fn rows_per_chunk(dev: &Device, label: &str, format: WeightFormat, cols: usize) -> Result<usize> {
+    fn rows_per_chunk(
+        dev: &Device,
+        label: &str,
+        format: WeightFormat,
+        cols: usize,
+    ) -> Result<usize> {
         let max = dev.max_binding();
         if Self::chunk_bytes(format, 1, cols) > max {
             return Err(Error::DoesNotFit(format!(
@@ -102,7 +111,13 @@ impl F16Matrix {
 
     /// Quantise `data` ([rows, cols], row-major, finite) to Q8_0 and upload it. A block
     /// whose scale overflows f16, or a value that is not finite, is an error naming `label`.
-    pub fn upload_q8(dev: &Device, label: &str, rows: usize, cols: usize, data: &[f32]) -> Result<Self> {
+    pub fn upload_q8(
+        dev: &Device,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        data: &[f32],
+    ) -> Result<Self> {
         if data.len() != rows * cols {
             return Err(Error::Other(format!(
                 "{label}: {} values for a [{rows}, {cols}] matrix",
@@ -142,7 +157,13 @@ impl F16Matrix {
 
     /// A [rows, cols] matrix of zeros in `format`, chunked as an upload would be (a shape
     /// model: the memory-access report runs the real kernels on it).
-    pub fn zeros_in(dev: &Device, label: &str, format: WeightFormat, rows: usize, cols: usize) -> Result<Self> {
+    pub fn zeros_in(
+        dev: &Device,
+        label: &str,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
         let per = Self::rows_per_chunk(dev, label, format, cols)?;
         let mut chunks = Vec::new();
         let mut start = 0;

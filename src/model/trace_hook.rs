@@ -3,8 +3,8 @@
 //! `model::step` calls these at four points; with no tracer they do nothing.
 
 use crate::error::Result;
+use crate::format::trace::Phase;
 use crate::model::forward::Forward;
-use crate::trace::Phase;
 
 impl Forward {
     /// Whether a step must read its routing back for the tracer.

@@ -6,14 +6,14 @@
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::{Buffer, Device, Usage};
-use crate::checkpoint::{Checkpoint, ExpertProj};
 use crate::config::{ModelConfig, QkNorm};
-use crate::convert::{is_converted, packed_layer};
 use crate::error::Result;
+use crate::format::checkpoint::{Checkpoint, ExpertProj};
+use crate::format::convert::{is_converted, packed_layer};
+use crate::format::quant::Q4SlotLayout;
 use crate::model::tensors::{
     upload_f16_vec, upload_f32_vec, ExpertPool, ExpertStore, F16Matrix, Q4Pool,
 };
-use crate::quant::Q4SlotLayout;
 use crate::residency::{HostLayer, HostSource};
 
 pub enum Mlp {
@@ -75,7 +75,7 @@ impl ModelWeights {
         slots: &[Option<usize>],
     ) -> Result<Self> {
         // Fail on a missing or misshapen tensor before any upload.
-        crate::manifest::check_tensors(cfg, ckpt)?;
+        crate::format::manifest::check_tensors(cfg, ckpt)?;
         if !int4 && is_converted(ckpt) {
             return Err(crate::error::Error::option(
                 "--expert-precision",
@@ -315,7 +315,7 @@ fn load_moe(
                 // CPU computes every expert from it).
                 host = Some(match packed {
                     std::borrow::Cow::Borrowed(_) => {
-                        HostLayer::Mapped(crate::convert::experts_tensor(l))
+                        HostLayer::Mapped(crate::format::convert::experts_tensor(l))
                     }
                     std::borrow::Cow::Owned(v) => HostLayer::Owned(v.into_boxed_slice()),
                 });

@@ -11,12 +11,12 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::admission::{slot_bytes, tensor_gpu_bytes, AdmissionCost, AdmissionInput};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::inspect::{classify, TensorClass};
+use crate::insight::inspect::{classify, TensorClass};
 use crate::model::workspace::{kv_cache_bytes, planned_shape, workspace_bytes};
 use crate::residency::MissPolicy;
+use crate::runtime::admission::{slot_bytes, tensor_gpu_bytes, AdmissionCost, AdmissionInput};
 
 pub use cluster::{cluster_advice, ClusterAdvice, PrecisionNeed};
 pub use text::render;
@@ -200,7 +200,7 @@ fn count(what: &str) -> Error {
 fn components(cfg: &ModelConfig) -> Result<(Vec<Component>, u64, u64)> {
     let mut by: BTreeMap<TensorClass, Component> = BTreeMap::new();
     let mut params: u128 = 0;
-    for (name, shape) in crate::manifest::expected_tensors(cfg) {
+    for (name, shape) in crate::format::manifest::expected_tensors(cfg) {
         let class = classify(&name);
         let c = by.entry(class).or_insert_with(|| Component {
             name: class_name(class),
@@ -232,7 +232,7 @@ fn components(cfg: &ModelConfig) -> Result<(Vec<Component>, u64, u64)> {
         name: "expert_slot_tables".into(),
         tensors: cfg.num_sparse_layers(),
         parameters: 0,
-        bytes: u64::try_from(crate::admission::slot_table_bytes(cfg))
+        bytes: u64::try_from(crate::runtime::admission::slot_table_bytes(cfg))
             .map_err(|_| count("slot tables"))?,
     });
     let routed = 3u128
@@ -264,13 +264,14 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
             return Err(Error::option("--hit-rate", format!("{h} is not in [0, 1]")));
         }
     }
-    if o.staging_buffers == 0 || o.staging_buffers > crate::admission::MAX_STAGING_BUFFERS {
+    if o.staging_buffers == 0 || o.staging_buffers > crate::runtime::admission::MAX_STAGING_BUFFERS
+    {
         return Err(Error::option(
             "--staging-buffers",
             format!(
                 "{} is outside 1..={}",
                 o.staging_buffers,
-                crate::admission::MAX_STAGING_BUFFERS
+                crate::runtime::admission::MAX_STAGING_BUFFERS
             ),
         ));
     }

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::{grouped, PlanReport, TOO_BIG};
-use crate::inspect::human;
+use crate::insight::inspect::human;
 use crate::residency::MissPolicy;
 
 fn describe(m: MissPolicy) -> &'static str {

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::format::checkpoint::Checkpoint;
 
 /// Where one layer's packed experts live in host memory. Never written after load.
 pub enum HostLayer {
@@ -50,7 +50,7 @@ impl HostSource {
         let mut h = 0u64;
         for l in 0..self.layers.len() {
             if self.layers[l].is_some() {
-                h = h.rotate_left(7) ^ crate::format::fast_hash(self.layer_bytes(l)?);
+                h = h.rotate_left(7) ^ crate::format::identity::fast_hash(self.layer_bytes(l)?);
             }
         }
         Ok(h)

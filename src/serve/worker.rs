@@ -12,13 +12,13 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::{Error, Result};
-use crate::generate::{Flow, GenerateOptions};
-use crate::sampling::{random_seed, SamplingOptions};
+use crate::format::tokenizer::{TextStream, Tokenizer};
+use crate::runtime::generate::{Flow, GenerateOptions};
+use crate::runtime::sampling::{random_seed, SamplingOptions};
 use crate::serve::api::{ApiError, PromptInput, Request, SamplingRequest};
 use crate::session::chat::fit;
 use crate::session::stop::StopStrings;
 use crate::session::{Session, SessionTotals, TurnStats};
-use crate::tokenizer::{TextStream, Tokenizer};
 
 /// OpenAI's default `max_tokens` for `/v1/completions`.
 pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;

@@ -10,9 +10,9 @@ pub mod chat;
 pub mod stop;
 pub mod template;
 
-use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::generate::{generate_from, Flow, GenerateOptions, Generation};
+use crate::runtime::engine::Engine;
+use crate::runtime::generate::{generate_from, Flow, GenerateOptions, Generation};
 
 /// What one request did: its prefill split and its timings.
 #[derive(Clone, Debug, Default, serde::Serialize)]

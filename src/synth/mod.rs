@@ -8,7 +8,7 @@
 //! with a whitespace pre-tokenizer: the bench prompts' words, then filler words) and a
 //! `tokenizer_config.json` with a chat template. Weights are written streaming, tensor by
 //! tensor and in pieces, never the whole model in memory, in one of two formats:
-//! - `converted` (default): wgmoe's converted INT4 format (`crate::convert`): non-routed
+//! - `converted` (default): wgmoe's converted INT4 format (`crate::format::convert`): non-routed
 //!   tensors f16, routed experts generated directly as packed INT4 slots (random nibbles in
 //!   1..=15, i.e. q in -7..=7, and f16 scales near 0.0046 so weights have a std near 0.02),
 //!   with the format metadata and per-layer checksums `validate_converted` checks;
@@ -115,7 +115,7 @@ pub fn write_synthetic(
 }
 
 /// `wgmoe synth [--force]`: the output directory is checked and written as
-/// `crate::output_dir` describes (a non-empty directory only if it holds an earlier wgmoe
+/// `crate::format::output_dir` describes (a non-empty directory only if it holds an earlier wgmoe
 /// output, or with `force`; every file under a temporary name until all are complete; the
 /// model files of an earlier output that this one does not replace removed at the end).
 pub fn write_synthetic_to(
@@ -132,7 +132,7 @@ pub fn write_synthetic_to(
         std::str::from_utf8(&cfg_text).map_err(|e| Error::Other(e.to_string()))?,
         &out_dir.join("config.json"),
     )?;
-    let mut out = crate::output_dir::OutputDir::prepare(out_dir, None, force)?;
+    let mut out = crate::format::output_dir::OutputDir::prepare(out_dir, None, force)?;
     out.write("config.json", &cfg_text)?;
     out.write(
         "generation_config.json",
@@ -148,7 +148,7 @@ pub fn write_synthetic_to(
         &json_bytes(&tokenizer_config_json(arch, shape, &tokens, &sp))?,
     )?;
 
-    let dense = crate::manifest::expected_tensors(&cfg);
+    let dense = crate::format::manifest::expected_tensors(&cfg);
     let n_sparse = cfg.num_sparse_layers() as u64;
     let dense_params: u64 = dense
         .iter()
@@ -188,7 +188,7 @@ mod tests {
     use super::random::normalish;
     use super::vocab::split_words;
     use super::*;
-    use crate::quant::Q4SlotLayout;
+    use crate::format::quant::Q4SlotLayout;
 
     /// Each preset's config.json parses to the same model as the published config committed
     /// under models/configs (every parsed field but the file's hash; the token ids too, the

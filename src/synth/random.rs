@@ -5,7 +5,7 @@ use half::{bf16, f16};
 
 use super::{int4_scale_for_std, WEIGHT_STD};
 use crate::error::Result;
-use crate::quant::{Q4Matrix, Q4SlotLayout};
+use crate::format::quant::{Q4Matrix, Q4SlotLayout};
 
 #[inline]
 pub(super) fn splitmix(state: &mut u64) -> u64 {

@@ -9,16 +9,16 @@ use serde_json::json;
 use super::random::{generate_float, random_q4_slot, threads, Float};
 use super::{json_bytes, SynthFile, SynthOptions, NOTE_UNIFORM_ROUTING};
 
-use crate::checkpoint::mixtral_name;
 use crate::config::{Arch, ModelConfig};
-use crate::convert::{ConvertedModelWriter, PlannedTensor, SafetensorsStream};
 use crate::error::Result;
+use crate::format::checkpoint::mixtral_name;
+use crate::format::convert::{ConvertedModelWriter, PlannedTensor, SafetensorsStream};
 
 pub(super) fn write_converted_weights(
     opts: &SynthOptions,
     cfg: &ModelConfig,
     dense: Vec<(String, Vec<usize>)>,
-    out: &mut crate::output_dir::OutputDir,
+    out: &mut crate::format::output_dir::OutputDir,
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(Vec<SynthFile>, u64, u64)> {
     let mut extra = BTreeMap::new();
@@ -85,7 +85,7 @@ pub(super) fn write_hf_weights(
     opts: &SynthOptions,
     cfg: &ModelConfig,
     dense: Vec<(String, Vec<usize>)>,
-    out: &mut crate::output_dir::OutputDir,
+    out: &mut crate::format::output_dir::OutputDir,
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(Vec<SynthFile>, u64, u64)> {
     let (h, i) = (cfg.hidden_size, cfg.moe_intermediate);

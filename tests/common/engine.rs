@@ -1,10 +1,10 @@
 //! Engines on the fixtures and greedy decoding through `generate`, for the GPU tests.
 
 use wgmoe::backend::{DeviceRequest, KernelOverrides};
-use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
-use wgmoe::generate::{generate, GenerateOptions};
 use wgmoe::model::Executor;
-use wgmoe::sampling::SamplingOptions;
+use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision, ResidencyOptions};
+use wgmoe::runtime::generate::{generate, GenerateOptions};
+use wgmoe::runtime::sampling::SamplingOptions;
 
 use super::{fixture, init_env};
 

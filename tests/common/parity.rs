@@ -6,10 +6,10 @@ use super::*;
 use wgmoe::backend::plan::Switch;
 pub use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{DeviceRequest, KernelOverrides};
-use wgmoe::engine::{Engine, EngineOptions, ExpertPrecision};
-use wgmoe::generate::{generate, prompt_logits, GenerateOptions};
 use wgmoe::model::Executor;
-use wgmoe::sampling::SamplingOptions;
+use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision};
+use wgmoe::runtime::generate::{generate, prompt_logits, GenerateOptions};
+use wgmoe::runtime::sampling::SamplingOptions;
 
 /// Allowed |logit - golden| = LOGIT_ATOL + LOGIT_RTOL * |golden|. Weights are the
 /// checkpoint's bf16 values held exactly in f16 and everything accumulates in f32, so

@@ -6,7 +6,7 @@
 //!
 //! Random slots hold random nibbles (all 16 values, -8 included) and random f16 scales
 //! (some zero) at the places `Q4Matrix::pack` writes real weights, found by packing an
-//! all-ones matrix, so the tests follow the layout wherever src/quant.rs puts it; padding
+//! all-ones matrix, so the tests follow the layout wherever src/format/quant.rs puts it; padding
 //! nibbles stay 8 and unused scale halves are f16 NaN, so a kernel that reads a scale it
 //! should not turns its output into NaN.
 
@@ -17,10 +17,10 @@ use super::rng::Rng;
 use wgmoe::backend::plan::DecodeKernels;
 use wgmoe::backend::{Buffer, KernelOverrides, Program};
 use wgmoe::cpu_ref;
+use wgmoe::format::quant::{Q4Matrix, Q4SlotLayout};
 use wgmoe::model::moe::{Executor, MoeDispatch, MoePairs, MoeSorted};
 use wgmoe::model::tensors::{ExpertStore, Q4Pool};
 use wgmoe::model::workspace::{workspace, WorkspaceShape};
-use wgmoe::quant::{Q4Matrix, Q4SlotLayout};
 
 /// The kernels sum in f32 (dot4 pairs, then 256-input block sums, one scale multiply per
 /// block) what the reference sums in f64; up to 2056 terms per output, plus exp in silu

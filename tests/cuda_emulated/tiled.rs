@@ -303,7 +303,7 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
     // INT4 experts (random nibbles and scales, NaN in the unused scale halves): 300
     // columns (2 scale blocks, the last partial), 70 rows; 3 slots a chunk.
     let c = common::q4::case(300, 70, experts, slots, k, t);
-    let layout = wgmoe::quant::Q4SlotLayout::new(c.hidden, c.inter);
+    let layout = wgmoe::format::quant::Q4SlotLayout::new(c.hidden, c.inter);
     let g = Gpu::new(Some(3 * layout.bytes as u64), tiled);
     let mut s = common::q4::Setup::random(&g, 720, c);
     assert!(s.pool().chunks.len() > 1);

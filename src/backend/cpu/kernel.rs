@@ -2,7 +2,7 @@
 //! activations laid out in the nibbles' column order.
 //!
 //! Byte `i` of a packed row holds column `8 (i / 4) + i % 4` in its low nibble and column
-//! `8 (i / 4) + 4 + i % 4` in its high nibble (`crate::quant`). [`Interleaved`] stores the
+//! `8 (i / 4) + 4 + i % 4` in its high nibble (`crate::format::quant`). [`Interleaved`] stores the
 //! activations the same way (`lo[i]`, `hi[i]`), so a block of 256 columns is 128 bytes
 //! against two contiguous arrays of 128 floats: loops the compiler vectorises. The stored
 //! value is q + 8; `sum(q x) = sum(nibble x) - 8 sum(x)` takes the offset out of the loop,
@@ -11,7 +11,7 @@
 use half::f16;
 
 use super::row_bytes;
-use crate::quant::{Q4Matrix, Q4SlotLayout, BLOCK};
+use crate::format::quant::{Q4Matrix, Q4SlotLayout, BLOCK};
 
 /// Bytes of one 256-column block of a packed row.
 const BLOCK_BYTES: usize = BLOCK / 2;

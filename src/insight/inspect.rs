@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
-use crate::convert::is_converted;
 use crate::error::{Error, Result};
+use crate::format::checkpoint::Checkpoint;
+use crate::format::convert::is_converted;
+use crate::format::quant::Q4SlotLayout;
 use crate::model::tensors::ExpertPool;
-use crate::quant::Q4SlotLayout;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -145,7 +145,7 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
     }
     // The non-routed weights as the device holds them (rows padded, the expert->slot
     // tables): admission's arithmetic, so `inspect`, `plan` and the loader agree.
-    let dense_gpu = crate::admission::dense_gpu_bytes(cfg);
+    let dense_gpu = crate::runtime::admission::dense_gpu_bytes(cfg);
     let f16_per_expert = ExpertPool::slot_bytes(cfg.hidden_size, cfg.moe_intermediate);
     Ok(Inspection {
         converted_int4: converted,

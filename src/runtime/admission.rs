@@ -8,9 +8,9 @@
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::format::quant::Q4SlotLayout;
 use crate::model::tensors::{pad8, ExpertPool};
 use crate::model::workspace::{planned_shape, workspace_bytes};
-use crate::quant::Q4SlotLayout;
 use crate::residency::MissPolicy;
 use crate::units::human;
 
@@ -68,7 +68,7 @@ pub fn slot_table_bytes(cfg: &ModelConfig) -> u128 {
 /// biases f32), with the shared experts and dense MLPs in their slot layout, and the
 /// per-layer expert->slot tables (`u64::MAX` when they cannot be counted).
 pub fn dense_gpu_bytes(cfg: &ModelConfig) -> u64 {
-    let tensors: u128 = crate::manifest::expected_tensors(cfg)
+    let tensors: u128 = crate::format::manifest::expected_tensors(cfg)
         .iter()
         .map(|(name, shape)| tensor_gpu_bytes(name, shape))
         .sum();

@@ -4,7 +4,7 @@
 //! tokenizer files, and one `model.safetensors` with
 //! - every non-routed tensor as F16 under its Hugging Face name;
 //! - per MoE layer, `model.layers.{l}.mlp.experts.int4` U8 [num_experts, slot_bytes]: the
-//!   routed experts already packed as INT4 slots (layout in `crate::quant`), so loading
+//!   routed experts already packed as INT4 slots (layout in `crate::format::quant`), so loading
 //!   is a memory map and a copy, no conversion work;
 //! - metadata naming the format, block size, rounding rule and slot layout, the identity
 //!   of the source (hash of its config.json, size and hash of each weight file) and a
@@ -17,13 +17,13 @@ use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
-use crate::checkpoint::{Checkpoint, ExpertProj};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-pub use crate::format::{
+use crate::format::checkpoint::{Checkpoint, ExpertProj};
+pub use crate::format::identity::{
     experts_tensor, fast_hash, is_converted, FastHasher, FORMAT, FORMAT_VERSION, ROUNDING,
 };
-use crate::quant::Q4SlotLayout;
+use crate::format::quant::Q4SlotLayout;
 
 const FILES_TO_COPY: [&str; 6] = [
     "config.json",
@@ -38,7 +38,7 @@ fn meta_json(cfg: &ModelConfig, layout: &Q4SlotLayout) -> BTreeMap<&'static str,
     let mut m = BTreeMap::new();
     m.insert("wgmoe.format", FORMAT.to_string());
     m.insert("wgmoe.format_version", FORMAT_VERSION.to_string());
-    m.insert("wgmoe.block_size", crate::quant::BLOCK.to_string());
+    m.insert("wgmoe.block_size", crate::format::quant::BLOCK.to_string());
     m.insert("wgmoe.rounding", ROUNDING.to_string());
     m.insert("wgmoe.expert_layout", layout.describe());
     m.insert("wgmoe.num_experts", cfg.num_experts.to_string());
@@ -135,7 +135,7 @@ pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Res
                         let ex = ti * per + k;
                         let read = |proj: ExpertProj, inp: usize| -> Result<Vec<f32>> {
                             let w = ckpt.read_expert_f32(layer, ex, proj, e, h, i)?;
-                            if let Some((k, v)) = crate::quant::first_unscalable(&w, inp) {
+                            if let Some((k, v)) = crate::format::quant::first_unscalable(&w, inp) {
                                 let (name, path, at) =
                                     ckpt.expert_source(layer, ex, proj, e, h, i)?;
                                 return Err(Error::BadTensor {
@@ -144,7 +144,7 @@ pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Res
                                     msg: format!(
                                         "element {} is {v}: its INT4 block's f16 scale (max|w| / 7) would be infinite; routed experts hold at most {} in magnitude",
                                         at + k,
-                                        crate::quant::MAX_ABS
+                                        crate::format::quant::MAX_ABS
                                     ),
                                 });
                             }
@@ -548,7 +548,7 @@ pub fn write_converted(
 }
 
 /// `wgmoe quantize [--force]`. The output directory is checked and written as
-/// `crate::output_dir` describes: never the input (or inside it, or around it), a
+/// `crate::format::output_dir` describes: never the input (or inside it, or around it), a
 /// non-empty directory only if it holds an earlier wgmoe output or with `force`, every file
 /// under a temporary name until all are complete.
 pub fn write_converted_to(
@@ -557,7 +557,7 @@ pub fn write_converted_to(
     force: bool,
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ConvertSummary> {
-    crate::checkpoint::check_model_dir(src)?;
+    crate::format::checkpoint::check_model_dir(src)?;
     let cfg = ModelConfig::from_dir(src)?;
     let ckpt = Checkpoint::open(src)?;
     if is_converted(&ckpt) {
@@ -567,9 +567,9 @@ pub fn write_converted_to(
         ));
     }
     // The same size, tensor and shape checks as loading, before anything is written.
-    crate::manifest::check_checkpoint(&cfg, &ckpt)?;
-    crate::manifest::check_tensors(&cfg, &ckpt)?;
-    let mut out = crate::output_dir::OutputDir::prepare(out_dir, Some(src), force)?;
+    crate::format::manifest::check_checkpoint(&cfg, &ckpt)?;
+    crate::format::manifest::check_tensors(&cfg, &ckpt)?;
+    let mut out = crate::format::output_dir::OutputDir::prepare(out_dir, Some(src), force)?;
 
     let mut dense = Vec::new();
     for name in ckpt.names().filter(|n| !is_routed_expert(n)) {

@@ -8,11 +8,11 @@ mod table;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::format::trace::{Phase, StepGroups, Trace};
 use crate::residency::{
     belady_steps, build_policy, distinct, expected_experts_touched, frequency_ceiling, replay,
     replay_prefetch, PolicyKind, Prefetch, Profile, SimStats,
 };
-use crate::trace::{Phase, StepGroups, Trace};
 
 pub use table::render;
 

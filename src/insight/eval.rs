@@ -56,7 +56,7 @@ pub fn fidelity(reference: &[Vec<f32>], candidate: &[Vec<f32>]) -> Fidelity {
         if kl.is_nan() || kl > max {
             max = kl;
         }
-        if crate::sampling::argmax(r, &[]) == crate::sampling::argmax(c, &[]) {
+        if crate::runtime::sampling::argmax(r, &[]) == crate::runtime::sampling::argmax(c, &[]) {
             agree += 1;
         }
     }

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::model::{Forward, Head};
-use crate::sampling::{sample, Rng, SamplingOptions};
+use crate::runtime::sampling::{sample, Rng, SamplingOptions};
 
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {

@@ -4,11 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::checkpoint::{Checkpoint, ExpertLayout, ExpertProj};
 use crate::config::{Arch, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
-use crate::format::{experts_tensor, is_converted};
-use crate::quant::Q4SlotLayout;
+use crate::format::checkpoint::{Checkpoint, ExpertLayout, ExpertProj};
+use crate::format::identity::{experts_tensor, is_converted};
+use crate::format::quant::Q4SlotLayout;
 
 /// Every non-routed tensor the model needs, with its shape (routed experts excluded: their
 /// layout varies and is checked by `check_tensors`).

@@ -217,7 +217,7 @@ pub fn contents(dir: &Path) -> Result<Contents> {
     let converted = meta
         .as_ref()
         .and_then(|m| m.get("wgmoe.format"))
-        .is_some_and(|f| f == crate::format::FORMAT);
+        .is_some_and(|f| f == crate::format::identity::FORMAT);
     if converted {
         // A converted model is one file; shards or an index next to it are someone else's.
         if weights.len() != 1 {

@@ -1,9 +1,9 @@
 //! The converted INT4 format's names and identity (`wgmoe quantize` writes it, the loader
-//! recognises and validates it; `crate::convert` has the writer and the checks): the format
+//! recognises and validates it; `crate::format::convert` has the writer and the checks): the format
 //! constants, the name of a layer's packed-expert tensor, and the fast checksum recorded
 //! per layer.
 
-use crate::checkpoint::Checkpoint;
+use crate::format::checkpoint::Checkpoint;
 
 pub const FORMAT: &str = "wgmoe-int4";
 pub const FORMAT_VERSION: &str = "1";

@@ -21,8 +21,8 @@ use half::f16;
 
 use crate::backend::cpu::{CpuExperts, ExpertPair};
 use crate::backend::{Device, KernelOverrides, KernelPlan, Program, Usage, Work};
-use crate::bandwidth::Measured;
 use crate::error::Result;
+use crate::format::bandwidth::Measured;
 use crate::model::ops::{matmul, OpEnv};
 use crate::model::tensors::F16Matrix;
 
@@ -123,7 +123,7 @@ pub fn h2d_gbps(dev: &Device) -> Result<(f64, f64)> {
 
 /// The CPU expert kernel's packed-weight read rate, GB/s, with its threads and ISA.
 pub fn cpu_expert_gbps(threads: Option<usize>) -> Result<(f64, usize, &'static str)> {
-    let layout = crate::quant::Q4SlotLayout::new(2048, 1024);
+    let layout = crate::format::quant::Q4SlotLayout::new(2048, 1024);
     let cpu = CpuExperts::new(layout, threads)?;
     // Zero weights and scales: the kernel's work does not depend on the values. Written,
     // so every page is resident before timing.

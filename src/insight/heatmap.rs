@@ -6,8 +6,8 @@
 
 use std::fmt::Write;
 
-use crate::svg::{nice_ticks, tick_label, xml_escape};
-use crate::trace::{Grid, Trace};
+use crate::format::svg::{nice_ticks, tick_label, xml_escape};
+use crate::format::trace::{Grid, Trace};
 
 /// Viridis at five stops (dark blue -> yellow), interpolated.
 const STOPS: [(f64, [f64; 3]); 5] = [
@@ -288,7 +288,7 @@ mod tests {
 
     #[test]
     fn every_cell_carries_its_numbers() {
-        use crate::trace::Observed;
+        use crate::format::trace::Observed;
         let mut g = Grid::new(vec![0, 3], 3, true);
         let obs = |layer, ids, cpu, evicted, loaded| Observed {
             layer,

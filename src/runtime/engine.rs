@@ -5,16 +5,16 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::admission::{admit, AdmissionInput};
 use crate::backend::{Device, DeviceRequest, KernelOverrides, KernelPlan};
-use crate::checkpoint::Checkpoint;
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result};
+use crate::format::checkpoint::Checkpoint;
+use crate::format::tokenizer::Tokenizer;
 use crate::model::forward::Head;
 use crate::model::residency::{ExpertPlacement, Residency, ResidencyConfig};
 use crate::model::{Executor, Forward, ForwardOptions, ModelWeights};
 use crate::residency::{build_policy, CacheConfig, MissPolicy, PolicyKind, Prefetch, Profile};
-use crate::tokenizer::Tokenizer;
+use crate::runtime::admission::{admit, AdmissionInput};
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -204,7 +204,7 @@ impl Engine {
     pub fn open_host(
         dir: &Path,
     ) -> Result<(ModelConfig, Option<GenerationConfig>, Option<Tokenizer>)> {
-        crate::checkpoint::check_model_dir(dir)?;
+        crate::format::checkpoint::check_model_dir(dir)?;
         let cfg = ModelConfig::from_dir(dir)?;
         let generation = GenerationConfig::from_dir(dir)?;
         if let Some(g) = &generation {
@@ -240,8 +240,8 @@ impl Engine {
         // Counts against the real tensors, then every tensor's shape (headers only), before
         // anything sized by the config is computed or allocated.
         let (capacity, profile) = check_host(&cfg, &ckpt, opts)?;
-        if crate::convert::is_converted(&ckpt) {
-            crate::convert::validate_converted(&ckpt, &cfg)?;
+        if crate::format::convert::is_converted(&ckpt) {
+            crate::format::convert::validate_converted(&ckpt, &cfg)?;
         }
         let int4 = opts.expert_precision == ExpertPrecision::Int4;
         let r = &opts.residency;
@@ -302,7 +302,10 @@ impl Engine {
                     staging_buffers: r.staging_buffers(&cfg)?,
                     miss,
                     cpu_threads: r.cpu_threads,
-                    layout: crate::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate),
+                    layout: crate::format::quant::Q4SlotLayout::new(
+                        cfg.hidden_size,
+                        cfg.moe_intermediate,
+                    ),
                     prefetch: r.prefetch(&cfg)?,
                     prefetch_width: width,
                     fill_threads: r.fill_threads(),
@@ -343,10 +346,10 @@ impl Engine {
     }
 
     /// The header of a routing trace of this engine; `policy` as `--cache-policy` names it.
-    pub fn trace_header(&self, policy: &str, decay: f64) -> crate::trace::TraceHeader {
+    pub fn trace_header(&self, policy: &str, decay: f64) -> crate::format::trace::TraceHeader {
         let partial = self.resident_experts < self.cfg.num_experts;
-        crate::trace::TraceHeader {
-            wgmoe_trace: crate::trace::TRACE_VERSION,
+        crate::format::trace::TraceHeader {
+            wgmoe_trace: crate::format::trace::TRACE_VERSION,
             model: self.dir.display().to_string(),
             model_type: self.cfg.arch.model_type().to_string(),
             num_layers: self.cfg.num_layers,
@@ -355,7 +358,7 @@ impl Engine {
                 .collect(),
             num_experts: self.cfg.num_experts,
             top_k: self.cfg.top_k,
-            expert_bytes: crate::admission::slot_bytes(&self.cfg, true),
+            expert_bytes: crate::runtime::admission::slot_bytes(&self.cfg, true),
             resident_experts_per_layer: self.resident_experts,
             cache_policy: partial.then(|| policy.to_string()),
             decay,
@@ -383,13 +386,15 @@ impl Engine {
         path: Option<&Path>,
         policy: &str,
         decay: f64,
-        extra: Vec<Box<dyn crate::trace::RoutingSink>>,
+        extra: Vec<Box<dyn crate::format::trace::RoutingSink>>,
     ) -> Result<()> {
-        let mut t = crate::trace::Tracer::new(self.cfg.top_k);
+        let mut t = crate::format::trace::Tracer::new(self.cfg.top_k);
         t.set_host_layers(self.cpu_layers());
         if let Some(p) = path {
             let header = self.trace_header(policy, decay);
-            t.add(Box::new(crate::trace::JsonlSink::create(p, &header)?));
+            t.add(Box::new(crate::format::trace::JsonlSink::create(
+                p, &header,
+            )?));
         }
         for s in extra {
             t.add(s);
@@ -420,7 +425,7 @@ fn warm_up(fwd: &mut Forward) -> Result<()> {
     fwd.submit(0, n, Some(&vec![0u32; n]), Head::LastArgmax)?;
     // A non-finite row (flagged by the argmax) is reported by the first real step; the
     // flag is no token to feed a decode step.
-    let flagged = fwd.read_token()? == crate::generate::NON_FINITE_TOKEN;
+    let flagged = fwd.read_token()? == crate::runtime::generate::NON_FINITE_TOKEN;
     if n < fwd.opts.max_context && !flagged {
         fwd.submit(n, 1, None, Head::LastArgmax)?;
         fwd.read_token()?;
@@ -440,9 +445,9 @@ pub fn check_host(
     ckpt: &Checkpoint,
     opts: &EngineOptions,
 ) -> Result<(usize, Option<Profile>)> {
-    crate::manifest::check_checkpoint(cfg, ckpt)?;
-    crate::manifest::check_tensors(cfg, ckpt)?;
-    if opts.expert_precision == ExpertPrecision::F16 && crate::convert::is_converted(ckpt) {
+    crate::format::manifest::check_checkpoint(cfg, ckpt)?;
+    crate::format::manifest::check_tensors(cfg, ckpt)?;
+    if opts.expert_precision == ExpertPrecision::F16 && crate::format::convert::is_converted(ckpt) {
         return Err(Error::option(
             "--expert-precision",
             format!("{} holds INT4 experts (converted by `wgmoe quantize`); f16 experts need the original checkpoint", ckpt.dir().display()),

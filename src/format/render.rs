@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 
 /// DejaVu Sans, printable ASCII (see `assets/fonts/LICENSE-DejaVu.txt`).
-const FONT: &[u8] = include_bytes!("../assets/fonts/DejaVuSans-ascii.ttf");
+const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans-ascii.ttf");
 
 /// PNGs are drawn at twice the SVG's size, for screens that scale.
 pub const PNG_SCALE: f32 = 2.0;

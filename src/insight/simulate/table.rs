@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::SimReport;
-use crate::inspect::human;
+use crate::insight::inspect::human;
 
 pub fn render(r: &SimReport) -> String {
     let mut o = String::new();

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
-use crate::trace::{Grid, LayerRouting, RoutingSink};
+use crate::format::trace::{Grid, LayerRouting, RoutingSink};
 
 /// The shortest time between two frames.
 pub const REFRESH: Duration = Duration::from_millis(100);
@@ -199,7 +199,7 @@ mod tests {
     #[test]
     fn the_frame_bins_experts_to_the_width_and_marks_residency() {
         let mut g = Grid::new(vec![0, 1], 200, true);
-        g.observe(&crate::trace::Observed {
+        g.observe(&crate::format::trace::Observed {
             layer: 0,
             ids: &[0, 150],
             hit: &[false, false],
@@ -209,7 +209,7 @@ mod tests {
             top_k: 2,
             counted: true,
         });
-        g.observe(&crate::trace::Observed {
+        g.observe(&crate::format::trace::Observed {
             layer: 1,
             ids: &[3, 4],
             hit: &[false, false],

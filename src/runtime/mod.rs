@@ -1,0 +1,8 @@
+//! Running a model, above `model`: admission control from the same arithmetic the
+//! allocations use, opening a model directory end to end (`engine`), the generation loop
+//! and token sampling.
+
+pub mod admission;
+pub mod engine;
+pub mod generate;
+pub mod sampling;
