@@ -9,6 +9,7 @@
 use half::f16;
 
 use crate::error::{Error, Result};
+use crate::format::q8_0::Q8Matrix;
 use crate::format::quant::{Q4Matrix, Q4SlotLayout, BLOCK};
 
 fn need(what: &str, got: usize, want: usize) -> Result<()> {
@@ -30,8 +31,8 @@ fn rows_of(what: &str, len: usize, width: usize) -> Result<usize> {
     Ok(len / width)
 }
 
-fn dot(a: &[f32], w: &[f16]) -> f32 {
-    a.iter().zip(w).map(|(x, w)| x * w.to_f32()).sum()
+fn dot<W: Copy + Into<f32>>(a: &[f32], w: &[W]) -> f32 {
+    a.iter().zip(w).map(|(x, &w)| x * w.into()).sum()
 }
 
 /// `x * sigmoid(x)` (transformers' `ACT2FN["silu"]`).
@@ -83,10 +84,10 @@ pub fn rmsnorm(x: &[f32], weight: &[f16], eps: f32) -> Result<Vec<f32>> {
 /// `x [T, K] · W[N, K]^T (+ bias) (+ accumulate_into)`, as `[T, N]`.
 /// Mirrors `nn.Linear`: `F.linear(input, self.weight, self.bias)`; `accumulate_into` is the
 /// residual add that follows o_proj (`hidden_states = residual + hidden_states`).
-pub fn matmul(
+pub fn matmul<W: Copy + Into<f32>>(
     x: &[f32],
     k: usize,
-    w: &[f16],
+    w: &[W],
     n: usize,
     bias: Option<&[f32]>,
     accumulate_into: Option<&[f32]>,
@@ -114,6 +115,21 @@ pub fn matmul(
         }
     }
     Ok(out)
+}
+
+/// `matmul` with a packed Q8_0 weight (`format::q8_0`: quants `q`, scales `s`): the W8A16
+/// kernels' reference, over the dequantised values q * f32(d).
+pub fn matmul_q8(
+    x: &[f32],
+    m: Q8Matrix,
+    q: &[u8],
+    s: &[u8],
+    bias: Option<&[f32]>,
+    accumulate_into: Option<&[f32]>,
+) -> Result<Vec<f32>> {
+    need("matmul_q8 quants", q.len(), m.q_bytes())?;
+    need("matmul_q8 scales", s.len(), m.scale_bytes())?;
+    matmul(x, m.inp, &m.dequantize(q, s), m.out, bias, accumulate_into)
 }
 
 /// Attention head layout shared by `rope_kv` and `attention`.

@@ -12,11 +12,12 @@ use common::check::check;
 use common::dense::*;
 use common::gpu::*;
 use common::rng::Rng;
-use wgmoe::backend::kernel::Kernel;
+use wgmoe::backend::kernel::{Kernel, WeightFormat};
 use wgmoe::backend::params::*;
 use wgmoe::backend::plan::DecodeKernels;
 use wgmoe::backend::{Device, KernelOverrides, KernelPlan, Program};
 use wgmoe::cpu_ref;
+use wgmoe::format::q8_0::Q8Matrix;
 use wgmoe::model::ops::{self, OpEnv};
 use wgmoe::model::tensors::F16Matrix;
 
@@ -331,4 +332,135 @@ fn gemm_matches_cpu() {
     // A split matrix: K = 257 (528-byte rows) seven rows to a 4 KiB chunk.
     let dev = device(Some(4096));
     gemm_case(&dev, 3310, MatmulCase::new(20, 257, 70, BIAS), 10);
+}
+
+/// A Q8_0 matrix through `ops::matmul` under `plan`: one-token steps (and the last token
+/// alone) run the Q8_0 matvec, multi-token steps the Q8_0 GEMM, whatever the plan's f16
+/// kernels are (Q8_0 has the GPU-shaped kernels only). Against `cpu_ref::matmul_q8` over
+/// the same packed weights (quantised here by `format::q8_0`, as on load).
+fn q8_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunks: usize) {
+    let data = MatmulData::new(seed, &c);
+    let mut rng = Rng::new(seed ^ 0x9e37);
+    // Rows of very different magnitudes: each block's scale follows its own values.
+    let w: Vec<f32> = (0..c.n * c.k)
+        .map(|i| rng.f32(1.0) * [1.0, 1e-3, 40.0][(i / c.k) % 3])
+        .collect();
+    let qm = Q8Matrix { out: c.n, inp: c.k };
+    let (mut q, mut s) = (vec![0u8; qm.q_bytes()], vec![0u8; qm.scale_bytes()]);
+    qm.pack(&w, &mut q, &mut s);
+    let m = F16Matrix::upload_q8(dev, "w", c.n, c.k, &w).unwrap();
+    assert_eq!(m.format, WeightFormat::Q8);
+    assert!(m.chunks.len() >= min_chunks, "{} chunks", m.chunks.len());
+    let step = dev.step_buffer(0, c.t).unwrap();
+    let x = f32_buf(
+        dev,
+        &common::check::strided(&data.xs, c.k, c.x_stride, f32::NAN),
+    );
+    let has = |f: u32| c.flags & f != 0;
+    let b = has(flags::MATMUL_BIAS).then(|| f32_buf(dev, &data.bias));
+    let out = f32_buf(dev, &data.out0);
+    let d = dummy(dev);
+    let env = OpEnv {
+        plan,
+        chunk: c.t,
+        dummy: &d,
+    };
+    let mut prog = Program::default();
+    push_matmul(&mut prog, &env, &m, &x, b.as_ref(), &out, c.out_stride, c.flags);
+    let one = c.t == 1 || has(flags::LAST_TOKEN_ONLY);
+    for op in &mut prog.ops {
+        let k = match (&op.decode, one && !has(flags::LAST_TOKEN_ONLY)) {
+            (Some(d), true) => d.kernel,
+            _ => op.kernel,
+        };
+        if one {
+            assert_eq!(k, Kernel::Matvec(plan.rows(WeightFormat::Q8)), "one token");
+        } else {
+            assert_eq!(k, Kernel::Gemm(WeightFormat::Q8), "multi-token steps");
+        }
+        if c.x_stride != c.k {
+            patch_params(op, |p: &mut DenseParams| p.x_stride = c.x_stride as u32);
+        }
+    }
+    run(dev, prog, &step, c.t);
+    let x_rows = if has(flags::LAST_TOKEN_ONLY) {
+        &data.xs[(c.t - 1) * c.k..]
+    } else {
+        &data.xs[..]
+    };
+    let prev: Vec<f32> = data
+        .out0
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % c.out_stride < c.n)
+        .map(|(_, v)| *v)
+        .collect();
+    let want = cpu_ref::matmul_q8(
+        x_rows,
+        qm,
+        &q,
+        &s,
+        has(flags::MATMUL_BIAS).then_some(&data.bias[..]),
+        has(flags::MATMUL_ACCUMULATE).then_some(&prev[..]),
+    )
+    .unwrap();
+    let what = format!(
+        "q8_0 {:?}/{:?} T {} K {} N {} strides {}/{} flags {:#b} chunks {}",
+        plan.reduce,
+        plan.tiled_prefill,
+        c.t,
+        c.k,
+        c.n,
+        c.x_stride,
+        c.out_stride,
+        c.flags,
+        m.chunks.len()
+    );
+    // Products of 40-scaled rows: the tolerance is relative to the output's magnitude.
+    let got = read_f32(dev, &out, c.out_rows() * c.out_stride);
+    let want = common::check::strided(&want, c.n, c.out_stride, 55.0);
+    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    check(&what, &got, &want, MATVEC_TOL * scale);
+}
+
+#[test]
+fn q8_matvec_and_gemm_match_cpu() {
+    use flags::{LAST_TOKEN_ONLY as LAST, MATMUL_ACCUMULATE as ACCUMULATE, MATMUL_BIAS as BIAS};
+    let dev = device(None);
+    // Every plan: the coalesced ones (both reductions) and the adapter's default (on a CPU
+    // adapter, storage kernels for f16; Q8_0 still runs the matvec and the GEMM).
+    let mut all = plans(&dev);
+    all.push(plan(&dev, &KernelOverrides::default()));
+    for (pi, plan) in all.iter().enumerate() {
+        // K below one block, a partial last block, one and several blocks; rows around
+        // the matvec's 4 and the GEMM's 32.
+        for (i, c) in [
+            MatmulCase::new(1, 5, 3, 0),
+            MatmulCase::new(1, 45, 9, BIAS),
+            MatmulCase::new(1, 64, 33, ACCUMULATE),
+            MatmulCase::new(1, 1000, 70, BIAS | ACCUMULATE),
+            MatmulCase::new(6, 100, 37, LAST | BIAS),
+            MatmulCase::new(3, 33, 7, BIAS),
+            MatmulCase::new(17, 65, 33, BIAS | ACCUMULATE),
+            MatmulCase::new(40, 2048, 65, 0),
+            MatmulCase {
+                t: 9,
+                k: 13,
+                n: 61,
+                x_stride: 20,
+                out_stride: 67,
+                flags: BIAS,
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            q8_case(&dev, plan, 4400 + (pi * 16 + i) as u64, c, 1);
+        }
+    }
+    // A split matrix: K = 100 (128 quant + 8 scale bytes a row) 29 rows to a 4 KiB chunk.
+    let dev = device(Some(4096));
+    let p = plan(&dev, &KernelOverrides::default());
+    q8_case(&dev, &p, 4490, MatmulCase::new(1, 100, 70, BIAS), 2);
+    q8_case(&dev, &p, 4491, MatmulCase::new(20, 100, 70, ACCUMULATE), 2);
 }

@@ -115,7 +115,7 @@ fn matvec_ops(
     while r0 < c.rows {
         let n = per_dispatch.min(c.rows - r0);
         ops.push(Op::new(
-            Kernel::Matvec(env.plan.rows(WeightFormat::F16)),
+            Kernel::Matvec(env.plan.rows(m.format)),
             &DenseParams {
                 k: m.cols as u32,
                 n_rows: n as u32,
@@ -125,9 +125,11 @@ fn matvec_ops(
                 out_stride: out_stride as u32,
                 flags,
                 w_row0: r0 as u32,
+                s_word0: m.scale_word0(c),
+                blocks_per_row: m.blocks_per_row(),
                 ..Default::default()
             },
-            numbered(&[(2, src), (3, src), (4, bias), (5, dst), (10, &c.buffer)]),
+            dense_binds(m, c, src, bias, dst),
             [
                 Dim::Const(n.div_ceil(ROWS_PER_WORKGROUP) as u32),
                 Dim::Const(splits as u32),
@@ -185,7 +187,10 @@ fn matmul_split(
     splits: usize,
 ) {
     let t = env.chunk;
-    if env.plan.coalesced_decode {
+    // Q8_0 matrices have the GPU-shaped kernels only (matvec and the tiled GEMM), which run
+    // on every adapter.
+    let q8 = m.format != WeightFormat::F16;
+    if env.plan.coalesced_decode || q8 {
         let f = flags
             | if bias.is_some() {
                 flags::MATMUL_BIAS
@@ -213,7 +218,7 @@ fn matmul_split(
             let mut decode =
                 matvec_ops(env, m, c, src, bias_b, dst, out_stride, f, splits).into_iter();
             // The tiled GEMM where the plan says so, the storage matmul otherwise.
-            let main = if env.plan.tiled_prefill {
+            let main = if env.plan.tiled_prefill || q8 {
                 gemm_op(m, c, src, bias_b, dst, out_stride, f)
             } else {
                 storage_matmul(m, c, src, bias_b, dst, out_stride, f)
@@ -329,6 +334,16 @@ fn matmul_split(
     }
 }
 
+/// The bindings of the matvec and the GEMM over chunk `c`: activations (2, 3), bias, output,
+/// the weight words (10) and, for formats with scales, the scales in the same buffer (11).
+fn dense_binds(m: &F16Matrix, c: &MatrixChunk, src: &Buffer, bias: &Buffer, dst: &Buffer) -> Vec<Bind> {
+    let mut b = vec![(2, src), (3, src), (4, bias), (5, dst), (10, &c.buffer)];
+    if m.format.has_scales() {
+        b.push((11, &c.buffer));
+    }
+    numbered(&b)
+}
+
 /// The tiled GEMM (gemm.wgsl) over one chunk: 16 tokens x 32 rows per workgroup.
 fn gemm_op(
     m: &F16Matrix,
@@ -340,7 +355,7 @@ fn gemm_op(
     f: u32,
 ) -> Op {
     Op::new(
-        Kernel::Gemm(WeightFormat::F16),
+        Kernel::Gemm(m.format),
         &DenseParams {
             k: m.cols as u32,
             n_rows: c.rows as u32,
@@ -349,9 +364,11 @@ fn gemm_op(
             x_stride: m.cols as u32,
             out_stride: out_stride as u32,
             flags: f,
+            s_word0: m.scale_word0(c),
+            blocks_per_row: m.blocks_per_row(),
             ..Default::default()
         },
-        numbered(&[(2, src), (3, src), (4, bias), (5, dst), (10, &c.buffer)]),
+        dense_binds(m, c, src, bias, dst),
         [
             Dim::Const(c.rows.div_ceil(GEMM_ROWS) as u32),
             Dim::TokensDiv(GEMM_TOKENS as u32),
