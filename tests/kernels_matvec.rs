@@ -366,7 +366,16 @@ fn q8_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunks
         dummy: &d,
     };
     let mut prog = Program::default();
-    push_matmul(&mut prog, &env, &m, &x, b.as_ref(), &out, c.out_stride, c.flags);
+    push_matmul(
+        &mut prog,
+        &env,
+        &m,
+        &x,
+        b.as_ref(),
+        &out,
+        c.out_stride,
+        c.flags,
+    );
     let one = c.t == 1 || has(flags::LAST_TOKEN_ONLY);
     for op in &mut prog.ops {
         let k = match (&op.decode, one && !has(flags::LAST_TOKEN_ONLY)) {

@@ -4,9 +4,11 @@
 mod costs;
 mod fills;
 pub mod forward;
+mod layers;
 pub mod moe;
 pub mod ops;
 pub mod residency;
+pub mod slot_mats;
 mod step;
 pub mod tensors;
 mod trace_hook;

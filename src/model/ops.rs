@@ -63,7 +63,7 @@ pub const MAX_GRID: usize = 65535;
 
 /// Bindings by number (the GPU-shaped kernels' layout: activations at 2 and, as vec4s,
 /// 3; weights at 10 and scales at 11).
-fn numbered(list: &[(u32, &Buffer)]) -> Vec<Bind> {
+pub(crate) fn numbered(list: &[(u32, &Buffer)]) -> Vec<Bind> {
     list.iter()
         .map(|(binding, b)| Bind {
             binding: *binding,
@@ -336,7 +336,13 @@ fn matmul_split(
 
 /// The bindings of the matvec and the GEMM over chunk `c`: activations (2, 3), bias, output,
 /// the weight words (10) and, for formats with scales, the scales in the same buffer (11).
-fn dense_binds(m: &F16Matrix, c: &MatrixChunk, src: &Buffer, bias: &Buffer, dst: &Buffer) -> Vec<Bind> {
+fn dense_binds(
+    m: &F16Matrix,
+    c: &MatrixChunk,
+    src: &Buffer,
+    bias: &Buffer,
+    dst: &Buffer,
+) -> Vec<Bind> {
     let mut b = vec![(2, src), (3, src), (4, bias), (5, dst), (10, &c.buffer)];
     if m.format.has_scales() {
         b.push((11, &c.buffer));
