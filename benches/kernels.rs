@@ -173,6 +173,7 @@ fn w4a16_matvec(bencher: divan::Bencher, (inp, out): (usize, usize), decode: boo
         decode_uniform: decode,
         coalesced: false,
         tiled: None,
+        one_token: false,
         hidden: out,
         top_k: 1,
         dummy: &dummy,
@@ -321,6 +322,7 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, On(executor): On<Executor>) {
         decode_uniform: true,
         coalesced: false,
         tiled: None,
+        one_token: false,
         hidden: h,
         top_k: k,
         dummy: &dummy,
@@ -527,6 +529,7 @@ fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(executor): On<Exe
                 ..Default::default()
             },
             expert_precision: ExpertPrecision::Int4,
+            dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
             executor,
             max_context: 64,
             prefill_chunk: 16,
@@ -576,6 +579,7 @@ fn prefill_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(kernels): On<&st
                 ..Default::default()
             },
             expert_precision: ExpertPrecision::Int4,
+            dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
             executor: Executor::Grouped,
             max_context: n + 1,
             prefill_chunk: n,

@@ -9,7 +9,7 @@ use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
 use wgmoe::backend::{BackendChoice, DeviceRequest, KernelOverrides};
 use wgmoe::error::{Error, Result};
 use wgmoe::model::Executor;
-use wgmoe::runtime::engine::ExpertPrecision;
+use wgmoe::runtime::engine::{DensePrecision, ExpertPrecision};
 
 #[derive(Parser)]
 #[command(
@@ -478,6 +478,11 @@ struct RunArgs {
     /// Storage of routed expert weights: int4 (W4A16, block 256) or f16.
     #[arg(long, value_enum, default_value = "int4")]
     expert_precision: ExpertPrecision,
+    /// Storage of the dense weights (attention q/k/v/o, shared experts, dense MLP layers,
+    /// lm_head): f16, or q8_0 (ggml's Q8_0, quantised on load). The router, norms and
+    /// embeddings stay f16.
+    #[arg(long, value_enum, default_value = "f16")]
+    dense_precision: DensePrecision,
     /// How routed experts are dispatched.
     #[arg(long, value_enum, default_value = "grouped")]
     executor: Executor,
@@ -547,6 +552,11 @@ struct LoadArgs {
     /// Storage of routed expert weights: int4 (W4A16, block 256) or f16.
     #[arg(long, value_enum, default_value = "int4")]
     expert_precision: ExpertPrecision,
+    /// Storage of the dense weights (attention q/k/v/o, shared experts, dense MLP layers,
+    /// lm_head): f16, or q8_0 (ggml's Q8_0, quantised on load). The router, norms and
+    /// embeddings stay f16.
+    #[arg(long, value_enum, default_value = "f16")]
+    dense_precision: DensePrecision,
     /// How routed experts are dispatched.
     #[arg(long, value_enum, default_value = "grouped")]
     executor: Executor,
@@ -749,6 +759,11 @@ struct BenchArgs {
     /// Expert precisions to sweep (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "int4")]
     expert_precision: Vec<ExpertPrecision>,
+    /// Storage of the dense weights (attention q/k/v/o, shared experts, dense MLP layers,
+    /// lm_head): f16, or q8_0 (ggml's Q8_0, quantised on load). The router, norms and
+    /// embeddings stay f16.
+    #[arg(long, value_enum, default_value = "f16")]
+    dense_precision: DensePrecision,
     /// Most prompt tokens per prefill submission.
     #[arg(long, default_value_t = 64)]
     prefill_chunk: usize,

@@ -235,6 +235,7 @@ mod runtime {
                 adapter: Default::default(),
                 kernels: Default::default(),
                 expert_precision: ExpertPrecision::Int4,
+                dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
                 executor: wgmoe::model::Executor::Grouped,
                 max_context: 32,
                 prefill_chunk: 64,

@@ -232,6 +232,7 @@ fn converted_model_matches_and_is_validated() {
             adapter: DeviceRequest::default(),
             kernels: KernelOverrides::default(),
             expert_precision: precision,
+            dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
             executor: Executor::Grouped,
             max_context: 8,
             prefill_chunk: 8,

@@ -555,6 +555,7 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
             &cfg,
             &ckpt,
             true,
+            wgmoe::backend::kernel::WeightFormat::F16,
             &vec![Some((n + k) as usize); cfg.num_layers],
         )
         .unwrap();
@@ -566,7 +567,14 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
         );
         drop(w);
         let full =
-            wgmoe::model::ModelWeights::load(&dev, &cfg, &ckpt, true, &vec![None; cfg.num_layers])
+            wgmoe::model::ModelWeights::load(
+                &dev,
+                &cfg,
+                &ckpt,
+                true,
+                wgmoe::backend::kernel::WeightFormat::F16,
+                &vec![None; cfg.num_layers],
+            )
                 .unwrap();
         assert_eq!(
             dev.tracker().current() - before,

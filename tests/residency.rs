@@ -413,6 +413,7 @@ fn admission_refuses_what_cannot_fit() {
         adapter: DeviceRequest::default(),
         kernels: KernelOverrides::default(),
         expert_precision: ExpertPrecision::Int4,
+        dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
         executor: Executor::Grouped,
         max_context: 64,
         prefill_chunk: 64,

@@ -100,10 +100,6 @@ impl WeightFormat {
         self != WeightFormat::Q4
     }
 
-    /// The formats of routed experts: f16 and INT4.
-    pub fn expert(self) -> bool {
-        self != WeightFormat::Q8
-    }
 
     /// Columns of one 16-byte word.
     pub fn word_cols(self) -> usize {
@@ -234,19 +230,16 @@ impl Kernel {
             if r.format.dense() {
                 v.push(Kernel::Matvec(r));
             }
-            if r.format.expert() {
-                v.push(Kernel::ExpertGateUp(r));
-                v.push(Kernel::ExpertDown(r));
-            }
+            // Every format: Q8_0 for shared experts and dense MLPs.
+            v.push(Kernel::ExpertGateUp(r));
+            v.push(Kernel::ExpertDown(r));
         }
         v.extend([Kernel::AttnFlash, Kernel::AttnCombine]);
         for f in WeightFormat::ALL {
             if f.dense() {
                 v.push(Kernel::Gemm(f));
             }
-            if f.expert() {
-                v.push(Kernel::ExpertGemm(f));
-            }
+            v.push(Kernel::ExpertGemm(f));
         }
         v
     }

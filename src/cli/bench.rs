@@ -29,6 +29,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         warmup: a.warmup,
         executors: a.executor.clone(),
         expert_precisions: a.expert_precision.clone(),
+        dense_precision: a.dense_precision,
         prefill_chunk: a.prefill_chunk,
         adapter: a.gpu.request()?,
         kernels: a.gpu.kernels(),

@@ -344,6 +344,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         adapter: adapter.clone(),
         kernels: a.gpu.kernels(),
         expert_precision: precision,
+        dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
         executor: a.executor,
         max_context,
         prefill_chunk: 64,

@@ -7,10 +7,11 @@ use crate::backend::{Buffer, Device, Prepared, Program};
 use crate::config::{ModelConfig, QkNorm};
 use crate::error::Result;
 use crate::model::forward::{Buffers, ForwardOptions, LayerPrograms};
+use crate::model::dense_mlp::DenseMlp;
 use crate::model::moe::{MoeDispatch, MoePairs, MoeSorted};
 use crate::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
 use crate::model::residency::ExpertPlacement;
-use crate::model::tensors::{ExpertPool, ExpertStore, F16Matrix};
+use crate::model::tensors::{ExpertStore, F16Matrix};
 use crate::model::weights::{Mlp, ModelWeights};
 use crate::model::workspace;
 
@@ -49,6 +50,7 @@ fn moe_dispatch<'a>(
         fuse_combine: style != MoeStyle::Multi || !opts.expert_batches,
         decode_uniform: style == MoeStyle::DecodeUniform,
         coalesced: style == MoeStyle::DecodeCoalesced,
+        one_token: style != MoeStyle::Multi,
         hidden: cfg.hidden_size,
         top_k: cfg.top_k,
         dummy: env.dummy,
@@ -150,7 +152,7 @@ pub(super) fn build_layers(
     let moe_block = |m: &MoeDispatch,
                      routed: Option<(&ExpertStore, &Buffer)>,
                      host: Option<(&Buffer, usize)>,
-                     shared: Option<&ExpertPool>|
+                     shared: Option<&DenseMlp>|
      -> Result<Program> {
         let mut prog = Program::default();
         let mut fl = match routed {
@@ -174,7 +176,7 @@ pub(super) fn build_layers(
         }
         if let Some(sp) = shared {
             prog.stage("shared_expert");
-            m.swiglu_f16(&mut prog, sp, None, (0, 1), combine.shared_y);
+            m.swiglu_dense(&mut prog, sp, combine.shared_y);
             fl |= flags::COMBINE_SHARED | flags::COMBINE_SHARED_GATED;
         }
         if fl != 0 {
@@ -353,7 +355,7 @@ pub(super) fn build_layers(
                 let dense = |m: &MoeDispatch| {
                     let mut p = Program::default();
                     p.stage("dense_mlp");
-                    m.swiglu_f16(&mut p, mlp, None, (0, 1), combine.shared_y);
+                    m.swiglu_dense(&mut p, mlp, combine.shared_y);
                     p.stage("combine");
                     ops::moe_combine(&mut p, &combine_params(flags::COMBINE_SHARED, 0), &combine);
                     p

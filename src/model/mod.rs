@@ -2,6 +2,7 @@
 //! that runs them, with the expert residency runtime for partial residency.
 
 mod costs;
+pub mod dense_mlp;
 mod fills;
 pub mod forward;
 mod layers;

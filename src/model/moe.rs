@@ -7,6 +7,7 @@ use crate::backend::{
     binds, groups64, Bind, Buffer, Device, Dim, KernelPlan, Op, Program, Resource, Usage,
 };
 use crate::error::Result;
+use crate::model::dense_mlp::DenseMlp;
 use crate::model::ops::numbered;
 use crate::model::slot_mats::SlotMats;
 use crate::model::tensors::{ExpertPool, ExpertStore, Q4Pool};
@@ -95,6 +96,9 @@ pub struct MoeDispatch<'a> {
     /// Multi-token steps on the tiled GEMMs (GPUs): routed experts over `pairs` sorted by
     /// expert (grouped executor), shared experts and dense MLPs as one fixed slot.
     pub tiled: Option<&'a MoePairs>,
+    /// A one-token step's program (the decode alternatives); false for multi-token steps
+    /// (whose program may also serve one-token steps where no decode program differs).
+    pub one_token: bool,
     pub hidden: usize,
     pub top_k: usize,
     pub dummy: &'a Buffer,
@@ -196,6 +200,24 @@ impl MoeDispatch<'_> {
             }
             // Computed on the CPU; the combine adds them (COMBINE_HOST).
             ExpertStore::Host => 0,
+        }
+    }
+
+    /// A shared expert or dense MLP into `out` [T, H]: f16 as one fixed slot of its pool,
+    /// Q8_0 on the GPU-shaped expert kernels (rows for one-token steps, the tiled GEMM
+    /// otherwise), whatever the plan's f16 kernels are.
+    pub fn swiglu_dense(&self, prog: &mut Program, mlp: &DenseMlp, out: &Buffer) {
+        match mlp {
+            DenseMlp::F16(pool) => self.swiglu_f16(prog, pool, None, (0, 1), out),
+            DenseMlp::Q8(q) => {
+                let mats = q.mats();
+                if self.one_token {
+                    self.rows_gate_up(prog, &mats, None, (0, 1));
+                    self.rows_down(prog, &mats, None, Some((0, 1)), out);
+                } else {
+                    self.gemm(prog, &mats, None, out);
+                }
+            }
         }
     }
 

@@ -7,10 +7,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::{Buffer, Device, Usage};
 use crate::config::{ModelConfig, QkNorm};
-use crate::error::Result;
+use crate::backend::kernel::WeightFormat;
+use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertProj};
 use crate::format::convert::{is_converted, packed_layer};
 use crate::format::quant::Q4SlotLayout;
+use crate::model::dense_mlp::{DenseMlp, Q8Mlp};
 use crate::model::tensors::{
     upload_f16_vec, upload_f32_vec, ExpertPool, ExpertStore, F16Matrix, Q4Pool,
 };
@@ -23,10 +25,10 @@ pub enum Mlp {
         experts: ExpertStore,
         /// expert id -> pool slot (identity while every expert is resident).
         slot_of: Buffer,
-        shared: Option<ExpertPool>,
+        shared: Option<DenseMlp>,
     },
     Dense {
-        mlp: ExpertPool,
+        mlp: DenseMlp,
     },
 }
 
@@ -72,6 +74,7 @@ impl ModelWeights {
         cfg: &ModelConfig,
         ckpt: &std::sync::Arc<Checkpoint>,
         int4: bool,
+        dense: WeightFormat,
         slots: &[Option<usize>],
     ) -> Result<Self> {
         // Fail on a missing or misshapen tensor before any upload.
@@ -102,10 +105,18 @@ impl ModelWeights {
                 "attn_norm",
                 &ckpt.read_f16(&format!("{p}.input_layernorm.weight"), &[h])?,
             )?;
-            let mut qkv = ckpt.read_f16(&format!("{p}.self_attn.q_proj.weight"), &[q_dim, h])?;
-            qkv.extend(ckpt.read_f16(&format!("{p}.self_attn.k_proj.weight"), &[kv_dim, h])?);
-            qkv.extend(ckpt.read_f16(&format!("{p}.self_attn.v_proj.weight"), &[kv_dim, h])?);
-            let qkv = F16Matrix::upload(dev, "qkv_proj", q_dim + 2 * kv_dim, h, &qkv)?;
+            let qkv = dense_matrix(
+                dev,
+                ckpt,
+                dense,
+                "qkv_proj",
+                &[
+                    (format!("{p}.self_attn.q_proj.weight"), q_dim),
+                    (format!("{p}.self_attn.k_proj.weight"), kv_dim),
+                    (format!("{p}.self_attn.v_proj.weight"), kv_dim),
+                ],
+                h,
+            )?;
             let qkv_bias = if cfg.qkv_bias {
                 let mut b = ckpt.read_f16(&format!("{p}.self_attn.q_proj.bias"), &[q_dim])?;
                 b.extend(ckpt.read_f16(&format!("{p}.self_attn.k_proj.bias"), &[kv_dim])?);
@@ -138,8 +149,14 @@ impl ModelWeights {
                 ),
                 None => (None, None),
             };
-            let o = ckpt.read_f16(&format!("{p}.self_attn.o_proj.weight"), &[h, q_dim])?;
-            let o_proj = F16Matrix::upload(dev, "o_proj", h, q_dim, &o)?;
+            let o_proj = dense_matrix(
+                dev,
+                ckpt,
+                dense,
+                "o_proj",
+                &[(format!("{p}.self_attn.o_proj.weight"), h)],
+                q_dim,
+            )?;
             let ffn_norm = upload_f16_vec(
                 dev,
                 "ffn_norm",
@@ -147,16 +164,18 @@ impl ModelWeights {
             )?;
             let mlp = if cfg.sparse_layers[l] {
                 let slots = slots.get(l).copied().flatten();
-                let (mlp, host) = load_moe(dev, cfg, ckpt, l, int4, slots)?;
+                let (mlp, host) = load_moe(dev, cfg, ckpt, l, (int4, dense), slots)?;
                 host_layers.push(host);
                 mlp
             } else {
-                let i = cfg.dense_intermediate;
-                let mlp = ExpertPool::new(dev, "dense_mlp", 1, h, i)?;
-                let gate = ckpt.read_f16(&format!("{p}.mlp.gate_proj.weight"), &[i, h])?;
-                let up = ckpt.read_f16(&format!("{p}.mlp.up_proj.weight"), &[i, h])?;
-                let down = ckpt.read_f16(&format!("{p}.mlp.down_proj.weight"), &[h, i])?;
-                mlp.write_slot(dev, 0, &gate, &up, &down)?;
+                let mlp = dense_mlp(
+                    dev,
+                    ckpt,
+                    dense,
+                    "dense_mlp",
+                    &format!("{p}.mlp"),
+                    (h, cfg.dense_intermediate),
+                )?;
                 host_layers.push(None);
                 Mlp::Dense { mlp }
             };
@@ -180,11 +199,27 @@ impl ModelWeights {
             "final_norm",
             &ckpt.read_f16("model.norm.weight", &[h])?,
         )?;
-        let lm_head = if cfg.tie_word_embeddings && !ckpt.contains("lm_head.weight") {
-            None
-        } else {
-            let w = ckpt.read_f16("lm_head.weight", &[v, h])?;
-            Some(F16Matrix::upload(dev, "lm_head", v, h, &w)?)
+        let tied = cfg.tie_word_embeddings && !ckpt.contains("lm_head.weight");
+        let lm_head = match (tied, dense) {
+            (true, WeightFormat::F16) => None,
+            // A Q8_0 copy of the tied embeddings: the embedding lookup reads f16 rows, the
+            // head reads half the bytes per token.
+            (true, _) => Some(dense_matrix(
+                dev,
+                ckpt,
+                dense,
+                "lm_head",
+                &[("model.embed_tokens.weight".to_string(), v)],
+                h,
+            )?),
+            (false, _) => Some(dense_matrix(
+                dev,
+                ckpt,
+                dense,
+                "lm_head",
+                &[("lm_head.weight".to_string(), v)],
+                h,
+            )?),
         };
         dev.sync()?;
         pb.inc(1);
@@ -207,7 +242,7 @@ impl ModelWeights {
     /// Every weight of `cfg` as zeros on the device, every expert resident (INT4 or f16):
     /// a shape model with no checkpoint behind it, for the memory-access report (`wgmoe
     /// kernels`), which runs the model's real programs on it.
-    pub fn zeros(dev: &Device, cfg: &ModelConfig, int4: bool) -> Result<Self> {
+    pub fn zeros(dev: &Device, cfg: &ModelConfig, int4: bool, dense: WeightFormat) -> Result<Self> {
         let (h, v, e) = (cfg.hidden_size, cfg.vocab_size, cfg.num_experts);
         let q_dim = cfg.num_heads * cfg.head_dim;
         let kv_dim = cfg.num_kv_heads * cfg.head_dim;
@@ -233,18 +268,18 @@ impl ModelWeights {
                     experts,
                     slot_of: dev.upload("slot_of", bytemuck::cast_slice(&table), Usage::Storage)?,
                     shared: match cfg.shared_expert_intermediate {
-                        Some(si) => Some(ExpertPool::new(dev, "shared_expert", 1, h, si)?),
+                        Some(si) => Some(DenseMlp::zeros(dev, "shared_expert", dense, h, si)?),
                         None => None,
                     },
                 }
             } else {
                 Mlp::Dense {
-                    mlp: ExpertPool::new(dev, "dense_mlp", 1, h, cfg.dense_intermediate)?,
+                    mlp: DenseMlp::zeros(dev, "dense_mlp", dense, h, cfg.dense_intermediate)?,
                 }
             };
             layers.push(LayerWeights {
                 attn_norm: zeros("attn_norm", h)?,
-                qkv: F16Matrix::zeros(dev, "qkv_proj", q_dim + 2 * kv_dim, h)?,
+                qkv: F16Matrix::zeros_in(dev, "qkv_proj", dense, q_dim + 2 * kv_dim, h)?,
                 qkv_bias: if cfg.qkv_bias {
                     Some(dev.alloc(
                         "qkv_bias",
@@ -256,7 +291,7 @@ impl ModelWeights {
                 },
                 q_norm: norm_len.map(|(q, _)| zeros("q_norm", q)).transpose()?,
                 k_norm: norm_len.map(|(_, k)| zeros("k_norm", k)).transpose()?,
-                o_proj: F16Matrix::zeros(dev, "o_proj", h, q_dim)?,
+                o_proj: F16Matrix::zeros_in(dev, "o_proj", dense, h, q_dim)?,
                 ffn_norm: zeros("ffn_norm", h)?,
                 mlp,
             });
@@ -266,10 +301,10 @@ impl ModelWeights {
             embed: F16Matrix::zeros(dev, "embed_tokens", v, h)?,
             layers,
             final_norm: zeros("final_norm", h)?,
-            lm_head: if cfg.tie_word_embeddings {
+            lm_head: if cfg.tie_word_embeddings && dense == WeightFormat::F16 {
                 None
             } else {
-                Some(F16Matrix::zeros(dev, "lm_head", v, h)?)
+                Some(F16Matrix::zeros_in(dev, "lm_head", dense, v, h)?)
             },
         })
     }
@@ -279,12 +314,85 @@ impl ModelWeights {
     }
 }
 
+/// A shared expert or dense MLP (`prefix`.{gate,up,down}_proj.weight) in `format`.
+fn dense_mlp(
+    dev: &Device,
+    ckpt: &Checkpoint,
+    format: WeightFormat,
+    label: &str,
+    prefix: &str,
+    (h, i): (usize, usize),
+) -> Result<DenseMlp> {
+    let names = [
+        format!("{prefix}.gate_proj.weight"),
+        format!("{prefix}.up_proj.weight"),
+        format!("{prefix}.down_proj.weight"),
+    ];
+    if format == WeightFormat::F16 {
+        let pool = ExpertPool::new(dev, label, 1, h, i)?;
+        let gate = ckpt.read_f16(&names[0], &[i, h])?;
+        let up = ckpt.read_f16(&names[1], &[i, h])?;
+        let down = ckpt.read_f16(&names[2], &[h, i])?;
+        pool.write_slot(dev, 0, &gate, &up, &down)?;
+        return Ok(DenseMlp::F16(pool));
+    }
+    let gate = ckpt.read_f32(&names[0], &[i, h])?;
+    let up = ckpt.read_f32(&names[1], &[i, h])?;
+    let down = ckpt.read_f32(&names[2], &[h, i])?;
+    let shown: Vec<String> = names
+        .iter()
+        .map(|n| format!("{n} in {}", ckpt.dir().display()))
+        .collect();
+    Ok(DenseMlp::Q8(Q8Mlp::upload(
+        dev,
+        label,
+        [&shown[0], &shown[1], &shown[2]],
+        (h, i),
+        [&gate, &up, &down],
+    )?))
+}
+
+/// A dense matrix from the checkpoint's tensors `parts` (name, rows) of `cols` columns,
+/// stacked by rows, in `format`: f16 as stored, or Q8_0 quantised from the stored values
+/// (a value Q8_0 cannot hold is an error naming its tensor).
+fn dense_matrix(
+    dev: &Device,
+    ckpt: &Checkpoint,
+    format: WeightFormat,
+    label: &str,
+    parts: &[(String, usize)],
+    cols: usize,
+) -> Result<F16Matrix> {
+    let rows: usize = parts.iter().map(|(_, r)| r).sum();
+    if format == WeightFormat::F16 {
+        let mut data = Vec::with_capacity(rows * cols);
+        for (name, r) in parts {
+            data.extend(ckpt.read_f16(name, &[*r, cols])?);
+        }
+        return F16Matrix::upload(dev, label, rows, cols, &data);
+    }
+    let mut data = Vec::with_capacity(rows * cols);
+    for (name, r) in parts {
+        let w = ckpt.read_f32(name, &[*r, cols])?;
+        if let Some((i, x)) = crate::format::q8_0::first_unstorable(&w, cols) {
+            return Err(Error::Other(format!(
+                "{name} in {}: element [{}, {}] = {x} cannot be stored as Q8_0 (a block's scale max|w|/127 must be a finite f16)",
+                ckpt.dir().display(),
+                i / cols,
+                i % cols
+            )));
+        }
+        data.extend(w);
+    }
+    F16Matrix::upload_q8(dev, label, rows, cols, &data)
+}
+
 fn load_moe(
     dev: &Device,
     cfg: &ModelConfig,
     ckpt: &Checkpoint,
     l: usize,
-    int4: bool,
+    (int4, dense): (bool, WeightFormat),
     slots: Option<usize>,
 ) -> Result<(Mlp, Option<HostLayer>)> {
     let mut host = None;
@@ -343,14 +451,14 @@ fn load_moe(
     };
     let slot_of = dev.upload("slot_of", bytemuck::cast_slice(&table), Usage::Storage)?;
     let shared = match shared_i {
-        Some(si) => {
-            let pool = ExpertPool::new(dev, "shared_expert", 1, h, si)?;
-            let gate = ckpt.read_f16(&format!("{p}.shared_expert.gate_proj.weight"), &[si, h])?;
-            let up = ckpt.read_f16(&format!("{p}.shared_expert.up_proj.weight"), &[si, h])?;
-            let down = ckpt.read_f16(&format!("{p}.shared_expert.down_proj.weight"), &[h, si])?;
-            pool.write_slot(dev, 0, &gate, &up, &down)?;
-            Some(pool)
-        }
+        Some(si) => Some(dense_mlp(
+            dev,
+            ckpt,
+            dense,
+            "shared_expert",
+            &format!("{p}.shared_expert"),
+            (h, si),
+        )?),
         None => None,
     };
     Ok((

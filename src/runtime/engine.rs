@@ -15,6 +15,7 @@ use crate::model::residency::{ExpertPlacement, Residency, ResidencyConfig};
 use crate::model::{Executor, Forward, ForwardOptions, ModelWeights};
 use crate::residency::{build_policy, CacheConfig, MissPolicy, PolicyKind, Prefetch, Profile};
 use crate::runtime::admission::{admit, AdmissionInput};
+use crate::backend::kernel::WeightFormat;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -22,6 +23,33 @@ use std::sync::Arc;
 pub enum ExpertPrecision {
     F16,
     Int4,
+}
+
+/// Storage of the dense (non-routed) weights: attention q/k/v/o and lm_head. The router,
+/// the shared-expert gate, norms, biases and embeddings stay f16 in either case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum DensePrecision {
+    #[value(name = "f16")]
+    #[serde(rename = "f16")]
+    F16,
+    /// ggml's Q8_0 (blocks of 32, one f16 scale; `format::q8_0`), quantised on load.
+    #[value(name = "q8_0")]
+    #[serde(rename = "q8_0")]
+    Q8_0,
+}
+
+impl DensePrecision {
+    pub fn name(self) -> &'static str {
+        self.format().name()
+    }
+
+    /// The dense matrices' format on the device.
+    pub fn format(self) -> WeightFormat {
+        match self {
+            DensePrecision::F16 => WeightFormat::F16,
+            DensePrecision::Q8_0 => WeightFormat::Q8,
+        }
+    }
 }
 
 /// Expert residency, fixed at start-up.
@@ -172,6 +200,7 @@ pub struct EngineOptions {
     pub adapter: DeviceRequest,
     pub kernels: KernelOverrides,
     pub expert_precision: ExpertPrecision,
+    pub dense_precision: DensePrecision,
     pub executor: Executor,
     pub max_context: usize,
     pub prefill_chunk: usize,
@@ -268,7 +297,7 @@ impl Engine {
                 ),
             })
             .collect();
-        let mut weights = ModelWeights::load(&dev, &cfg, &ckpt, int4, &slots)?;
+        let mut weights = ModelWeights::load(&dev, &cfg, &ckpt, int4, opts.dense_precision.format(), &slots)?;
         let host = weights.host.take();
         let suppress = eos_ids(&cfg, generation.as_ref());
         let mut fwd = Forward::new(

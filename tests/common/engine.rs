@@ -41,6 +41,7 @@ pub fn load_on(
             },
             kernels,
             expert_precision: ExpertPrecision::Int4,
+            dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
             executor,
             max_context,
             prefill_chunk: 64,

@@ -7,7 +7,7 @@ use wgmoe::backend::plan::Switch;
 pub use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{DeviceRequest, KernelOverrides};
 use wgmoe::model::Executor;
-use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision};
+use wgmoe::runtime::engine::{DensePrecision, Engine, EngineOptions, ExpertPrecision};
 use wgmoe::runtime::generate::{generate, prompt_logits, GenerateOptions};
 use wgmoe::runtime::sampling::SamplingOptions;
 
@@ -44,6 +44,8 @@ pub const NEAR_TIE: f32 = 2e-3;
 #[derive(Clone, Copy)]
 pub struct Setup {
     pub precision: ExpertPrecision,
+    /// The dense weights' storage (Q8_0: against the Q8_0 goldens, INT4 experts).
+    pub dense: DensePrecision,
     pub executor: Executor,
     pub chunk: usize,
     pub max_binding: Option<u64>,
@@ -61,6 +63,7 @@ pub struct Setup {
 
 pub const F16: Setup = Setup {
     precision: ExpertPrecision::F16,
+    dense: DensePrecision::F16,
     executor: Executor::Grouped,
     chunk: 64,
     max_binding: None,
@@ -72,6 +75,7 @@ pub const F16: Setup = Setup {
 };
 pub const INT4: Setup = Setup {
     precision: ExpertPrecision::Int4,
+    dense: DensePrecision::F16,
     executor: Executor::Grouped,
     chunk: 64,
     max_binding: None,
@@ -83,6 +87,11 @@ pub const INT4: Setup = Setup {
 };
 
 /// The GPU-shaped kernels (the default on GPUs): coalesced decode, tiled prefill.
+/// INT4 experts and Q8_0 dense weights.
+pub const Q8: Setup = Setup {
+    dense: DensePrecision::Q8_0,
+    ..INT4
+};
 pub const GPU: Setup = Setup {
     decode: Some(DecodeKernels::Coalesced),
     prefill: Some(PrefillKernels::Tiled),
@@ -118,6 +127,7 @@ pub fn try_load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> wgmo
                     .map(|f| if f { Switch::On } else { Switch::Off }),
             },
             expert_precision: s.precision,
+            dense_precision: s.dense,
             executor: s.executor,
             max_context,
             prefill_chunk: s.chunk,
@@ -157,9 +167,11 @@ pub fn check_fixture(name: &str, s: Setup) {
 }
 
 pub fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
-    let file = match s.precision {
-        ExpertPrecision::F16 => format!("{name}.safetensors"),
-        ExpertPrecision::Int4 => format!("{name}.int4.safetensors"),
+    let file = match (s.precision, s.dense) {
+        (ExpertPrecision::F16, DensePrecision::F16) => format!("{name}.safetensors"),
+        (ExpertPrecision::Int4, DensePrecision::F16) => format!("{name}.int4.safetensors"),
+        (ExpertPrecision::Int4, DensePrecision::Q8_0) => format!("{name}.q8_0.safetensors"),
+        (ExpertPrecision::F16, DensePrecision::Q8_0) => panic!("no golden of f16 experts with Q8_0 dense weights"),
     };
     let golden = load_golden(&file);
     let chunk = s.chunk;

@@ -364,6 +364,7 @@ impl<'a> Setup<'a> {
             decode_uniform: false,
             coalesced: self.g.plan.coalesced_decode,
             tiled: None,
+            one_token: self.g.plan.coalesced_decode,
             hidden: self.c.hidden,
             top_k: self.c.top_k,
             dummy: &self.dummy,
