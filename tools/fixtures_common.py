@@ -1,5 +1,5 @@
-"""Shared pieces of tools/make_fixtures.py: the small tokenizers and their files, the INT4 reference
-quantiser, and the deterministic safetensors writer. Nothing here depends on which fixture is built."""
+"""Shared pieces of tools/make_fixtures.py: the small tokenizers and their files, the INT4 and Q8_0 reference
+quantisers, and the deterministic safetensors writer. Nothing here depends on which fixture is built."""
 
 from __future__ import annotations
 
@@ -401,7 +401,7 @@ def published_config(written: dict, family: str) -> tuple[dict, dict]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Goldens: file writer and INT4 reference quantiser
+# Goldens: file writer, INT4 and Q8_0 reference quantisers
 # --------------------------------------------------------------------------------------------------
 
 def save_safetensors(tensors: dict, path: Path, metadata: dict) -> None:
@@ -458,6 +458,95 @@ def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     if u.shape[1] % 2:
         u = F.pad(u, (0, 1))
     return (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
+
+
+# Q8_0 (ggml's block of 32 along the input dimension, one f16 scale per block, symmetric, q in [-127, 127]),
+# bit-exact with ggml's quantize_row_q8_0_ref and wgmoe's src/format/q8_0.rs
+Q8_0_BLOCK = 32
+
+
+def roundf(v: torch.Tensor) -> torch.Tensor:
+    """C's roundf (half away from zero) of a float32 tensor, exactly: torch.round is half-to-even, and
+    floor(|v| + 0.5) is wrong in f32 at 0.49999997 (the sum rounds up to 1)."""
+    t = torch.trunc(v)
+    r = v - t  # exact: the fractional part of a float is representable
+    return t + torch.where(r.abs() >= 0.5, torch.sign(v), torch.zeros_like(v))
+
+
+def q8_0_quantise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [out, in] float32 (bf16 values). Returns q int8 [out, in] and d f16 [out, ceil(in/32)]:
+    amax = max|w_block| (a partial last block padded with zeros), d = amax / 127 (f32),
+    id = 1 / d (0 where d == 0), q = clamp(roundf(w * id), -127, 127), d stored as f16 (nearest even)."""
+    assert w.dtype == torch.float32 and w.dim() == 2, (w.dtype, w.shape)
+    out_dim, in_dim = w.shape
+    nb = math.ceil(in_dim / Q8_0_BLOCK)
+    wp = F.pad(w, (0, nb * Q8_0_BLOCK - in_dim))
+    blocks = wp.view(out_dim, nb, Q8_0_BLOCK)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    d = amax / torch.full_like(amax, 127.0)                 # f32 divide, elementwise
+    inv = torch.where(d != 0, torch.ones_like(d) / torch.where(d != 0, d, torch.ones_like(d)),
+                      torch.zeros_like(d))
+    q = torch.clamp(roundf(blocks * inv), -127, 127)
+    q = q.view(out_dim, nb * Q8_0_BLOCK)[:, :in_dim].to(torch.int8)
+    return q, d.squeeze(-1).to(torch.float16)
+
+
+def q8_0_dequantise(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    s = d.to(torch.float32).repeat_interleave(Q8_0_BLOCK, dim=1)[:, : q.shape[1]]
+    return q.to(torch.float32) * s
+
+
+def q8_0_quantise_numpy(w):
+    """An independent reference of q8_0_quantise in numpy float32 (roundf as sign * floor(|v| + 0.5) in f64,
+    exact there for f32 values) for checking the torch one; returns (q int8, d f16) numpy arrays."""
+    import numpy as np
+    w = np.asarray(w, dtype=np.float32)
+    out_dim, in_dim = w.shape
+    nb = -(-in_dim // Q8_0_BLOCK)
+    wp = np.zeros((out_dim, nb * Q8_0_BLOCK), dtype=np.float32)
+    wp[:, :in_dim] = w
+    blocks = wp.reshape(out_dim, nb, Q8_0_BLOCK)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    d = np.divide(amax, np.float32(127.0), dtype=np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.divide(np.float32(1.0), d, dtype=np.float32), np.float32(0.0)).astype(np.float32)
+    v = np.multiply(blocks, inv, dtype=np.float32).astype(np.float64)
+    q = np.clip(np.sign(v) * np.floor(np.abs(v) + 0.5), -127, 127)
+    q = q.reshape(out_dim, nb * Q8_0_BLOCK)[:, :in_dim].astype(np.int8)
+    return q, d[..., 0].astype(np.float16)
+
+
+def q8_0_selfcheck() -> None:
+    """The cases of src/format/q8_0.rs's unit test, a rounding trap, a partial block, and the numpy reference."""
+    x = torch.zeros(1, 32)
+    x[0, :4] = torch.tensor([127.0, 2.5, -2.5, 0.5])
+    q, d = q8_0_quantise(x)
+    assert float(d[0, 0]) == 1.0 and q[0, :4].tolist() == [127, 3, -3, 1], (d, q[0, :4])
+    y = torch.zeros(1, 32)
+    y[0, 0], y[0, 5] = 0.1, -0.05
+    q, d = q8_0_quantise(y)
+    d_f32 = torch.tensor(0.1, dtype=torch.float32) / torch.tensor(127.0, dtype=torch.float32)
+    assert d[0, 0] == d_f32.to(torch.float16) and q[0, 0] == 127, (d, q[0, 0])
+    assert int(q[0, 5]) == int(roundf(torch.tensor(-0.05) * (torch.tensor(1.0) / d_f32))), q[0, 5]
+    # roundf at the largest f32 below 0.5 (floor(|v| + 0.5) in f32 gives 1 there), at exact halves, at -0.0
+    v = torch.tensor([0.49999997, -0.49999997, 0.5, -0.5, 1.5, -1.5, 126.5, -0.0, 0.0], dtype=torch.float32)
+    assert roundf(v).tolist() == [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 127.0, -0.0, 0.0], roundf(v).tolist()
+    # an all-zero block (d = 0, q = 0) and a partial last block (in = 45: 32 + 13)
+    gen = torch.Generator().manual_seed(7)
+    z = torch.randn((3, 45), generator=gen).to(torch.bfloat16).to(torch.float32)
+    z[1, 32:] = 0.0
+    q, d = q8_0_quantise(z)
+    assert q.shape == (3, 45) and d.shape == (3, 2) and float(d[1, 1]) == 0.0 and not q[1, 32:].any()
+    w = q8_0_dequantise(q, d)
+    assert float((w - z).abs().max()) <= float(d.float().max()) * 0.5 * (1 + 2 ** -9) + 1e-12
+    q8_0_check_against_numpy(z, q, d)
+
+
+def q8_0_check_against_numpy(w: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> None:
+    import numpy as np
+    qn, dn = q8_0_quantise_numpy(w.numpy())
+    assert np.array_equal(q.numpy(), qn), "Q8_0 quants differ from the numpy reference"
+    assert np.array_equal(d.numpy().view(np.uint16), dn.view(np.uint16)), "Q8_0 scales differ from the numpy reference"
 
 
 def sha256(path: Path) -> str:

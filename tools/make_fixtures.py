@@ -6,6 +6,7 @@ Run from the repository root, inside an environment made from tools/requirements
     python3 -m venv .venv && .venv/bin/pip install -r tools/requirements.txt
     .venv/bin/python tools/make_fixtures.py                                  # every fixture
     .venv/bin/python tools/make_fixtures.py --only qwen3moe-tiny,mixtral-tiny  # some of them
+    .venv/bin/python tools/make_fixtures.py --q8-only      # only the Q8_0 goldens, from the models in place
 
 Writes (replacing whatever was there for the fixtures it builds):
     models/olmoe-tiny/        OlmoeForCausalLM, real OLMo tokenizer, single model.safetensors (bf16)
@@ -17,10 +18,18 @@ Writes (replacing whatever was there for the fixtures it builds):
     models/goldens/<fixture>.safetensors        transformers float32 logits + greedy tokens
     models/goldens/<fixture>.int4.safetensors   same, with routed experts replaced by their INT4 round trip
     models/goldens/<fixture>.int4_ref.safetensors  reference quantiser output (nibbles + f16 scales)
+    models/goldens/<fixture>.q8_0.safetensors   same as .int4, with also the dense weights (attention q/k/v/o,
+                                                shared expert, dense MLP layers, lm_head) replaced by their
+                                                Q8_0 round trip
     models/goldens/README.md                    (sanity figures of fixtures not rebuilt are kept)
 
 Everything is deterministic: fixed seeds, one CPU thread, no sampling, and no time stamps anywhere.
-Shared pieces (tokenizers, INT4 quantiser, safetensors writer) live in tools/fixtures_common.py.
+Shared pieces (tokenizers, INT4 and Q8_0 quantisers, safetensors writer) live in tools/fixtures_common.py.
+
+--q8-only writes models/goldens/<fixture>.q8_0.safetensors (and the README) only: it loads the fixture models
+already under models/, first checks that their f32 and INT4 goldens recompute to the files in place (same greedy
+tokens and router ids, floats bit-identical on the CPU that made them, else within one f16 step), and leaves
+every other file as it is.
 """
 
 from __future__ import annotations
@@ -66,6 +75,10 @@ from fixtures_common import (  # noqa: E402
     int4_quantise,
     olmo_tokenizer_bytes,
     pack_nibbles,
+    q8_0_check_against_numpy,
+    q8_0_dequantise,
+    q8_0_quantise,
+    q8_0_selfcheck,
     published_config,
     save_safetensors,
     sha256,
@@ -483,6 +496,121 @@ def gap_summary(results: list[dict]) -> tuple[float, float]:
     return float(gaps.min()), float(gaps.median())
 
 
+ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
+Q8_0_DESC = ("dense weights (on top of the INT4 round trip of the routed experts): every layer's "
+             "self_attn.{q,k,v,o}_proj.weight, the shared expert's mlp.shared_expert.{gate,up,down}_proj.weight, "
+             "a dense layer's mlp.{gate,up,down}_proj.weight, and lm_head.weight (the names in q8_0_tensors); not "
+             "biases, norms (q_norm/k_norm included), embeddings, routers, shared_expert_gate. Q8_0 as ggml's "
+             "quantize_row_q8_0_ref: per row of [out, in], blocks of 32 along in (a partial last block padded with "
+             "zeros); amax = max|w_block| of the bf16 weight in f32; d = amax / 127 (f32); id = 1 / d (0 where "
+             "d == 0); q = clamp(roundf(w * id), -127, 127) with roundf half away from zero; "
+             "w' = q * f32(f16(d)) (f16 round to nearest even)")
+
+
+def untie_lm_head(model) -> bool:
+    """With tied embeddings, give lm_head its own copy of the embedding matrix (wgmoe keeps the embeddings f16 and
+    builds a separate Q8_0 lm_head); returns whether it was tied."""
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    if head.weight is not emb and head.weight.data_ptr() != emb.data_ptr():
+        return False
+    head.weight = torch.nn.Parameter(emb.detach().clone())
+    model.config.tie_word_embeddings = False
+    assert model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
+    return True
+
+
+def dense_q8_0_names(model) -> list[str]:
+    """The HF names (in memory; the checkpoint uses the same ones for these) of the dense weights wgmoe stores as
+    Q8_0, in layer order, lm_head last. Every other matrix must be an embedding, router, shared-expert gate or
+    routed expert."""
+    moe = moe_layers(model)
+    names = []
+    for li, layer in enumerate(model.model.layers):
+        names += [f"model.layers.{li}.self_attn.{p}.weight" for p in ATTN_PROJ]
+        if li not in moe:
+            names += [f"model.layers.{li}.mlp.{p}.weight" for p in MLP_PROJ]
+        elif hasattr(layer.mlp, "shared_expert"):
+            names += [f"model.layers.{li}.mlp.shared_expert.{p}.weight" for p in MLP_PROJ]
+    names.append("lm_head.weight")
+    params = dict(model.named_parameters())
+    missing = [n for n in names if n not in params or params[n].dim() != 2]
+    if missing:
+        raise SystemExit(f"dense Q8_0 weights not found as 2-d parameters: {missing}")
+    for n, p in params.items():
+        if n in names:
+            continue
+        kind = param_kind(n)
+        fused_expert = n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))
+        if not (kind in ("norm", "bias", "embed", "router", "shared_gate") or fused_expert):
+            raise SystemExit(f"parameter {n} ({kind}, {tuple(p.shape)}) is neither Q8_0 dense nor excluded")
+    return names
+
+
+@torch.no_grad()
+def quantise_dense_q8_0(model) -> tuple[list[str], bool, float]:
+    """Replace the dense weights (dense_q8_0_names) by their Q8_0 round trip, each checked bit-exact against the
+    numpy reference; returns the names, whether lm_head was untied from the embeddings, and max |w' - w|."""
+    tied = untie_lm_head(model)
+    names = dense_q8_0_names(model)
+    params = dict(model.named_parameters())
+    max_err = 0.0
+    for n in names:
+        w = params[n]
+        assert torch.equal(w, w.to(torch.bfloat16).to(torch.float32)), f"{n} does not hold bf16 values"
+        q, d = q8_0_quantise(w)
+        q8_0_check_against_numpy(w, q, d)
+        wq = q8_0_dequantise(q, d)
+        max_err = max(max_err, float((wq - w).abs().max()))
+        w.copy_(wq)
+    return names, tied, max_err
+
+
+def q8_0_golden(spec: dict, dst: Path, prompt_ids: list, qmeta: dict) -> tuple[list[dict], float]:
+    """The Q8_0 golden: the INT4 golden's model with the dense weights also round-tripped through Q8_0."""
+    model = load_f32(spec["cls"], dst)
+    quantise_routed_experts(model, spec["int4_packed"])
+    names, tied, max_err = quantise_dense_q8_0(model)
+    on_disk = written_tensor_names(dst)
+    assert all(n in on_disk or (tied and n == "lm_head.weight") for n in names), "Q8_0 names not in the checkpoint"
+    results = [run_prompt(model, ids) for ids in prompt_ids]
+    meta = dict(qmeta)
+    meta["q8_0"] = Q8_0_DESC
+    meta["q8_0_tensors"] = json.dumps(names)
+    meta["q8_0_lm_head"] = ("tied embeddings, untied: lm_head.weight = Q8_0 round trip of model.embed_tokens.weight; "
+                            "model.embed_tokens.weight unchanged" if tied else
+                            "untied lm_head.weight of the checkpoint; model.embed_tokens.weight unchanged")
+    save_safetensors(golden_tensors(results), GOLDENS / f"{dst.name}.q8_0.safetensors", meta)
+    print(f"q8_0: round-tripped {len(names)} dense tensors{' (lm_head untied)' if tied else ''}: {names}")
+    return results, max_err
+
+
+def q8_0_report(results: list[dict], qresults: list[dict], q8results: list[dict], max_err: float, eos: list) -> list:
+    def agree(a, b):
+        return [sum(int(x == y) for x, y in zip(r["generated_ids"].tolist(), s["generated_ids"].tolist()))
+                for r, s in zip(a, b)]
+
+    def prefix(a, b):
+        out = []
+        for r, s in zip(a, b):
+            x, y = r["generated_ids"].tolist(), s["generated_ids"].tolist()
+            out.append(next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x)))
+        return out
+
+    gmin, gmed = gap_summary(q8results)
+    lines = [f"  [q8_0] top1-top2 logit gap: min {gmin:.4f}, median {gmed:.4f}"]
+    for p, r in enumerate(q8results):
+        gen = r["generated_ids"].tolist()
+        lines.append(f"  [q8_0] p{p} generated {gen}"
+                     + (f"  (eos at steps {[i for i, t in enumerate(gen) if t in eos]})"
+                        if any(t in eos for t in gen) else ""))
+    lines.append(f"  q8_0 greedy tokens equal per prompt: vs f32 {agree(results, q8results)} / {N_NEW} (equal prefix "
+                 f"{prefix(results, q8results)}), vs int4 {agree(qresults, q8results)} / {N_NEW} (equal prefix "
+                 f"{prefix(qresults, q8results)}); max |w'-w| of the Q8_0 dense weights {max_err:.4g}")
+    return lines
+
+
 def build(name: str, spec: dict, versions: dict, report: dict, olmo_tok: bytes | None) -> None:
     print(f"\n=== {name} ===")
     dst = save_model(name, spec, olmo_tok)
@@ -574,6 +702,9 @@ def build(name: str, spec: dict, versions: dict, report: dict, olmo_tok: bytes |
             ref_meta["names"] += "; gate_proj = w1, up_proj = w3, down_proj = w2 of the checkpoint"
     save_safetensors(ref, GOLDENS / f"{name}.int4_ref.safetensors", ref_meta)
 
+    # Q8_0 dense weights on top of the INT4 experts
+    q8results, q8_err = q8_0_golden(spec, dst, prompt_ids, qmeta)
+
     # sanity report
     lines = [f"{name}:"]
     for tag, res in (("f32", results), ("int4", qresults)):
@@ -587,6 +718,7 @@ def build(name: str, spec: dict, versions: dict, report: dict, olmo_tok: bytes |
     agree = [sum(int(a == b) for a, b in zip(r["generated_ids"].tolist(), q["generated_ids"].tolist()))
              for r, q in zip(results, qresults)]
     lines.append(f"  int4 vs f32 greedy tokens equal per prompt: {agree} / {N_NEW}; max |w'-w| {max_err:.4g}")
+    lines += q8_0_report(results, qresults, q8results, q8_err, spec["eos_ids"])
     n_exp = model.config.num_experts
     for j, li in enumerate(moe):
         ids = torch.cat([r["router_ids"][j].flatten() for r in results])
@@ -597,6 +729,73 @@ def build(name: str, spec: dict, versions: dict, report: dict, olmo_tok: bytes |
     dense = [li for li in range(model.config.num_hidden_layers) if li not in moe]
     if dense:
         lines.append(f"  layers {dense}: dense MLP (no router)")
+    print("\n".join(lines))
+    report[name] = lines
+    del model, qmodel
+
+
+def recompute_check(ours: dict, theirs: dict, label: str) -> str:
+    """A golden recomputed from the model in place against the file: bit-identical on the CPU that made it; on
+    another one, float32 summation order in the BLAS kernels may move the last bits, so ids (greedy tokens, router
+    top-k) must be equal, logits and their top-2 gaps within 2e-3 + 2^-10 |g| (one f16 step of the logits), router
+    probabilities and margins within 1e-4 + 1e-4 |g|. Exits otherwise."""
+    if set(ours) != set(theirs):
+        raise SystemExit(f"{label}: tensor names differ: {sorted(set(ours) ^ set(theirs))}")
+    bad, n_diff, worst = [], 0, 0.0
+    for k in sorted(ours):
+        a, b = ours[k], theirs[k]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            bad.append(k)
+            continue
+        if torch.equal(a, b):
+            continue
+        n_diff += 1
+        if a.dtype == torch.int64:
+            bad.append(k)
+            continue
+        a, b = a.float(), b.float()
+        tol = (2e-3 + 2.0 ** -10 * b.abs()) if "logits" in k or "gap" in k else (1e-4 + 1e-4 * b.abs())
+        d = (a - b).abs()
+        worst = max(worst, float((d / tol).max()))
+        if not (d <= tol).all():
+            bad.append(k)
+    if bad:
+        raise SystemExit(f"{label}: does not recompute from the model in place ({bad[:6]}); rebuild the fixture")
+    return ("recomputes bit-identically" if n_diff == 0 else
+            f"recomputes with equal ids, {n_diff} float tensors differ in the last bits (max |d| / tol {worst:.3g})")
+
+
+def build_q8_only(name: str, spec: dict, versions: dict, report: dict) -> None:
+    """Write only the Q8_0 golden of a fixture already in place (models/<name>/ and its goldens unchanged), after
+    checking that the f32 and INT4 goldens recompute from it with the installed versions (recompute_check)."""
+    print(f"\n=== {name} (Q8_0 golden only) ===")
+    dst = MODELS / name
+    paths = {suffix: GOLDENS / f"{name}{suffix}" for suffix in (".safetensors", ".int4.safetensors")}
+    if not dst.is_dir() or not all(p.is_file() for p in paths.values()) or name not in report:
+        raise SystemExit(f"{name}: --q8-only needs models/{name}/, its f32 and int4 goldens and its README sanity "
+                         "figures; build it without --q8-only")
+    with safetensors.safe_open(str(paths[".int4.safetensors"]), framework="pt") as f:
+        qmeta = f.metadata()
+    for k in ("transformers", "torch", "tokenizers", "safetensors"):
+        if qmeta[f"{k}_version"] != versions[k]:
+            raise SystemExit(f"{name}: goldens made with {k} {qmeta[f'{k}_version']}, installed {versions[k]}")
+    golden = {suffix: safetensors.torch.load_file(str(p)) for suffix, p in paths.items()}
+    prompt_ids = [golden[".safetensors"][f"p{p}.prompt_ids"].tolist() for p in range(len(spec["prompts"]))]
+    hf_tok = AutoTokenizer.from_pretrained(dst)
+    for p, (text, ids) in enumerate(zip(spec["prompts"], prompt_ids)):
+        assert qmeta[f"p{p}.text"] == text and hf_tok(text)["input_ids"] == ids, (name, p, text)
+    model = load_f32(spec["cls"], dst)
+    check_roundtrip(model, dst, written_tensor_names(dst))
+    results = [run_prompt(model, ids) for ids in prompt_ids]
+    qmodel = load_f32(spec["cls"], dst)
+    quantise_routed_experts(qmodel, spec["int4_packed"])
+    qresults = [run_prompt(qmodel, ids) for ids in prompt_ids]
+    for suffix, res in ((".safetensors", results), (".int4.safetensors", qresults)):
+        print(f"{name}{suffix}: {recompute_check(golden_tensors(res), golden[suffix], name + suffix)}")
+    q8results, q8_err = q8_0_golden(spec, dst, prompt_ids, qmeta)
+    lines = [line for line in report[name] if not line.startswith(("  [q8_0]", "  q8_0 "))]
+    at = next(i for i, line in enumerate(lines) if line.startswith("  int4 vs f32")) + 1
+    lines[at:at] = q8_0_report(results, qresults, q8results, q8_err, spec["eos_ids"])
     print("\n".join(lines))
     report[name] = lines
     del model, qmodel
@@ -623,14 +822,15 @@ def shape_table() -> str:
 def write_readme(report: list[str], versions: dict) -> None:
     readme = GOLDENS / "README.md"
     files = sorted(f for f in MODELS.rglob("*")
-                   if f.is_file() and f != readme and f.relative_to(MODELS).parts[0] != "configs")
+                   if f.is_file() and f != readme and f.relative_to(MODELS).parts[0] not in ("configs", "gguf"))
     rows = "\n".join(f"| `{f.relative_to(MODELS)}` | {f.stat().st_size} |" for f in files)
     text = f"""# Golden outputs for the tiny fixtures
 
 Produced by `python3 tools/make_fixtures.py` (repository root, environment from `tools/requirements.txt`:
 transformers {versions['transformers']}, torch {versions['torch']}, tokenizers {versions['tokenizers']},
 safetensors {versions['safetensors']}). The script is deterministic: rerunning it rewrites identical files
-(`--only a,b` rebuilds some fixtures and leaves the others' files as they are).
+(`--only a,b` rebuilds some fixtures and leaves the others' files as they are; `--q8-only` writes only the
+`.q8_0` goldens, from the fixture models in place).
 Tolerances are decided by the Rust tests, not here. `tools/check_fixtures.py` loads every fixture back with
 `AutoTokenizer` / `AutoModelForCausalLM` and checks it against these goldens.
 
@@ -728,6 +928,18 @@ only (metadata `moe_layers`). For mixtral-tiny gate_proj = w1, up_proj = w3, dow
   (low nibble = even column).
 The metadata key `q_layout` says which (`unpacked` or `packed`); `q_format` spells it out.
 
+## `<fixture>.q8_0.safetensors`
+Same tensors, computed on the INT4 golden's model (routed experts INT4 round-tripped, as above) whose dense
+weights are also replaced by their Q8_0 round trip: every layer's `self_attn.{{q,k,v,o}}_proj.weight`, Qwen2-MoE's
+`mlp.shared_expert.{{gate,up,down}}_proj.weight`, qwen3moe-tiny's dense layer `model.layers.1.mlp.{{gate,up,down}}_proj.weight`,
+and `lm_head.weight`; not biases, norms (`q_norm`/`k_norm` included), embeddings, routers, `shared_expert_gate`.
+No fixture ties its embeddings (with tied ones, lm_head would get the round trip of `embed_tokens`, which stays as
+it is). Q8_0 is ggml's `quantize_row_q8_0_ref` (as `src/format/q8_0.rs`): per row of the [out, in] matrix, blocks
+of 32 along `in` (a partial last block padded with zeros); d = max|w_block| / 127 in f32 from the bf16 weight;
+q = clamp(roundf(w * (1/d)), -127, 127), roundf half away from zero, q = 0 where d == 0; w' = q * f32(f16(d))
+(f16 nearest even). Metadata: the INT4 golden's keys plus `q8_0` (this in words), `q8_0_tensors` (a JSON list of
+the HF names round-tripped, the same in the checkpoint) and `q8_0_lm_head`.
+
 ## Sanity figures printed by the script
 ```
 {chr(10).join(report)}
@@ -738,8 +950,8 @@ The metadata key `q_layout` says which (`unpacked` or `packed`); `q_format` spel
 |---|---|
 {rows}
 
-Fixtures and goldens, without this README and without `../configs/`: {sum(f.stat().st_size for f in files)}
-bytes. The last line the script prints is the total of everything under `models/`.
+Fixtures and goldens, without this README, `../configs/` and `../gguf/` (made by `tools/make_gguf_fixtures.py`):
+{sum(f.stat().st_size for f in files)} bytes. The last line the script prints is the total of everything under `models/`.
 """
     (GOLDENS / "README.md").write_text(text, encoding="utf-8")
 
@@ -769,6 +981,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma-separated fixture names to build (default: all of "
                                    + ", ".join(FIXTURES) + "); the others' files are left as they are")
+    ap.add_argument("--q8-only", action="store_true",
+                    help="write only goldens/<fixture>.q8_0.safetensors (and the README), from the fixture models "
+                         "in place, after checking that their f32 and int4 goldens recompute (same tokens)")
     args = ap.parse_args()
     names = list(FIXTURES) if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in FIXTURES]
@@ -776,7 +991,18 @@ def main() -> None:
         raise SystemExit(f"unknown fixture(s) {unknown}; known: {', '.join(FIXTURES)}")
     versions = {"transformers": transformers.__version__, "torch": torch.__version__,
                 "tokenizers": tokenizers.__version__, "safetensors": safetensors.__version__}
-    print("python", sys.version.split()[0], versions, "building", names)
+    print("python", sys.version.split()[0], versions, "building", names, "(Q8_0 goldens only)" if args.q8_only else "")
+    q8_0_selfcheck()
+    if args.q8_only:
+        report = previous_report()
+        for name in names:
+            (GOLDENS / f"{name}.q8_0.safetensors").unlink(missing_ok=True)
+            build_q8_only(name, FIXTURES[name], versions, report)
+        write_readme([line for n in FIXTURES if n in report for line in report[n]], versions)
+        for name in names:
+            f = GOLDENS / f"{name}.q8_0.safetensors"
+            print(f"  {f.stat().st_size:>10}  {f.relative_to(ROOT)}  sha256 {sha256(f)[:16]}")
+        return
     olmo_tok = olmo_tokenizer_bytes() if any(FIXTURES[n]["tokenizer"] == "olmo" for n in names) else None
     report = previous_report() if args.only is not None else {}
     if args.only is None:
@@ -784,7 +1010,7 @@ def main() -> None:
             shutil.rmtree(GOLDENS)
     else:
         for n in names:
-            for suffix in (".safetensors", ".int4.safetensors", ".int4_ref.safetensors"):
+            for suffix in (".safetensors", ".int4.safetensors", ".int4_ref.safetensors", ".q8_0.safetensors"):
                 (GOLDENS / f"{n}{suffix}").unlink(missing_ok=True)
     for name in names:
         build(name, FIXTURES[name], versions, report, olmo_tok)

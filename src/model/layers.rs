@@ -1,19 +1,124 @@
 //! The programs of the layers and the head, built once at load time from the weights, the
-//! workspace's buffers and the kernel plan: per layer, attention, the router and the MoE
-//! block (with its alternatives for one-token steps), and the final norm and lm_head.
+//! workspace's buffers, the kernel plan and the forward pass's options: per layer,
+//! attention, the router and the MoE block (with its alternatives for one-token steps), and
+//! the final norm and lm_head. `Forward` (forward.rs) holds and runs them.
+
+use std::collections::HashMap;
 
 use crate::backend::params::*;
 use crate::backend::{Buffer, Device, Prepared, Program};
 use crate::config::{ModelConfig, QkNorm};
-use crate::error::Result;
-use crate::model::forward::{Buffers, ForwardOptions, LayerPrograms};
-use crate::model::moe::{MoeDispatch, MoePairs, MoeSorted};
+use crate::error::{Error, Result};
+use crate::model::moe::{Executor, MoeDispatch, MoePairs, MoeSorted};
 use crate::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
 use crate::model::residency::ExpertPlacement;
 use crate::model::tensors::{ExpertPool, ExpertStore, F16Matrix};
 use crate::model::weights::{Mlp, ModelWeights};
 use crate::model::workspace;
 
+#[derive(Clone, Debug)]
+pub struct ForwardOptions {
+    pub executor: Executor,
+    /// Positions the KV cache holds (prompt + generated tokens).
+    pub max_context: usize,
+    /// Most prompt tokens processed by one submission.
+    pub prefill_chunk: usize,
+    /// Keep logits of every position of a chunk (tests, evaluation), not only the last.
+    pub all_logits: bool,
+    /// Token ids greedy sampling never picks (EOS when it must not end a response).
+    pub suppress: Vec<u32>,
+    /// Partial residency: a multi-token step may route to more experts than a layer's cache
+    /// holds; its experts then run in batches of resident ones (`routed_only` programs).
+    pub expert_batches: bool,
+    /// Where each layer's routed experts live (empty: all on the device).
+    pub placement: Vec<ExpertPlacement>,
+    /// Experts each layer's guess of the next MoE layer's routing holds (`predict`
+    /// programs; 0: none built).
+    pub predict_width: usize,
+}
+
+impl ForwardOptions {
+    pub fn placement(&self, layer: usize) -> ExpertPlacement {
+        self.placement
+            .get(layer)
+            .copied()
+            .unwrap_or(ExpertPlacement::Device)
+    }
+
+    /// Some layer computes routed experts on the CPU.
+    pub fn host_experts(&self) -> bool {
+        self.placement.iter().any(|p| p.host_term())
+    }
+}
+
+/// The prepared programs of one layer.
+pub struct LayerPrograms {
+    /// Attention and router (layer 0 starts with the embedding).
+    pub pre: Prepared,
+    /// The MLP block (experts, shared expert, combine).
+    pub post: Prepared,
+    /// The MLP block for one-token steps, where it differs (uniform-window kernels).
+    pub post_decode: Option<Prepared>,
+    /// Partial residency, MoE layers: the routed experts alone, writing each (token, top-k)
+    /// pair's output to y; run once per batch of resident experts before the layer's MLP
+    /// block, which computes the last batch and combines. With CPU experts
+    /// (`host_term`), the device's share of the routed experts, submitted before the CPU
+    /// computes the rest; `post` then holds only the shared expert and the combine.
+    pub routed_only: Option<Prepared>,
+    /// `routed_only` for one-token steps (uniform-window kernels), where it differs.
+    pub routed_only_decode: Option<Prepared>,
+    /// `post` adds the CPU experts' sum (`host_y`) and, from y, only the pairs with a slot.
+    pub host_term: bool,
+    /// MoE layers followed by another: the next MoE layer's router applied to this
+    /// layer's MLP input (`xn`), its top-k' into `predict_ids` (one-token steps; run after
+    /// `pre` in the same submission: the guess `--prefetch next-layer` copies ahead).
+    pub predict: Option<Prepared>,
+    /// Cached layers with a one-token MLP program of their own: its routed experts alone
+    /// (the hits, run while the misses are staged; `post_decode` then computes the misses).
+    pub hits_decode: Option<Prepared>,
+}
+
+impl LayerPrograms {
+    /// The MLP block for a step of `n` tokens.
+    pub fn post_for(&self, n: usize) -> &Prepared {
+        match &self.post_decode {
+            Some(p) if n == 1 => p,
+            _ => &self.post,
+        }
+    }
+
+    /// The routed experts alone for a step of `n` tokens.
+    pub fn routed_for(&self, n: usize) -> Option<&Prepared> {
+        match &self.routed_only_decode {
+            Some(p) if n == 1 => Some(p),
+            _ => self.routed_only.as_ref(),
+        }
+    }
+
+    /// A cached layer's routed experts alone in the form `post_for(n)` computes them (so
+    /// the hits can run before the misses are copied, and the MLP block, reading a table
+    /// of the misses, adds the rest).
+    pub fn hits_for(&self, n: usize) -> Option<&Prepared> {
+        match (&self.hits_decode, &self.post_decode) {
+            (Some(p), _) if n == 1 => Some(p),
+            (None, Some(_)) if n == 1 => None,
+            _ => self.routed_only.as_ref(),
+        }
+    }
+}
+
+/// The workspace buffers by name.
+pub(super) struct Buffers(pub(super) HashMap<String, Buffer>);
+
+impl Buffers {
+    pub(super) fn get(&self, name: &str) -> Result<&Buffer> {
+        self.0
+            .get(name)
+            .ok_or_else(|| Error::Other(format!("internal: no workspace buffer `{name}`")))
+    }
+}
+
+/// Reject what the kernels cannot serve before anything is allocated.
 /// Which expert kernels a layer's MLP program uses.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum MoeStyle {
