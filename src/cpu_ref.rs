@@ -335,11 +335,11 @@ pub fn router_topk(
 /// First half of a SwiGLU expert: `silu(x · gate^T) * (x · up^T)`, x [T, hidden],
 /// gate and up [inter, hidden]; returns [T, inter]. Mirrors
 /// `self.act_fn(self.gate_proj(x)) * self.up_proj(x)`.
-pub fn swiglu_gate_up(
+pub fn swiglu_gate_up<W: Copy + Into<f32>>(
     x: &[f32],
     hidden: usize,
-    gate: &[f16],
-    up: &[f16],
+    gate: &[W],
+    up: &[W],
     inter: usize,
 ) -> Result<Vec<f32>> {
     let g = matmul(x, hidden, gate, inter, None, None)?;
@@ -350,12 +350,12 @@ pub fn swiglu_gate_up(
 /// A whole SwiGLU expert (or dense MLP): gate, up [inter, hidden], down [hidden, inter];
 /// x [T, hidden] to [T, hidden]. Mirrors OlmoeMLP.forward:
 /// `down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))`.
-pub fn swiglu_expert(
+pub fn swiglu_expert<W: Copy + Into<f32>>(
     x: &[f32],
     hidden: usize,
-    gate: &[f16],
-    up: &[f16],
-    down: &[f16],
+    gate: &[W],
+    up: &[W],
+    down: &[W],
     inter: usize,
 ) -> Result<Vec<f32>> {
     let h = swiglu_gate_up(x, hidden, gate, up, inter)?;

@@ -191,6 +191,9 @@ struct PlanArgs {
     /// Prompt tokens per prefill submission (as `run --prefill-chunk`).
     #[arg(long, default_value_t = 64)]
     prefill_chunk: usize,
+    /// Storage of the dense weights the plan counts (as `run --dense-precision`).
+    #[arg(long, value_enum, default_value = "f16")]
+    dense_precision: DensePrecision,
     /// Staging buffers for expert uploads (as `run --staging-buffers`; default: top_k,
     /// plus the prefetch width with prefetch).
     #[arg(long)]

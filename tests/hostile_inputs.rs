@@ -284,6 +284,7 @@ fn admission_in_closed_form_matches_trying_every_count() {
             (MissPolicy::Auto, 1),
         ] {
             let input = AdmissionInput {
+                dense: wgmoe::backend::kernel::WeightFormat::F16,
                 int4: true,
                 max_context: 100,
                 prefill_chunk: 64,

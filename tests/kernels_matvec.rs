@@ -3,8 +3,10 @@
 //! `ops::matmul` records it on GPUs: the one-token alternative of every matmul, and the
 //! last-token lm_head of multi-token steps; and the router's column splits
 //! (`ops::router_matmul`), which router_topk adds back together. Against the CPU
-//! reference (`wgmoe::cpu_ref`). Runs on lavapipe in CI at every subgroup size; a missing
-//! adapter is a failure, never a skip.
+//! reference (`wgmoe::cpu_ref`). With Q8_0 weights: the matvec and the GEMM of dense
+//! matrices, and the Q8_0 SwiGLU blocks (shared experts, dense MLPs) on the expert
+//! kernels. Runs on lavapipe in CI at every subgroup size; a missing adapter is a failure,
+//! never a skip.
 
 mod common;
 
@@ -472,4 +474,93 @@ fn q8_matvec_and_gemm_match_cpu() {
     let p = plan(&dev, &KernelOverrides::default());
     q8_case(&dev, &p, 4490, MatmulCase::new(1, 100, 70, BIAS), 2);
     q8_case(&dev, &p, 4491, MatmulCase::new(20, 100, 70, ACCUMULATE), 2);
+}
+
+/// A Q8_0 SwiGLU block (a shared expert or dense MLP, `DenseMlp::Q8`) through
+/// `MoeDispatch::swiglu_dense` as the layer programs record it: one-token steps on the
+/// expert row kernels, multi-token steps on the expert GEMM, on every plan. Against
+/// `cpu_ref::swiglu_expert` over the Q8_0 round trip of the same weights.
+#[test]
+fn q8_swiglu_blocks_match_cpu() {
+    use wgmoe::model::dense_mlp::{DenseMlp, Q8Mlp};
+    use wgmoe::model::moe::MoeDispatch;
+    let dev = device(None);
+    let mut all = plans(&dev);
+    all.push(plan(&dev, &KernelOverrides::default()));
+    for (pi, plan) in all.iter().enumerate() {
+        // Partial blocks on both sides, rows around the row kernels' 4 and the GEMM's tile.
+        for (i, &(hid, inter, t)) in [(64, 96, 1), (45, 70, 1), (64, 96, 5), (100, 33, 17)]
+            .iter()
+            .enumerate()
+        {
+            let mut rng = Rng::new(5500 + (pi * 8 + i) as u64);
+            let mut mat = |rows: usize, cols: usize| -> Vec<f32> {
+                (0..rows * cols)
+                    .map(|j| rng.f32(1.0) * [1.0, 0.01, 8.0][(j / cols) % 3])
+                    .collect()
+            };
+            let (g, u, d) = (mat(inter, hid), mat(inter, hid), mat(hid, inter));
+            let mlp = DenseMlp::Q8(
+                Q8Mlp::upload(
+                    &dev,
+                    "mlp",
+                    ["gate", "up", "down"],
+                    (hid, inter),
+                    [&g, &u, &d],
+                )
+                .unwrap(),
+            );
+            let xs = rng.vec(t * hid, 1.0);
+            let x = f32_buf(&dev, &xs);
+            let h = f32_buf(&dev, &vec![f32::NAN; t * inter]);
+            let y = f32_buf(&dev, &vec![f32::NAN; t * hid]);
+            let dm = dummy(&dev);
+            let m = MoeDispatch {
+                plan,
+                sorted: None,
+                fuse_combine: false,
+                decode_uniform: false,
+                coalesced: plan.coalesced_decode,
+                tiled: None,
+                one_token: t == 1,
+                hidden: hid,
+                top_k: 1,
+                dummy: &dm,
+                xn: &x,
+                topk_ids: &dm,
+                topk_w: &dm,
+                hbuf: &h,
+                y: &dm,
+                x: &dm,
+            };
+            let mut prog = Program::default();
+            m.swiglu_dense(&mut prog, &mlp, &y);
+            for op in &prog.ops {
+                let want = if t == 1 {
+                    matches!(op.kernel, Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) if r.format == WeightFormat::Q8)
+                } else {
+                    op.kernel == Kernel::ExpertGemm(WeightFormat::Q8)
+                };
+                assert!(want, "T {t}: {}", op.kernel);
+            }
+            run(&dev, prog, &dev.step_buffer(0, t).unwrap(), t);
+            let rt = |w: &[f32], rows, cols| wgmoe::format::q8_0::round_trip(w, rows, cols);
+            let want = cpu_ref::swiglu_expert(
+                &xs,
+                hid,
+                &rt(&g, inter, hid),
+                &rt(&u, inter, hid),
+                &rt(&d, hid, inter),
+                inter,
+            )
+            .unwrap();
+            let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+            check(
+                &format!("q8_0 swiglu plan {pi} H {hid} I {inter} T {t}"),
+                &read_f32(&dev, &y, t * hid),
+                &want,
+                MATVEC_TOL * 4.0 * scale,
+            );
+        }
+    }
 }

@@ -94,3 +94,36 @@ fn every_family_on_the_gpu_kernels() {
         );
     }
 }
+
+/// Q8_0 dense weights (attention, shared experts, dense MLP layers, lm_head; INT4 experts)
+/// on every family against transformers run on the Q8_0 round-tripped weights
+/// (`<fixture>.q8_0.safetensors`): the adapter's own plan (on a CPU adapter the storage
+/// kernels for f16 and INT4, the Q8_0 matvec, GEMM and expert kernels for Q8_0), the GPU
+/// kernels, the portable ones with the per-expert executor and 3-token prefill chunks.
+#[test]
+fn every_family_with_q8_0_dense_weights() {
+    for name in [
+        "olmoe-tiny",
+        "qwen2moe-tiny",
+        "qwen3moe-tiny",
+        "mixtral-tiny",
+    ] {
+        check_fixture(name, Q8);
+        check_fixture(
+            name,
+            Setup {
+                dense: wgmoe::runtime::engine::DensePrecision::Q8_0,
+                ..GPU
+            },
+        );
+        check_fixture(
+            name,
+            Setup {
+                portable: true,
+                executor: Executor::PerExpert,
+                chunk: 3,
+                ..Q8
+            },
+        );
+    }
+}

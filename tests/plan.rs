@@ -566,16 +566,15 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
             "{name}: weights with {n} + {k} slots per MoE layer"
         );
         drop(w);
-        let full =
-            wgmoe::model::ModelWeights::load(
-                &dev,
-                &cfg,
-                &ckpt,
-                true,
-                wgmoe::backend::kernel::WeightFormat::F16,
-                &vec![None; cfg.num_layers],
-            )
-                .unwrap();
+        let full = wgmoe::model::ModelWeights::load(
+            &dev,
+            &cfg,
+            &ckpt,
+            true,
+            wgmoe::backend::kernel::WeightFormat::F16,
+            &vec![None; cfg.num_layers],
+        )
+        .unwrap();
         assert_eq!(
             dev.tracker().current() - before,
             u(&p, "non_routed_bytes") + u(&p, "routed_expert_bytes"),
@@ -621,6 +620,85 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
 }
 
 /// `plan --json` of a fixture with a 64 GiB card at `ctx` positions.
+/// With Q8_0 dense weights the plan counts what the loader allocates too: unsplit, and with
+/// matrices split into chunks of whole rows under a small binding limit; and a decode step
+/// reads fewer bytes than with f16 dense weights.
+#[test]
+fn q8_0_plan_byte_counts_equal_the_loaders_allocations() {
+    use wgmoe::backend::kernel::WeightFormat;
+    use wgmoe::backend::{Device, DeviceRequest};
+    init_env();
+    for name in [OLMOE, QWEN, QWEN3, MIXTRAL] {
+        let dir = fixture(name);
+        let cfg = wgmoe::config::ModelConfig::from_dir(&dir).unwrap();
+        let args = |dense: &str| {
+            plan_json(&[
+                &dir.display().to_string(),
+                "--vram",
+                "64GiB",
+                "--context",
+                "40",
+                "--dense-precision",
+                dense,
+                "--json",
+            ])
+        };
+        let (p, f) = (args("q8_0"), args("f16"));
+        assert_eq!(p["dense_precision"], "q8_0");
+        assert_eq!(f["dense_precision"], "f16");
+        assert!(
+            u(&p, "non_routed_bytes") < u(&f, "non_routed_bytes")
+                && u(&p, "bytes_per_token") < u(&f, "bytes_per_token"),
+            "{name}: Q8_0 holds and reads fewer bytes than f16"
+        );
+        let ckpt = std::sync::Arc::new(wgmoe::format::checkpoint::Checkpoint::open(&dir).unwrap());
+        // Bindings just above the largest slot (a routed expert, a shared expert or dense
+        // MLP) split the lm_head into chunks.
+        let slot = [
+            wgmoe::runtime::admission::slot_bytes(&cfg, true),
+            wgmoe::model::dense_mlp::DenseMlp::bytes(
+                WeightFormat::Q8,
+                cfg.hidden_size,
+                cfg.dense_intermediate,
+            ),
+            wgmoe::model::dense_mlp::DenseMlp::bytes(
+                WeightFormat::Q8,
+                cfg.hidden_size,
+                cfg.shared_expert_intermediate.unwrap_or(0),
+            ),
+        ]
+        .into_iter()
+        .max()
+        .unwrap();
+        for max_binding in [None, Some(slot.next_multiple_of(256))] {
+            let dev = Device::open(&DeviceRequest {
+                max_binding,
+                ..Default::default()
+            })
+            .unwrap();
+            let before = dev.tracker().current();
+            let w = wgmoe::model::ModelWeights::load(
+                &dev,
+                &cfg,
+                &ckpt,
+                true,
+                WeightFormat::Q8,
+                &vec![None; cfg.num_layers],
+            )
+            .unwrap();
+            if max_binding.is_some() {
+                assert!(w.lm_head().chunks.len() > 1, "{name}: a split lm_head");
+            }
+            assert_eq!(w.lm_head().format, WeightFormat::Q8);
+            assert_eq!(
+                dev.tracker().current() - before,
+                u(&p, "non_routed_bytes") + u(&p, "routed_expert_bytes"),
+                "{name}: Q8_0 dense weights, every expert resident, bindings {max_binding:?}"
+            );
+        }
+    }
+}
+
 fn plan_of(dir: &std::path::Path, ctx: u64, miss_policy: &str) -> Value {
     plan_json(&[
         &dir.display().to_string(),

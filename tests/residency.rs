@@ -420,6 +420,7 @@ fn admission_refuses_what_cannot_fit() {
         all_logits: false,
     };
     let input = wgmoe::runtime::admission::AdmissionInput {
+        dense: wgmoe::backend::kernel::WeightFormat::F16,
         int4: true,
         max_context: opts.max_context,
         prefill_chunk: opts.prefill_chunk,

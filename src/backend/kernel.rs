@@ -100,7 +100,6 @@ impl WeightFormat {
         self != WeightFormat::Q4
     }
 
-
     /// Columns of one 16-byte word.
     pub fn word_cols(self) -> usize {
         match self {

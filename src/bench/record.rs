@@ -4,7 +4,7 @@ use super::host::{peak_rss_bytes, rfc3339_utc};
 use super::prompts::BenchPrompt;
 use super::{BenchConfig, BenchOptions, Response};
 use crate::model::Executor;
-use crate::runtime::engine::{Engine, ExpertPrecision};
+use crate::runtime::engine::{DensePrecision, Engine, ExpertPrecision};
 
 /// One configuration's measurements. Field names are stable (documented in docs/benchmarks.md,
 /// "`wgmoe bench`"); `None` serialises as null.
@@ -27,6 +27,8 @@ pub struct BenchRecord {
     pub driver: String,
     // The configuration.
     pub expert_precision: ExpertPrecision,
+    pub dense_precision: DensePrecision,
+    pub kv_precision: String,
     pub executor: Executor,
     pub resident_experts_per_layer: Option<usize>,
     pub cache_policy: Option<String>,
@@ -52,6 +54,10 @@ pub struct BenchRecord {
     pub decode_tokens: u64,
     pub decode_s: f64,
     pub decode_tokens_per_s: f64,
+    /// Bytes a decode step reads at batch 1 at the mean context of the decode steps
+    /// (mean prompt + half the new tokens), and bytes_per_token x decode_tokens_per_s.
+    pub bytes_per_token: u64,
+    pub effective_gb_per_s: f64,
     pub block_decode_tokens_per_s: Vec<f64>,
     pub block_rate_spread: f64,
     pub ttft_s_mean: f64,
@@ -167,6 +173,14 @@ pub(super) fn record(
         .map(|r| r.stats())
         .unwrap_or_default();
     let partial = engine.resident_experts < cfg.num_experts;
+    let mean_prompt = x.prompt_tokens.iter().sum::<usize>() / x.prompt_tokens.len().max(1);
+    let bpt = crate::planner::decode_bytes_per_token(
+        cfg,
+        o.dense_precision.format(),
+        c.expert_precision == ExpertPrecision::Int4,
+        mean_prompt + o.new_tokens / 2,
+    )
+    .unwrap_or(0);
     BenchRecord {
         wgmoe_version: env!("CARGO_PKG_VERSION").to_string(),
         git_revision: x.git.to_string(),
@@ -181,6 +195,8 @@ pub(super) fn record(
         backend: engine.dev.info().backend.clone(),
         driver: engine.dev.info().driver_string(),
         expert_precision: c.expert_precision,
+        dense_precision: o.dense_precision,
+        kv_precision: "f32".to_string(),
         executor: c.executor,
         resident_experts_per_layer: Some(engine.resident_experts),
         cache_policy: partial.then(|| c.cache_policy.as_str().to_string()),
@@ -204,6 +220,8 @@ pub(super) fn record(
         decode_tokens,
         decode_s,
         decode_tokens_per_s: rate(decode_tokens, decode_s),
+        bytes_per_token: bpt,
+        effective_gb_per_s: bpt as f64 * rate(decode_tokens, decode_s) / 1e9,
         block_decode_tokens_per_s: blocks,
         block_rate_spread: spread,
         ttft_s_mean: ttft_sum / n,

@@ -185,6 +185,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             miss_policy: a.miss_policy,
             prefetch_width: res.prefetch_width(&cfg)?,
             prefetch_accuracy,
+            dense: a.dense_precision.format(),
         },
     )?;
     super::print_report(a.json, &report, render)

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use wgmoe::error::{Error, Result};
 use wgmoe::format::tokenizer::TextStream;
-use wgmoe::runtime::engine::{Engine, EngineOptions};
+use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision};
 use wgmoe::runtime::generate::{generate, GenerateOptions};
 use wgmoe::runtime::sampling::SamplingOptions;
 use wgmoe::session::chat::{chat_prompt, Message, Role};
@@ -315,6 +315,18 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "host_source_checksum": host_sum.map(|h| format!("{h:016x}")),
             }
         });
+        // Bytes a decode step reads at batch 1 at the context this run ended with, and the
+        // rate it read them at.
+        let positions = prompt_ids.len() + g.generated_ids.len();
+        let bpt = wgmoe::planner::decode_bytes_per_token(
+            &engine.cfg,
+            a.dense_precision.format(),
+            a.expert_precision == ExpertPrecision::Int4,
+            positions,
+        )?;
+        obj["metrics"]["kv_precision"] = json!("f32");
+        obj["metrics"]["bytes_per_token"] = json!(bpt);
+        obj["metrics"]["effective_gb_per_s"] = json!(bpt as f64 * g.decode_tokens_per_s() / 1e9);
         // CPU experts (the json! macro's recursion limit keeps them apart).
         obj["metrics"]["miss_policy"] =
             json!(engine.fwd.residency.as_ref().map(|_| rs.miss_policy));

@@ -145,7 +145,8 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
     }
     // The non-routed weights as the device holds them (rows padded, the expert->slot
     // tables): admission's arithmetic, so `inspect`, `plan` and the loader agree.
-    let dense_gpu = crate::runtime::admission::dense_gpu_bytes(cfg);
+    let dense_gpu =
+        crate::runtime::admission::dense_gpu_bytes(cfg, crate::backend::kernel::WeightFormat::F16);
     let f16_per_expert = ExpertPool::slot_bytes(cfg.hidden_size, cfg.moe_intermediate);
     Ok(Inspection {
         converted_int4: converted,

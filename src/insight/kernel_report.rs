@@ -253,7 +253,12 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     let plan = KernelPlan::decide(&class_info(o.class, &real), &o.overrides)?;
     let (shape, kinds) = shape_model(cfg);
     let fwd = |dev: &Device, shape: &ModelConfig| -> Result<Forward> {
-        let weights = ModelWeights::zeros(dev, shape, o.int4, crate::backend::kernel::WeightFormat::F16)?;
+        let weights = ModelWeights::zeros(
+            dev,
+            shape,
+            o.int4,
+            crate::backend::kernel::WeightFormat::F16,
+        )?;
         Forward::new(
             dev,
             shape,

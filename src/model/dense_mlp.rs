@@ -32,7 +32,13 @@ impl DenseMlp {
     }
 
     /// A block of zeros (a shape model for the memory-access report).
-    pub fn zeros(dev: &Device, label: &str, format: WeightFormat, hidden: usize, inter: usize) -> Result<Self> {
+    pub fn zeros(
+        dev: &Device,
+        label: &str,
+        format: WeightFormat,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Self> {
         Ok(match format {
             WeightFormat::Q8 => {
                 let layout = Q8Layout::new(hidden, inter);
@@ -40,7 +46,9 @@ impl DenseMlp {
                     hidden,
                     inter,
                     layout,
-                    buffer: alloc_checked(dev, label, layout.bytes as u64, |d| d.alloc(label, layout.bytes as u64, Usage::Storage))?,
+                    buffer: alloc_checked(dev, label, layout.bytes as u64, |d| {
+                        d.alloc(label, layout.bytes as u64, Usage::Storage)
+                    })?,
                 })
             }
             _ => DenseMlp::F16(ExpertPool::new(dev, label, 1, hidden, inter)?),
@@ -80,8 +88,14 @@ pub struct Q8Layout {
 
 impl Q8Layout {
     pub fn new(hidden: usize, inter: usize) -> Self {
-        let gu = Q8Matrix { out: inter, inp: hidden };
-        let d = Q8Matrix { out: hidden, inp: inter };
+        let gu = Q8Matrix {
+            out: inter,
+            inp: hidden,
+        };
+        let d = Q8Matrix {
+            out: hidden,
+            inp: inter,
+        };
         let gate_q = 0;
         let up_q = gate_q + gu.q_bytes();
         let down_q = up_q + gu.q_bytes();
@@ -114,7 +128,11 @@ impl Q8Layout {
             (d, down, self.down_q, self.down_s),
         ] {
             let (head, tail) = b.split_at_mut(s);
-            m.pack(w, &mut head[q..q + m.q_bytes()], &mut tail[..m.scale_bytes()]);
+            m.pack(
+                w,
+                &mut head[q..q + m.q_bytes()],
+                &mut tail[..m.scale_bytes()],
+            );
         }
         b
     }
@@ -137,7 +155,11 @@ impl Q8Mlp {
         (hidden, inter): (usize, usize),
         [gate, up, down]: [&[f32]; 3],
     ) -> Result<Self> {
-        for (name, w, cols) in [(names[0], gate, hidden), (names[1], up, hidden), (names[2], down, inter)] {
+        for (name, w, cols) in [
+            (names[0], gate, hidden),
+            (names[1], up, hidden),
+            (names[2], down, inter),
+        ] {
             if let Some((i, x)) = q8_0::first_unstorable(w, cols) {
                 return Err(Error::Other(format!(
                     "{name}: element [{}, {}] = {x} cannot be stored as Q8_0 (a block's scale max|w|/127 must be a finite f16)",
@@ -148,7 +170,9 @@ impl Q8Mlp {
         }
         let layout = Q8Layout::new(hidden, inter);
         let bytes = layout.pack(gate, up, down);
-        let buffer = alloc_checked(dev, label, bytes.len() as u64, |d| d.upload(label, &bytes, Usage::Storage))?;
+        let buffer = alloc_checked(dev, label, bytes.len() as u64, |d| {
+            d.upload(label, &bytes, Usage::Storage)
+        })?;
         Ok(Q8Mlp {
             hidden,
             inter,
@@ -160,8 +184,14 @@ impl Q8Mlp {
     /// The block as one fixed slot for the GPU-shaped expert kernels.
     pub fn mats(&self) -> SlotMats {
         let l = &self.layout;
-        let gu = Q8Matrix { out: l.inter, inp: l.hidden };
-        let d = Q8Matrix { out: l.hidden, inp: l.inter };
+        let gu = Q8Matrix {
+            out: l.inter,
+            inp: l.hidden,
+        };
+        let d = Q8Matrix {
+            out: l.hidden,
+            inp: l.inter,
+        };
         SlotMats {
             format: WeightFormat::Q8,
             inter: l.inter,

@@ -106,6 +106,11 @@ impl F16Matrix {
         while n > 1 && Self::chunk_bytes(format, n, cols) > max {
             n -= 1;
         }
+        // Q8_0 chunks of a multiple of 8 rows: each full chunk's scales fill whole 16-byte
+        // words, so a split matrix takes the bytes of an unsplit one (admission counts those).
+        if format == WeightFormat::Q8 && n >= 8 {
+            n = n / 8 * 8;
+        }
         Ok(n)
     }
 

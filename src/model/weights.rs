@@ -5,9 +5,9 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::backend::kernel::WeightFormat;
 use crate::backend::{Buffer, Device, Usage};
 use crate::config::{ModelConfig, QkNorm};
-use crate::backend::kernel::WeightFormat;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertProj};
 use crate::format::convert::{is_converted, packed_layer};

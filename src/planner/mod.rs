@@ -11,12 +11,15 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::backend::kernel::WeightFormat;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::insight::inspect::{classify, TensorClass};
 use crate::model::workspace::{kv_cache_bytes, planned_shape, workspace_bytes};
 use crate::residency::MissPolicy;
-use crate::runtime::admission::{slot_bytes, tensor_gpu_bytes, AdmissionCost, AdmissionInput};
+use crate::runtime::admission::{
+    slot_bytes, tensor_gpu_bytes_in, tied_head_copy_bytes, AdmissionCost, AdmissionInput,
+};
 
 pub use cluster::{cluster_advice, ClusterAdvice, PrecisionNeed};
 pub use text::render;
@@ -63,6 +66,8 @@ pub struct PlanOptions {
     /// measured share of routed experts the guesses held (from a trace), if known.
     pub prefetch_width: usize,
     pub prefetch_accuracy: Option<(f64, String)>,
+    /// The dense weights' format (`--dense-precision`).
+    pub dense: WeightFormat,
 }
 
 /// Bytes of one class of non-routed tensors as the device holds them.
@@ -118,6 +123,13 @@ pub struct PlanReport {
     pub top_k: usize,
     pub parameters: u64,
     pub routed_parameters: u64,
+    /// Storage of the dense weights (`--dense-precision`: "f16" or "q8_0") and of the KV
+    /// cache ("f32").
+    pub dense_precision: String,
+    pub kv_precision: String,
+    /// Bytes a decode step reads at batch 1 at `context` positions: the non-routed
+    /// weights (one row of the embedding table), top_k experts per MoE layer, the KV cache.
+    pub bytes_per_token: u64,
     pub components: Vec<Component>,
     pub non_routed_bytes: u64,
     pub expert_bytes: u64,
@@ -197,7 +209,7 @@ fn count(what: &str) -> Error {
 
 /// Per class, the non-routed tensors the config implies as the device holds them, plus
 /// the expert->slot tables; and the parameter counts (non-routed, routed).
-fn components(cfg: &ModelConfig) -> Result<(Vec<Component>, u64, u64)> {
+fn components(cfg: &ModelConfig, dense: WeightFormat) -> Result<(Vec<Component>, u64, u64)> {
     let mut by: BTreeMap<TensorClass, Component> = BTreeMap::new();
     let mut params: u128 = 0;
     for (name, shape) in crate::format::manifest::expected_tensors(cfg) {
@@ -212,8 +224,19 @@ fn components(cfg: &ModelConfig) -> Result<(Vec<Component>, u64, u64)> {
         params += n;
         c.tensors += 1;
         c.parameters = u64::try_from(c.parameters as u128 + n).map_err(|_| count("parameters"))?;
-        c.bytes = u64::try_from(c.bytes as u128 + tensor_gpu_bytes(&name, &shape))
+        c.bytes = u64::try_from(c.bytes as u128 + tensor_gpu_bytes_in(cfg, dense, &name, &shape))
             .map_err(|_| count(&name))?;
+    }
+    let copy = tied_head_copy_bytes(cfg, dense);
+    if copy > 0 {
+        // The Q8_0 lm_head of tied embeddings: no tensor of its own in the checkpoint.
+        let c = by.entry(TensorClass::LmHead).or_insert_with(|| Component {
+            name: class_name(TensorClass::LmHead),
+            tensors: 0,
+            parameters: 0,
+            bytes: 0,
+        });
+        c.bytes = u64::try_from(c.bytes as u128 + copy).map_err(|_| count("lm_head"))?;
     }
     // In the order a token meets them.
     let order = [
@@ -278,6 +301,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
     let admission = |miss: MissPolicy| {
         let input = AdmissionInput {
             int4: true,
+            dense: o.dense,
             max_context: o.context,
             prefill_chunk: o.prefill_chunk,
             all_logits: false,
@@ -297,7 +321,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
     let shape = planned_shape(cfg, o.context, o.prefill_chunk, false, false);
     let ws_all = workspace_bytes(cfg, &shape)?;
     let kv = kv_cache_bytes(cfg, &shape)?;
-    let (components, dense_params, routed_params) = components(cfg)?;
+    let (components, dense_params, routed_params) = components(cfg, o.dense)?;
     let non_routed: u64 = components.iter().map(|c| c.bytes).sum();
     let (e, k, moe) = (cfg.num_experts, cfg.top_k, cfg.num_sparse_layers());
     let expert = slot_bytes(cfg, true);
@@ -381,6 +405,9 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
         top_k: k,
         parameters: dense_params.saturating_add(routed_params),
         routed_parameters: routed_params,
+        dense_precision: o.dense.name().to_string(),
+        kv_precision: "f32".to_string(),
+        bytes_per_token: bytes_read_per_token(cfg, &components, kv, expert),
         components,
         non_routed_bytes: non_routed,
         expert_bytes: expert,
@@ -442,6 +469,26 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
     })
 }
 
+/// Bytes a decode step reads at batch 1 with `positions` tokens in the KV cache, dense
+/// weights in `dense` and routed experts INT4 (`int4`) or f16: `run --json`'s
+/// `bytes_per_token`, the same arithmetic as the plan's.
+pub fn decode_bytes_per_token(
+    cfg: &ModelConfig,
+    dense: WeightFormat,
+    int4: bool,
+    positions: usize,
+) -> Result<u64> {
+    let (components, _, _) = components(cfg, dense)?;
+    let shape = planned_shape(cfg, positions.max(1), 1, false, false);
+    let kv = kv_cache_bytes(cfg, &shape)?;
+    Ok(bytes_read_per_token(
+        cfg,
+        &components,
+        kv,
+        slot_bytes(cfg, int4),
+    ))
+}
+
 /// Bytes a decode step reads on the device: every non-routed weight but the embedding
 /// table (one row of it, unless it is also the lm_head), top_k experts per MoE layer, and
 /// the KV cache at the last position of the context.
@@ -456,7 +503,11 @@ pub fn bytes_read_per_token(
         .find(|c| c.name == class_name(TensorClass::Embeddings))
         .map_or(0, |c| c.bytes);
     let non_routed: u64 = components.iter().map(|c| c.bytes).sum();
-    let dense = if cfg.tie_word_embeddings {
+    // Tied embeddings without a copy of their own: the head reads the whole table.
+    let head_copy = components
+        .iter()
+        .any(|c| c.name == class_name(TensorClass::LmHead) && c.bytes > 0);
+    let dense = if cfg.tie_word_embeddings && !head_copy {
         non_routed
     } else {
         non_routed - embed + crate::model::tensors::F16Matrix::row_bytes(cfg.hidden_size)

@@ -6,8 +6,10 @@
 //! closed form (below top_k, where CPU misses allow it, at most top_k counts are tried),
 //! with checked arithmetic throughout.
 
+use crate::backend::kernel::WeightFormat;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::format::q8_0::Q8Matrix;
 use crate::format::quant::Q4SlotLayout;
 use crate::model::tensors::{pad8, ExpertPool};
 use crate::model::workspace::{planned_shape, workspace_bytes};
@@ -21,6 +23,8 @@ pub const MAX_STAGING_BUFFERS: usize = 1024;
 #[derive(Clone, Copy, Debug)]
 pub struct AdmissionInput {
     pub int4: bool,
+    /// The dense weights' format (f16 or Q8_0).
+    pub dense: WeightFormat,
     pub max_context: usize,
     pub prefill_chunk: usize,
     pub all_logits: bool,
@@ -44,8 +48,70 @@ pub fn slot_bytes(cfg: &ModelConfig, int4: bool) -> u64 {
     }
 }
 
-/// Bytes one non-routed tensor of `shape` takes on the device: f16 (biases f32), a matrix's
-/// rows padded to 8 halves, any other tensor padded to 8 values.
+/// Whether a non-routed tensor is a dense weight, stored in the dense format (attention
+/// q/k/v/o, shared experts, dense MLP layers, lm_head; not the router, the shared-expert
+/// gate, norms, biases or embeddings).
+pub fn is_dense_weight(name: &str) -> bool {
+    name == "lm_head.weight"
+        || [
+            ".self_attn.q_proj.weight",
+            ".self_attn.k_proj.weight",
+            ".self_attn.v_proj.weight",
+            ".self_attn.o_proj.weight",
+            ".mlp.gate_proj.weight",
+            ".mlp.up_proj.weight",
+            ".mlp.down_proj.weight",
+            ".mlp.shared_expert.gate_proj.weight",
+            ".mlp.shared_expert.up_proj.weight",
+            ".mlp.shared_expert.down_proj.weight",
+        ]
+        .iter()
+        .any(|s| name.ends_with(s))
+}
+
+/// Bytes one non-routed tensor of `shape` takes on the device, with dense weights in
+/// `dense`: f16 (biases f32), a matrix's rows padded to 8 halves, any other tensor padded
+/// to 8 values; Q8_0 dense weights as the loader packs them (q, k and v stacked in one
+/// matrix: k and v count what they add to it).
+pub fn tensor_gpu_bytes_in(
+    cfg: &ModelConfig,
+    dense: WeightFormat,
+    name: &str,
+    shape: &[usize],
+) -> u128 {
+    match (dense, shape) {
+        (WeightFormat::Q8, [rows, cols]) if is_dense_weight(name) => {
+            let q8 = |r: usize| Q8Matrix { out: r, inp: *cols }.bytes() as u128;
+            let q_dim = cfg.num_heads * cfg.head_dim;
+            let kv_dim = cfg.num_kv_heads * cfg.head_dim;
+            if name.ends_with(".k_proj.weight") {
+                q8(q_dim + kv_dim) - q8(q_dim)
+            } else if name.ends_with(".v_proj.weight") {
+                q8(q_dim + 2 * kv_dim) - q8(q_dim + kv_dim)
+            } else {
+                q8(*rows)
+            }
+        }
+        _ => tensor_gpu_bytes(name, shape),
+    }
+}
+
+/// With Q8_0 dense weights and tied embeddings, the lm_head is a Q8_0 copy of the
+/// embedding table (the lookup reads f16 rows): its bytes (0 otherwise).
+pub fn tied_head_copy_bytes(cfg: &ModelConfig, dense: WeightFormat) -> u128 {
+    if dense == WeightFormat::Q8 && cfg.tie_word_embeddings {
+        Q8Matrix {
+            out: cfg.vocab_size,
+            inp: cfg.hidden_size,
+        }
+        .bytes() as u128
+    } else {
+        0
+    }
+}
+
+/// Bytes one non-routed tensor of `shape` takes on the device as f16 (biases f32), a
+/// matrix's rows padded to 8 halves, any other tensor padded to 8 values.
 pub fn tensor_gpu_bytes(name: &str, shape: &[usize]) -> u128 {
     let n: u128 = match shape {
         [rows, cols] => *rows as u128 * pad8(*cols) as u128,
@@ -64,15 +130,17 @@ pub fn slot_table_bytes(cfg: &ModelConfig) -> u128 {
     cfg.num_sparse_layers() as u128 * table
 }
 
-/// Bytes of every non-routed weight as the device holds it (f16, rows padded to 8 halves;
-/// biases f32), with the shared experts and dense MLPs in their slot layout, and the
-/// per-layer expert->slot tables (`u64::MAX` when they cannot be counted).
-pub fn dense_gpu_bytes(cfg: &ModelConfig) -> u64 {
+/// Bytes of every non-routed weight as the device holds it (dense weights in `dense`,
+/// the rest f16, rows padded to 8 halves; biases f32), with the shared experts and dense
+/// MLPs in their slot layout, and the per-layer expert->slot tables (`u64::MAX` when they
+/// cannot be counted).
+pub fn dense_gpu_bytes(cfg: &ModelConfig, dense: WeightFormat) -> u64 {
     let tensors: u128 = crate::format::manifest::expected_tensors(cfg)
         .iter()
-        .map(|(name, shape)| tensor_gpu_bytes(name, shape))
+        .map(|(name, shape)| tensor_gpu_bytes_in(cfg, dense, name, shape))
         .sum();
-    u64::try_from(tensors + slot_table_bytes(cfg)).unwrap_or(u64::MAX)
+    u64::try_from(tensors + tied_head_copy_bytes(cfg, dense) + slot_table_bytes(cfg))
+        .unwrap_or(u64::MAX)
 }
 
 /// Device bytes with `n` experts resident per layer, from parts computed once.
@@ -121,7 +189,7 @@ impl AdmissionCost {
         };
         let (ws, ws_host) = (ws(false)?, ws(true)?);
         let slot = slot_bytes(cfg, a.int4);
-        let fixed = dense_gpu_bytes(cfg)
+        let fixed = dense_gpu_bytes(cfg, a.dense)
             .checked_add(ws)
             .ok_or_else(|| overflow("weights and workspace"))?;
         let device_layers = cfg.num_sparse_layers().saturating_sub(a.cpu_layers) as u64;

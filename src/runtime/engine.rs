@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use crate::backend::kernel::WeightFormat;
 use crate::backend::{Device, DeviceRequest, KernelOverrides, KernelPlan};
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result};
@@ -15,7 +16,6 @@ use crate::model::residency::{ExpertPlacement, Residency, ResidencyConfig};
 use crate::model::{Executor, Forward, ForwardOptions, ModelWeights};
 use crate::residency::{build_policy, CacheConfig, MissPolicy, PolicyKind, Prefetch, Profile};
 use crate::runtime::admission::{admit, AdmissionInput};
-use crate::backend::kernel::WeightFormat;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -297,7 +297,14 @@ impl Engine {
                 ),
             })
             .collect();
-        let mut weights = ModelWeights::load(&dev, &cfg, &ckpt, int4, opts.dense_precision.format(), &slots)?;
+        let mut weights = ModelWeights::load(
+            &dev,
+            &cfg,
+            &ckpt,
+            int4,
+            opts.dense_precision.format(),
+            &slots,
+        )?;
         let host = weights.host.take();
         let suppress = eos_ids(&cfg, generation.as_ref());
         let mut fwd = Forward::new(
@@ -495,6 +502,7 @@ pub fn check_host(
     let capacity = admit(
         cfg,
         &AdmissionInput {
+            dense: opts.dense_precision.format(),
             int4: opts.expert_precision == ExpertPrecision::Int4,
             max_context: opts.max_context,
             prefill_chunk: opts.prefill_chunk,

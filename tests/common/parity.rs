@@ -171,7 +171,9 @@ pub fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
         (ExpertPrecision::F16, DensePrecision::F16) => format!("{name}.safetensors"),
         (ExpertPrecision::Int4, DensePrecision::F16) => format!("{name}.int4.safetensors"),
         (ExpertPrecision::Int4, DensePrecision::Q8_0) => format!("{name}.q8_0.safetensors"),
-        (ExpertPrecision::F16, DensePrecision::Q8_0) => panic!("no golden of f16 experts with Q8_0 dense weights"),
+        (ExpertPrecision::F16, DensePrecision::Q8_0) => {
+            panic!("no golden of f16 experts with Q8_0 dense weights")
+        }
     };
     let golden = load_golden(&file);
     let chunk = s.chunk;
