@@ -12,12 +12,10 @@
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let r = down_row(wid, li);
     if (!r.live) { return; }
-    let lane = r.lane;
-    let m = r.m;
     let tj = r.t * p.top_k + wid.y + p.j_base;
     let slot = slot_of[ids[tj]];
     if (slot < p.first_slot || slot >= p.first_slot + p.chunk_slots) { return; }
     // One expression on purpose: binding the dot product to a `let` before the store made
     // llvmpipe's build of this kernel about 3.5x slower (measured with WGMOE_PROFILE_KERNELS).
-    store_row(tj * p.hidden + m, reduce_lanes(lane_dot(slot - p.first_slot, m, tj * p.inter, lane)), lane, r.m_raw, p.hidden);
+    store_row(tj * p.hidden + r.m, reduce_lanes(lane_dot(slot - p.first_slot, r.m, tj * p.inter, r.lane)), r.lane, r.m_raw, p.hidden);
 }

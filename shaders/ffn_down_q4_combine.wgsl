@@ -13,8 +13,6 @@
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let r = down_row(wid, li);
     if (!r.live) { return; }
-    let lane = r.lane;
-    let m = r.m;
     let t = r.t;
     var acc = 0.0;
     var hit = false;
@@ -22,9 +20,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let tj = t * p.top_k + j;
         let slot = slot_of[ids[tj]];
         if (slot >= p.first_slot && slot < p.first_slot + p.chunk_slots) {
-            acc += weights[tj] * reduce_lanes(lane_dot(slot - p.first_slot, m, tj * p.inter, lane));
+            acc += weights[tj] * reduce_lanes(lane_dot(slot - p.first_slot, r.m, tj * p.inter, r.lane));
             hit = true;
         }
     }
-    if (hit) { add_row(t * p.hidden + m, acc, lane, r.m_raw, p.hidden); }
+    if (hit) { add_row(t * p.hidden + r.m, acc, r.lane, r.m_raw, p.hidden); }
 }

@@ -59,7 +59,13 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             let s0 = q4_scale(sb, i0);
             let s1 = q4_scale(sb, i1);
             for (var c = b * 8u; c < min(b * 8u + 8u, nv); c++) {
-                acc = group_pairs8(acc, wq_at(row0 + c), wq_at(row1 + c), s0, s1, r + c * 8u);
+                let w0 = wq_at(row0 + c);
+                let w1 = wq_at(row1 + c);
+                let i = r + c * 8u;
+                acc = word_pairs8(acc, w0.x, w1.x, s0, s1, xs[i], xs[i + 1u]);
+                acc = word_pairs8(acc, w0.y, w1.y, s0, s1, xs[i + 2u], xs[i + 3u]);
+                acc = word_pairs8(acc, w0.z, w1.z, s0, s1, xs[i + 4u], xs[i + 5u]);
+                acc = word_pairs8(acc, w0.w, w1.w, s0, s1, xs[i + 6u], xs[i + 7u]);
             }
         }
         store(m0, g0, q, acc.a0, acc.a1);

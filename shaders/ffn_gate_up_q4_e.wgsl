@@ -62,7 +62,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg
             let sg = q4_scale(sv * 4u + p.gate_s, nr * nb + b);
             let su = q4_scale(sv * 4u + p.up_s, nr * nb + b);
             for (var c = b * 8u; c < min(b * 8u + 8u, nv); c++) {
-                acc = group_pairs8(acc, wq_at(g_row + c), wq_at(u_row + c), sg, su, r + c * 8u);
+                let gq = wq_at(g_row + c);
+                let uq = wq_at(u_row + c);
+                let i = r + c * 8u;
+                acc = word_pairs8(acc, gq.x, uq.x, sg, su, xs[i], xs[i + 1u]);
+                acc = word_pairs8(acc, gq.y, uq.y, sg, su, xs[i + 2u], xs[i + 3u]);
+                acc = word_pairs8(acc, gq.z, uq.z, sg, su, xs[i + 4u], xs[i + 5u]);
+                acc = word_pairs8(acc, gq.w, uq.w, sg, su, xs[i + 6u], xs[i + 7u]);
             }
         }
         let h0 = silu_mul(acc.a0, acc.b0);
