@@ -11,8 +11,7 @@
 // Params, p, scratch (5) and out (6) come from attn_scratch.wgsl.
 
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> cache_k: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> cache_v: array<f32>;
+// cache_k (3) and cache_v (4) come from the KV piece (k4_at, v_at).
 
 // Per-subgroup partial maxima / sums of the 8 tokens, one pair of slots per 8 local
 // invocations: each subgroup's first lane writes slot li / 8, unwritten slots hold the
@@ -72,7 +71,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var s0 = vec4<f32>(0.0);
         var s1 = vec4<f32>(0.0);
         for (var i = 0u; i < d4; i++) {
-            let kv = cache_k[kb + i];
+            let kv = k4_at(kb + i);
             let qv = q[qb + i];
             s0 += vec4<f32>(dot(kv, subgroupBroadcast(qv, 0u)), dot(kv, subgroupBroadcast(qv, 1u)),
                             dot(kv, subgroupBroadcast(qv, 2u)), dot(kv, subgroupBroadcast(qv, 3u)));
@@ -124,7 +123,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j = 0u; j < nk; j++) {
             // Keys past this lane's token are exp(NEG - max) = 0 in scratch.
             let pj = scratch[prow + j];
-            let v = cache_v[j * kv_dim + kvh * d + i];
+            let v = v_at(j * kv_dim + kvh * d + i);
             a0 += v * vec4<f32>(subgroupBroadcast(pj, 0u), subgroupBroadcast(pj, 1u),
                                 subgroupBroadcast(pj, 2u), subgroupBroadcast(pj, 3u));
             a1 += v * vec4<f32>(subgroupBroadcast(pj, 4u), subgroupBroadcast(pj, 5u),

@@ -24,8 +24,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> k_norm_w: array<u32>;
 @group(0) @binding(5) var<storage, read> rope: array<vec2<f32>>; // [pos][head_dim/2] (cos, sin)
 @group(0) @binding(6) var<storage, read_write> q_out: array<f32>;
-@group(0) @binding(7) var<storage, read_write> cache_k: array<f32>;
-@group(0) @binding(8) var<storage, read_write> cache_v: array<f32>;
+// cache_k (7) and cache_v (8) come from the KV store piece (kv_store2).
 
 const WG: u32 = 64u;
 var<workgroup> red_q: array<f32, 64>;
@@ -43,6 +42,30 @@ fn f16_at(buf_is_q: bool, i: u32) -> f32 {
 fn clipped(v: f32) -> f32 {
     if ((p.flags & ROPE_CLIP) != 0u) { return clamp(v, -p.clip, p.clip); }
     return v;
+}
+
+// Key element j of this token (normed as q is, then clipped), before rotation.
+fn k_in(base: u32, q_dim: u32, j: u32, inv_k: f32) -> f32 {
+    var a = qkv[base + q_dim + j];
+    if ((p.flags & ROPE_QK_NORM) != 0u) {
+        a = f16_at(false, j) * (a * inv_k);
+    } else if ((p.flags & ROPE_QK_NORM_PER_HEAD) != 0u) {
+        a = f16_at(false, j % p.head_dim) * (a * inv_head[p.n_heads + j / p.head_dim]);
+    }
+    return clipped(a);
+}
+
+// Key element j after rotate_half: with i = j mod head_dim and h = head_dim / 2,
+// k[j] cos - k[j + h] sin for i < h, k[j] cos + k[j - h] sin otherwise.
+fn k_roped(base: u32, q_dim: u32, j: u32, inv_k: f32, rrow: u32) -> f32 {
+    let half = p.head_dim / 2u;
+    let i = j % p.head_dim;
+    if (i < half) {
+        let cs = rope[rrow + i];
+        return k_in(base, q_dim, j, inv_k) * cs.x - k_in(base, q_dim, j + half, inv_k) * cs.y;
+    }
+    let cs = rope[rrow + i - half];
+    return k_in(base, q_dim, j, inv_k) * cs.x + k_in(base, q_dim, j - half, inv_k) * cs.y;
 }
 
 @compute @workgroup_size(64)
@@ -113,28 +136,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         q_out[t * q_dim + ia] = a * cs.x - b * cs.y;
         q_out[t * q_dim + ib] = b * cs.x + a * cs.y;
     }
+    // k (normed, clipped, rotated) and v (clipped), two consecutive elements per lane: a
+    // word of an f16 cache is written whole by one invocation.
     let cbase = pos * kv_dim;
-    for (var idx = lid.x; idx < p.n_kv * half; idx += WG) {
-        let h = idx / half;
-        let i = idx % half;
-        let ia = h * p.head_dim + i;
-        let ib = ia + half;
-        var a = qkv[base + q_dim + ia];
-        var b = qkv[base + q_dim + ib];
-        if (norm) {
-            a = f16_at(false, ia) * (a * inv_k);
-            b = f16_at(false, ib) * (b * inv_k);
-        } else if (per_head) {
-            a = f16_at(false, i) * (a * inv_head[p.n_heads + h]);
-            b = f16_at(false, i + half) * (b * inv_head[p.n_heads + h]);
-        }
-        a = clipped(a);
-        b = clipped(b);
-        let cs = rope[rrow + i];
-        cache_k[cbase + ia] = a * cs.x - b * cs.y;
-        cache_k[cbase + ib] = b * cs.x + a * cs.y;
-    }
-    for (var i = lid.x; i < kv_dim; i += WG) {
-        cache_v[cbase + i] = clipped(qkv[base + q_dim + kv_dim + i]);
+    for (var w = lid.x; w < kv_dim / 2u; w += WG) {
+        let j = 2u * w;
+        kv_store2(true, cbase + j, k_roped(base, q_dim, j, inv_k, rrow), k_roped(base, q_dim, j + 1u, inv_k, rrow));
+        let vb = base + q_dim + kv_dim + j;
+        kv_store2(false, cbase + j, clipped(qkv[vb]), clipped(qkv[vb + 1u]));
     }
 }

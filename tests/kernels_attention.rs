@@ -11,7 +11,8 @@ use common::gpu::*;
 use common::rng::Rng;
 use wgmoe::backend::params::*;
 use wgmoe::backend::plan::PrefillKernels;
-use wgmoe::backend::{Device, Kernel, KernelOverrides, KernelPlan, Program};
+use wgmoe::backend::kernel::KvFormat;
+use wgmoe::backend::{Buffer, Device, Kernel, KernelOverrides, KernelPlan, Program};
 use wgmoe::cpu_ref::{self, Heads, QkNorm};
 use wgmoe::model::ops::{self, rope_table, AttentionBuffers, OpEnv};
 use wgmoe::model::tensors::upload_f16_vec;
@@ -20,6 +21,49 @@ use wgmoe::model::tensors::upload_f16_vec;
 const ROPE_TOL: f32 = 1e-5;
 /// Score dot products, exp and the softmax sum, in a different order.
 const ATTENTION_TOL: f32 = 1e-5;
+/// An f16 cache against the reference's f16 rounding of the same f32 values: where the
+/// GPU's f32 and the reference's differ by an ulp across a rounding boundary, one f16 ulp
+/// (2^-8 for values in [4, 8)).
+const KV_F16_TOL: f32 = 8e-3;
+
+/// A KV cache buffer holding `data` as `kv` stores it (f16: two values per u32).
+fn kv_buf(dev: &Device, data: &[f32], kv: KvFormat) -> Buffer {
+    match kv {
+        KvFormat::F32 => f32_buf(dev, data),
+        KvFormat::F16 => {
+            let mut h: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
+            h.resize(h.len().next_multiple_of(8), half::f16::ZERO);
+            dev.upload("test_kv", bytemuck::cast_slice(&h), wgmoe::backend::Usage::Storage)
+                .unwrap()
+        }
+    }
+}
+
+/// The values a `kv` cache holds of `data`.
+fn kv_held(data: &[f32], kv: KvFormat) -> Vec<f32> {
+    match kv {
+        KvFormat::F32 => data.to_vec(),
+        KvFormat::F16 => data.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
+    }
+}
+
+/// The first `n` values of a `kv` cache buffer.
+fn read_kv(dev: &Device, b: &Buffer, n: usize, kv: KvFormat) -> Vec<f32> {
+    match kv {
+        KvFormat::F32 => read_f32(dev, b, n),
+        KvFormat::F16 => read_u32(dev, b, n.div_ceil(2))
+            .iter()
+            .flat_map(|&w| [w as u16, (w >> 16) as u16])
+            .take(n)
+            .map(|h| half::f16::from_bits(h).to_f32())
+            .collect(),
+    }
+}
+
+fn with_kv(mut plan: KernelPlan, kv: KvFormat) -> KernelPlan {
+    plan.kv = kv;
+    plan
+}
 
 struct AttnCase {
     heads: Heads,
@@ -53,7 +97,7 @@ fn attention_params(heads: Heads, positions: usize) -> AttentionParams {
     }
 }
 
-fn rope_case(dev: &Device, seed: u64, c: &AttnCase) {
+fn rope_case(dev: &Device, seed: u64, c: &AttnCase, kv: KvFormat) {
     let AttnCase {
         heads,
         t,
@@ -84,9 +128,9 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase) {
     let d = dummy(dev);
     let rope = f32_buf(dev, &table);
     let q_out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);
-    let ck = f32_buf(dev, &cache_k0);
-    let cv = f32_buf(dev, &cache_v0);
-    let plan = storage_plan(dev);
+    let ck = kv_buf(dev, &cache_k0, kv);
+    let cv = kv_buf(dev, &cache_v0, kv);
+    let plan = with_kv(storage_plan(dev), kv);
     let env = OpEnv {
         plan: &plan,
         chunk: t,
@@ -121,7 +165,7 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase) {
     );
     run(dev, prog, &step, t);
 
-    let (mut want_k, mut want_v) = (cache_k0.clone(), cache_v0.clone());
+    let (mut want_k, mut want_v) = (kv_held(&cache_k0, kv), kv_held(&cache_v0, kv));
     let qk = norm.then_some(QkNorm {
         q: &q_norm_w,
         k: &k_norm_w,
@@ -139,8 +183,13 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase) {
         &mut want_v,
     )
     .unwrap();
+    let (want_k, want_v) = (kv_held(&want_k, kv), kv_held(&want_v, kv));
+    let kv_tol = match kv {
+        KvFormat::F32 => ROPE_TOL,
+        KvFormat::F16 => KV_F16_TOL,
+    };
     let what = format!(
-        "rope_kv heads {}/{} dim {hd} T {t} pos0 {pos0} flags {flags:#b}",
+        "rope_kv[{kv:?} kv] heads {}/{} dim {hd} T {t} pos0 {pos0} flags {flags:#b}",
         heads.n_heads, heads.n_kv
     );
     check(
@@ -151,15 +200,15 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase) {
     );
     check(
         &format!("{what} cache_k"),
-        &read_f32(dev, &ck, positions * kv_dim),
+        &read_kv(dev, &ck, positions * kv_dim, kv),
         &want_k,
-        ROPE_TOL,
+        kv_tol,
     );
     check(
         &format!("{what} cache_v"),
-        &read_f32(dev, &cv, positions * kv_dim),
+        &read_kv(dev, &cv, positions * kv_dim, kv),
         &want_v,
-        ROPE_TOL,
+        kv_tol,
     );
 }
 
@@ -255,7 +304,9 @@ fn attn_cases() -> Vec<AttnCase> {
 fn rope_kv_matches_cpu() {
     let dev = device(None);
     for (i, c) in attn_cases().iter().enumerate() {
-        rope_case(&dev, 400 + i as u64, c);
+        for kv in KvFormat::ALL {
+            rope_case(&dev, 400 + i as u64, c, kv);
+        }
     }
 }
 
@@ -269,6 +320,11 @@ fn attention_run(
     seed: u64,
     c: &AttnCase,
 ) {
+    let kv = match kernel {
+        Kernel::Attention(kv) | Kernel::AttentionWindow(kv) => kv,
+        k => panic!("{k} is not a scratch-row attention kernel"),
+    };
+    let plan = &with_kv(*plan, kv);
     let AttnCase { heads, t, pos0, .. } = *c;
     let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
     let positions = pos0 + t + 2;
@@ -284,8 +340,9 @@ fn attention_run(
 
     let step = dev.step_buffer(pos0, t).unwrap();
     let qb = f32_buf(dev, &q);
-    let ck = f32_buf(dev, &cache_k);
-    let cv = f32_buf(dev, &cache_v_gpu);
+    let ck = kv_buf(dev, &cache_k, kv);
+    let cv = kv_buf(dev, &cache_v_gpu, kv);
+    let (cache_k, cache_v) = (kv_held(&cache_k, kv), kv_held(&cache_v, kv));
     let scratch = f32_buf(dev, &vec![0.0; t * heads.n_heads * positions]);
     let out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);
     let d = dummy(dev);
@@ -330,9 +387,12 @@ fn attention_run(
 }
 
 fn attention_case(dev: &Device, seed: u64, c: &AttnCase) {
-    attention_run(dev, &storage_plan(dev), c.t, Kernel::Attention, seed, c);
+    for kv in KvFormat::ALL {
+        attention_run(dev, &storage_plan(dev), c.t, Kernel::Attention(kv), seed, c);
+    }
 }
 
+/// f32 and f16 KV caches.
 #[test]
 fn attention_matches_cpu() {
     let dev = device(None);
@@ -408,7 +468,7 @@ fn rope_then_attention_prefill_then_decode_matches_cpu() {
             &ab,
             positions,
         );
-        assert_eq!(prog.ops[1].kernel, Kernel::Attention);
+        assert_eq!(prog.ops[1].kernel, Kernel::Attention(KvFormat::F32));
         run(&dev, prog, &step, t);
         let want_q = cpu_ref::rope_kv(
             &qkv,
@@ -439,13 +499,15 @@ fn rope_then_attention_prefill_then_decode_matches_cpu() {
 /// chunk of at least 8 tokens (as the forward pass records it, one-token steps included).
 fn attention_w_case(dev: &Device, plan: &KernelPlan, seed: u64, c: &AttnCase) {
     let chunk = c.t.max(ATTENTION_W_TOKENS as usize);
-    attention_run(dev, plan, chunk, Kernel::AttentionWindow, seed, c);
+    for kv in KvFormat::ALL {
+        attention_run(dev, plan, chunk, Kernel::AttentionWindow(kv), seed, c);
+    }
 }
 
 #[test]
 fn attention_window_matches_cpu() {
     let dev = device(None);
-    if !subgroup_kernels(&dev, Kernel::AttentionWindow) {
+    if !subgroup_kernels(&dev, Kernel::AttentionWindow(KvFormat::F32)) {
         return;
     }
     let plan = plan(
@@ -503,6 +565,12 @@ fn gpu_plan(dev: &Device) -> KernelPlan {
 /// `ops::attention` with the GPU plan over a cache of `max_context` positions (so one-token
 /// steps split the keys as they would in a model of that context) against the reference.
 fn flash_case(dev: &Device, seed: u64, c: &AttnCase, max_context: usize) {
+    for kv in KvFormat::ALL {
+        flash_case_kv(dev, seed, c, max_context, kv);
+    }
+}
+
+fn flash_case_kv(dev: &Device, seed: u64, c: &AttnCase, max_context: usize, kv: KvFormat) {
     let AttnCase { heads, t, pos0, .. } = *c;
     let (q_dim, kv_dim, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
     assert!(pos0 + t <= max_context);
@@ -513,12 +581,13 @@ fn flash_case(dev: &Device, seed: u64, c: &AttnCase, max_context: usize) {
     // Rows past the last visible key are poison: causality must never read them.
     cache_k[(pos0 + t) * kv_dim..].fill(f32::NAN);
     cache_v[(pos0 + t) * kv_dim..].fill(f32::NAN);
-    let plan = gpu_plan(dev);
+    let plan = with_kv(gpu_plan(dev), kv);
     let shape = ops::flash_shape(heads.n_heads, heads.n_kv, hd, max_context);
     let step = dev.step_buffer(pos0, t).unwrap();
     let qb = f32_buf(dev, &q);
-    let ck = f32_buf(dev, &cache_k);
-    let cv = f32_buf(dev, &cache_v);
+    let ck = kv_buf(dev, &cache_k, kv);
+    let cv = kv_buf(dev, &cache_v, kv);
+    let (cache_k, cache_v) = (kv_held(&cache_k, kv), kv_held(&cache_v, kv));
     let part_floats = ops::flash_part_floats(heads.n_heads, heads.n_kv, hd, max_context, t);
     let part = f32_buf(dev, &vec![f32::NAN; part_floats]);
     let out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);
@@ -547,12 +616,12 @@ fn flash_case(dev: &Device, seed: u64, c: &AttnCase, max_context: usize) {
         },
         max_context,
     );
-    assert_eq!(prog.ops[0].kernel, Kernel::AttnFlash);
+    assert_eq!(prog.ops[0].kernel, Kernel::AttnFlash(kv));
     let decode = prog.ops[0]
         .decode
         .as_deref()
         .expect("a one-token alternative");
-    assert_eq!(decode.kernel, Kernel::AttnFlash);
+    assert_eq!(decode.kernel, Kernel::AttnFlash(kv));
     assert_eq!(
         prog.len(),
         1 + usize::from(shape.splits > 1) + usize::from(shape.prefill_splits > 1),
@@ -563,7 +632,7 @@ fn flash_case(dev: &Device, seed: u64, c: &AttnCase, max_context: usize) {
     let want =
         cpu_ref::attention(&q, heads, &cache_k[..visible], &cache_v[..visible], pos0).unwrap();
     let what = format!(
-        "flash heads {}/{} dim {hd} T {t} pos0 {pos0} context {max_context} ({shape:?})",
+        "flash[{kv:?} kv] heads {}/{} dim {hd} T {t} pos0 {pos0} context {max_context} ({shape:?})",
         heads.n_heads, heads.n_kv
     );
     check(&what, &read_f32(dev, &out, t * q_dim), &want, ATTENTION_TOL);

@@ -123,6 +123,34 @@ impl WeightFormat {
     }
 }
 
+/// How the KV cache holds keys and values (the KV pieces under `shaders/common/`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvFormat {
+    F32,
+    /// f16, two per u32 (pack2x16float/unpack2x16float: no SHADER_F16 needed).
+    F16,
+}
+
+impl KvFormat {
+    pub const ALL: [KvFormat; 2] = [KvFormat::F32, KvFormat::F16];
+
+    /// Bytes of one cached value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvFormat::F32 => 4,
+            KvFormat::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvFormat::F32 => "f32",
+            KvFormat::F16 => "f16",
+        }
+    }
+}
+
 /// One variant of the GPU-shaped row kernels (matvec, expert gate/up and down): the
 /// weights' format and how partial sums are reduced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -159,11 +187,11 @@ pub enum Kernel {
     MatmulUniform,
     /// f16 matmul of a window of up to 8 tokens per invocation (subgroups >= 8).
     MatmulWindow,
-    RopeKv,
+    RopeKv(KvFormat),
     /// Attention, one workgroup per (head, token).
-    Attention,
+    Attention(KvFormat),
     /// Attention, one workgroup per (head, 8 tokens) sharing K/V loads (subgroups >= 8).
-    AttentionWindow,
+    AttentionWindow(KvFormat),
     RouterTopk,
     /// f16 SwiGLU first / second half (routed f16 experts, shared expert, dense MLP).
     FfnGateUp,
@@ -187,7 +215,7 @@ pub enum Kernel {
     ExpertDown(RowsVariant),
     /// Flash attention: a workgroup per (KV head, key split, tokens), keys tiled in
     /// workgroup memory; `AttnCombine` merges the splits of one-token steps.
-    AttnFlash,
+    AttnFlash(KvFormat),
     AttnCombine,
     /// Tiled GEMM (prefill): a workgroup per 16 tokens x 32 rows, tiles in workgroup
     /// memory.
@@ -205,13 +233,20 @@ impl Kernel {
             Kernel::Matmul,
             Kernel::MatmulUniform,
             Kernel::MatmulWindow,
-            Kernel::RopeKv,
-            Kernel::Attention,
-            Kernel::AttentionWindow,
+        ];
+        for kv in KvFormat::ALL {
+            v.extend([
+                Kernel::RopeKv(kv),
+                Kernel::Attention(kv),
+                Kernel::AttentionWindow(kv),
+                Kernel::AttnFlash(kv),
+            ]);
+        }
+        v.extend([
             Kernel::RouterTopk,
             Kernel::FfnGateUp,
             Kernel::FfnDown,
-        ];
+        ]);
         for q in Q4Variant::all() {
             v.push(Kernel::Q4GateUp(q));
             v.push(Kernel::Q4Down(q));
@@ -233,7 +268,7 @@ impl Kernel {
             v.push(Kernel::ExpertGateUp(r));
             v.push(Kernel::ExpertDown(r));
         }
-        v.extend([Kernel::AttnFlash, Kernel::AttnCombine]);
+        v.push(Kernel::AttnCombine);
         for f in WeightFormat::ALL {
             if f.dense() {
                 v.push(Kernel::Gemm(f));
@@ -251,9 +286,9 @@ impl Kernel {
             Kernel::Matmul => "matmul",
             Kernel::MatmulUniform => "matmul_u",
             Kernel::MatmulWindow => "matmul_w",
-            Kernel::RopeKv => "rope_kv",
-            Kernel::Attention => "attention",
-            Kernel::AttentionWindow => "attention_w",
+            Kernel::RopeKv(_) => "rope_kv",
+            Kernel::Attention(_) => "attention",
+            Kernel::AttentionWindow(_) => "attention_w",
             Kernel::RouterTopk => "router_topk",
             Kernel::FfnGateUp => "ffn_gate_up",
             Kernel::FfnDown => "ffn_down",
@@ -269,7 +304,7 @@ impl Kernel {
             Kernel::Matvec(_) => "matvec",
             Kernel::ExpertGateUp(_) => "expert_gate_up",
             Kernel::ExpertDown(_) => "expert_down",
-            Kernel::AttnFlash => "attn_flash",
+            Kernel::AttnFlash(_) => "attn_flash",
             Kernel::AttnCombine => "attn_combine",
             Kernel::Gemm(_) => "gemm",
             Kernel::ExpertGemm(_) => "expert_gemm",
@@ -305,6 +340,13 @@ impl Kernel {
                 }
             ),
             Kernel::Gemm(f) | Kernel::ExpertGemm(f) => format!("{}[{}]", self.family(), f.name()),
+            Kernel::RopeKv(kv)
+            | Kernel::Attention(kv)
+            | Kernel::AttentionWindow(kv)
+            | Kernel::AttnFlash(kv) => match kv {
+                KvFormat::F32 => self.family().to_string(),
+                KvFormat::F16 => format!("{}[f16 kv]", self.family()),
+            },
             _ => self.family().to_string(),
         }
     }
@@ -336,7 +378,7 @@ impl Kernel {
     pub fn needs_subgroups(self) -> bool {
         match self {
             Kernel::MatmulWindow
-            | Kernel::AttentionWindow
+            | Kernel::AttentionWindow(_)
             | Kernel::Q4GateUpSorted
             | Kernel::Q4DownSorted => true,
             Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
@@ -365,13 +407,13 @@ impl Kernel {
             self,
             Kernel::Embed
                 | Kernel::RmsNorm
-                | Kernel::RopeKv
+                | Kernel::RopeKv(_)
                 | Kernel::RouterTopk
                 | Kernel::MoeCombine
                 | Kernel::Argmax
                 | Kernel::Matmul
                 | Kernel::MatmulUniform
-                | Kernel::Attention
+                | Kernel::Attention(_)
                 | Kernel::FfnGateUp
                 | Kernel::FfnDown
                 | Kernel::Q4GateUp(_)
@@ -382,7 +424,7 @@ impl Kernel {
                 | Kernel::Matvec(_)
                 | Kernel::ExpertGateUp(_)
                 | Kernel::ExpertDown(_)
-                | Kernel::AttnFlash
+                | Kernel::AttnFlash(_)
                 | Kernel::AttnCombine
                 | Kernel::Gemm(_)
                 | Kernel::ExpertGemm(_)
@@ -425,8 +467,8 @@ impl Kernel {
             Kernel::RmsNorm => of::<RmsNormParams>(),
             Kernel::Matmul | Kernel::MatmulUniform => of::<MatmulParams>(),
             Kernel::MatmulWindow => of::<MatmulWindowParams>(),
-            Kernel::RopeKv => of::<RopeKvParams>(),
-            Kernel::Attention | Kernel::AttentionWindow => of::<AttentionParams>(),
+            Kernel::RopeKv(_) => of::<RopeKvParams>(),
+            Kernel::Attention(_) | Kernel::AttentionWindow(_) => of::<AttentionParams>(),
             Kernel::RouterTopk => of::<RouterTopkParams>(),
             Kernel::FfnGateUp => of::<FfnGateUpParams>(),
             Kernel::FfnDown => of::<FfnDownParams>(),
@@ -441,7 +483,7 @@ impl Kernel {
             Kernel::Matvec(_) => of::<DenseParams>(),
             Kernel::ExpertGateUp(_) => of::<ExpertGateUpParams>(),
             Kernel::ExpertDown(_) => of::<ExpertDownParams>(),
-            Kernel::AttnFlash | Kernel::AttnCombine => of::<FlashParams>(),
+            Kernel::AttnFlash(_) | Kernel::AttnCombine => of::<FlashParams>(),
             Kernel::Gemm(_) => of::<DenseParams>(),
             Kernel::ExpertGemm(_) => of::<ExpertGemmParams>(),
         }

@@ -23,7 +23,7 @@
 //! An override the device cannot honour is refused with the reason, never ignored.
 
 use super::kernel::{
-    Activations, Arith, Kernel, Lanes, Q4Variant, Reduce, RowsVariant, WeightFormat,
+    Activations, Arith, Kernel, KvFormat, Lanes, Q4Variant, Reduce, RowsVariant, WeightFormat,
 };
 use super::params::UNIFORM_WINDOW_BYTES;
 use super::{DeviceInfo, DeviceType};
@@ -95,6 +95,9 @@ pub struct KernelPlan {
     pub tiled_prefill: bool,
     /// How the GPU-shaped kernels reduce partial sums.
     pub reduce: Reduce,
+    /// How the KV cache holds keys and values (`--kv-precision`; f32 unless the engine
+    /// sets it).
+    pub kv: KvFormat,
 }
 
 impl KernelPlan {
@@ -199,6 +202,7 @@ impl KernelPlan {
             } else {
                 Reduce::Workgroup
             },
+            kv: KvFormat::F32,
         })
     }
 
@@ -276,9 +280,9 @@ impl KernelPlan {
     /// The window kernel serves one-token steps too (about 30% faster on lavapipe).
     pub fn attention(&self, head_dim: usize, chunk: usize) -> Kernel {
         if self.window_prefill && chunk > 1 && head_dim.is_multiple_of(4) {
-            Kernel::AttentionWindow
+            Kernel::AttentionWindow(self.kv)
         } else {
-            Kernel::Attention
+            Kernel::Attention(self.kv)
         }
     }
 
@@ -343,8 +347,8 @@ mod tests {
         let p = KernelPlan::decide(&device(DeviceType::Cpu, Some(8), true), &Default::default())
             .unwrap();
         assert!(p.subgroups && p.uniform_decode && p.window_prefill && !p.f16_arithmetic);
-        assert_eq!(p.attention(128, 64), Kernel::AttentionWindow);
-        assert_eq!(p.attention(128, 1), Kernel::Attention);
+        assert_eq!(p.attention(128, 64), Kernel::AttentionWindow(KvFormat::F32));
+        assert_eq!(p.attention(128, 1), Kernel::Attention(KvFormat::F32));
         assert!(p.expert_major(true, true, 64) && !p.expert_major(false, true, 64));
     }
 
@@ -384,7 +388,7 @@ mod tests {
                 arith: Arith::F16
             }
         );
-        assert_eq!(p.attention(128, 64), Kernel::Attention);
+        assert_eq!(p.attention(128, 64), Kernel::Attention(KvFormat::F32));
         assert_eq!(p.matmul_window_tokens(2048, 64), 0);
     }
 

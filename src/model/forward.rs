@@ -149,6 +149,7 @@ impl Forward {
             all_logits: opts.all_logits,
             expert_major: Some(expert_major),
             host_experts: opts.host_experts(),
+            kv: plan.kv,
         };
         let table = workspace::workspace(cfg, &shape)?;
         let mut map = HashMap::new();

@@ -3,7 +3,7 @@
 //! the benches all build their programs with these functions, so a test exercises exactly
 //! what a model runs. (The routed experts' ops are in `model::moe`.)
 
-use crate::backend::kernel::{Kernel, WeightFormat, ROWS_PER_WORKGROUP};
+use crate::backend::kernel::{Kernel, KvFormat, WeightFormat, ROWS_PER_WORKGROUP};
 use crate::backend::params::*;
 use crate::backend::{binds, groups64, Bind, Buffer, Dim, KernelPlan, Op, Program, Resource};
 use crate::model::tensors::{pad8, F16Matrix, MatrixChunk};
@@ -518,7 +518,7 @@ pub fn flash_part_floats(
 /// Optional q/k norm or clip, RoPE, and the step's k, v into the KV cache.
 pub fn rope_kv(prog: &mut Program, env: &OpEnv, p: &RopeKvParams, b: &AttentionBuffers) {
     prog.push(Op::new(
-        Kernel::RopeKv,
+        Kernel::RopeKv(env.plan.kv),
         p,
         binds(&[
             b.qkv,
@@ -537,6 +537,7 @@ pub fn rope_kv(prog: &mut Program, env: &OpEnv, p: &RopeKvParams, b: &AttentionB
 /// key split every key, the output written directly; with more, partial outputs, then
 /// their combine.
 fn flash_ops(
+    kv: KvFormat,
     p: &AttentionParams,
     b: &AttentionBuffers,
     max_context: usize,
@@ -558,7 +559,7 @@ fn flash_ops(
         ..Default::default()
     };
     let mut ops = vec![Op::new(
-        Kernel::AttnFlash,
+        Kernel::AttnFlash(kv),
         &fp,
         binds(&[b.q, b.cache_k, b.cache_v, b.out, b.part]),
         [
@@ -600,13 +601,13 @@ pub fn attention(
 ) {
     if env.plan.flash_decode() || env.plan.flash_prefill() {
         let mut multi = if env.plan.flash_prefill() {
-            flash_ops(p, b, max_context, false)
+            flash_ops(env.plan.kv, p, b, max_context, false)
         } else {
             vec![old_attention(env, p, b, env.chunk)]
         }
         .into_iter();
         let mut one = if env.plan.flash_decode() {
-            flash_ops(p, b, max_context, true)
+            flash_ops(env.plan.kv, p, b, max_context, true)
         } else {
             vec![old_attention(env, p, b, 1)]
         }
@@ -628,7 +629,7 @@ pub fn attention(
 fn old_attention(env: &OpEnv, p: &AttentionParams, b: &AttentionBuffers, tokens: usize) -> Op {
     let kernel = env.plan.attention(p.head_dim as usize, tokens);
     let grid = match kernel {
-        Kernel::AttentionWindow => [
+        Kernel::AttentionWindow(_) => [
             Dim::Const(p.n_heads),
             Dim::TokensDiv(ATTENTION_W_TOKENS),
             Dim::Const(1),

@@ -3,6 +3,7 @@
 //! admission control (and `inspect --max-context`) adds them up before anything is
 //! allocated, so the two cannot disagree.
 
+use crate::backend::kernel::KvFormat;
 use crate::backend::params::UNIFORM_WINDOW_BYTES;
 use crate::backend::Usage;
 use crate::config::{Arch, ModelConfig};
@@ -24,6 +25,8 @@ pub struct WorkspaceShape {
     /// and each layer's routing readback also carries the router weights and the experts'
     /// input.
     pub host_experts: bool,
+    /// How the KV cache holds keys and values (f32, or f16: half the bytes).
+    pub kv: KvFormat,
 }
 
 /// One buffer of the workspace.
@@ -85,8 +88,13 @@ struct Table {
 
 impl Table {
     fn add(&mut self, name: impl Into<String>, usage: Usage, factors: &[usize]) -> Result<()> {
+        self.add_of(name, usage, 4, factors)
+    }
+
+    /// A buffer of `elem` bytes per element.
+    fn add_of(&mut self, name: impl Into<String>, usage: Usage, elem: u64, factors: &[usize]) -> Result<()> {
         let name = name.into();
-        let mut bytes: u64 = 4;
+        let mut bytes: u64 = elem;
         for &f in factors {
             bytes = bytes.checked_mul(f as u64).ok_or_else(|| {
                 Error::DoesNotFit(format!("the {name} buffer's size overflows 64 bits"))
@@ -164,8 +172,9 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     // cos/sin per position and rotated pair.
     w.add("rope", Storage, &[ctxlen, cfg.head_dim])?;
     for l in 0..cfg.num_layers {
-        w.add(format!("cache_k.{l}"), Storage, &[ctxlen, kv_dim])?;
-        w.add(format!("cache_v.{l}"), Storage, &[ctxlen, kv_dim])?;
+        let e = s.kv.bytes() as u64;
+        w.add_of(format!("cache_k.{l}"), Storage, e, &[ctxlen, kv_dim])?;
+        w.add_of(format!("cache_v.{l}"), Storage, e, &[ctxlen, kv_dim])?;
     }
     if t > 1 {
         // The step's pairs sorted by expert: the expert-major kernels (CPU adapters) and the
@@ -209,6 +218,7 @@ pub fn planned_shape(
         // Not known before the device: counted, as an upper bound.
         expert_major: None,
         host_experts,
+        kv: KvFormat::F32,
     }
 }
 

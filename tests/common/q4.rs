@@ -453,6 +453,7 @@ impl<'a> Setup<'a> {
                 all_logits: false,
                 expert_major: Some(true),
                 host_experts: false,
+                kv: wgmoe::backend::kernel::KvFormat::F32,
             },
         )
         .unwrap();

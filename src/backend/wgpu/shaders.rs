@@ -4,7 +4,7 @@
 //! compute a row for the W4A16 kernels). No text is generated: every piece is plain WGSL,
 //! and every assembled variant is validated by naga in the tests.
 
-use crate::backend::kernel::{Activations, Arith, Kernel, Lanes, Reduce, WeightFormat};
+use crate::backend::kernel::{Activations, Arith, Kernel, KvFormat, Lanes, Reduce, WeightFormat};
 
 /// The shared pieces, by file name under `shaders/common/`.
 pub const PIECES: &[(&str, &str)] = &[
@@ -79,6 +79,26 @@ pub const PIECES: &[(&str, &str)] = &[
     (
         "q4_pairs8.wgsl",
         include_str!("../../../shaders/common/q4_pairs8.wgsl"),
+    ),
+    (
+        "kv_f16.wgsl",
+        include_str!("../../../shaders/common/kv_f16.wgsl"),
+    ),
+    (
+        "kv4_f32.wgsl",
+        include_str!("../../../shaders/common/kv4_f32.wgsl"),
+    ),
+    (
+        "kv4_f16.wgsl",
+        include_str!("../../../shaders/common/kv4_f16.wgsl"),
+    ),
+    (
+        "kv_store_f32.wgsl",
+        include_str!("../../../shaders/common/kv_store_f32.wgsl"),
+    ),
+    (
+        "kv_store_f16.wgsl",
+        include_str!("../../../shaders/common/kv_store_f16.wgsl"),
     ),
     (
         "kv_f32.wgsl",
@@ -253,10 +273,20 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
         }
         Kernel::MatmulUniform => v.extend(["f16_halves.wgsl", "uniform_window.wgsl"]),
         Kernel::MatmulWindow => v.push("uniform_window.wgsl"),
-        Kernel::Attention => v.extend(["wg_tree.wgsl", "attn_scratch.wgsl", "kv_f32.wgsl"]),
+        Kernel::Attention(kv) => v.extend(["wg_tree.wgsl", "attn_scratch.wgsl", kv_read(kv)]),
         Kernel::RouterTopk => v.push("wg_tree.wgsl"),
-        Kernel::AttentionWindow => v.push("attn_scratch.wgsl"),
-        Kernel::AttnFlash => v.push("kv_f32.wgsl"),
+        Kernel::AttentionWindow(kv) => v.extend([
+            "attn_scratch.wgsl",
+            match kv {
+                KvFormat::F32 => "kv4_f32.wgsl",
+                KvFormat::F16 => "kv4_f16.wgsl",
+            },
+        ]),
+        Kernel::AttnFlash(kv) => v.push(kv_read(kv)),
+        Kernel::RopeKv(kv) => v.push(match kv {
+            KvFormat::F32 => "kv_store_f32.wgsl",
+            KvFormat::F16 => "kv_store_f16.wgsl",
+        }),
         Kernel::Q4GateUpSorted | Kernel::Q4DownSorted => {
             v.extend(["q4_unpack.wgsl", "q4_pairs8.wgsl"])
         }
@@ -310,6 +340,14 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
         _ => {}
     }
     v
+}
+
+/// The piece through which the attention kernels read a KV cache of format `kv`.
+fn kv_read(kv: KvFormat) -> &'static str {
+    match kv {
+        KvFormat::F32 => "kv_f32.wgsl",
+        KvFormat::F16 => "kv_f16.wgsl",
+    }
 }
 
 /// The pieces of a kernel's normal (not probe) build.
