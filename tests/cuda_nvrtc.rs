@@ -38,13 +38,20 @@ fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
             Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
                 *q == plan.q4_storage()
             }
+            // Q8_0 (`--dense-precision q8_0`) has no CUDA port yet: the engine refuses it on
+            // CUDA, naming the option.
             Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => {
-                plan.coalesced_decode && *r == plan.rows(r.format)
+                plan.coalesced_decode
+                    && *r == plan.rows(r.format)
+                    && r.format != wgmoe::backend::kernel::WeightFormat::Q8
             }
             Kernel::AttnFlash => plan.flash_decode() || plan.flash_prefill(),
             Kernel::AttnCombine => plan.flash_decode(),
             Kernel::Attention => !plan.flash_prefill(),
-            Kernel::Gemm(_) | Kernel::ExpertGemm(_) | Kernel::MoeSort => plan.tiled_prefill,
+            Kernel::Gemm(f) | Kernel::ExpertGemm(f) => {
+                plan.tiled_prefill && *f != wgmoe::backend::kernel::WeightFormat::Q8
+            }
+            Kernel::MoeSort => plan.tiled_prefill,
             Kernel::MatmulUniform
             | Kernel::MatmulWindow
             | Kernel::AttentionWindow

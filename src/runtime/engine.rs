@@ -276,6 +276,12 @@ impl Engine {
         let r = &opts.residency;
         let place = placement(&cfg, r, capacity);
         let dev = Device::open(&opts.adapter)?;
+        if dev.info().backend == "cuda" && opts.dense_precision == DensePrecision::Q8_0 {
+            return Err(Error::option(
+                "--dense-precision",
+                "q8_0 has no CUDA kernels yet: use f16 on CUDA, or q8_0 on a wgpu adapter (Vulkan, DX12, Metal)",
+            ));
+        }
         let plan = KernelPlan::decide(dev.info(), &opts.kernels)?;
         // Device slots per layer: the cache's (capacity + spares), none for CPU layers.
         let width = r.prefetch_width(&cfg)?;
