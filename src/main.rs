@@ -9,7 +9,7 @@ use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
 use wgmoe::backend::{BackendChoice, DeviceRequest, KernelOverrides};
 use wgmoe::error::{Error, Result};
 use wgmoe::model::Executor;
-use wgmoe::runtime::engine::{DensePrecision, ExpertPrecision};
+use wgmoe::runtime::engine::{DensePrecision, ExpertPrecision, KvPrecision};
 
 #[derive(Parser)]
 #[command(
@@ -194,6 +194,9 @@ struct PlanArgs {
     /// Storage of the dense weights the plan counts (as `run --dense-precision`).
     #[arg(long, value_enum, default_value = "f16")]
     dense_precision: DensePrecision,
+    /// Storage of the KV cache: f32, or f16 (half the bytes; attention reads it directly).
+    #[arg(long, value_enum, default_value = "f32")]
+    kv_precision: KvPrecision,
     /// Staging buffers for expert uploads (as `run --staging-buffers`; default: top_k,
     /// plus the prefetch width with prefetch).
     #[arg(long)]
@@ -486,6 +489,9 @@ struct RunArgs {
     /// embeddings stay f16.
     #[arg(long, value_enum, default_value = "f16")]
     dense_precision: DensePrecision,
+    /// Storage of the KV cache: f32, or f16 (half the bytes; attention reads it directly).
+    #[arg(long, value_enum, default_value = "f32")]
+    kv_precision: KvPrecision,
     /// How routed experts are dispatched.
     #[arg(long, value_enum, default_value = "grouped")]
     executor: Executor,
@@ -560,6 +566,9 @@ struct LoadArgs {
     /// embeddings stay f16.
     #[arg(long, value_enum, default_value = "f16")]
     dense_precision: DensePrecision,
+    /// Storage of the KV cache: f32, or f16 (half the bytes; attention reads it directly).
+    #[arg(long, value_enum, default_value = "f32")]
+    kv_precision: KvPrecision,
     /// How routed experts are dispatched.
     #[arg(long, value_enum, default_value = "grouped")]
     executor: Executor,
@@ -767,6 +776,9 @@ struct BenchArgs {
     /// embeddings stay f16.
     #[arg(long, value_enum, default_value = "f16")]
     dense_precision: DensePrecision,
+    /// Storage of the KV cache: f32, or f16 (half the bytes; attention reads it directly).
+    #[arg(long, value_enum, default_value = "f32")]
+    kv_precision: KvPrecision,
     /// Most prompt tokens per prefill submission.
     #[arg(long, default_value_t = 64)]
     prefill_chunk: usize,

@@ -236,6 +236,7 @@ mod runtime {
                 kernels: Default::default(),
                 expert_precision: ExpertPrecision::Int4,
                 dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
+                kv_precision: wgmoe::runtime::engine::KvPrecision::F32,
                 executor: wgmoe::model::Executor::Grouped,
                 max_context: 32,
                 prefill_chunk: 64,

@@ -285,6 +285,7 @@ fn admission_in_closed_form_matches_trying_every_count() {
         ] {
             let input = AdmissionInput {
                 dense: wgmoe::backend::kernel::WeightFormat::F16,
+                kv: wgmoe::backend::kernel::KvFormat::F32,
                 int4: true,
                 max_context: 100,
                 prefill_chunk: 64,

@@ -9,9 +9,9 @@ mod common;
 use common::check::check;
 use common::gpu::*;
 use common::rng::Rng;
+use wgmoe::backend::kernel::KvFormat;
 use wgmoe::backend::params::*;
 use wgmoe::backend::plan::PrefillKernels;
-use wgmoe::backend::kernel::KvFormat;
 use wgmoe::backend::{Buffer, Device, Kernel, KernelOverrides, KernelPlan, Program};
 use wgmoe::cpu_ref::{self, Heads, QkNorm};
 use wgmoe::model::ops::{self, rope_table, AttentionBuffers, OpEnv};
@@ -33,8 +33,12 @@ fn kv_buf(dev: &Device, data: &[f32], kv: KvFormat) -> Buffer {
         KvFormat::F16 => {
             let mut h: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
             h.resize(h.len().next_multiple_of(8), half::f16::ZERO);
-            dev.upload("test_kv", bytemuck::cast_slice(&h), wgmoe::backend::Usage::Storage)
-                .unwrap()
+            dev.upload(
+                "test_kv",
+                bytemuck::cast_slice(&h),
+                wgmoe::backend::Usage::Storage,
+            )
+            .unwrap()
         }
     }
 }
@@ -43,7 +47,10 @@ fn kv_buf(dev: &Device, data: &[f32], kv: KvFormat) -> Buffer {
 fn kv_held(data: &[f32], kv: KvFormat) -> Vec<f32> {
     match kv {
         KvFormat::F32 => data.to_vec(),
-        KvFormat::F16 => data.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
+        KvFormat::F16 => data
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f32())
+            .collect(),
     }
 }
 

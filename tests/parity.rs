@@ -233,6 +233,7 @@ fn converted_model_matches_and_is_validated() {
             kernels: KernelOverrides::default(),
             expert_precision: precision,
             dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
+            kv_precision: wgmoe::runtime::engine::KvPrecision::F32,
             executor: Executor::Grouped,
             max_context: 8,
             prefill_chunk: 8,

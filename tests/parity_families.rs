@@ -127,3 +127,40 @@ fn every_family_with_q8_0_dense_weights() {
         );
     }
 }
+
+/// The f16 KV cache on every family (INT4 experts; f16 and Q8_0 dense weights): each key
+/// and value rounded to f16 (2^-11 relative) once, read by the attention kernels directly.
+/// Logits within F16_KV_TOL_SCALE x the f32 tolerance of the goldens, greedy tokens equal
+/// up to near ties; the storage, window and GPU-shaped attention kernels.
+#[test]
+fn every_family_with_an_f16_kv_cache() {
+    use wgmoe::runtime::engine::{DensePrecision, KvPrecision};
+    for name in [
+        "olmoe-tiny",
+        "qwen2moe-tiny",
+        "qwen3moe-tiny",
+        "mixtral-tiny",
+    ] {
+        let f16_kv = Setup {
+            kv: KvPrecision::F16,
+            tol_scale: F16_KV_TOL_SCALE,
+            ..INT4
+        };
+        check_fixture(name, f16_kv);
+        check_fixture(
+            name,
+            Setup {
+                dense: DensePrecision::Q8_0,
+                ..f16_kv
+            },
+        );
+        check_fixture(
+            name,
+            Setup {
+                kv: KvPrecision::F16,
+                tol_scale: F16_KV_TOL_SCALE,
+                ..GPU
+            },
+        );
+    }
+}

@@ -414,6 +414,7 @@ fn admission_refuses_what_cannot_fit() {
         kernels: KernelOverrides::default(),
         expert_precision: ExpertPrecision::Int4,
         dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
+        kv_precision: wgmoe::runtime::engine::KvPrecision::F32,
         executor: Executor::Grouped,
         max_context: 64,
         prefill_chunk: 64,
@@ -421,6 +422,7 @@ fn admission_refuses_what_cannot_fit() {
     };
     let input = wgmoe::runtime::admission::AdmissionInput {
         dense: wgmoe::backend::kernel::WeightFormat::F16,
+        kv: wgmoe::backend::kernel::KvFormat::F32,
         int4: true,
         max_context: opts.max_context,
         prefill_chunk: opts.prefill_chunk,

@@ -148,6 +148,7 @@ fn greedy_decoding_stops_at_eos_unless_it_is_ignored() {
             kernels: Default::default(),
             expert_precision: wgmoe::runtime::engine::ExpertPrecision::Int4,
             dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
+            kv_precision: wgmoe::runtime::engine::KvPrecision::F32,
             executor: Executor::Grouped,
             max_context: 32,
             prefill_chunk: 64,

@@ -242,11 +242,7 @@ impl Kernel {
                 Kernel::AttnFlash(kv),
             ]);
         }
-        v.extend([
-            Kernel::RouterTopk,
-            Kernel::FfnGateUp,
-            Kernel::FfnDown,
-        ]);
+        v.extend([Kernel::RouterTopk, Kernel::FfnGateUp, Kernel::FfnDown]);
         for q in Q4Variant::all() {
             v.push(Kernel::Q4GateUp(q));
             v.push(Kernel::Q4Down(q));

@@ -21,7 +21,7 @@ use std::time::Instant;
 use crate::backend::{DeviceRequest, KernelOverrides};
 use crate::error::{Error, Result};
 use crate::model::Executor;
-use crate::runtime::engine::{DensePrecision, Engine, EngineOptions, ExpertPrecision};
+use crate::runtime::engine::{DensePrecision, Engine, EngineOptions, ExpertPrecision, KvPrecision};
 use crate::runtime::generate::{generate, GenerateOptions};
 use crate::runtime::sampling::SamplingOptions;
 
@@ -44,8 +44,9 @@ pub struct BenchOptions {
     pub warmup: usize,
     pub executors: Vec<Executor>,
     pub expert_precisions: Vec<ExpertPrecision>,
-    /// Storage of the dense weights, every configuration.
+    /// Storage of the dense weights and of the KV cache, every configuration.
     pub dense_precision: DensePrecision,
+    pub kv_precision: KvPrecision,
     pub prefill_chunk: usize,
     pub adapter: DeviceRequest,
     pub kernels: KernelOverrides,
@@ -226,6 +227,7 @@ pub(super) fn engine_options(
         kernels: o.kernels,
         expert_precision: c.expert_precision,
         dense_precision: o.dense_precision,
+        kv_precision: o.kv_precision,
         executor: c.executor,
         max_context,
         prefill_chunk: o.prefill_chunk,

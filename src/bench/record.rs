@@ -178,6 +178,7 @@ pub(super) fn record(
         cfg,
         o.dense_precision.format(),
         c.expert_precision == ExpertPrecision::Int4,
+        o.kv_precision.format(),
         mean_prompt + o.new_tokens / 2,
     )
     .unwrap_or(0);
@@ -196,7 +197,7 @@ pub(super) fn record(
         driver: engine.dev.info().driver_string(),
         expert_precision: c.expert_precision,
         dense_precision: o.dense_precision,
-        kv_precision: "f32".to_string(),
+        kv_precision: o.kv_precision.name().to_string(),
         executor: c.executor,
         resident_experts_per_layer: Some(engine.resident_experts),
         cache_policy: partial.then(|| c.cache_policy.as_str().to_string()),

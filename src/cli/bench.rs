@@ -30,6 +30,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         executors: a.executor.clone(),
         expert_precisions: a.expert_precision.clone(),
         dense_precision: a.dense_precision,
+        kv_precision: a.kv_precision,
         prefill_chunk: a.prefill_chunk,
         adapter: a.gpu.request()?,
         kernels: a.gpu.kernels(),

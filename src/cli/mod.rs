@@ -55,6 +55,7 @@ pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize) -> Result<Engine> 
             kernels: load.gpu.kernels(),
             expert_precision: load.expert_precision,
             dense_precision: load.dense_precision,
+            kv_precision: load.kv_precision,
             executor: load.executor,
             max_context: ctx,
             prefill_chunk: load.prefill_chunk,

@@ -186,6 +186,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             prefetch_width: res.prefetch_width(&cfg)?,
             prefetch_accuracy,
             dense: a.dense_precision.format(),
+            kv: a.kv_precision.format(),
         },
     )?;
     super::print_report(a.json, &report, render)

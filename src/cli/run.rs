@@ -189,6 +189,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             kernels: a.gpu.kernels(),
             expert_precision: a.expert_precision,
             dense_precision: a.dense_precision,
+            kv_precision: a.kv_precision,
             executor: a.executor,
             max_context,
             prefill_chunk: a.prefill_chunk,
@@ -322,9 +323,10 @@ pub fn run(a: RunArgs) -> Result<()> {
             &engine.cfg,
             a.dense_precision.format(),
             a.expert_precision == ExpertPrecision::Int4,
+            a.kv_precision.format(),
             positions,
         )?;
-        obj["metrics"]["kv_precision"] = json!("f32");
+        obj["metrics"]["kv_precision"] = json!(a.kv_precision);
         obj["metrics"]["bytes_per_token"] = json!(bpt);
         obj["metrics"]["effective_gb_per_s"] = json!(bpt as f64 * g.decode_tokens_per_s() / 1e9);
         // CPU experts (the json! macro's recursion limit keeps them apart).

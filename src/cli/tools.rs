@@ -345,6 +345,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         kernels: a.gpu.kernels(),
         expert_precision: precision,
         dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
+        kv_precision: wgmoe::runtime::engine::KvPrecision::F32,
         executor: a.executor,
         max_context,
         prefill_chunk: 64,

@@ -92,7 +92,13 @@ impl Table {
     }
 
     /// A buffer of `elem` bytes per element.
-    fn add_of(&mut self, name: impl Into<String>, usage: Usage, elem: u64, factors: &[usize]) -> Result<()> {
+    fn add_of(
+        &mut self,
+        name: impl Into<String>,
+        usage: Usage,
+        elem: u64,
+        factors: &[usize],
+    ) -> Result<()> {
         let name = name.into();
         let mut bytes: u64 = elem;
         for &f in factors {

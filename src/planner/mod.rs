@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::backend::kernel::WeightFormat;
+use crate::backend::kernel::{KvFormat, WeightFormat};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::insight::inspect::{classify, TensorClass};
-use crate::model::workspace::{kv_cache_bytes, planned_shape, workspace_bytes};
+use crate::model::workspace::{kv_cache_bytes, planned_shape, workspace_bytes, WorkspaceShape};
 use crate::residency::MissPolicy;
 use crate::runtime::admission::{
     slot_bytes, tensor_gpu_bytes_in, tied_head_copy_bytes, AdmissionCost, AdmissionInput,
@@ -66,8 +66,10 @@ pub struct PlanOptions {
     /// measured share of routed experts the guesses held (from a trace), if known.
     pub prefetch_width: usize,
     pub prefetch_accuracy: Option<(f64, String)>,
-    /// The dense weights' format (`--dense-precision`).
+    /// The dense weights' format (`--dense-precision`) and the KV cache's
+    /// (`--kv-precision`).
     pub dense: WeightFormat,
+    pub kv: KvFormat,
 }
 
 /// Bytes of one class of non-routed tensors as the device holds them.
@@ -124,7 +126,7 @@ pub struct PlanReport {
     pub parameters: u64,
     pub routed_parameters: u64,
     /// Storage of the dense weights (`--dense-precision`: "f16" or "q8_0") and of the KV
-    /// cache ("f32").
+    /// cache ("f32" or "f16", `--kv-precision`).
     pub dense_precision: String,
     pub kv_precision: String,
     /// Bytes a decode step reads at batch 1 at `context` positions: the non-routed
@@ -302,6 +304,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
         let input = AdmissionInput {
             int4: true,
             dense: o.dense,
+            kv: o.kv,
             max_context: o.context,
             prefill_chunk: o.prefill_chunk,
             all_logits: false,
@@ -318,7 +321,10 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
     };
     let cost = admission(o.miss_policy)?;
     let upload = admission(MissPolicy::Upload)?;
-    let shape = planned_shape(cfg, o.context, o.prefill_chunk, false, false);
+    let shape = WorkspaceShape {
+        kv: o.kv,
+        ..planned_shape(cfg, o.context, o.prefill_chunk, false, false)
+    };
     let ws_all = workspace_bytes(cfg, &shape)?;
     let kv = kv_cache_bytes(cfg, &shape)?;
     let (components, dense_params, routed_params) = components(cfg, o.dense)?;
@@ -406,7 +412,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
         parameters: dense_params.saturating_add(routed_params),
         routed_parameters: routed_params,
         dense_precision: o.dense.name().to_string(),
-        kv_precision: "f32".to_string(),
+        kv_precision: o.kv.name().to_string(),
         bytes_per_token: bytes_read_per_token(cfg, &components, kv, expert),
         components,
         non_routed_bytes: non_routed,
@@ -476,10 +482,14 @@ pub fn decode_bytes_per_token(
     cfg: &ModelConfig,
     dense: WeightFormat,
     int4: bool,
+    kv: KvFormat,
     positions: usize,
 ) -> Result<u64> {
     let (components, _, _) = components(cfg, dense)?;
-    let shape = planned_shape(cfg, positions.max(1), 1, false, false);
+    let shape = WorkspaceShape {
+        kv,
+        ..planned_shape(cfg, positions.max(1), 1, false, false)
+    };
     let kv = kv_cache_bytes(cfg, &shape)?;
     Ok(bytes_read_per_token(
         cfg,

@@ -6,13 +6,13 @@
 //! closed form (below top_k, where CPU misses allow it, at most top_k counts are tried),
 //! with checked arithmetic throughout.
 
-use crate::backend::kernel::WeightFormat;
+use crate::backend::kernel::{KvFormat, WeightFormat};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::q8_0::Q8Matrix;
 use crate::format::quant::Q4SlotLayout;
 use crate::model::tensors::{pad8, ExpertPool};
-use crate::model::workspace::{planned_shape, workspace_bytes};
+use crate::model::workspace::{planned_shape, workspace_bytes, WorkspaceShape};
 use crate::residency::MissPolicy;
 use crate::units::human;
 
@@ -25,6 +25,8 @@ pub struct AdmissionInput {
     pub int4: bool,
     /// The dense weights' format (f16 or Q8_0).
     pub dense: WeightFormat,
+    /// The KV cache's format.
+    pub kv: KvFormat,
     pub max_context: usize,
     pub prefill_chunk: usize,
     pub all_logits: bool,
@@ -178,13 +180,16 @@ impl AdmissionCost {
         let ws = |host_experts: bool| {
             workspace_bytes(
                 cfg,
-                &planned_shape(
-                    cfg,
-                    a.max_context,
-                    a.prefill_chunk,
-                    a.all_logits,
-                    host_experts,
-                ),
+                &WorkspaceShape {
+                    kv: a.kv,
+                    ..planned_shape(
+                        cfg,
+                        a.max_context,
+                        a.prefill_chunk,
+                        a.all_logits,
+                        host_experts,
+                    )
+                },
             )
         };
         let (ws, ws_host) = (ws(false)?, ws(true)?);

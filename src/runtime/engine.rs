@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::backend::kernel::WeightFormat;
+use crate::backend::kernel::{KvFormat, WeightFormat};
 use crate::backend::{Device, DeviceRequest, KernelOverrides, KernelPlan};
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result};
@@ -48,6 +48,28 @@ impl DensePrecision {
         match self {
             DensePrecision::F16 => WeightFormat::F16,
             DensePrecision::Q8_0 => WeightFormat::Q8,
+        }
+    }
+}
+
+/// Storage of the KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvPrecision {
+    F32,
+    /// Two values per u32, written by rope_kv and read by the attention kernels directly.
+    F16,
+}
+
+impl KvPrecision {
+    pub fn name(self) -> &'static str {
+        self.format().name()
+    }
+
+    pub fn format(self) -> KvFormat {
+        match self {
+            KvPrecision::F32 => KvFormat::F32,
+            KvPrecision::F16 => KvFormat::F16,
         }
     }
 }
@@ -201,6 +223,7 @@ pub struct EngineOptions {
     pub kernels: KernelOverrides,
     pub expert_precision: ExpertPrecision,
     pub dense_precision: DensePrecision,
+    pub kv_precision: KvPrecision,
     pub executor: Executor,
     pub max_context: usize,
     pub prefill_chunk: usize,
@@ -282,7 +305,18 @@ impl Engine {
                 "q8_0 has no CUDA kernels yet: use f16 on CUDA, or q8_0 on a wgpu adapter (Vulkan, DX12, Metal)",
             ));
         }
-        let plan = KernelPlan::decide(dev.info(), &opts.kernels)?;
+        let mut plan = KernelPlan::decide(dev.info(), &opts.kernels)?;
+        plan.kv = opts.kv_precision.format();
+        if dev.info().backend == "cuda" && opts.kv_precision != KvPrecision::F32 {
+            return Err(Error::option(
+                "--kv-precision",
+                format!(
+                    "{} has no CUDA attention kernels yet: use f32 on CUDA, or {} on a wgpu adapter (Vulkan, DX12, Metal)",
+                    opts.kv_precision.name(),
+                    opts.kv_precision.name()
+                ),
+            ));
+        }
         // Device slots per layer: the cache's (capacity + spares), none for CPU layers.
         let width = r.prefetch_width(&cfg)?;
         let slots: Vec<Option<usize>> = place
@@ -509,6 +543,7 @@ pub fn check_host(
         cfg,
         &AdmissionInput {
             dense: opts.dense_precision.format(),
+            kv: opts.kv_precision.format(),
             int4: opts.expert_precision == ExpertPrecision::Int4,
             max_context: opts.max_context,
             prefill_chunk: opts.prefill_chunk,

@@ -42,6 +42,7 @@ pub fn load_on(
             kernels,
             expert_precision: ExpertPrecision::Int4,
             dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
+            kv_precision: wgmoe::runtime::engine::KvPrecision::F32,
             executor,
             max_context,
             prefill_chunk: 64,

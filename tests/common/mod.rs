@@ -49,6 +49,9 @@ pub struct GoldenPrompt {
     pub generated_ids: Vec<u32>,
     pub step_logits: Vec<Vec<f32>>,
     pub step_gap: Vec<f32>,
+    /// Per position (prompt, then generated), the smallest margin of any MoE layer's
+    /// router between its k-th and (k+1)-th expert (empty where the golden has none).
+    pub router_margin: Vec<f32>,
 }
 
 pub struct Golden {
@@ -117,6 +120,19 @@ pub fn load_golden(file: &str) -> Golden {
             generated_ids: tensor_ids(&st, &format!("p{p}.generated_ids")),
             step_logits: rows(sl, &ss),
             step_gap: tensor_f32(&st, &format!("p{p}.step_top2_gap")).0,
+            router_margin: match st.tensor(&format!("p{p}.router_margin")) {
+                Ok(_) => {
+                    let (m, shape) = tensor_f32(&st, &format!("p{p}.router_margin"));
+                    (0..shape[1])
+                        .map(|t| {
+                            (0..shape[0])
+                                .map(|l| m[l * shape[1] + t])
+                                .fold(f32::INFINITY, f32::min)
+                        })
+                        .collect()
+                }
+                Err(_) => Vec::new(),
+            },
         });
     }
     assert!(!prompts.is_empty(), "{}: no prompts", path.display());

@@ -7,7 +7,7 @@ use wgmoe::backend::plan::Switch;
 pub use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{DeviceRequest, KernelOverrides};
 use wgmoe::model::Executor;
-use wgmoe::runtime::engine::{DensePrecision, Engine, EngineOptions, ExpertPrecision};
+use wgmoe::runtime::engine::{DensePrecision, Engine, EngineOptions, ExpertPrecision, KvPrecision};
 use wgmoe::runtime::generate::{generate, prompt_logits, GenerateOptions};
 use wgmoe::runtime::sampling::SamplingOptions;
 
@@ -23,6 +23,9 @@ pub const LOGIT_RTOL: f32 = 1.0 / 2048.0;
 /// worst 9.7x the f32 tolerance (qwen2moe-tiny decode steps; olmoe-tiny 4.5x), greedy
 /// tokens identical; 16x leaves room for other drivers' f16 rounding.
 pub const F16_ARITH_TOL_SCALE: f32 = 16.0;
+/// With an f16 KV cache every key and value is rounded to f16 (2^-11 relative) once, and
+/// every later score and output reads the rounded values (measured below, on lavapipe).
+pub const F16_KV_TOL_SCALE: f32 = 24.0;
 
 /// Largest |a - b| beyond the tolerance, as (excess ratio d / allowed, diff, index).
 pub fn worst_vs_golden(ours: &[f32], golden: &[f32]) -> (f32, f32, usize) {
@@ -37,6 +40,24 @@ pub fn worst_vs_golden(ours: &[f32], golden: &[f32]) -> (f32, f32, usize) {
     }
     w
 }
+/// With an f16 KV cache, a router whose k-th and (k+1)-th experts are closer than this in
+/// the golden may pick the other one at that position (its logits are then not
+/// comparable; measured: qwen2moe-tiny p0 position 6, margin 8e-4, layer 1).
+pub const ROUTER_NEAR_TIE: f32 = 2e-3;
+
+/// Whether position `t` of golden prompt `g` is a routing near tie the setup may flip.
+fn routing_near_tie(s: Setup, g: &GoldenPrompt, t: usize) -> bool {
+    let tie =
+        s.kv != KvPrecision::F32 && g.router_margin.get(t).is_some_and(|&m| m < ROUTER_NEAR_TIE);
+    if tie {
+        eprintln!(
+            "position {t}: a routing near tie in the golden (margin {:.1e}), not compared",
+            g.router_margin[t]
+        );
+    }
+    tie
+}
+
 /// A greedy token may differ from transformers' only where its top-2 logits are closer
 /// than this (a near tie that f32 summation order can flip).
 pub const NEAR_TIE: f32 = 2e-3;
@@ -46,6 +67,8 @@ pub struct Setup {
     pub precision: ExpertPrecision,
     /// The dense weights' storage (Q8_0: against the Q8_0 goldens, INT4 experts).
     pub dense: DensePrecision,
+    /// The KV cache's storage (f16: logits within a wider tolerance, tokens up to near ties).
+    pub kv: KvPrecision,
     pub executor: Executor,
     pub chunk: usize,
     pub max_binding: Option<u64>,
@@ -64,6 +87,7 @@ pub struct Setup {
 pub const F16: Setup = Setup {
     precision: ExpertPrecision::F16,
     dense: DensePrecision::F16,
+    kv: KvPrecision::F32,
     executor: Executor::Grouped,
     chunk: 64,
     max_binding: None,
@@ -76,6 +100,7 @@ pub const F16: Setup = Setup {
 pub const INT4: Setup = Setup {
     precision: ExpertPrecision::Int4,
     dense: DensePrecision::F16,
+    kv: KvPrecision::F32,
     executor: Executor::Grouped,
     chunk: 64,
     max_binding: None,
@@ -128,6 +153,7 @@ pub fn try_load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> wgmo
             },
             expert_precision: s.precision,
             dense_precision: s.dense,
+            kv_precision: s.kv,
             executor: s.executor,
             max_context,
             prefill_chunk: s.chunk,
@@ -167,6 +193,7 @@ pub fn check_fixture(name: &str, s: Setup) {
 }
 
 pub fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
+    let setup = s;
     let file = match (s.precision, s.dense) {
         (ExpertPrecision::F16, DensePrecision::F16) => format!("{name}.safetensors"),
         (ExpertPrecision::Int4, DensePrecision::F16) => format!("{name}.int4.safetensors"),
@@ -192,6 +219,9 @@ pub fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
         let mut worst = 0.0f32;
         let mut worst_ratio = 0.0f32;
         for (t, (r, gr)) in rows.iter().zip(&g.prompt_logits).enumerate() {
+            if routing_near_tie(s, g, t) {
+                continue;
+            }
             let (r, d, i) = worst_vs_golden(r, gr);
             assert!(r <= tol_scale, "{name} p{pi} prompt position {t}: |logit - golden| = {d} at token {i} (golden {}), {r:.2}x the tolerance", gr[i]);
             worst = worst.max(d);
@@ -214,6 +244,13 @@ pub fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
         assert_eq!(out.generated_ids.len(), g.generated_ids.len());
         let mut step_worst = 0.0f32;
         for (s, (&ours, &theirs)) in out.generated_ids.iter().zip(&g.generated_ids).enumerate() {
+            if routing_near_tie(setup, g, g.prompt_ids.len() - 1 + s) {
+                if ours != theirs {
+                    eprintln!("{name} p{pi}: the near tie flipped the token at step {s}; later steps are not comparable");
+                    break;
+                }
+                continue;
+            }
             let (r, d, i) = worst_vs_golden(&out.step_logits[s], &g.step_logits[s]);
             assert!(r <= tol_scale, "{name} p{pi} step {s}: |logit - golden| = {d} at token {i} (golden {}), {r:.2}x the tolerance", g.step_logits[s][i]);
             step_worst = step_worst.max(d);
