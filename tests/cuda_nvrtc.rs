@@ -10,6 +10,7 @@
 #![cfg(feature = "cuda")]
 
 use wgmoe::backend::cuda::{device_info, kernels, load, Properties};
+use wgmoe::backend::kernel::KvFormat;
 use wgmoe::backend::{Kernel, KernelOverrides, KernelPlan};
 
 fn h200() -> wgmoe::backend::DeviceInfo {
@@ -45,16 +46,16 @@ fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
                     && *r == plan.rows(r.format)
                     && r.format != wgmoe::backend::kernel::WeightFormat::Q8
             }
-            Kernel::AttnFlash => plan.flash_decode() || plan.flash_prefill(),
+            Kernel::AttnFlash(kv) => *kv == KvFormat::F32 && (plan.flash_decode() || plan.flash_prefill()),
             Kernel::AttnCombine => plan.flash_decode(),
-            Kernel::Attention => !plan.flash_prefill(),
+            Kernel::Attention(kv) => *kv == KvFormat::F32 && !plan.flash_prefill(),
             Kernel::Gemm(f) | Kernel::ExpertGemm(f) => {
                 plan.tiled_prefill && *f != wgmoe::backend::kernel::WeightFormat::Q8
             }
             Kernel::MoeSort => plan.tiled_prefill,
             Kernel::MatmulUniform
             | Kernel::MatmulWindow
-            | Kernel::AttentionWindow
+            | Kernel::AttentionWindow(_)
             | Kernel::Q4GateUpSorted
             | Kernel::Q4DownSorted
             | Kernel::MoeGather => false,
@@ -107,7 +108,7 @@ fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
                 }
             );
         } else {
-            assert_eq!(plan.attention(128, 64), Kernel::Attention);
+            assert_eq!(plan.attention(128, 64), Kernel::Attention(KvFormat::F32));
         }
         let picked = plan_kernels(&plan);
         for k in &picked {
@@ -121,7 +122,7 @@ fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
                 Kernel::Matvec(plan.rows(WeightFormat::F16)),
                 Kernel::ExpertGateUp(plan.rows(WeightFormat::Q4)),
                 Kernel::ExpertDown(plan.rows(WeightFormat::F16)),
-                Kernel::AttnFlash,
+                Kernel::AttnFlash(KvFormat::F32),
                 Kernel::AttnCombine,
                 Kernel::Gemm(WeightFormat::F16),
                 Kernel::ExpertGemm(WeightFormat::F16),

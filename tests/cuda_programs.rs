@@ -15,7 +15,7 @@ use common::engine::{load_on, upload};
 use common::fixture;
 use common::parity::{try_load_dir, Setup, F16, INT4};
 use wgmoe::backend::cuda::{device_info, kernels, Properties};
-use wgmoe::backend::kernel::WeightFormat;
+use wgmoe::backend::kernel::{KvFormat, WeightFormat};
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
 use wgmoe::backend::{Kernel, KernelOverrides, KernelPlan, Prepared};
 use wgmoe::model::Executor;
@@ -141,18 +141,18 @@ fn check_engine(what: &str, e: &Engine, mode: Mode, portable: bool) -> (usize, V
                 | Kernel::Gemm(_)
                 | Kernel::ExpertGemm(_)
                 | Kernel::MoeSort
-        ) || *k == Kernel::AttnFlash
+        ) || *k == Kernel::AttnFlash(KvFormat::F32)
     };
     if mode == Mode::Gpu {
         for k in [
-            Kernel::AttnFlash,
+            Kernel::AttnFlash(KvFormat::F32),
             Kernel::Matvec(p.rows(WeightFormat::F16)),
             Kernel::Gemm(WeightFormat::F16),
         ] {
             assert!(seen.contains(&k), "{what}: no {k} in {seen:?}");
         }
         assert!(
-            !seen.contains(&Kernel::Attention),
+            !seen.contains(&Kernel::Attention(KvFormat::F32)),
             "{what}: the scratch-row attention under the GPU plan"
         );
     } else {
