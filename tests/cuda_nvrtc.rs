@@ -46,7 +46,9 @@ fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
                     && *r == plan.rows(r.format)
                     && r.format != wgmoe::backend::kernel::WeightFormat::Q8
             }
-            Kernel::AttnFlash(kv) => *kv == KvFormat::F32 && (plan.flash_decode() || plan.flash_prefill()),
+            Kernel::AttnFlash(kv) => {
+                *kv == KvFormat::F32 && (plan.flash_decode() || plan.flash_prefill())
+            }
             Kernel::AttnCombine => plan.flash_decode(),
             Kernel::Attention(kv) => *kv == KvFormat::F32 && !plan.flash_prefill(),
             Kernel::Gemm(f) | Kernel::ExpertGemm(f) => {

@@ -699,6 +699,35 @@ fn q8_0_plan_byte_counts_equal_the_loaders_allocations() {
     }
 }
 
+/// Qwen3-30B-A3B at 4096 positions: Q8_0 dense weights and an f16 KV cache read at most
+/// 0.68x the bytes per decoded token of f16 dense weights and an f32 cache (issue 20's
+/// target), the cache exactly half, and an 8 GiB card holds more experts per layer.
+#[test]
+fn q8_0_and_an_f16_kv_cache_cut_qwen3_30b_a3bs_bytes_per_token() {
+    let cfg = config("qwen3-30b-a3b.json");
+    let at = |dense: &str, kv: &str| {
+        plan_json(&[
+            &cfg,
+            "--vram",
+            "8GiB",
+            "--context",
+            "4096",
+            "--dense-precision",
+            dense,
+            "--kv-precision",
+            kv,
+            "--json",
+        ])
+    };
+    let (old, new) = (at("f16", "f32"), at("q8_0", "f16"));
+    assert_eq!(new["kv_precision"], "f16");
+    assert_eq!(2 * u(&new, "kv_cache_bytes"), u(&old, "kv_cache_bytes"));
+    let ratio = u(&new, "bytes_per_token") as f64 / u(&old, "bytes_per_token") as f64;
+    assert!(ratio <= 0.68, "bytes per token {ratio:.3}x");
+    assert!(u(&new, "hot_bytes") < u(&old, "hot_bytes"));
+    assert!(u(&new, "resident_experts_per_layer") > u(&old, "resident_experts_per_layer"));
+}
+
 fn plan_of(dir: &std::path::Path, ctx: u64, miss_policy: &str) -> Value {
     plan_json(&[
         &dir.display().to_string(),

@@ -20,7 +20,9 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::nvrtc::sys as nv;
 
 use super::load;
-use crate::backend::kernel::{Kernel, KvFormat, Lanes, Q4Variant, Reduce, RowsVariant, WeightFormat};
+use crate::backend::kernel::{
+    Kernel, KvFormat, Lanes, Q4Variant, Reduce, RowsVariant, WeightFormat,
+};
 use crate::backend::Op;
 use crate::error::{Error, Result};
 
