@@ -51,6 +51,8 @@ fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
             }
             Kernel::AttnCombine => plan.flash_decode(),
             Kernel::Attention(kv) => *kv == KvFormat::F32 && !plan.flash_prefill(),
+            // The f16 KV cache (`--kv-precision f16`) has no CUDA port yet either.
+            Kernel::RopeKv(kv) => *kv == KvFormat::F32,
             Kernel::Gemm(f) | Kernel::ExpertGemm(f) => {
                 plan.tiled_prefill && *f != wgmoe::backend::kernel::WeightFormat::Q8
             }
