@@ -11,6 +11,8 @@ use wgmoe::error::{Error, Result};
 use wgmoe::model::Executor;
 use wgmoe::runtime::engine::{DensePrecision, ExpertPrecision, KvPrecision};
 
+use cli::bench_args::{BenchArgs, SynthArgs};
+
 #[derive(Parser)]
 #[command(
     name = "wgmoe",
@@ -134,6 +136,9 @@ struct KernelsArgs {
     /// Routed experts as f16 instead of INT4.
     #[arg(long)]
     f16_experts: bool,
+    /// Dense weights as f16 or q8_0 (as `run --dense-precision`).
+    #[arg(long, value_enum, default_value = "f16")]
+    dense_precision: DensePrecision,
     /// Use the portable kernels even where subgroup operations exist.
     #[arg(long)]
     portable_kernels: bool,
@@ -687,149 +692,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-#[derive(Args)]
-struct SynthArgs {
-    /// Architecture whose real config.json gives the default shape.
-    #[arg(long, value_enum)]
-    arch: wgmoe::synth::SynthArch,
-    /// Output directory: new, empty, or an earlier wgmoe output.
-    #[arg(short, long)]
-    out: PathBuf,
-    /// Write into a non-empty output directory that holds no earlier wgmoe output,
-    /// replacing the model files there (other files are kept).
-    #[arg(long)]
-    force: bool,
-    /// Weights: converted INT4 (f16 non-routed, packed INT4 experts) or a bf16 HF checkpoint.
-    #[arg(long, value_enum, default_value = "converted")]
-    format: wgmoe::synth::SynthFormat,
-    /// hidden_size (default: the architecture's).
-    #[arg(long)]
-    hidden: Option<usize>,
-    /// num_hidden_layers.
-    #[arg(long)]
-    layers: Option<usize>,
-    /// num_attention_heads.
-    #[arg(long)]
-    heads: Option<usize>,
-    /// num_key_value_heads. Default: the preset's, or with --heads the preset's ratio of
-    /// heads to KV heads where it divides --heads (1, 1, 8 and 4), else --heads.
-    #[arg(long)]
-    kv_heads: Option<usize>,
-    /// head_dim (Qwen3-MoE only; the others' is hidden / heads).
-    #[arg(long)]
-    head_dim: Option<usize>,
-    /// num_experts (routed experts per MoE layer).
-    #[arg(long)]
-    experts: Option<usize>,
-    /// num_experts_per_tok.
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Routed expert intermediate size.
-    #[arg(long)]
-    expert_intermediate: Option<usize>,
-    /// Qwen1.5-MoE only.
-    #[arg(long)]
-    shared_expert_intermediate: Option<usize>,
-    /// vocab_size.
-    #[arg(long)]
-    vocab: Option<usize>,
-    /// max_position_embeddings.
-    #[arg(long)]
-    max_position_embeddings: Option<usize>,
-    /// Seed of the random weights (same seed and shape, same bytes).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// --format hf: largest shard (bytes) before splitting into model-0000k-of-0000n files.
-    #[arg(long, default_value_t = wgmoe::synth::DEFAULT_MAX_SHARD_BYTES)]
-    max_shard_bytes: u64,
-    /// Print a JSON summary on stdout.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args)]
-struct BenchArgs {
-    /// Model directory.
-    model: PathBuf,
-    /// Use the first N prompts of the built-in set (1..=12).
-    #[arg(long, default_value_t = 12)]
-    prompts: usize,
-    /// Times the prompt set is repeated.
-    #[arg(long, default_value_t = 3)]
-    blocks: usize,
-    /// New tokens per response (EOS suppressed: always this many).
-    #[arg(short = 'n', long, default_value_t = 128)]
-    max_new_tokens: usize,
-    /// Responses run first and excluded, per configuration.
-    #[arg(long, default_value_t = 1)]
-    warmup: usize,
-    /// Executors to sweep (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "grouped")]
-    executor: Vec<Executor>,
-    /// Expert precisions to sweep (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "int4")]
-    expert_precision: Vec<ExpertPrecision>,
-    /// Storage of the dense weights (attention q/k/v/o, shared experts, dense MLP layers,
-    /// lm_head): f16, or q8_0 (ggml's Q8_0, quantised on load). The router, norms and
-    /// embeddings stay f16.
-    #[arg(long, value_enum, default_value = "f16")]
-    dense_precision: DensePrecision,
-    /// Storage of the KV cache: f32, or f16 (half the bytes; attention reads it directly).
-    #[arg(long, value_enum, default_value = "f32")]
-    kv_precision: KvPrecision,
-    /// Most prompt tokens per prefill submission.
-    #[arg(long, default_value_t = 64)]
-    prefill_chunk: usize,
-    /// Write the records (a JSON array, one object per configuration) to FILE.
-    #[arg(long)]
-    json_out: Option<PathBuf>,
-    /// Draw decode rate and H2D bytes against resident experts per layer to FILE (.svg,
-    /// or .png rasterised).
-    #[arg(long, value_name = "FILE.svg|FILE.png")]
-    plot: Option<PathBuf>,
-    /// Expert slots per layer to sweep, e.g. 30,40,50,60,64 (default: all resident).
-    #[arg(long, value_delimiter = ',')]
-    resident_experts: Vec<usize>,
-    /// Cache policies to sweep below full residency: lru,lfu-decay,profile.
-    #[arg(long, value_delimiter = ',', default_value = "lru")]
-    cache_policy: Vec<String>,
-    /// Per-step decay of the LFU access counter (0, 1] (lfu-decay policy).
-    #[arg(long, default_value_t = wgmoe::residency::LfuDecay::DEFAULT_DECAY)]
-    decay: f64,
-    /// Expert-frequency profile for the profile policy.
-    #[arg(long)]
-    profile: Option<PathBuf>,
-    /// Mapped staging buffers for expert uploads (partial residency; default: top_k, plus
-    /// the prefetch width with prefetch).
-    #[arg(long)]
-    staging_buffers: Option<usize>,
-    /// Prefetch settings to sweep below full residency: off,next-layer (default:
-    /// next-layer unless --miss-policy cpu).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    prefetch: Vec<wgmoe::residency::Prefetch>,
-    /// Experts guessed and prefetched per layer and step (default: top_k).
-    #[arg(long, value_name = "N")]
-    prefetch_width: Option<usize>,
-    /// Staging fill thread counts to sweep below full residency, e.g. 0,2 (default 2, at
-    /// most one per core; 0: the submitting thread fills).
-    #[arg(long, value_delimiter = ',', value_name = "N,...")]
-    fill_threads: Vec<usize>,
-    /// Miss policies to sweep below full residency: upload,cpu,auto (default: auto).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    miss_policy: Vec<wgmoe::residency::MissPolicy>,
-    /// The first N layers' routed experts on the CPU, in every configuration.
-    #[arg(long, default_value_t = 0)]
-    n_cpu_moe: usize,
-    /// Threads of the CPU expert kernel (default: one per core).
-    #[arg(long)]
-    cpu_threads: Option<usize>,
-    /// Write each configuration's routing trace to FILE (JSONL; several configurations:
-    /// FILE with .0, .1, ... before the extension); warm-up lines are marked. Reads each
-    /// layer's routing back (slower).
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
-    #[command(flatten)]
-    gpu: GpuArgs,
 }

@@ -3,12 +3,23 @@
 //! so a kernel that goes back to strided loads, or a dispatch too small to fill a large GPU,
 //! fails here.
 
+use wgmoe::backend::kernel::WeightFormat;
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::KernelOverrides;
 use wgmoe::config::ModelConfig;
+use wgmoe::format::q8_0::Q8Matrix;
 use wgmoe::insight::kernel_report::{report, DeviceClass, KernelsOptions, KernelsReport, Stages};
 
 fn options(stages: Stages, context: usize, overrides: KernelOverrides) -> KernelsOptions {
+    options_in(stages, context, overrides, WeightFormat::F16)
+}
+
+fn options_in(
+    stages: Stages,
+    context: usize,
+    overrides: KernelOverrides,
+    dense: WeightFormat,
+) -> KernelsOptions {
     KernelsOptions {
         class: DeviceClass::Discrete,
         stages,
@@ -17,6 +28,7 @@ fn options(stages: Stages, context: usize, overrides: KernelOverrides) -> Kernel
         bandwidth_gbps: 672.0,
         overrides,
         int4: true,
+        dense,
     }
 }
 
@@ -38,14 +50,15 @@ fn stage<'a>(r: &'a KernelsReport, name: &str) -> &'a wgmoe::insight::kernel_rep
         .unwrap_or_else(|| panic!("no stage {name} in {:?}", r.kernels))
 }
 
-/// The bar at `--device-class discrete --context 4096`.
-fn decode_meets_the_bar(path: &str) {
+/// The bar at `--device-class discrete --context 4096`, with dense weights in
+/// `dense` (measured by the probe in the kernels themselves).
+fn decode_meets_the_bar(path: &str, dense: WeightFormat) -> KernelsReport {
     let cfg = config(path);
     let context = 4096;
     let r = report(
         path,
         &cfg,
-        &options(Stages::Decode, context, KernelOverrides::default()),
+        &options_in(Stages::Decode, context, KernelOverrides::default(), dense),
     )
     .unwrap();
     assert!(r.plan.coalesced_decode, "{:?}", r.plan);
@@ -85,12 +98,17 @@ fn decode_meets_the_bar(path: &str) {
         a.kv_bytes
     );
     assert!(a.kv_sector_efficiency.unwrap() >= 0.90);
-    // lm_head streams its f16 matrix exactly once.
+    // lm_head streams its f16 (or Q8_0: quants and scales) matrix exactly once.
     let head = stage(&r, "decode/lm_head");
-    assert_eq!(
-        head.weight_bytes as usize,
-        cfg.vocab_size * cfg.hidden_size * 2
-    );
+    let head_bytes = match dense {
+        WeightFormat::Q8 => Q8Matrix {
+            out: cfg.vocab_size,
+            inp: cfg.hidden_size,
+        }
+        .bytes(),
+        _ => cfg.vocab_size * cfg.hidden_size * 2,
+    };
+    assert_eq!(head.weight_bytes as usize, head_bytes);
     // Every layer's experts: top_k experts' INT4 words (and scales) at least.
     let gate_up = stage(&r, "decode/experts_gate_up");
     assert!(
@@ -105,21 +123,51 @@ fn decode_meets_the_bar(path: &str) {
     assert!(r.prefill_bytes_per_token.is_none());
     // The per-token sum counts every layer: at least lm_head plus each layer's KV.
     assert!(total as usize >= head.weight_bytes as usize + cfg.num_layers * cache);
+    r
 }
 
 #[test]
 fn olmoe_decode_is_coalesced_and_fills_a_gpu() {
-    decode_meets_the_bar("models/configs/olmoe-1b-7b-0924.json");
+    decode_meets_the_bar("models/configs/olmoe-1b-7b-0924.json", WeightFormat::F16);
 }
 
 #[test]
 fn qwen3_decode_is_coalesced_and_fills_a_gpu() {
-    decode_meets_the_bar("models/configs/qwen3-30b-a3b.json");
+    decode_meets_the_bar("models/configs/qwen3-30b-a3b.json", WeightFormat::F16);
 }
 
 #[test]
 fn mixtral_decode_is_coalesced_and_fills_a_gpu() {
-    decode_meets_the_bar("models/configs/mixtral-8x7b-v0.1.json");
+    decode_meets_the_bar("models/configs/mixtral-8x7b-v0.1.json", WeightFormat::F16);
+}
+
+/// The Q8_0 matvec reads its words coalesced and fills a GPU like the f16 one: every
+/// dense stage runs it, and the probe's byte count per token is the plan's.
+#[test]
+fn qwen3_q8_0_decode_is_coalesced_and_fills_a_gpu() {
+    let path = "models/configs/qwen3-30b-a3b.json";
+    let r = decode_meets_the_bar(path, WeightFormat::Q8);
+    for s in ["decode/qkv_proj", "decode/o_proj", "decode/lm_head"] {
+        assert!(
+            stage(&r, s).kernel.contains("q8_0"),
+            "{s}: {}",
+            stage(&r, s).kernel
+        );
+    }
+    let cfg = config(path);
+    let plan = wgmoe::planner::decode_bytes_per_token(
+        &cfg,
+        WeightFormat::Q8,
+        true,
+        wgmoe::backend::kernel::KvFormat::F32,
+        4096,
+    )
+    .unwrap() as f64;
+    let got = r.bytes_per_token.unwrap() as f64;
+    assert!(
+        (got - plan).abs() <= 0.01 * plan,
+        "probe {got} vs plan {plan} bytes per token"
+    );
 }
 
 /// The probe sees strided access: the storage kernels (one invocation per row) waste half

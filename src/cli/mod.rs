@@ -1,8 +1,10 @@
-//! The commands of the `wgmoe` binary (their arguments are in main.rs), and what several
-//! of them share: the prompt from `-p`/`-f`/stdin, the seed, output paths checked before
-//! any work, the note on a software adapter.
+//! The commands of the `wgmoe` binary (their arguments are in main.rs, bench's and
+//! synth's in `bench_args.rs`), and what several of them share: the prompt from
+//! `-p`/`-f`/stdin, the seed, output paths checked before any work, the note on a software
+//! adapter.
 
 pub mod bench;
+pub mod bench_args;
 pub mod chat;
 pub mod insight;
 pub mod plan;

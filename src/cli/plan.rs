@@ -217,6 +217,7 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
                 f16_arithmetic: None,
             },
             int4: !a.f16_experts,
+            dense: a.dense_precision.format(),
         },
     )?;
     super::print_report(a.json, &r, render)

@@ -50,22 +50,10 @@ pub const MAX_ABS: f32 = 65504.0 * 127.0;
 /// scale `f16(max|w| / 127)` would overflow f16, and its value: such a block cannot be
 /// stored.
 pub fn first_unstorable(w: &[f32], inp: usize) -> Option<(usize, f32)> {
-    if inp == 0 {
-        return None;
+    if let Some(i) = w.iter().position(|x| !x.is_finite()) {
+        return Some((i, w[i]));
     }
-    for (r, row) in w.chunks(inp).enumerate() {
-        for (b, block) in row.chunks(BLOCK).enumerate() {
-            if let Some(k) = block.iter().position(|x| !x.is_finite()) {
-                return Some((r * inp + b * BLOCK + k, block[k]));
-            }
-            let amax = block.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
-            if !f16::from_f32(amax / 127.0).is_finite() {
-                let k = block.iter().position(|x| x.abs() == amax).unwrap_or(0);
-                return Some((r * inp + b * BLOCK + k, block[k]));
-            }
-        }
-    }
-    None
+    crate::format::quant::first_oversized_block(w, inp, BLOCK, 127.0)
 }
 
 /// Byte layout of one packed [out, in] Q8_0 matrix.

@@ -53,6 +53,8 @@ pub struct KernelsOptions {
     pub overrides: KernelOverrides,
     /// INT4 experts (false: f16).
     pub int4: bool,
+    /// The dense weights' format (f16 or Q8_0).
+    pub dense: crate::backend::kernel::WeightFormat,
 }
 
 /// One stage of the model: its dispatches in one layer (or once, for the head).
@@ -253,12 +255,7 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     let plan = KernelPlan::decide(&class_info(o.class, &real), &o.overrides)?;
     let (shape, kinds) = shape_model(cfg);
     let fwd = |dev: &Device, shape: &ModelConfig| -> Result<Forward> {
-        let weights = ModelWeights::zeros(
-            dev,
-            shape,
-            o.int4,
-            crate::backend::kernel::WeightFormat::F16,
-        )?;
+        let weights = ModelWeights::zeros(dev, shape, o.int4, o.dense)?;
         Forward::new(
             dev,
             shape,
