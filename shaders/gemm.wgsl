@@ -7,24 +7,7 @@
 // byte is read once per TM tokens (the storage matmul reads it once per 4).
 // Grid: (row tiles, token tiles, 1). Parameters and bindings as matvec.wgsl.
 
-struct Params {
-    k: u32,
-    n_rows: u32,
-    row_base: u32,
-    words_per_row: u32,
-    x_stride: u32,
-    out_stride: u32,
-    flags: u32,           // MATMUL_BIAS, MATMUL_ACCUMULATE
-    w_row0: u32,
-    s_word0: u32,
-    blocks_per_row: u32,
-    _a: u32,
-    _b: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+// Params, p, bias (4) and out (5): the dense_params piece.
 
 const TM: u32 = 16u;
 const TN: u32 = 32u;

@@ -29,15 +29,10 @@ const TT: u32 = 4u;
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let n = gid.x;
     if (n >= p.n_rows) { return; }
-    var t_begin = gid.y * TT;
-    var t_end = min(t_begin + TT, step.n_tokens);
-    var t_out0 = t_begin;
-    if ((p.flags & LAST_TOKEN_ONLY) != 0u) {
-        if (gid.y > 0u) { return; }
-        t_begin = step.n_tokens - 1u;
-        t_end = step.n_tokens;
-        t_out0 = 0u;
-    }
+    let tt = storage_tokens(gid.y);
+    let t_begin = tt.x;
+    let t_end = tt.y;
+    let t_out0 = tt.z;
     if (t_begin >= t_end) { return; }
     // Tokens past t_end re-read the last valid row and are not stored.
     let xb0 = t_begin * p.x_stride;
@@ -71,15 +66,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
                          dot(wv[0], a2[0]) + dot(wv[1], a2[1]),
                          dot(wv[0], a3[0]) + dot(wv[1], a3[1]));
     }
-    let row = p.row_base + n;
-    var b = 0.0;
-    if ((p.flags & MATMUL_BIAS) != 0u) { b = bias[row]; }
-    for (var i = 0u; i < TT; i++) {
-        let t = t_begin + i;
-        if (t >= t_end) { break; }
-        let o = (t_out0 + i) * p.out_stride + row;
-        var v = acc[i] + b;
-        if ((p.flags & MATMUL_ACCUMULATE) != 0u) { v += out[o]; }
-        out[o] = v;
-    }
+    store_rows(n, t_out0, t_end - t_begin, acc, vec4<f32>(0.0));
 }

@@ -31,22 +31,12 @@ struct Params {
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg: vec3<u32>,
         @builtin(subgroup_invocation_id) sl: u32) {
     let n = gid.x;
-    let nt = step.n_tokens;
-    if (p.t0 >= nt) { return; }
-    let in_window = min(p.tw, nt - p.t0);
     // Window-relative tokens [lo, lo + cnt), stored from output row `o0`.
-    var lo = wg.y * 8u;
-    var cnt = 0u;
-    var o0 = p.t0 + lo;
-    if ((p.flags & LAST_TOKEN_ONLY) != 0u) {
-        if (wg.y > 0u || nt - 1u >= p.t0 + in_window) { return; }
-        lo = nt - 1u - p.t0;
-        cnt = 1u;
-        o0 = 0u;
-    } else {
-        if (lo >= in_window) { return; }
-        cnt = min(8u, in_window - lo);
-    }
+    let wt = window_tokens(wg.y);
+    let lo = wt.x;
+    let cnt = wt.y;
+    let o0 = wt.z;
+    if (cnt == 0u) { return; }
     // This lane loads token lo + (sl % 8) (past cnt: the last one again, not stored).
     let rb = min(lo + sl % 8u, lo + cnt - 1u) * (p.k / 4u);
     let wrow = min(n, p.n_rows - 1u) * p.vec4_per_row;
@@ -81,15 +71,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg
                           dot(a, subgroupBroadcast(xa, 6u)), dot(a, subgroupBroadcast(xa, 7u)));
     }
     if (n >= p.n_rows) { return; }
-    let row = p.row_base + n;
-    var b = 0.0;
-    if ((p.flags & MATMUL_BIAS) != 0u) { b = bias[row]; }
-    for (var j = 0u; j < cnt; j++) {
-        var v = 0.0;
-        if (j < 4u) { v = acc0[j]; } else { v = acc1[j - 4u]; }
-        let o = (o0 + j) * p.out_stride + row;
-        v += b;
-        if ((p.flags & MATMUL_ACCUMULATE) != 0u) { v += out[o]; }
-        out[o] = v;
-    }
+    store_rows(n, o0, cnt, acc0, acc1);
 }

@@ -9,25 +9,8 @@
 // (one-token steps of matrices with few rows, e.g. the router: the top-k kernel adds the
 // S rows), so a small matrix still fills the GPU with workgroups.
 
-struct Params {
-    k: u32,               // input features
-    n_rows: u32,          // rows served by this dispatch
-    row_base: u32,        // output index of its first row
-    words_per_row: u32,   // 16-byte words per weight row
-    x_stride: u32,        // floats per token row of x
-    out_stride: u32,      // floats per output row
-    flags: u32,           // MATMUL_BIAS, MATMUL_ACCUMULATE, LAST_TOKEN_ONLY
-    w_row0: u32,          // index of the first row inside the weight binding
-    s_word0: u32,         // u32 offset of the scales in their binding (formats with scales)
-    blocks_per_row: u32,  // scales per row
-    _a: u32,
-    _b: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+// Params, p, bias (4) and out (5): the dense_params piece.
 // binding 2 and 3: x, from the activation piece; 10 (and 11): W, from the format piece.
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 const ROWS: u32 = 4u;
 

@@ -24,7 +24,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> k_norm_w: array<u32>;
 @group(0) @binding(5) var<storage, read> rope: array<vec2<f32>>; // [pos][head_dim/2] (cos, sin)
 @group(0) @binding(6) var<storage, read_write> q_out: array<f32>;
-// cache_k (7) and cache_v (8) come from the KV store piece (kv_store2).
+// cache_k (7) and cache_v (8) come from the KV store piece (kv_store_row).
 
 const WG: u32 = 64u;
 var<workgroup> red_q: array<f32, 64>;
@@ -136,13 +136,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         q_out[t * q_dim + ia] = a * cs.x - b * cs.y;
         q_out[t * q_dim + ib] = b * cs.x + a * cs.y;
     }
-    // k (normed, clipped, rotated) and v (clipped), two consecutive elements per lane: a
-    // word of an f16 cache is written whole by one invocation.
-    let cbase = pos * kv_dim;
-    for (var w = lid.x; w < kv_dim / 2u; w += WG) {
-        let j = 2u * w;
-        kv_store2(true, cbase + j, k_roped(base, q_dim, j, inv_k, rrow), k_roped(base, q_dim, j + 1u, inv_k, rrow));
-        let vb = base + q_dim + kv_dim + j;
-        kv_store2(false, cbase + j, clipped(qkv[vb]), clipped(qkv[vb + 1u]));
-    }
+    // k (normed, clipped, rotated) and v (clipped) into the cache, as its format stores them.
+    kv_store_row(lid.x, pos, base, q_dim, kv_dim, inv_k, rrow);
+}
+
+// Value element j of this token, clipped.
+fn v_in(base: u32, q_dim: u32, kv_dim: u32, j: u32) -> f32 {
+    return clipped(qkv[base + q_dim + kv_dim + j]);
 }

@@ -61,6 +61,12 @@ enum Cmd {
         /// files are kept).
         #[arg(long)]
         force: bool,
+        /// Storage of the dense weights (attention q/k/v/o, shared experts, dense MLP
+        /// layers, lm_head): q8_0 (ggml's Q8_0 blocks, bit-exact with quantising on load;
+        /// such a model runs with `--dense-precision q8_0` only), or f16 (runs with either).
+        /// The router, norms and embeddings stay f16.
+        #[arg(long, value_enum, default_value = "q8_0")]
+        dense_precision: DensePrecision,
     },
     /// Print a checkpoint's tensors by class, with element counts, bytes per format and the
     /// weights resident on the GPU.
@@ -82,9 +88,16 @@ enum Cmd {
         /// Prefill chunk for the workspace arithmetic (as `run --prefill-chunk`).
         #[arg(long, default_value_t = 64)]
         prefill_chunk: usize,
+        /// Storage of the dense weights the GPU bytes count (as `run --dense-precision`).
+        #[arg(long, value_enum, default_value = "q8_0")]
+        dense_precision: DensePrecision,
+        /// Storage of the KV cache the bytes count (as `run --kv-precision`).
+        #[arg(long, value_enum, default_value = "f16")]
+        kv_precision: KvPrecision,
     },
-    /// Fidelity of INT4 experts against FP16 experts: KL divergence and top-1 agreement of
-    /// next-token distributions over a greedy FP16 decode.
+    /// Fidelity of each precision (INT4 experts, q8_0 dense weights, an f16 KV cache, and
+    /// the defaults combined) against f16 experts, f16 dense weights and an f32 KV cache:
+    /// KL divergence and top-1 agreement of next-token distributions over a greedy decode.
     Eval(EvalArgs),
     /// Write a random-weight model with the exact shapes of a real checkpoint (converted
     /// INT4 format, or a bf16 Hugging Face checkpoint), streaming.
@@ -137,7 +150,7 @@ struct KernelsArgs {
     #[arg(long)]
     f16_experts: bool,
     /// Dense weights as f16 or q8_0 (as `run --dense-precision`).
-    #[arg(long, value_enum, default_value = "f16")]
+    #[arg(long, value_enum, default_value = "q8_0")]
     dense_precision: DensePrecision,
     /// Use the portable kernels even where subgroup operations exist.
     #[arg(long)]
@@ -197,10 +210,11 @@ struct PlanArgs {
     #[arg(long, default_value_t = 64)]
     prefill_chunk: usize,
     /// Storage of the dense weights the plan counts (as `run --dense-precision`).
-    #[arg(long, value_enum, default_value = "f16")]
+    #[arg(long, value_enum, default_value = "q8_0")]
     dense_precision: DensePrecision,
-    /// Storage of the KV cache: f32, or f16 (half the bytes; attention reads it directly).
-    #[arg(long, value_enum, default_value = "f32")]
+    /// Storage of the KV cache: f16 (attention reads it directly), f32, or q8_0 (int8 in
+    /// blocks of 32 along head_dim, an f32 scale each: 0.28x f32's bytes).
+    #[arg(long, value_enum, default_value = "f16")]
     kv_precision: KvPrecision,
     /// Staging buffers for expert uploads (as `run --staging-buffers`; default: top_k,
     /// plus the prefetch width with prefetch).
@@ -261,13 +275,24 @@ struct EvalArgs {
     /// Prompt as comma-separated token ids, bypassing the tokenizer.
     #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
-    /// Tokens decoded (greedy, FP16 experts) and compared.
+    /// Tokens decoded (greedy, by the reference: f16 experts, f16 dense weights, f32 KV
+    /// cache) and compared.
     #[arg(short = 'n', long, default_value_t = 24)]
     max_new_tokens: usize,
+    /// Compare one candidate only: these routed experts (the reference's f16 where not
+    /// given, as for the other two precisions).
+    #[arg(long, value_enum)]
+    expert_precision: Option<ExpertPrecision>,
+    /// Compare one candidate only: these dense weights (f16 where not given).
+    #[arg(long, value_enum)]
+    dense_precision: Option<DensePrecision>,
+    /// Compare one candidate only: this KV cache (f32 where not given).
+    #[arg(long, value_enum)]
+    kv_precision: Option<KvPrecision>,
     /// How routed experts are dispatched.
     #[arg(long, value_enum, default_value = "grouped")]
     executor: Executor,
-    /// Print one JSON object instead of a line.
+    /// Print one JSON object instead of a line per precision.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -490,12 +515,13 @@ struct RunArgs {
     #[arg(long, value_enum, default_value = "int4")]
     expert_precision: ExpertPrecision,
     /// Storage of the dense weights (attention q/k/v/o, shared experts, dense MLP layers,
-    /// lm_head): f16, or q8_0 (ggml's Q8_0, quantised on load). The router, norms and
-    /// embeddings stay f16.
-    #[arg(long, value_enum, default_value = "f16")]
+    /// lm_head): q8_0 (ggml's Q8_0, quantised on load; 8.5 bits per weight), or f16. The
+    /// router, norms and embeddings stay f16.
+    #[arg(long, value_enum, default_value = "q8_0")]
     dense_precision: DensePrecision,
-    /// Storage of the KV cache: f32, or f16 (half the bytes; attention reads it directly).
-    #[arg(long, value_enum, default_value = "f32")]
+    /// Storage of the KV cache: f16 (attention reads it directly), f32, or q8_0 (int8 in
+    /// blocks of 32 along head_dim, an f32 scale each: 0.28x f32's bytes).
+    #[arg(long, value_enum, default_value = "f16")]
     kv_precision: KvPrecision,
     /// How routed experts are dispatched.
     #[arg(long, value_enum, default_value = "grouped")]
@@ -567,12 +593,13 @@ struct LoadArgs {
     #[arg(long, value_enum, default_value = "int4")]
     expert_precision: ExpertPrecision,
     /// Storage of the dense weights (attention q/k/v/o, shared experts, dense MLP layers,
-    /// lm_head): f16, or q8_0 (ggml's Q8_0, quantised on load). The router, norms and
-    /// embeddings stay f16.
-    #[arg(long, value_enum, default_value = "f16")]
+    /// lm_head): q8_0 (ggml's Q8_0, quantised on load; 8.5 bits per weight), or f16. The
+    /// router, norms and embeddings stay f16.
+    #[arg(long, value_enum, default_value = "q8_0")]
     dense_precision: DensePrecision,
-    /// Storage of the KV cache: f32, or f16 (half the bytes; attention reads it directly).
-    #[arg(long, value_enum, default_value = "f32")]
+    /// Storage of the KV cache: f16 (attention reads it directly), f32, or q8_0 (int8 in
+    /// blocks of 32 along head_dim, an f32 scale each: 0.28x f32's bytes).
+    #[arg(long, value_enum, default_value = "f16")]
     kv_precision: KvPrecision,
     /// How routed experts are dispatched.
     #[arg(long, value_enum, default_value = "grouped")]
@@ -666,13 +693,27 @@ fn main() -> ExitCode {
         Cmd::Run(args) => cli::run::run(args),
         Cmd::Chat(args) => cli::chat::chat(args),
         Cmd::Serve(args) => cli::serve::serve(args),
-        Cmd::Quantize { model, out, force } => cli::tools::quantize(&model, &out, force),
+        Cmd::Quantize {
+            model,
+            out,
+            force,
+            dense_precision,
+        } => cli::tools::quantize(&model, &out, force, dense_precision),
         Cmd::Inspect {
             model,
             json,
             max_context,
             prefill_chunk,
-        } => cli::tools::inspect(&model, json, max_context, prefill_chunk),
+            dense_precision,
+            kv_precision,
+        } => cli::tools::inspect(
+            &model,
+            json,
+            max_context,
+            prefill_chunk,
+            dense_precision,
+            kv_precision,
+        ),
         Cmd::Eval(args) => cli::tools::eval(args),
         Cmd::Synth(args) => cli::tools::synth(args),
         Cmd::Bench(args) => cli::bench::bench(args),

@@ -194,7 +194,14 @@ fn poke_converted(path: &Path, tensor: &str, at: usize, bytes: &[u8]) {
 fn converted_models_with_broken_numbers_are_refused() {
     let (t, src) = copy_fixture(OLMOE);
     let conv = t.path().join("conv");
-    assert_ok(&wgmoe(["quantize", &s(&src), "-o", &s(&conv)]));
+    assert_ok(&wgmoe([
+        "quantize",
+        &s(&src),
+        "-o",
+        &s(&conv),
+        "--dense-precision",
+        "f16",
+    ]));
     let layout = wgmoe::format::quant::Q4SlotLayout::new(64, 96);
     let file = conv.join("model.safetensors");
     let good = std::fs::read(&file).unwrap();
@@ -215,6 +222,24 @@ fn converted_models_with_broken_numbers_are_refused() {
             "NaN",
         ],
     );
+
+    // An infinite Q8_0 scale in a dense weight of a Q8_0 conversion (row 1, block 1 of
+    // k_proj's [kv_dim, 64]: two blocks of 34 bytes per row).
+    let q8 = t.path().join("q8");
+    assert_ok(&wgmoe(["quantize", &s(&src), "-o", &s(&q8)]));
+    let file = q8.join("model.safetensors");
+    let tensor = "model.layers.0.self_attn.k_proj.weight";
+    poke_converted(&file, tensor, 3 * 34, &[0x00, 0x7C]);
+    let r = run_untouched(&q8, &["run", &s(&q8), "--prompt-ids", "1,2", "-n", "2"]);
+    assert_error(&r, &[tensor, "block 1 of row 1", "f16 scale of inf"]);
+
+    // 10^7 in a dense weight: its Q8_0 block's f16 scale (max|w| / 127) would be infinite.
+    let (t, src) = copy_fixture(OLMOE);
+    set_element(&src.join("model.safetensors"), tensor, 70, 1.0e7);
+    let out = t.path().join("q8");
+    let r = run_untouched(&src, &["quantize", &s(&src), "-o", &s(&out)]);
+    assert_error(&r, &[tensor, "element [1, 6]", "Q8_0"]);
+    assert!(!out.join("model.safetensors").exists(), "{r}");
 }
 
 mod runtime {

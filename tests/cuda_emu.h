@@ -155,6 +155,31 @@ static inline float f16_to_f32(unsigned int word) {
     return f;
 }
 
+// f32 to IEEE half bits, rounded to nearest even as PTX's cvt.rn.f16.f32 (the CUDA build:
+// kernels/cuda/f16.cuh): overflow to infinity, subnormals rounded, NaN kept (quiet).
+static inline unsigned int f32_to_f16(float f) {
+    unsigned x;
+    std::memcpy(&x, &f, 4);
+    unsigned sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return sign | 0x7e00u | ((ax >> 13) & 0x3ffu);
+    // 65520 and above (infinity too) round to infinity.
+    if (ax >= 0x477ff000u) return sign | 0x7c00u;
+    if (ax >= 0x38800000u) {
+        // Normal: rebias the exponent, round the 13 dropped bits to nearest even (a carry
+        // into the exponent is the right result).
+        unsigned h = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+        return sign | h;
+    }
+    // Below 2^-14: a multiple of 2^-24, (1.m) 2^(e - 127) = m24 2^(e - 150).
+    unsigned e = ax >> 23, shift = 126u - e;
+    if (shift > 24u) return sign;
+    unsigned m = (ax & 0x7fffffu) | 0x800000u, h = m >> shift, rem = m & ((1u << shift) - 1u),
+             half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u))) h++;
+    return sign | h;
+}
+
 namespace emu {
 template <typename... A, std::size_t... I>
 void call(void (*f)(A...), void** args, std::index_sequence<I...>) {

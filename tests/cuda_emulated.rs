@@ -16,13 +16,14 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::fixture;
-use common::parity::{try_load_dir, Setup, F16, INT4};
+use common::parity::{try_load_dir, Setup, F16, INT4, Q8};
 use wgmoe::backend::cuda::kernels;
 use wgmoe::backend::params::Step;
 use wgmoe::backend::params::GEMM_TOKENS;
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{Buffer, Device, Kernel, Prepared, Program, Resource, Work};
 use wgmoe::model::Executor;
+use wgmoe::runtime::engine::KvPrecision;
 
 // The tiled prefill kernels against the CPU reference.
 #[path = "cuda_emulated/tiled.rs"]
@@ -332,20 +333,37 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
         "qwen3moe-tiny",
         "mixtral-tiny",
     ] {
-        for (p, s) in [("f16", F16), ("int4", INT4)] {
-            // The GPU plan (a CUDA device's default) in full; of the storage plan, the
-            // grouped executor with either reduction: its one-token INT4 steps fuse the
-            // combine into the W4A16 down kernel (8 lanes, or 1 when portable), which no
-            // other plan runs; the per-expert executor's storage kernels are the GPU
-            // plan's multi-token ones.
-            for (gpu, executor, portable) in [
-                (true, Executor::Grouped, false),
-                (true, Executor::PerExpert, false),
-                (true, Executor::Grouped, true),
-                (true, Executor::PerExpert, true),
-                (false, Executor::Grouped, false),
-                (false, Executor::Grouped, true),
-            ] {
+        // The GPU plan (a CUDA device's default) in full; of the storage plan, the grouped
+        // executor with either reduction: its one-token INT4 steps fuse the combine into
+        // the W4A16 down kernel (8 lanes, or 1 when portable), which no other plan runs; the
+        // per-expert executor's storage kernels are the GPU plan's multi-token ones.
+        let every = [
+            (true, Executor::Grouped, false),
+            (true, Executor::PerExpert, false),
+            (true, Executor::Grouped, true),
+            (true, Executor::PerExpert, true),
+            (false, Executor::Grouped, false),
+            (false, Executor::Grouped, true),
+        ];
+        // Q8_0 dense weights with the f16 KV cache: the Q8_0 matvec, expert row kernels (a
+        // dense MLP, a shared expert), GEMM and expert GEMM, and the f16 cache's rope_kv and
+        // flash attention, on the GPU plan (either reduction; the executor concerns only the
+        // routed INT4 experts, covered above); the scratch-row attention over the f16 cache
+        // on the storage plan (with f16 dense weights: the Q8_0 storage matmul has no CUDA
+        // port).
+        let q8_kv16 = [
+            (true, Executor::Grouped, false),
+            (true, Executor::Grouped, true),
+        ];
+        let kv16_storage = [(false, Executor::Grouped, false)];
+        let kv16 = KvPrecision::F16;
+        for (p, s, configs) in [
+            ("f16", F16, &every[..]),
+            ("int4", INT4, &every[..]),
+            ("q8_0 kv f16", Setup { kv: kv16, ..Q8 }, &q8_kv16[..]),
+            ("int4 kv f16", Setup { kv: kv16, ..INT4 }, &kv16_storage[..]),
+        ] {
+            for &(gpu, executor, portable) in configs {
                 let s = cuda_like(Setup { executor, ..s }, gpu, portable);
                 let mut e = try_load_dir(&fixture(name), 64, s).unwrap();
                 // Fill the buffers (activations, KV cache) with a real prefill and decode.

@@ -152,6 +152,30 @@ fn the_cuda_backend_on_a_fake_driver_matches_transformers() {
             },
         );
     }
+    // Q8_0 dense weights (the Q8_0 matvec, expert row kernels, GEMMs) against the Q8_0
+    // goldens on every family; the f16 KV cache (rope_kv writing pairs, flash attention
+    // reading them) with them on two, within F16_KV_TOL_SCALE x the f32 tolerance.
+    for name in [
+        "olmoe-tiny",
+        "qwen2moe-tiny",
+        "qwen3moe-tiny",
+        "mixtral-tiny",
+    ] {
+        check_fixture(name, Q8);
+    }
+    for name in ["olmoe-tiny", "qwen2moe-tiny"] {
+        check_fixture(
+            name,
+            Setup {
+                kv: wgmoe::runtime::engine::KvPrecision::F16,
+                tol_scale: F16_KV_TOL_SCALE,
+                ..Q8
+            },
+        );
+        println!(
+            "{name}: q8_0 dense weights with the f16 KV cache match the goldens on the fake driver"
+        );
+    }
     // Partial residency: misses uploaded through pinned staging and event fences.
     for name in ["olmoe-tiny", "qwen2moe-tiny"] {
         let golden = load_golden(&format!("{name}.int4.safetensors"));

@@ -27,38 +27,36 @@ fn h200() -> wgmoe::backend::DeviceInfo {
 }
 
 /// Every kernel `plan` can pick on a CUDA device: the GPU-shaped kernels of its reduction
-/// (every weight format) where it runs them, the tiled GEMMs (every format) and the pairs'
-/// sort where multi-token steps run them, the storage kernels with f32 arithmetic, the
-/// W4A16 ones in the plan's variant (8 lanes, or 1 when portable), the scratch-row attention
-/// where a step runs it; never uniform-window, window or expert-major kernels.
+/// (every weight format: f16, INT4, Q8_0) where it runs them, the tiled GEMMs (every format)
+/// and the pairs' sort where multi-token steps run them, the storage kernels with f32
+/// arithmetic, the W4A16 ones in the plan's variant (8 lanes, or 1 when portable), the
+/// scratch-row attention where a step runs it, the KV kernels of the f32 and f16 caches;
+/// never uniform-window, window or expert-major kernels. The q8_0 KV cache and the Q8_0
+/// storage matmul have no CUDA port: the engine refuses them on CUDA, naming the option.
 fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
     assert!(!plan.f16_arithmetic && !plan.uniform_decode && !plan.window_prefill);
+    let kv_ported = |kv: &KvFormat| matches!(kv, KvFormat::F32 | KvFormat::F16);
     Kernel::all()
         .into_iter()
         .filter(|k| match k {
             Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
                 *q == plan.q4_storage()
             }
-            // Q8_0 (`--dense-precision q8_0`) has no CUDA port yet: the engine refuses it on
-            // CUDA, naming the option.
             Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => {
-                plan.coalesced_decode
-                    && *r == plan.rows(r.format)
-                    && r.format != wgmoe::backend::kernel::WeightFormat::Q8
+                plan.coalesced_decode && *r == plan.rows(r.format)
             }
-            Kernel::AttnFlash(kv) => {
-                *kv == KvFormat::F32 && (plan.flash_decode() || plan.flash_prefill())
-            }
+            Kernel::AttnFlash(kv) => kv_ported(kv) && (plan.flash_decode() || plan.flash_prefill()),
             Kernel::AttnCombine => plan.flash_decode(),
-            Kernel::Attention(kv) => *kv == KvFormat::F32 && !plan.flash_prefill(),
-            // The f16 KV cache (`--kv-precision f16`) has no CUDA port yet either.
-            Kernel::RopeKv(kv) => *kv == KvFormat::F32,
-            Kernel::Gemm(f) | Kernel::ExpertGemm(f) => {
-                plan.tiled_prefill && *f != wgmoe::backend::kernel::WeightFormat::Q8
-            }
+            Kernel::Attention(kv) => kv_ported(kv) && !plan.flash_prefill(),
+            Kernel::RopeKv(kv) => kv_ported(kv),
+            Kernel::Gemm(_) | Kernel::ExpertGemm(_) => plan.tiled_prefill,
             Kernel::MoeSort => plan.tiled_prefill,
+            // The Q8_0 storage matmul (both storage overrides): refused on CUDA.
+            Kernel::MatmulQ8 => false,
             Kernel::MatmulUniform
             | Kernel::MatmulWindow
+            | Kernel::MatmulQ8Uniform
+            | Kernel::MatmulQ8Window
             | Kernel::AttentionWindow(_)
             | Kernel::Q4GateUpSorted
             | Kernel::Q4DownSorted
@@ -131,7 +129,21 @@ fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
                 Kernel::Gemm(WeightFormat::F16),
                 Kernel::ExpertGemm(WeightFormat::F16),
                 Kernel::ExpertGemm(WeightFormat::Q4),
+                Kernel::Matvec(plan.rows(WeightFormat::Q8)),
+                Kernel::ExpertGateUp(plan.rows(WeightFormat::Q8)),
+                Kernel::ExpertDown(plan.rows(WeightFormat::Q8)),
+                Kernel::Gemm(WeightFormat::Q8),
+                Kernel::ExpertGemm(WeightFormat::Q8),
+                Kernel::AttnFlash(KvFormat::F16),
+                Kernel::RopeKv(KvFormat::F16),
                 Kernel::MoeSort,
+            ] {
+                assert!(picked.contains(&k), "{k} is not among {picked:?}");
+            }
+        } else {
+            for k in [
+                Kernel::Attention(KvFormat::F16),
+                Kernel::RopeKv(KvFormat::F16),
             ] {
                 assert!(picked.contains(&k), "{k} is not among {picked:?}");
             }

@@ -68,6 +68,42 @@ fn cuda_int4_matches_transformers_on_int4_weights() {
     }
 }
 
+/// Q8_0 dense weights (against the Q8_0 goldens; both executors, both reductions) and the
+/// f16 KV cache (within F16_KV_TOL_SCALE x the f32 tolerance, tokens up to near ties; f16
+/// and Q8_0 dense weights), as tests/parity_families.rs asks of wgpu.
+#[test]
+fn cuda_q8_0_dense_weights_and_the_f16_kv_cache_match_transformers() {
+    use wgmoe::runtime::engine::{DensePrecision, KvPrecision};
+    if !cuda("cuda_q8_0_dense_weights_and_the_f16_kv_cache_match_transformers") {
+        return;
+    }
+    for name in MODELS {
+        check_fixture(name, Q8);
+        check_fixture(
+            name,
+            Setup {
+                portable: true,
+                executor: Executor::PerExpert,
+                chunk: 3,
+                ..Q8
+            },
+        );
+        let f16_kv = Setup {
+            kv: KvPrecision::F16,
+            tol_scale: F16_KV_TOL_SCALE,
+            ..INT4
+        };
+        check_fixture(name, f16_kv);
+        check_fixture(
+            name,
+            Setup {
+                dense: DensePrecision::Q8_0,
+                ..f16_kv
+            },
+        );
+    }
+}
+
 #[test]
 fn cuda_partial_residency_matches_the_golden_tokens() {
     if !cuda("cuda_partial_residency_matches_the_golden_tokens") {

@@ -14,6 +14,7 @@ use wgmoe::backend::params::*;
 use wgmoe::backend::plan::PrefillKernels;
 use wgmoe::backend::{Buffer, Device, Kernel, KernelOverrides, KernelPlan, Program};
 use wgmoe::cpu_ref::{self, Heads, QkNorm};
+use wgmoe::format::q8_0::kv as q8_kv;
 use wgmoe::model::ops::{self, rope_table, AttentionBuffers, OpEnv};
 use wgmoe::model::tensors::upload_f16_vec;
 
@@ -26,36 +27,56 @@ const ATTENTION_TOL: f32 = 1e-5;
 /// (2^-8 for values in [4, 8)).
 const KV_F16_TOL: f32 = 8e-3;
 
-/// A KV cache buffer holding `data` as `kv` stores it (f16: two values per u32).
-fn kv_buf(dev: &Device, data: &[f32], kv: KvFormat) -> Buffer {
+/// A q8_0 cache against the reference's rounding of the same f32 values: one quant step
+/// (max|block| / 127, values of magnitude <= 4) where the two round across a boundary.
+const KV_Q8_TOL: f32 = 4.0 / 127.0;
+
+/// The cache's shape: values per position and per head.
+#[derive(Clone, Copy)]
+struct Rows {
+    kv_dim: usize,
+    hd: usize,
+}
+
+/// A KV cache buffer holding `data` as `kv` stores it (f16: two values per u32; q8_0: rows
+/// of int8 and block scales).
+fn kv_buf(dev: &Device, data: &[f32], kv: KvFormat, r: Rows) -> Buffer {
+    let upload = |bytes: &[u8]| {
+        dev.upload("test_kv", bytes, wgmoe::backend::Usage::Storage)
+            .unwrap()
+    };
     match kv {
         KvFormat::F32 => f32_buf(dev, data),
         KvFormat::F16 => {
             let mut h: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
             h.resize(h.len().next_multiple_of(8), half::f16::ZERO);
-            dev.upload(
-                "test_kv",
-                bytemuck::cast_slice(&h),
-                wgmoe::backend::Usage::Storage,
-            )
-            .unwrap()
+            upload(bytemuck::cast_slice(&h))
+        }
+        KvFormat::Q8 => {
+            let mut w: Vec<u32> = data
+                .chunks(r.kv_dim)
+                .flat_map(|row| q8_kv::encode_row(row, r.hd))
+                .collect();
+            w.resize(w.len().next_multiple_of(4), 0);
+            upload(bytemuck::cast_slice(&w))
         }
     }
 }
 
 /// The values a `kv` cache holds of `data`.
-fn kv_held(data: &[f32], kv: KvFormat) -> Vec<f32> {
+fn kv_held(data: &[f32], kv: KvFormat, r: Rows) -> Vec<f32> {
     match kv {
         KvFormat::F32 => data.to_vec(),
         KvFormat::F16 => data
             .iter()
             .map(|&v| half::f16::from_f32(v).to_f32())
             .collect(),
+        KvFormat::Q8 => q8_kv::round_trip(data, r.kv_dim, r.hd),
     }
 }
 
 /// The first `n` values of a `kv` cache buffer.
-fn read_kv(dev: &Device, b: &Buffer, n: usize, kv: KvFormat) -> Vec<f32> {
+fn read_kv(dev: &Device, b: &Buffer, n: usize, kv: KvFormat, r: Rows) -> Vec<f32> {
     match kv {
         KvFormat::F32 => read_f32(dev, b, n),
         KvFormat::F16 => read_u32(dev, b, n.div_ceil(2))
@@ -64,6 +85,11 @@ fn read_kv(dev: &Device, b: &Buffer, n: usize, kv: KvFormat) -> Vec<f32> {
             .take(n)
             .map(|h| half::f16::from_bits(h).to_f32())
             .collect(),
+        KvFormat::Q8 => {
+            let positions = n / r.kv_dim;
+            let words = read_u32(dev, b, positions * q8_kv::row_words(r.kv_dim, r.hd));
+            q8_kv::decode(&words, r.kv_dim, r.hd, positions)
+        }
     }
 }
 
@@ -135,8 +161,9 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase, kv: KvFormat) {
     let d = dummy(dev);
     let rope = f32_buf(dev, &table);
     let q_out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);
-    let ck = kv_buf(dev, &cache_k0, kv);
-    let cv = kv_buf(dev, &cache_v0, kv);
+    let rows = Rows { kv_dim, hd };
+    let ck = kv_buf(dev, &cache_k0, kv, rows);
+    let cv = kv_buf(dev, &cache_v0, kv, rows);
     let plan = with_kv(storage_plan(dev), kv);
     let env = OpEnv {
         plan: &plan,
@@ -172,7 +199,7 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase, kv: KvFormat) {
     );
     run(dev, prog, &step, t);
 
-    let (mut want_k, mut want_v) = (kv_held(&cache_k0, kv), kv_held(&cache_v0, kv));
+    let (mut want_k, mut want_v) = (kv_held(&cache_k0, kv, rows), kv_held(&cache_v0, kv, rows));
     let qk = norm.then_some(QkNorm {
         q: &q_norm_w,
         k: &k_norm_w,
@@ -190,10 +217,11 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase, kv: KvFormat) {
         &mut want_v,
     )
     .unwrap();
-    let (want_k, want_v) = (kv_held(&want_k, kv), kv_held(&want_v, kv));
+    let (want_k, want_v) = (kv_held(&want_k, kv, rows), kv_held(&want_v, kv, rows));
     let kv_tol = match kv {
         KvFormat::F32 => ROPE_TOL,
         KvFormat::F16 => KV_F16_TOL,
+        KvFormat::Q8 => KV_Q8_TOL,
     };
     let what = format!(
         "rope_kv[{kv:?} kv] heads {}/{} dim {hd} T {t} pos0 {pos0} flags {flags:#b}",
@@ -207,13 +235,13 @@ fn rope_case(dev: &Device, seed: u64, c: &AttnCase, kv: KvFormat) {
     );
     check(
         &format!("{what} cache_k"),
-        &read_kv(dev, &ck, positions * kv_dim, kv),
+        &read_kv(dev, &ck, positions * kv_dim, kv, rows),
         &want_k,
         kv_tol,
     );
     check(
         &format!("{what} cache_v"),
-        &read_kv(dev, &cv, positions * kv_dim, kv),
+        &read_kv(dev, &cv, positions * kv_dim, kv, rows),
         &want_v,
         kv_tol,
     );
@@ -227,6 +255,13 @@ fn attn_cases() -> Vec<AttnCase> {
         head_dim,
     };
     vec![
+        // kv_dim 6: a q8_0 cache's rows do not start on a multiple of 4 values.
+        AttnCase {
+            heads: h(3, 3, 2),
+            t: 1,
+            pos0: 600,
+            flags: 0,
+        },
         // A long context's last position: llvmpipe ends a shader invocation's loops after
         // 65535 iterations, so this guards the one-token kernel's loop counts too.
         AttnCase {
@@ -347,9 +382,10 @@ fn attention_run(
 
     let step = dev.step_buffer(pos0, t).unwrap();
     let qb = f32_buf(dev, &q);
-    let ck = kv_buf(dev, &cache_k, kv);
-    let cv = kv_buf(dev, &cache_v_gpu, kv);
-    let (cache_k, cache_v) = (kv_held(&cache_k, kv), kv_held(&cache_v, kv));
+    let rows = Rows { kv_dim, hd };
+    let ck = kv_buf(dev, &cache_k, kv, rows);
+    let cv = kv_buf(dev, &cache_v_gpu, kv, rows);
+    let (cache_k, cache_v) = (kv_held(&cache_k, kv, rows), kv_held(&cache_v, kv, rows));
     let scratch = f32_buf(dev, &vec![0.0; t * heads.n_heads * positions]);
     let out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);
     let d = dummy(dev);
@@ -592,9 +628,10 @@ fn flash_case_kv(dev: &Device, seed: u64, c: &AttnCase, max_context: usize, kv: 
     let shape = ops::flash_shape(heads.n_heads, heads.n_kv, hd, max_context);
     let step = dev.step_buffer(pos0, t).unwrap();
     let qb = f32_buf(dev, &q);
-    let ck = kv_buf(dev, &cache_k, kv);
-    let cv = kv_buf(dev, &cache_v, kv);
-    let (cache_k, cache_v) = (kv_held(&cache_k, kv), kv_held(&cache_v, kv));
+    let rows = Rows { kv_dim, hd };
+    let ck = kv_buf(dev, &cache_k, kv, rows);
+    let cv = kv_buf(dev, &cache_v, kv, rows);
+    let (cache_k, cache_v) = (kv_held(&cache_k, kv, rows), kv_held(&cache_v, kv, rows));
     let part_floats = ops::flash_part_floats(heads.n_heads, heads.n_kv, hd, max_context, t);
     let part = f32_buf(dev, &vec![f32::NAN; part_floats]);
     let out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);

@@ -337,9 +337,10 @@ fn gemm_matches_cpu() {
 }
 
 /// A Q8_0 matrix through `ops::matmul` under `plan`: one-token steps (and the last token
-/// alone) run the Q8_0 matvec, multi-token steps the Q8_0 GEMM, whatever the plan's f16
-/// kernels are (Q8_0 has the GPU-shaped kernels only). Against `cpu_ref::matmul_q8` over
-/// the same packed weights (quantised here by `format::q8_0`, as on load).
+/// alone) run the Q8_0 matvec, multi-token steps the Q8_0 GEMM, except under the storage
+/// plan (CPU adapters), where the Q8_0 storage matmul serves every step. Against
+/// `cpu_ref::matmul_q8` over the same packed weights (quantised here by `format::q8_0`, as
+/// on load).
 fn q8_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunks: usize) {
     let data = MatmulData::new(seed, &c);
     let mut rng = Rng::new(seed ^ 0x9e37);
@@ -354,10 +355,15 @@ fn q8_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunks
     assert_eq!(m.format, WeightFormat::Q8);
     assert!(m.chunks.len() >= min_chunks, "{} chunks", m.chunks.len());
     let step = dev.step_buffer(0, c.t).unwrap();
-    let x = f32_buf(
-        dev,
-        &common::check::strided(&data.xs, c.k, c.x_stride, f32::NAN),
-    );
+    // Window-capable where the rows are packed, as the engine's activations: the storage
+    // plan reads them from uniform windows.
+    let windows = c.x_stride == c.k;
+    let xs = common::check::strided(&data.xs, c.k, c.x_stride, f32::NAN);
+    let x = if windows {
+        window_buf(dev, &xs)
+    } else {
+        f32_buf(dev, &xs)
+    };
     let has = |f: u32| c.flags & f != 0;
     let b = has(flags::MATMUL_BIAS).then(|| f32_buf(dev, &data.bias));
     let out = f32_buf(dev, &data.out0);
@@ -384,7 +390,20 @@ fn q8_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunks
             (Some(d), true) => d.kernel,
             _ => op.kernel,
         };
-        if one {
+        if !plan.coalesced_decode && !plan.tiled_prefill {
+            let want = if one && !has(flags::LAST_TOKEN_ONLY) {
+                if windows && plan.matmul_decode_uniform(c.k) {
+                    Kernel::MatmulQ8Uniform
+                } else {
+                    Kernel::MatmulQ8
+                }
+            } else if windows && plan.matmul_window_tokens(c.k, c.t) > 0 {
+                Kernel::MatmulQ8Window
+            } else {
+                Kernel::MatmulQ8
+            };
+            assert_eq!(k, want, "the storage plan");
+        } else if one {
             assert_eq!(k, Kernel::Matvec(plan.rows(WeightFormat::Q8)), "one token");
         } else {
             assert_eq!(k, Kernel::Gemm(WeightFormat::Q8), "multi-token steps");
@@ -416,8 +435,9 @@ fn q8_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunks
     )
     .unwrap();
     let what = format!(
-        "q8_0 {:?}/{:?} T {} K {} N {} strides {}/{} flags {:#b} chunks {}",
+        "q8_0 {:?}/{:?}/{:?} T {} K {} N {} strides {}/{} flags {:#b} chunks {}",
         plan.reduce,
+        plan.coalesced_decode,
         plan.tiled_prefill,
         c.t,
         c.k,
@@ -438,10 +458,18 @@ fn q8_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunks
 fn q8_matvec_and_gemm_match_cpu() {
     use flags::{LAST_TOKEN_ONLY as LAST, MATMUL_ACCUMULATE as ACCUMULATE, MATMUL_BIAS as BIAS};
     let dev = device(None);
-    // Every plan: the coalesced ones (both reductions) and the adapter's default (on a CPU
-    // adapter, storage kernels for f16; Q8_0 still runs the matvec and the GEMM).
+    // Every plan: the coalesced ones (both reductions), the adapter's default and the
+    // storage plan (the Q8_0 storage matmul).
     let mut all = plans(&dev);
     all.push(plan(&dev, &KernelOverrides::default()));
+    all.push(plan(
+        &dev,
+        &KernelOverrides {
+            decode: Some(wgmoe::backend::plan::DecodeKernels::Storage),
+            prefill: Some(wgmoe::backend::plan::PrefillKernels::Storage),
+            ..Default::default()
+        },
+    ));
     for (pi, plan) in all.iter().enumerate() {
         // K below one block, a partial last block, one and several blocks; rows around
         // the matvec's 4 and the GEMM's 32.
@@ -454,6 +482,9 @@ fn q8_matvec_and_gemm_match_cpu() {
             MatmulCase::new(3, 33, 7, BIAS),
             MatmulCase::new(17, 65, 33, BIAS | ACCUMULATE),
             MatmulCase::new(40, 2048, 65, 0),
+            // Partial last blocks with K % 4 == 0: the window kernel stops at K.
+            MatmulCase::new(12, 100, 19, ACCUMULATE),
+            MatmulCase::new(9, 36, 70, BIAS),
             MatmulCase {
                 t: 9,
                 k: 13,

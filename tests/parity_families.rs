@@ -164,3 +164,58 @@ fn every_family_with_an_f16_kv_cache() {
         );
     }
 }
+
+/// The f16 and q8_0 KV caches on every family (INT4 experts, Q8_0 dense weights) against
+/// the f32 cache on the golden sequences, teacher-forced: mean KL of the next-token
+/// distributions and top-1 agreement. The tiny fixtures' routers are near ties at many
+/// positions (their weights are random), so q8_0's int8 rounding (max|block| / 254 per
+/// value) flips some routing and golden logits are not comparable; the distributions are.
+#[test]
+fn every_family_with_a_q8_0_kv_cache_keeps_the_distributions() {
+    use wgmoe::insight::eval::fidelity;
+    use wgmoe::runtime::engine::{DensePrecision, KvPrecision};
+    for name in [
+        "olmoe-tiny",
+        "qwen2moe-tiny",
+        "qwen3moe-tiny",
+        "mixtral-tiny",
+    ] {
+        let golden = common::load_golden(&format!("{name}.q8_0.safetensors"));
+        let seqs: Vec<Vec<u32>> = golden
+            .prompts
+            .iter()
+            .map(|g| [g.prompt_ids.clone(), g.generated_ids.clone()].concat())
+            .collect();
+        let ctx = seqs.iter().map(Vec::len).max().unwrap();
+        let logits = |kv| {
+            let s = Setup {
+                kv,
+                dense: DensePrecision::Q8_0,
+                ..INT4
+            };
+            let mut e = load(name, ctx, s);
+            let rows: Vec<Vec<Vec<f32>>> = seqs
+                .iter()
+                .map(|q| wgmoe::runtime::generate::prompt_logits(&mut e.fwd, q).unwrap())
+                .collect();
+            rows.concat()
+        };
+        let f32_kv = logits(KvPrecision::F32);
+        let f16 = fidelity(&f32_kv, &logits(KvPrecision::F16));
+        let q8 = fidelity(&f32_kv, &logits(KvPrecision::Q8_0));
+        println!("{name}: f16 KV {f16:?}; q8_0 KV {q8:?}");
+        assert_eq!(q8.positions, f32_kv.len());
+        assert!(
+            q8.mean_kl.is_finite() && q8.mean_kl < Q8_KV_MAX_MEAN_KL,
+            "{name}: q8_0 KV {q8:?}"
+        );
+        assert!(
+            q8.top1_agreement >= Q8_KV_MIN_TOP1,
+            "{name}: q8_0 KV {q8:?}"
+        );
+        assert!(
+            f16.mean_kl < Q8_KV_MAX_MEAN_KL / 100.0,
+            "{name}: f16 KV {f16:?}"
+        );
+    }
+}

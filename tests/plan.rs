@@ -555,7 +555,8 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
             &cfg,
             &ckpt,
             true,
-            wgmoe::backend::kernel::WeightFormat::F16,
+            // The plan's default dense precision.
+            wgmoe::backend::kernel::WeightFormat::Q8,
             &vec![Some((n + k) as usize); cfg.num_layers],
         )
         .unwrap();
@@ -571,7 +572,8 @@ fn plan_byte_counts_equal_the_loaders_allocations_on_the_fixtures() {
             &cfg,
             &ckpt,
             true,
-            wgmoe::backend::kernel::WeightFormat::F16,
+            // The plan's default dense precision.
+            wgmoe::backend::kernel::WeightFormat::Q8,
             &vec![None; cfg.num_layers],
         )
         .unwrap();

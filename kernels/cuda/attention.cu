@@ -1,7 +1,8 @@
 // Causal attention of one query head over the KV cache (shaders/attention.wgsl), one block
 // of 64 per (head, token): scores = q.k * scale, softmax in f32, out = p @ V; keys
 // 0 ..= pos0 + t visible; scores in a global scratch row; GQA head h reads kv head
-// h / (n_heads / n_kv).
+// h / (n_heads / n_kv). The cache is read through a KV reader (common.cuh: KvF32, KvF16),
+// one entry point per format.
 
 struct AttentionParams { u32 n_heads; u32 n_kv; u32 head_dim; u32 scratch_stride; float scale; u32 _a; u32 _b; u32 _c; };
 CHECK_PARAMS(AttentionParams);
@@ -9,9 +10,9 @@ CHECK_PARAMS(AttentionParams);
 #define WG 64u
 #define MAX_HEAD_DIM 512u
 
-extern "C" __global__ void attention(AttentionParams p, const Step* step, const float* q,
-                                     const float* cache_k, const float* cache_v,
-                                     float* scratch, float* out) {
+template <class Kv>
+__device__ void attention_body(const AttentionParams& p, const Step* step, const float* q,
+                               const Kv& kv, float* scratch, float* out) {
     __shared__ float qs[MAX_HEAD_DIM];
     __shared__ float red[64];
     u32 lid = threadIdx.x;
@@ -29,7 +30,7 @@ extern "C" __global__ void attention(AttentionParams p, const Step* step, const 
     for (u32 j = lid; j < n_keys; j += WG) {
         u32 kb = j * kv_dim + kvh * d;
         float s = 0.0f;
-        for (u32 i = 0; i < d; i++) s += qs[i] * cache_k[kb + i];
+        for (u32 i = 0; i < d; i++) s += qs[i] * kv.key(kb + i);
         s *= p.scale;
         scratch[srow + j] = s;
         m = fmaxf(m, s);
@@ -59,7 +60,20 @@ extern "C" __global__ void attention(AttentionParams p, const Step* step, const 
     // also orders their global writes for the block.
     for (u32 i = lid; i < d; i += WG) {
         float acc = 0.0f;
-        for (u32 j = 0; j < n_keys; j++) acc += scratch[srow + j] * cache_v[j * kv_dim + kvh * d + i];
+        for (u32 j = 0; j < n_keys; j++) acc += scratch[srow + j] * kv.val(j * kv_dim + kvh * d + i);
         out[t * q_dim + h * d + i] = acc * inv;
     }
+}
+
+// The entry points, one per KV format. Bindings: q (2), the cache's keys (3) and values (4),
+// scratch (5), out (6).
+extern "C" __global__ void attention(AttentionParams p, const Step* step, const float* q,
+                                     const float* cache_k, const float* cache_v,
+                                     float* scratch, float* out) {
+    attention_body(p, step, q, KvF32{cache_k, cache_v}, scratch, out);
+}
+extern "C" __global__ void attention_kv16(AttentionParams p, const Step* step, const float* q,
+                                          const u32* cache_k, const u32* cache_v,
+                                          float* scratch, float* out) {
+    attention_body(p, step, q, KvF16{cache_k, cache_v}, scratch, out);
 }

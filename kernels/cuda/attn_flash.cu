@@ -9,7 +9,8 @@
 // in shared memory. Grid (KV heads x head tiles, S key splits, token groups). With S = 1 a
 // block covers every key of its tokens and writes the normalised output; one-token steps
 // split the keys into S chunks (flash-decoding): chunk s writes its unnormalised output,
-// max and sum to `part`, and attn_combine merges the chunks.
+// max and sum to `part`, and attn_combine merges the chunks. The cache is read through a
+// KV reader (common.cuh: KvF32, KvF16), one entry point per format.
 
 struct FlashParams { u32 n_heads; u32 n_kv; u32 head_dim; u32 g_tile; u32 q_tokens; u32 tk; u32 min_chunk; u32 splits; float scale; u32 _a; u32 _b; u32 _c; };
 CHECK_PARAMS(FlashParams);
@@ -24,9 +25,9 @@ CHECK_PARAMS(FlashParams);
 #define FLASH_MAX_QR 32u
 #define NEG (-3.0e38f)
 
-extern "C" __global__ void attn_flash(FlashParams p, const Step* step, const float* q,
-                                      const float* cache_k, const float* cache_v, float* out,
-                                      float* part) {
+template <class Kv>
+__device__ void attn_flash_body(const FlashParams& p, const Step* step, const float* q,
+                                const Kv& kv, float* out, float* part) {
     __shared__ float q_s[FLASH_QD];
     __shared__ float o_s[FLASH_QD];
     __shared__ float kv_s[FLASH_KVD];
@@ -73,7 +74,7 @@ extern "C" __global__ void attn_flash(FlashParams p, const Step* step, const flo
 
     for (u32 kt = k0; kt < k1; kt += tk) {
         u32 nk = min(tk, k1 - kt);
-        for (u32 e = li; e < nk * d; e += WG) kv_s[e] = cache_k[(kt + e / d) * kv_dim + kvh * d + e % d];
+        for (u32 e = li; e < nk * d; e += WG) kv_s[e] = kv.key((kt + e / d) * kv_dim + kvh * d + e % d);
         __syncthreads();
         for (u32 e = li; e < rows * nk; e += WG) {
             u32 r = e / nk;
@@ -86,7 +87,7 @@ extern "C" __global__ void attn_flash(FlashParams p, const Step* step, const flo
         }
         __syncthreads();
         // The values replace the keys while the first threads update the softmax.
-        for (u32 e = li; e < nk * d; e += WG) kv_s[e] = cache_v[(kt + e / d) * kv_dim + kvh * d + e % d];
+        for (u32 e = li; e < nk * d; e += WG) kv_s[e] = kv.val((kt + e / d) * kv_dim + kvh * d + e % d);
         if (li < rows) {
             u32 r = li;
             float mx = m_s[r];
@@ -131,6 +132,19 @@ extern "C" __global__ void attn_flash(FlashParams p, const Step* step, const flo
         part[b] = m_s[li];
         part[b + 1u] = l_s[li];
     }
+}
+
+// The entry points, one per KV format. Bindings: q (2), the cache's keys (3) and values (4),
+// out (5), part (6).
+extern "C" __global__ void attn_flash(FlashParams p, const Step* step, const float* q,
+                                      const float* cache_k, const float* cache_v, float* out,
+                                      float* part) {
+    attn_flash_body(p, step, q, KvF32{cache_k, cache_v}, out, part);
+}
+extern "C" __global__ void attn_flash_kv16(FlashParams p, const Step* step, const float* q,
+                                           const u32* cache_k, const u32* cache_v, float* out,
+                                           float* part) {
+    attn_flash_body(p, step, q, KvF16{cache_k, cache_v}, out, part);
 }
 
 // Merges the key splits of attn_flash (one-token steps): for each query head,

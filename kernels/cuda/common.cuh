@@ -1,7 +1,8 @@
 // Shared by every CUDA kernel (joined before each file by src/backend/cuda/kernels.rs, after
 // the params sizes and f16.cuh; NVRTC compiles each file as one source, no #include, so no
 // CUDA header is needed at run time).
-// The CUDA twins of shaders/common/step.wgsl, flags.wgsl and f16_halves.wgsl.
+// The CUDA twins of shaders/common/step.wgsl, flags.wgsl, f16_halves.wgsl and the KV
+// cache's read pieces (kv_f32.wgsl, kv_f16.wgsl).
 //
 // Calling convention (src/backend/cuda/launch.rs): the op's params struct by value, then a
 // pointer to the step uniform, then one pointer per binding in binding order (2, 3, ...).
@@ -44,6 +45,33 @@ __device__ __forceinline__ float half_at(const u32* w, u32 i) {
 __device__ __forceinline__ float2 unpack2x16(u32 word) {
     return make_float2(f16_to_f32(word), f16_to_f32(word >> 16));
 }
+
+// Two f32 as the halves of one word (WGSL pack2x16float of kv_store_f16.wgsl), each rounded
+// to nearest even; values beyond f16's range are held at its largest finite value, NaN
+// stays NaN.
+__device__ __forceinline__ u32 f16_clamped(float v) {
+    return f32_to_f16(v != v ? v : fminf(fmaxf(v, -65504.0f), 65504.0f));
+}
+__device__ __forceinline__ u32 pack2x16(float a, float b) {
+    return f16_clamped(a) | (f16_clamped(b) << 16);
+}
+
+// The attention kernels' readers of a layer's KV cache (attention.cu, attn_flash.cu: the
+// CUDA twins of shaders/common/kv_f32.wgsl and kv_f16.wgsl), template parameters of one
+// kernel body: element i of the keys or the values, as f32.
+struct KvF32 {
+    const float* k;
+    const float* v;
+    __device__ __forceinline__ float key(u32 i) const { return k[i]; }
+    __device__ __forceinline__ float val(u32 i) const { return v[i]; }
+};
+// f16, two per u32 (element i in half i % 2 of word i / 2).
+struct KvF16 {
+    const u32* k;
+    const u32* v;
+    __device__ __forceinline__ float key(u32 i) const { return half_at(k, i); }
+    __device__ __forceinline__ float val(u32 i) const { return half_at(v, i); }
+};
 
 // Eight f16 weights of one uint4 (WGSL halves()).
 struct F8 { float v[8]; };

@@ -109,7 +109,7 @@ __device__ void down(const ExpertDownParams& p, const Step* step, const Act& a, 
 
 // The entry points: one per variant (RowsVariant { format, reduce }). Bindings: x (2), x as
 // float4 (3), ids (4), slot_of (5), then h (6) for gate/up or weights (6) and out (7) for
-// down, then the weights (10) and, INT4, their scales (11).
+// down, then the weights (10) and, INT4 and Q8_0, their scales (11).
 extern "C" __global__ void expert_gate_up_f16_sg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
                                                  const u32* slot_of, float* h, const uint4* w) {
@@ -132,6 +132,18 @@ extern "C" __global__ void expert_gate_up_q4_wg(ExpertGateUpParams p, const Step
                                                 const u32* ws) {
     gate_up<FmtQ4, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
 }
+extern "C" __global__ void expert_gate_up_q8_sg(ExpertGateUpParams p, const Step* step,
+                                                const float* x, const float4* x4, const u32* ids,
+                                                const u32* slot_of, float* h, const uint4* w,
+                                                const u32* ws) {
+    gate_up<FmtQ8, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_gate_up_q8_wg(ExpertGateUpParams p, const Step* step,
+                                                const float* x, const float4* x4, const u32* ids,
+                                                const u32* slot_of, float* h, const uint4* w,
+                                                const u32* ws) {
+    gate_up<FmtQ8, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
 extern "C" __global__ void expert_down_f16_sg(ExpertDownParams p, const Step* step, const float* h,
                                               const float4* h4, const u32* ids, const u32* slot_of,
                                               const float* weights, float* out, const uint4* w) {
@@ -153,4 +165,16 @@ extern "C" __global__ void expert_down_q4_wg(ExpertDownParams p, const Step* ste
                                              const float* weights, float* out, const uint4* w,
                                              const u32* ws) {
     down<FmtQ4, WorkgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q8_sg(ExpertDownParams p, const Step* step, const float* h,
+                                             const float4* h4, const u32* ids, const u32* slot_of,
+                                             const float* weights, float* out, const uint4* w,
+                                             const u32* ws) {
+    down<FmtQ8, SubgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q8_wg(ExpertDownParams p, const Step* step, const float* h,
+                                             const float4* h4, const u32* ids, const u32* slot_of,
+                                             const float* weights, float* out, const uint4* w,
+                                             const u32* ws) {
+    down<FmtQ8, WorkgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
 }

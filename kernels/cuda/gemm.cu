@@ -196,11 +196,17 @@ __device__ void expert_gemm(const ExpertGemmParams& p, const Step* step, const A
 
 // The entry points: one per weight format the plan can pick. Bindings: gemm x (2), x as
 // float4 (3), bias (4), out (5), the weights (10); expert_gemm x or h (2, 3), pairs (4),
-// slot_of (5), out (6), the pool chunk (10 and, INT4, its scales 11).
+// slot_of (5), out (6), the pool chunk (10 and, INT4 and Q8_0, its scales 11); Q8_0's
+// gemm its scales (11) too.
 extern "C" __global__ void gemm_f16(DenseParams p, const Step* step, const float* x,
                                     const float4* x4, const float* bias, float* out,
                                     const uint4* w) {
     gemm<FmtF16>(p, step, Act{x, x4}, bias, out, Mat{w, nullptr});
+}
+extern "C" __global__ void gemm_q8(DenseParams p, const Step* step, const float* x,
+                                   const float4* x4, const float* bias, float* out,
+                                   const uint4* w, const u32* ws) {
+    gemm<FmtQ8>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
 }
 extern "C" __global__ void expert_gemm_f16(ExpertGemmParams p, const Step* step, const float* x,
                                            const float4* x4, const u32* pairs, const u32* slot_of,
@@ -211,4 +217,9 @@ extern "C" __global__ void expert_gemm_q4(ExpertGemmParams p, const Step* step, 
                                           const float4* x4, const u32* pairs, const u32* slot_of,
                                           float* out, const uint4* w, const u32* ws) {
     expert_gemm<FmtQ4>(p, step, Act{x, x4}, pairs, slot_of, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gemm_q8(ExpertGemmParams p, const Step* step, const float* x,
+                                          const float4* x4, const u32* pairs, const u32* slot_of,
+                                          float* out, const uint4* w, const u32* ws) {
+    expert_gemm<FmtQ8>(p, step, Act{x, x4}, pairs, slot_of, out, Mat{w, ws});
 }

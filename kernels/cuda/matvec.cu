@@ -60,3 +60,13 @@ extern "C" __global__ void matvec_f16_wg(DenseParams p, const Step* step, const 
                                          const uint4* w) {
     matvec<FmtF16, WorkgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, nullptr});
 }
+extern "C" __global__ void matvec_q8_sg(DenseParams p, const Step* step, const float* x,
+                                        const float4* x4, const float* bias, float* out,
+                                        const uint4* w, const u32* ws) {
+    matvec<FmtQ8, SubgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void matvec_q8_wg(DenseParams p, const Step* step, const float* x,
+                                        const float4* x4, const float* bias, float* out,
+                                        const uint4* w, const u32* ws) {
+    matvec<FmtQ8, WorkgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}

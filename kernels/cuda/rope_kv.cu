@@ -1,7 +1,9 @@
 // Per token (shaders/rope_kv.wgsl): optional RMSNorm of q and k over the whole projection
 // (ROPE_QK_NORM) or per head (ROPE_QK_NORM_PER_HEAD), optional clip, rotary embedding
 // (rotate_half, cos/sin table from the host), q to q_out, k and v into the KV cache at
-// position pos0 + t. One block of 64 per token.
+// position pos0 + t. One block of 64 per token. The cache is written through a KV store
+// (KvStoreF32, KvStoreF16: the CUDA twins of shaders/common/kv_store_f32.wgsl and
+// kv_store_f16.wgsl), one entry point per format.
 
 struct RopeKvParams { u32 n_heads; u32 n_kv; u32 head_dim; u32 qkv_stride; u32 flags; float eps; float clip; u32 rope_rows; };
 CHECK_PARAMS(RopeKvParams);
@@ -13,10 +15,85 @@ __device__ __forceinline__ float clipped(const RopeKvParams& p, float v) {
     return (p.flags & ROPE_CLIP) ? fminf(fmaxf(v, -p.clip), p.clip) : v;
 }
 
-extern "C" __global__ void rope_kv(RopeKvParams p, const Step* step, const float* qkv,
-                                   const u32* q_norm_w, const u32* k_norm_w,
-                                   const float2* rope, float* q_out, float* cache_k,
-                                   float* cache_v) {
+// One token's keys and values as they enter the cache: k normed (ROPE_QK_NORM over the
+// whole projection, ROPE_QK_NORM_PER_HEAD per head), clipped and rotated, v clipped.
+struct KvRow {
+    const RopeKvParams* p;
+    const float* qkv;
+    const u32* k_norm_w;
+    const float2* rope;
+    // 1 / rms of each query head, then of each KV head (per-head norm).
+    const float* inv_head;
+    u32 base, q_dim, kv_dim, rrow;
+    float inv_k;
+
+    // Key element j, normed and clipped, before rotation (WGSL k_in).
+    __device__ __forceinline__ float k_in(u32 j) const {
+        float a = qkv[base + q_dim + j];
+        if (p->flags & ROPE_QK_NORM) {
+            a = half_at(k_norm_w, j) * (a * inv_k);
+        } else if (p->flags & ROPE_QK_NORM_PER_HEAD) {
+            a = half_at(k_norm_w, j % p->head_dim) * (a * inv_head[p->n_heads + j / p->head_dim]);
+        }
+        return clipped(*p, a);
+    }
+    // Key element j after rotate_half (WGSL k_roped): with i = j mod head_dim and h =
+    // head_dim / 2, k[j] cos - k[j + h] sin for i < h, k[j] cos + k[j - h] sin otherwise.
+    __device__ __forceinline__ float k_roped(u32 j) const {
+        u32 half = p->head_dim / 2u;
+        u32 i = j % p->head_dim;
+        if (i < half) {
+            float2 cs = rope[rrow + i];
+            return k_in(j) * cs.x - k_in(j + half) * cs.y;
+        }
+        float2 cs = rope[rrow + i - half];
+        return k_in(j) * cs.x + k_in(j - half) * cs.y;
+    }
+    // Value element j, clipped.
+    __device__ __forceinline__ float v_in(u32 j) const {
+        return clipped(*p, qkv[base + q_dim + kv_dim + j]);
+    }
+};
+
+// An f32 cache: thread per rotated pair of keys (each input read once), per value.
+struct KvStoreF32 {
+    float* k;
+    float* v;
+    __device__ __forceinline__ void row(const KvRow& r, u32 lid, u32 pos) const {
+        u32 cbase = pos * r.kv_dim;
+        u32 d = r.p->head_dim, half = d / 2u;
+        for (u32 idx = lid; idx < r.p->n_kv * half; idx += WG) {
+            u32 h = idx / half, i = idx % half;
+            u32 ia = h * d + i, ib = ia + half;
+            float a = r.k_in(ia), b = r.k_in(ib);
+            float2 cs = r.rope[r.rrow + i];
+            k[cbase + ia] = a * cs.x - b * cs.y;
+            k[cbase + ib] = b * cs.x + a * cs.y;
+        }
+        for (u32 i = lid; i < r.kv_dim; i += WG) v[cbase + i] = r.v_in(i);
+    }
+};
+
+// An f16 cache, two per u32 (kv_store_pairs.wgsl with kv_store_f16.wgsl): elements j and
+// j + 1 (j even) per thread, so one thread writes a word whole; rounded to nearest even,
+// held at f16's largest finite value beyond its range.
+struct KvStoreF16 {
+    u32* k;
+    u32* v;
+    __device__ __forceinline__ void row(const KvRow& r, u32 lid, u32 pos) const {
+        u32 cbase = pos * r.kv_dim;
+        for (u32 w = lid; w < r.kv_dim / 2u; w += WG) {
+            u32 j = 2u * w;
+            k[(cbase + j) / 2u] = pack2x16(r.k_roped(j), r.k_roped(j + 1u));
+            v[(cbase + j) / 2u] = pack2x16(r.v_in(j), r.v_in(j + 1u));
+        }
+    }
+};
+
+template <class Store>
+__device__ void rope_kv_body(const RopeKvParams& p, const Step* step, const float* qkv,
+                             const u32* q_norm_w, const u32* k_norm_w, const float2* rope,
+                             float* q_out, const Store& cache) {
     __shared__ float red_q[64];
     __shared__ float red_k[64];
     __shared__ float inv_head[MAX_NORM_HEADS];
@@ -74,23 +151,20 @@ extern "C" __global__ void rope_kv(RopeKvParams p, const Step* step, const float
         q_out[t * q_dim + ia] = a * cs.x - b * cs.y;
         q_out[t * q_dim + ib] = b * cs.x + a * cs.y;
     }
-    u32 cbase = pos * kv_dim;
-    for (u32 idx = lid; idx < p.n_kv * half; idx += WG) {
-        u32 h = idx / half, i = idx % half;
-        u32 ia = h * p.head_dim + i, ib = ia + half;
-        float a = qkv[base + q_dim + ia], b = qkv[base + q_dim + ib];
-        if (norm) {
-            a = half_at(k_norm_w, ia) * (a * inv_k);
-            b = half_at(k_norm_w, ib) * (b * inv_k);
-        } else if (per_head) {
-            a = half_at(k_norm_w, i) * (a * inv_head[p.n_heads + h]);
-            b = half_at(k_norm_w, i + half) * (b * inv_head[p.n_heads + h]);
-        }
-        a = clipped(p, a);
-        b = clipped(p, b);
-        float2 cs = rope[rrow + i];
-        cache_k[cbase + ia] = a * cs.x - b * cs.y;
-        cache_k[cbase + ib] = b * cs.x + a * cs.y;
-    }
-    for (u32 i = lid; i < kv_dim; i += WG) cache_v[cbase + i] = clipped(p, qkv[base + q_dim + kv_dim + i]);
+    cache.row(KvRow{&p, qkv, k_norm_w, rope, inv_head, base, q_dim, kv_dim, rrow, inv_k}, lid, pos);
+}
+
+// The entry points, one per KV format. Bindings: qkv (2), q_norm_w (3), k_norm_w (4), rope
+// (5), q_out (6), the cache's keys (7) and values (8).
+extern "C" __global__ void rope_kv(RopeKvParams p, const Step* step, const float* qkv,
+                                   const u32* q_norm_w, const u32* k_norm_w,
+                                   const float2* rope, float* q_out, float* cache_k,
+                                   float* cache_v) {
+    rope_kv_body(p, step, qkv, q_norm_w, k_norm_w, rope, q_out, KvStoreF32{cache_k, cache_v});
+}
+extern "C" __global__ void rope_kv_kv16(RopeKvParams p, const Step* step, const float* qkv,
+                                        const u32* q_norm_w, const u32* k_norm_w,
+                                        const float2* rope, float* q_out, u32* cache_k,
+                                        u32* cache_v) {
+    rope_kv_body(p, step, qkv, q_norm_w, k_norm_w, rope, q_out, KvStoreF16{cache_k, cache_v});
 }

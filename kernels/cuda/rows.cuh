@@ -1,7 +1,8 @@
 // The pieces of the GPU-shaped kernels (matvec.cu, expert.cu, gemm.cu), joined after
 // common.cuh for those files by src/backend/cuda/kernels.rs: the CUDA twins of
-// shaders/common/act_x4.wgsl, fmt_f16.wgsl, fmt_q4.wgsl, tile_f16.wgsl, tile_q4.wgsl,
-// onehot.wgsl, reduce_sg.wgsl and reduce_wg.wgsl.
+// shaders/common/act_x4.wgsl, fmt_f16.wgsl, fmt_q4.wgsl, fmt_q8.wgsl, q8_unpack.wgsl,
+// scales_staged.wgsl, tile_f16.wgsl, tile_q4.wgsl, tile_q8.wgsl, onehot.wgsl, reduce_sg.wgsl
+// and reduce_wg.wgsl.
 //
 // Thread -> data mapping of the row kernels (as the WGSL): a block of 64 threads serves ROWS
 // consecutive weight rows; their 16-byte words are taken as one flat run and thread l reads
@@ -75,7 +76,7 @@ struct Mat {
     const u32* ws;
 };
 
-// Tiled kernels: a block's staged block scales (fmt_q4.wgsl's stage_scales) of up to two
+// Tiled kernels: a block's staged block scales (BlockScales::stage_scales) of up to two
 // matrices (gate and up): the shared words (Fmt::SCALE_WORDS of them) and, per matrix, the
 // first staged u32 word of the scales and how many are staged.
 struct Scales {
@@ -123,41 +124,21 @@ struct FmtF16 {
     }
 };
 
-// q . (a, b) over the 8 columns of one u32 of nibbles (WGSL dot8 of q4_dot_f32): the low
-// nibbles of its bytes are columns 0..3, the high ones 4..7, each stored as q + 8.
-__device__ __forceinline__ float nib_dot8(u32 w, float4 a, float4 b) {
-    float4 lo = make_float4((float)(w & 0xfu) - 8.0f, (float)((w >> 8) & 0xfu) - 8.0f,
-                            (float)((w >> 16) & 0xfu) - 8.0f, (float)((w >> 24) & 0xfu) - 8.0f);
-    float4 hi = make_float4((float)((w >> 4) & 0xfu) - 8.0f, (float)((w >> 12) & 0xfu) - 8.0f,
-                            (float)((w >> 20) & 0xfu) - 8.0f, (float)((w >> 28) & 0xfu) - 8.0f);
-    return dot4(lo, a) + dot4(hi, b);
-}
-
-// INT4 (src/format/quant.rs): a word holds 32 consecutive columns of one row as nibbles, one f16
-// scale per 256-column block (8 words). The row kernels read each word's scale from device
-// memory (the WGSL stages a workgroup's scales in workgroup memory first: the same values,
-// so the same results; here the L1 cache serves the 8 threads sharing a scale word); the
-// tiled kernels stage them as the WGSL does.
-struct FmtQ4 {
-    static constexpr u32 WORD_COLS = 32u;
+// The block scales of the formats that have them (FmtQ4, FmtQ8; the CUDA twin of
+// shaders/common/scales_staged.wgsl): f16, as u32 pairs of halves at binding 11 (the
+// weights' buffer, past the words), one per block of a row. The row kernels read each
+// word's scale from device memory (`scale`; the WGSL stages a workgroup's scales in
+// workgroup memory first: the same values, so the same results; here the L1 cache serves
+// the threads sharing a scale word); the tiled kernels stage them as the WGSL does
+// (`stage_scales`, `w_scale`). A format with scales derives from this struct.
+struct BlockScales {
     // u32 words of staged scales per matrix (two matrices: gate and up); rows past it read
     // their scales from device memory.
     static constexpr u32 SCALE_CAP = 1024u;
     static constexpr u32 SCALE_WORDS = 2u * SCALE_CAP;
 
-    // Word `c` of the row at word `row_word` (its block scales from half `s_half`), dotted
-    // with columns 32c .. 32c + 32 of the activation row at `xb`: the nibbles' dot product
-    // in f32, times the block's scale.
-    static __device__ __forceinline__ float word_dot(const Mat& m, u32 row_word, u32 c, u32 s_half,
-                                                     const Act& a, u32 xb, u32 len) {
-        uint4 q = m.w[row_word + c];
-        u32 k0 = c * 32u;
-        float d = nib_dot8(q.x, x_quad(a, xb, k0, len), x_quad(a, xb, k0 + 4u, len)) +
-                  nib_dot8(q.y, x_quad(a, xb, k0 + 8u, len), x_quad(a, xb, k0 + 12u, len)) +
-                  nib_dot8(q.z, x_quad(a, xb, k0 + 16u, len), x_quad(a, xb, k0 + 20u, len)) +
-                  nib_dot8(q.w, x_quad(a, xb, k0 + 24u, len), x_quad(a, xb, k0 + 28u, len));
-        return half_at(m.ws, s_half + c / 8u) * d;
-    }
+    // Row kernels: half `i` of the scales, from device memory.
+    static __device__ __forceinline__ float scale(const Mat& m, u32 i) { return half_at(m.ws, i); }
     // Tiled kernels: stage the scales of matrix `mi` (0 or 1) from half `h0` to half `h1`
     // (exclusive) into shared memory, neighbouring threads loading neighbouring u32 words.
     // Every thread calls it with the same arguments; a __syncthreads must follow before
@@ -177,6 +158,38 @@ struct FmtQ4 {
         u32 word = rel < (mi ? sc.n[1] : sc.n[0]) ? sc.s[mi * SCALE_CAP + rel] : m.ws[i / 2u];
         return f16_to_f32((i % 2u) ? (word >> 16) : word);
     }
+};
+
+// q . (a, b) over the 8 columns of one u32 of nibbles (WGSL dot8 of q4_dot_f32): the low
+// nibbles of its bytes are columns 0..3, the high ones 4..7, each stored as q + 8.
+__device__ __forceinline__ float nib_dot8(u32 w, float4 a, float4 b) {
+    float4 lo = make_float4((float)(w & 0xfu) - 8.0f, (float)((w >> 8) & 0xfu) - 8.0f,
+                            (float)((w >> 16) & 0xfu) - 8.0f, (float)((w >> 24) & 0xfu) - 8.0f);
+    float4 hi = make_float4((float)((w >> 4) & 0xfu) - 8.0f, (float)((w >> 12) & 0xfu) - 8.0f,
+                            (float)((w >> 20) & 0xfu) - 8.0f, (float)((w >> 28) & 0xfu) - 8.0f);
+    return dot4(lo, a) + dot4(hi, b);
+}
+
+// INT4 (src/format/quant.rs): a word holds 32 consecutive columns of one row as nibbles, one f16
+// scale per 256-column block (8 words); scales from BlockScales.
+struct FmtQ4 : BlockScales {
+    static constexpr u32 WORD_COLS = 32u;
+    // Words per block of one scale.
+    static constexpr u32 BLOCK_WORDS = 8u;
+
+    // Word `c` of the row at word `row_word` (its block scales from half `s_half`), dotted
+    // with columns 32c .. 32c + 32 of the activation row at `xb`: the nibbles' dot product
+    // in f32, times the block's scale.
+    static __device__ __forceinline__ float word_dot(const Mat& m, u32 row_word, u32 c, u32 s_half,
+                                                     const Act& a, u32 xb, u32 len) {
+        uint4 q = m.w[row_word + c];
+        u32 k0 = c * 32u;
+        float d = nib_dot8(q.x, x_quad(a, xb, k0, len), x_quad(a, xb, k0 + 4u, len)) +
+                  nib_dot8(q.y, x_quad(a, xb, k0 + 8u, len), x_quad(a, xb, k0 + 12u, len)) +
+                  nib_dot8(q.z, x_quad(a, xb, k0 + 16u, len), x_quad(a, xb, k0 + 20u, len)) +
+                  nib_dot8(q.w, x_quad(a, xb, k0 + 24u, len), x_quad(a, xb, k0 + 28u, len));
+        return scale(m, s_half + c / BLOCK_WORDS) * d;
+    }
     // Tiled kernels (tile_q4.wgsl): word `c` of the row at `row_word` of matrix `mi` (its
     // block scales from half `s_half`) as 32 scaled f32 columns into the shared weight tile
     // `wt` from index `dst`: byte b of u32 j holds columns 8j + b (low nibble) and 8j + 4 + b
@@ -189,7 +202,7 @@ struct FmtQ4 {
             return;
         }
         uint4 q = m.w[row_word + c];
-        float s = w_scale(m, sc, mi, s_half + c / 8u);
+        float s = w_scale(m, sc, mi, s_half + c / BLOCK_WORDS);
         u32 words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (u32 j = 0; j < 4u; j++) {
@@ -199,6 +212,60 @@ struct FmtQ4 {
                 wt[d + b] = ((float)((words[j] >> (8u * b)) & 0xfu) - 8.0f) * s;
                 wt[d + 4u + b] = ((float)((words[j] >> (8u * b + 4u)) & 0xfu) - 8.0f) * s;
             }
+        }
+    }
+};
+
+// The four int8 of a u32 (byte 0 first) as f32 (WGSL i8x4 of q8_unpack.wgsl): each byte
+// shifted to the top, then an arithmetic shift back sign-extends it.
+__device__ __forceinline__ float4 i8x4(u32 v) {
+    return make_float4((float)((int)(v << 24) >> 24), (float)((int)(v << 16) >> 24),
+                       (float)((int)(v << 8) >> 24), (float)((int)v >> 24));
+}
+
+// Q8_0 (src/format/q8_0.rs, ggml's blocks split in two sections): a word holds 16
+// consecutive columns of one row as int8, one f16 scale per 32-column block (2 words);
+// scales from BlockScales.
+struct FmtQ8 : BlockScales {
+    static constexpr u32 WORD_COLS = 16u;
+    // Words per block of one scale.
+    static constexpr u32 BLOCK_WORDS = 2u;
+
+    // Word `c` of the row at word `row_word` (its block scales from half `s_half`), dotted
+    // with columns 16c .. 16c + 16 of the activation row at `xb` (fmt_q8.wgsl): the quants'
+    // dot product in f32, four quads summed in order, times the block's scale.
+    static __device__ __forceinline__ float word_dot(const Mat& m, u32 row_word, u32 c, u32 s_half,
+                                                     const Act& a, u32 xb, u32 len) {
+        uint4 q = m.w[row_word + c];
+        u32 k0 = c * 16u;
+        float d = dot4(i8x4(q.x), x_quad(a, xb, k0, len)) +
+                  dot4(i8x4(q.y), x_quad(a, xb, k0 + 4u, len)) +
+                  dot4(i8x4(q.z), x_quad(a, xb, k0 + 8u, len)) +
+                  dot4(i8x4(q.w), x_quad(a, xb, k0 + 12u, len));
+        return scale(m, s_half + c / BLOCK_WORDS) * d;
+    }
+    // Tiled kernels (tile_q8.wgsl): word `c` of the row at `row_word` of matrix `mi` (its
+    // block scales from half `s_half`) as 16 scaled f32 columns into the shared weight tile
+    // `wt` from index `dst`: byte b of u32 j is column 4j + b. Zeros when !valid (columns
+    // past the row).
+    static __device__ __forceinline__ void stage_word(const Mat& m, const Scales& sc, u32 mi,
+                                                      u32 row_word, u32 c, u32 s_half, float* wt,
+                                                      u32 dst, bool valid) {
+        if (!valid) {
+            for (u32 i = 0; i < 16u; i++) wt[dst + i] = 0.0f;
+            return;
+        }
+        uint4 q = m.w[row_word + c];
+        float s = w_scale(m, sc, mi, s_half + c / BLOCK_WORDS);
+        u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (u32 j = 0; j < 4u; j++) {
+            float4 v = i8x4(words[j]);
+            u32 d = dst + j * 4u;
+            wt[d] = v.x * s;
+            wt[d + 1u] = v.y * s;
+            wt[d + 2u] = v.z * s;
+            wt[d + 3u] = v.w * s;
         }
     }
 };

@@ -1,7 +1,7 @@
 // Weights as Q8_0 (layout in src/format/q8_0.rs, ggml's blocks split in two sections): a
 // 16-byte word holds 16 consecutive columns of one row as int8, one f16 scale per
 // 32-column block (2 words). Words at binding 10; the scales at binding 11 and their
-// staging come from scales_staged.wgsl.
+// staging come from scales_staged.wgsl, the int8 unpacking from q8_unpack.wgsl.
 @group(0) @binding(10) var<storage, read> w: array<vec4<u32>>;
 
 const WORD_COLS: u32 = 16u;
@@ -11,13 +11,6 @@ const BLOCK_WORDS: u32 = 2u;
 fn w_at(i: u32) -> vec4<u32> {
     probe(SITE_W, i * 16u, 16u);
     return w[i];
-}
-
-// The four int8 of a u32 (byte 0 first) as f32: each byte shifted to the top, then an
-// arithmetic shift back sign-extends it.
-fn i8x4(v: u32) -> vec4<f32> {
-    let t = vec4<i32>(bitcast<i32>(v << 24u), bitcast<i32>(v << 16u), bitcast<i32>(v << 8u), bitcast<i32>(v));
-    return vec4<f32>(t >> vec4<u32>(24u));
 }
 
 // Word `c` of the row starting at word `row_word` of matrix slot `m` (its block scales from

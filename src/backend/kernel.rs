@@ -130,16 +130,23 @@ pub enum KvFormat {
     F32,
     /// f16, two per u32 (pack2x16float/unpack2x16float: no SHADER_F16 needed).
     F16,
+    /// int8 in blocks of 32 along head_dim (one block per head row when head_dim is not a
+    /// multiple of 32), one f32 scale per block, rounded as ggml's Q8_0: each position's
+    /// row holds its values (4 per u32, the last word zero-padded) then its scales, so a
+    /// word has one writer (ggml's f16 scales would put two blocks' scales in one word).
+    Q8,
 }
 
 impl KvFormat {
-    pub const ALL: [KvFormat; 2] = [KvFormat::F32, KvFormat::F16];
+    pub const ALL: [KvFormat; 3] = [KvFormat::F32, KvFormat::F16, KvFormat::Q8];
 
-    /// Bytes of one cached value.
-    pub fn bytes(self) -> usize {
+    /// Bytes of one position's keys (or values) of one layer: `kv_dim` values of heads of
+    /// `head_dim` (rounded up to whole u32 words).
+    pub fn row_bytes(self, kv_dim: usize, head_dim: usize) -> usize {
         match self {
-            KvFormat::F32 => 4,
-            KvFormat::F16 => 2,
+            KvFormat::F32 => 4 * kv_dim,
+            KvFormat::F16 => 4 * kv_dim.div_ceil(2),
+            KvFormat::Q8 => 4 * crate::format::q8_0::kv::row_words(kv_dim, head_dim),
         }
     }
 
@@ -147,6 +154,7 @@ impl KvFormat {
         match self {
             KvFormat::F32 => "f32",
             KvFormat::F16 => "f16",
+            KvFormat::Q8 => "q8_0",
         }
     }
 }
@@ -183,6 +191,12 @@ pub enum Kernel {
     RmsNorm,
     /// f16 matmul, activations in storage, 4 tokens per invocation.
     Matmul,
+    /// Q8_0 matmul of the storage plan (CPU adapters): a row and 4 tokens per invocation.
+    MatmulQ8,
+    /// Q8_0 matmul of one token, activations in a uniform window (CPU adapters).
+    MatmulQ8Uniform,
+    /// Q8_0 matmul of a window of up to 8 tokens per invocation (subgroups >= 8).
+    MatmulQ8Window,
     /// f16 matmul of one token, activations in a uniform window.
     MatmulUniform,
     /// f16 matmul of a window of up to 8 tokens per invocation (subgroups >= 8).
@@ -231,6 +245,9 @@ impl Kernel {
             Kernel::Embed,
             Kernel::RmsNorm,
             Kernel::Matmul,
+            Kernel::MatmulQ8,
+            Kernel::MatmulQ8Uniform,
+            Kernel::MatmulQ8Window,
             Kernel::MatmulUniform,
             Kernel::MatmulWindow,
         ];
@@ -280,6 +297,9 @@ impl Kernel {
             Kernel::Embed => "embed",
             Kernel::RmsNorm => "rmsnorm",
             Kernel::Matmul => "matmul",
+            Kernel::MatmulQ8 => "matmul_q8",
+            Kernel::MatmulQ8Uniform => "matmul_q8_u",
+            Kernel::MatmulQ8Window => "matmul_q8_w",
             Kernel::MatmulUniform => "matmul_u",
             Kernel::MatmulWindow => "matmul_w",
             Kernel::RopeKv(_) => "rope_kv",
@@ -341,7 +361,7 @@ impl Kernel {
             | Kernel::AttentionWindow(kv)
             | Kernel::AttnFlash(kv) => match kv {
                 KvFormat::F32 => self.family().to_string(),
-                KvFormat::F16 => format!("{}[f16 kv]", self.family()),
+                KvFormat::F16 | KvFormat::Q8 => format!("{}[{} kv]", self.family(), kv.name()),
             },
             _ => self.family().to_string(),
         }
@@ -374,6 +394,7 @@ impl Kernel {
     pub fn needs_subgroups(self) -> bool {
         match self {
             Kernel::MatmulWindow
+            | Kernel::MatmulQ8Window
             | Kernel::AttentionWindow(_)
             | Kernel::Q4GateUpSorted
             | Kernel::Q4DownSorted => true,
@@ -408,6 +429,9 @@ impl Kernel {
                 | Kernel::MoeCombine
                 | Kernel::Argmax
                 | Kernel::Matmul
+                | Kernel::MatmulQ8
+                | Kernel::MatmulQ8Uniform
+                | Kernel::MatmulQ8Window
                 | Kernel::MatmulUniform
                 | Kernel::Attention(_)
                 | Kernel::FfnGateUp
@@ -445,7 +469,10 @@ impl Kernel {
     /// Whether binding 2 is a 64 KiB uniform window rather than a storage buffer.
     pub fn uniform_activations(self) -> bool {
         match self {
-            Kernel::MatmulUniform | Kernel::MatmulWindow => true,
+            Kernel::MatmulUniform
+            | Kernel::MatmulWindow
+            | Kernel::MatmulQ8Uniform
+            | Kernel::MatmulQ8Window => true,
             Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
                 q.act == Activations::Uniform
             }
@@ -463,6 +490,7 @@ impl Kernel {
             Kernel::RmsNorm => of::<RmsNormParams>(),
             Kernel::Matmul | Kernel::MatmulUniform => of::<MatmulParams>(),
             Kernel::MatmulWindow => of::<MatmulWindowParams>(),
+            Kernel::MatmulQ8Window => of::<MatmulQ8WindowParams>(),
             Kernel::RopeKv(_) => of::<RopeKvParams>(),
             Kernel::Attention(_) | Kernel::AttentionWindow(_) => of::<AttentionParams>(),
             Kernel::RouterTopk => of::<RouterTopkParams>(),
@@ -476,7 +504,7 @@ impl Kernel {
             Kernel::MoeGather => of::<MoeGatherParams>(),
             Kernel::MoeCombine => of::<MoeCombineParams>(),
             Kernel::Argmax => of::<ArgmaxParams>(),
-            Kernel::Matvec(_) => of::<DenseParams>(),
+            Kernel::Matvec(_) | Kernel::MatmulQ8 | Kernel::MatmulQ8Uniform => of::<DenseParams>(),
             Kernel::ExpertGateUp(_) => of::<ExpertGateUpParams>(),
             Kernel::ExpertDown(_) => of::<ExpertDownParams>(),
             Kernel::AttnFlash(_) | Kernel::AttnCombine => of::<FlashParams>(),

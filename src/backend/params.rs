@@ -85,6 +85,9 @@ pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
 /// rope_kv.wgsl's per-head q/k norm keeps one inverse norm per head (`MAX_NORM_HEADS`):
 /// query heads + KV heads.
 pub const ROPE_MAX_NORM_HEADS: usize = 512;
+/// Blocks of one position's keys a q8_0 KV cache may have (shaders/common/kv_store_q8.wgsl
+/// keeps their scales, and the values', in workgroup memory).
+pub const KV_Q8_MAX_BLOCKS: usize = 512;
 /// router_topk.wgsl handles at most this many experts (`MAX_EXPERTS`).
 pub const ROUTER_MAX_EXPERTS: usize = 1024;
 /// Output rows per workgroup of the expert-major down kernel (ffn_down_q4_e.wgsl).
@@ -163,6 +166,22 @@ params! {
         pub out_stride: u32,
         pub flags: u32,
         pub tw: u32,
+    }
+
+    /// matmul_q8_w.wgsl: matmul_w's window of token rows, over a Q8_0 matrix.
+    pub struct MatmulQ8WindowParams {
+        pub k: u32,
+        pub n_rows: u32,
+        pub row_base: u32,
+        pub words_per_row: u32,
+        pub t0: u32,
+        pub out_stride: u32,
+        pub flags: u32,
+        pub tw: u32,
+        pub w_row0: u32,
+        pub s_word0: u32,
+        pub blocks_per_row: u32,
+        pub _a: u32,
     }
 
     pub struct RopeKvParams {

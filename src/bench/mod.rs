@@ -45,8 +45,10 @@ pub struct BenchOptions {
     pub executors: Vec<Executor>,
     pub expert_precisions: Vec<ExpertPrecision>,
     /// Storage of the dense weights and of the KV cache, every configuration.
-    pub dense_precision: DensePrecision,
-    pub kv_precision: KvPrecision,
+    /// Dense-weight and KV-cache storages to sweep (every pair, inside each expert
+    /// precision).
+    pub dense_precisions: Vec<DensePrecision>,
+    pub kv_precisions: Vec<KvPrecision>,
     pub prefill_chunk: usize,
     pub adapter: DeviceRequest,
     pub kernels: KernelOverrides,
@@ -91,6 +93,8 @@ pub fn trace_path(base: &std::path::Path, index: usize, count: usize) -> PathBuf
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchConfig {
     pub expert_precision: ExpertPrecision,
+    pub dense_precision: DensePrecision,
+    pub kv_precision: KvPrecision,
     pub executor: Executor,
     pub resident_experts: Option<usize>,
     pub cache_policy: crate::residency::PolicyKind,
@@ -129,22 +133,31 @@ pub fn configurations(o: &BenchOptions) -> Vec<BenchConfig> {
     } else {
         o.fill_threads.iter().map(|&n| Some(n)).collect()
     };
+    let pairs: Vec<(DensePrecision, KvPrecision)> = o
+        .dense_precisions
+        .iter()
+        .flat_map(|&d| o.kv_precisions.iter().map(move |&k| (d, k)))
+        .collect();
     for &expert_precision in &o.expert_precisions {
-        for &executor in &o.executors {
-            for &resident_experts in &residents {
-                for &cache_policy in &policies {
-                    for &miss_policy in &misses {
-                        for &prefetch in &prefetches {
-                            for &fill_threads in &fills {
-                                v.push(BenchConfig {
-                                    expert_precision,
-                                    executor,
-                                    resident_experts,
-                                    cache_policy,
-                                    miss_policy,
-                                    prefetch,
-                                    fill_threads,
-                                });
+        for &(dense_precision, kv_precision) in &pairs {
+            for &executor in &o.executors {
+                for &resident_experts in &residents {
+                    for &cache_policy in &policies {
+                        for &miss_policy in &misses {
+                            for &prefetch in &prefetches {
+                                for &fill_threads in &fills {
+                                    v.push(BenchConfig {
+                                        expert_precision,
+                                        dense_precision,
+                                        kv_precision,
+                                        executor,
+                                        resident_experts,
+                                        cache_policy,
+                                        miss_policy,
+                                        prefetch,
+                                        fill_threads,
+                                    });
+                                }
                             }
                         }
                     }
@@ -180,6 +193,18 @@ pub(super) fn check_options(o: &BenchOptions, available: usize) -> Result<()> {
     if o.expert_precisions.is_empty() {
         return Err(Error::option(
             "--expert-precision",
+            "give at least one precision",
+        ));
+    }
+    if o.dense_precisions.is_empty() {
+        return Err(Error::option(
+            "--dense-precision",
+            "give at least one precision",
+        ));
+    }
+    if o.kv_precisions.is_empty() {
+        return Err(Error::option(
+            "--kv-precision",
             "give at least one precision",
         ));
     }
@@ -226,8 +251,8 @@ pub(super) fn engine_options(
         adapter: o.adapter.clone(),
         kernels: o.kernels,
         expert_precision: c.expert_precision,
-        dense_precision: o.dense_precision,
-        kv_precision: o.kv_precision,
+        dense_precision: c.dense_precision,
+        kv_precision: c.kv_precision,
         executor: c.executor,
         max_context,
         prefill_chunk: o.prefill_chunk,

@@ -112,8 +112,16 @@ pub fn config_label(r: &BenchRecord) -> String {
     if let (Some(p), Some(t), false) = (r.prefetch, r.fill_threads, res.is_empty()) {
         res.push_str(&format!(" prefetch {} fills {t}", p.name()));
     }
+    // Storages other than the defaults (q8_0 dense weights, an f16 KV cache).
+    let mut store = String::new();
+    if r.dense_precision != DensePrecision::Q8_0 {
+        store.push_str(&format!(" {}", r.dense_precision.name()));
+    }
+    if r.kv_precision != "f16" {
+        store.push_str(&format!(" {}-kv", r.kv_precision));
+    }
     format!(
-        "{}/{}{res}",
+        "{}/{}{res}{store}",
         name_of(&r.expert_precision),
         name_of(&r.executor)
     )
@@ -176,9 +184,9 @@ pub(super) fn record(
     let mean_prompt = x.prompt_tokens.iter().sum::<usize>() / x.prompt_tokens.len().max(1);
     let bpt = crate::planner::decode_bytes_per_token(
         cfg,
-        o.dense_precision.format(),
+        c.dense_precision.format(),
         c.expert_precision == ExpertPrecision::Int4,
-        o.kv_precision.format(),
+        c.kv_precision.format(),
         mean_prompt + o.new_tokens / 2,
     )
     .unwrap_or(0);
@@ -196,8 +204,8 @@ pub(super) fn record(
         backend: engine.dev.info().backend.clone(),
         driver: engine.dev.info().driver_string(),
         expert_precision: c.expert_precision,
-        dense_precision: o.dense_precision,
-        kv_precision: o.kv_precision.name().to_string(),
+        dense_precision: c.dense_precision,
+        kv_precision: c.kv_precision.name().to_string(),
         executor: c.executor,
         resident_experts_per_layer: Some(engine.resident_experts),
         cache_policy: partial.then(|| c.cache_policy.as_str().to_string()),

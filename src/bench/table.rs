@@ -15,6 +15,7 @@ pub fn table(records: &[BenchRecord]) -> String {
     let head = [
         "configuration",
         "decode/s",
+        "GB/s",
         "spread",
         "TTFT s",
         "resp s",
@@ -35,6 +36,7 @@ pub fn table(records: &[BenchRecord]) -> String {
             vec![
                 config_label(r),
                 format!("{:.2}", r.decode_tokens_per_s),
+                format!("{:.2}", r.effective_gb_per_s),
                 format!("{:.1}%", 100.0 * r.block_rate_spread),
                 format!("{:.3}", r.ttft_s_mean),
                 format!("{:.3}", r.response_s_mean),

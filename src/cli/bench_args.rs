@@ -91,14 +91,15 @@ pub(crate) struct BenchArgs {
     /// Expert precisions to sweep (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "int4")]
     pub(crate) expert_precision: Vec<ExpertPrecision>,
-    /// Storage of the dense weights (attention q/k/v/o, shared experts, dense MLP layers,
-    /// lm_head): f16, or q8_0 (ggml's Q8_0, quantised on load). The router, norms and
-    /// embeddings stay f16.
-    #[arg(long, value_enum, default_value = "f16")]
-    pub(crate) dense_precision: DensePrecision,
-    /// Storage of the KV cache: f32, or f16 (half the bytes; attention reads it directly).
-    #[arg(long, value_enum, default_value = "f32")]
-    pub(crate) kv_precision: KvPrecision,
+    /// Storages of the dense weights to sweep (comma-separated; attention q/k/v/o, shared
+    /// experts, dense MLP layers, lm_head): q8_0 (ggml's Q8_0, quantised on load; 8.5 bits
+    /// per weight), or f16. The router, norms and embeddings stay f16.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "q8_0")]
+    pub(crate) dense_precision: Vec<DensePrecision>,
+    /// Storages of the KV cache to sweep (comma-separated): f16 (attention reads it
+    /// directly), f32, or q8_0 (int8 in blocks of 32 along head_dim, an f32 scale each).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "f16")]
+    pub(crate) kv_precision: Vec<KvPrecision>,
     /// Most prompt tokens per prefill submission.
     #[arg(long, default_value_t = 64)]
     pub(crate) prefill_chunk: usize,

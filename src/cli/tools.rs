@@ -6,7 +6,7 @@ use serde_json::json;
 
 use wgmoe::backend::{Device, DeviceType};
 use wgmoe::error::{Error, Result};
-use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision};
+use wgmoe::runtime::engine::{DensePrecision, Engine, EngineOptions, ExpertPrecision, KvPrecision};
 use wgmoe::runtime::generate::{generate, GenerateOptions};
 use wgmoe::runtime::sampling::SamplingOptions;
 
@@ -135,7 +135,17 @@ pub fn measure(gpu: &GpuArgs, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn quantize(model: &std::path::Path, out: &std::path::Path, force: bool) -> Result<()> {
+pub fn quantize(
+    model: &std::path::Path,
+    out: &std::path::Path,
+    force: bool,
+    dense: DensePrecision,
+) -> Result<()> {
+    use wgmoe::format::identity::DenseStorage;
+    let storage = match dense {
+        DensePrecision::F16 => DenseStorage::F16,
+        DensePrecision::Q8_0 => DenseStorage::Q8_0,
+    };
     wgmoe::interrupt::install()?;
     let pb =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
@@ -145,22 +155,34 @@ pub fn quantize(model: &std::path::Path, out: &std::path::Path, force: bool) -> 
         pb.set_style(style);
     }
     let t0 = std::time::Instant::now();
-    let summary =
-        wgmoe::format::convert::write_converted_to(model, out, force, &mut |done, total| {
+    let summary = wgmoe::format::convert::write_converted_to(
+        model,
+        out,
+        force,
+        storage,
+        &mut |done, total| {
             pb.set_length(total);
             pb.set_position(done);
-        })
-        .map_err(|e| out_error(out, e))?;
+        },
+    )
+    .map_err(|e| out_error(out, e))?;
     pb.finish_and_clear();
     if let Some(r) = &summary.replaced {
         eprintln!("replaced {r} in {}", out.display());
     }
+    let human = wgmoe::insight::inspect::human;
+    let q8 = if summary.dense_q8_bytes > 0 {
+        format!(" + {} q8_0 dense", human(summary.dense_q8_bytes))
+    } else {
+        String::new()
+    };
     eprintln!(
-        "wrote {} ({}: {} f16 non-routed + {} int4 experts) in {:.1}s",
+        "wrote {} ({}: {} f16 non-routed{q8} + {} int4 experts; dense weights {}) in {:.1}s",
         summary.out_file,
-        wgmoe::insight::inspect::human(summary.bytes),
-        wgmoe::insight::inspect::human(summary.dense_f16_bytes),
-        wgmoe::insight::inspect::human(summary.expert_int4_bytes),
+        human(summary.bytes),
+        human(summary.dense_f16_bytes),
+        human(summary.expert_int4_bytes),
+        summary.dense_precision.name(),
         t0.elapsed().as_secs_f64()
     );
     Ok(())
@@ -182,6 +204,8 @@ pub fn inspect(
     as_json: bool,
     max_context: Option<usize>,
     prefill_chunk: usize,
+    dense: wgmoe::runtime::engine::DensePrecision,
+    kv: wgmoe::runtime::engine::KvPrecision,
 ) -> Result<()> {
     if wgmoe::gguf::is_gguf_path(model) {
         return inspect_gguf(model, as_json, max_context);
@@ -210,7 +234,7 @@ pub fn inspect(
         wgmoe::model::workspace::check_context(&cfg, n, prefill_chunk)
             .map_err(|e| Error::option("--ctx-size", e.to_string()))?;
     }
-    let mut i = wgmoe::insight::inspect::inspect(&cfg, &ckpt)?;
+    let mut i = wgmoe::insight::inspect::inspect(&cfg, &ckpt, dense.format(), kv.format())?;
     if let Some(n) = max_context {
         i.add_workspace(&cfg, n, prefill_chunk)?;
     }
@@ -289,15 +313,58 @@ fn inspect_gguf(model: &std::path::Path, as_json: bool, max_context: Option<usiz
     Ok(())
 }
 
+/// One precision `eval` compares with the reference.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Precisions {
+    experts: ExpertPrecision,
+    dense: DensePrecision,
+    kv: KvPrecision,
+}
+
+impl Precisions {
+    /// What the others are compared with: f16 experts, f16 dense weights, f32 KV cache.
+    const REFERENCE: Precisions = Precisions {
+        experts: ExpertPrecision::F16,
+        dense: DensePrecision::F16,
+        kv: KvPrecision::F32,
+    };
+    /// `run`'s defaults.
+    const DEFAULTS: Precisions = Precisions {
+        experts: ExpertPrecision::Int4,
+        dense: DensePrecision::Q8_0,
+        kv: KvPrecision::F16,
+    };
+
+    /// What differs from the reference, e.g. `int4 experts + q8_0 dense + f16 KV`.
+    fn label(self) -> String {
+        let r = Self::REFERENCE;
+        let mut parts = Vec::new();
+        if self.experts != r.experts {
+            parts.push("int4 experts".to_string());
+        }
+        if self.dense != r.dense {
+            parts.push(format!("{} dense", self.dense.name()));
+        }
+        if self.kv != r.kv {
+            parts.push(format!("{} KV", self.kv.name()));
+        }
+        match (parts.is_empty(), self == Self::DEFAULTS) {
+            (true, _) => "the reference itself".to_string(),
+            (false, true) => format!("{} (the defaults)", parts.join(" + ")),
+            (false, false) => parts.join(" + "),
+        }
+    }
+}
+
 pub fn eval(a: EvalArgs) -> Result<()> {
     let (cfg, _, tok) = Engine::open_host(&a.model)?;
-    // The reference needs f16 experts, which only the original weights give.
+    // The reference needs f16 experts and dense weights, which only the original weights give.
     if wgmoe::format::identity::is_converted(&wgmoe::format::checkpoint::Checkpoint::open(
         &a.model,
     )?) {
         return Err(Error::bad_file(
             &a.model,
-            "holds a converted model (INT4 experts, from `wgmoe quantize`): `wgmoe eval` compares INT4 with f16 experts, and f16 experts need the original Hugging Face checkpoint",
+            "holds a converted model (INT4 experts, from `wgmoe quantize`): `wgmoe eval` compares each precision with f16 experts and f16 dense weights, which need the original Hugging Face checkpoint",
         ));
     }
     if a.max_new_tokens == 0 {
@@ -338,21 +405,52 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             ),
         ));
     }
+    // The candidates: each precision alone, then the defaults combined; or the one the
+    // options name (the reference's precision where one is not given).
+    let reference = Precisions::REFERENCE;
+    let candidates: Vec<Precisions> = if a.expert_precision.is_none()
+        && a.dense_precision.is_none()
+        && a.kv_precision.is_none()
+    {
+        vec![
+            Precisions {
+                experts: ExpertPrecision::Int4,
+                ..reference
+            },
+            Precisions {
+                dense: DensePrecision::Q8_0,
+                ..reference
+            },
+            Precisions {
+                kv: KvPrecision::F16,
+                ..reference
+            },
+            Precisions::DEFAULTS,
+        ]
+    } else {
+        vec![Precisions {
+            experts: a.expert_precision.unwrap_or(reference.experts),
+            dense: a.dense_precision.unwrap_or(reference.dense),
+            kv: a.kv_precision.unwrap_or(reference.kv),
+        }]
+    };
     let adapter = a.gpu.request()?;
-    let opts = |precision| EngineOptions {
+    let opts = |p: Precisions| EngineOptions {
         residency: Default::default(),
         adapter: adapter.clone(),
         kernels: a.gpu.kernels(),
-        expert_precision: precision,
-        dense_precision: wgmoe::runtime::engine::DensePrecision::F16,
-        kv_precision: wgmoe::runtime::engine::KvPrecision::F32,
+        expert_precision: p.experts,
+        dense_precision: p.dense,
+        kv_precision: p.kv,
         executor: a.executor,
         max_context,
         prefill_chunk: 64,
         all_logits: true,
     };
-    // Reference: greedy decode with FP16 experts, keeping each step's logits.
-    let mut f16 = Engine::load(&a.model, &opts(ExpertPrecision::F16))?;
+    // Reference: a greedy decode gives the sequence; its logits over that sequence,
+    // teacher-forced as every candidate's are (the same kernels, so the reference against
+    // itself is exactly 0).
+    let mut f16 = Engine::load(&a.model, &opts(reference))?;
     let g = generate(
         &mut f16.fwd,
         &prompt_ids,
@@ -361,41 +459,87 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             sampling: SamplingOptions::greedy(),
             eos_ids: vec![],
             ignore_eos: true,
-            record_logits: true,
+            record_logits: false,
         },
         &mut |_| Ok(()),
     )
-    .map_err(|e| Error::Other(format!("FP16-expert reference: {e}")))?;
+    .map_err(|e| Error::Other(format!("f16 reference: {e}")))?;
+    let mut seq = prompt_ids.clone();
+    seq.extend_from_slice(&g.generated_ids[..g.generated_ids.len().saturating_sub(1)]);
+    let first = prompt_ids.len() - 1;
+    let mut ref_rows = wgmoe::runtime::generate::prompt_logits(&mut f16.fwd, &seq)
+        .map_err(|e| Error::Other(format!("f16 reference: {e}")))?;
+    let ref_rows = ref_rows.split_off(first);
     software_note(&f16.dev, &adapter);
     let adapter = f16.dev.info().name.clone();
     drop(f16);
-    // Candidate: INT4 experts on the same sequence, teacher-forced.
-    let mut int4 = Engine::load(&a.model, &opts(ExpertPrecision::Int4))?;
-    let mut seq = prompt_ids.clone();
-    seq.extend_from_slice(&g.generated_ids[..g.generated_ids.len().saturating_sub(1)]);
-    let rows = wgmoe::runtime::generate::prompt_logits(&mut int4.fwd, &seq)
-        .map_err(|e| Error::Other(format!("INT4-expert candidate: {e}")))?;
-    let cand = &rows[prompt_ids.len() - 1..];
-    let f = wgmoe::insight::eval::fidelity(&g.step_logits, cand);
+    // Each candidate on the same sequence, one engine at a time.
+    let mut rows = Vec::with_capacity(candidates.len());
+    for &p in &candidates {
+        let mut e = Engine::load(&a.model, &opts(p))?;
+        let cand = wgmoe::runtime::generate::prompt_logits(&mut e.fwd, &seq)
+            .map_err(|e| Error::Other(format!("{} candidate: {e}", p.label())))?;
+        drop(e);
+        rows.push((p, wgmoe::insight::eval::fidelity(&ref_rows, &cand[first..])));
+    }
+    let int4_only = Precisions {
+        experts: ExpertPrecision::Int4,
+        ..reference
+    };
     if a.json {
-        out!(
-            "{}",
-            json!({"model": a.model.display().to_string(), "adapter": adapter, "prompt_ids": prompt_ids, "reference_ids": g.generated_ids, "int4_vs_f16": f})
-        );
+        let entry = |p: &Precisions, f: &wgmoe::insight::eval::Fidelity| {
+            json!({
+                "label": p.label(),
+                "experts": p.experts,
+                "dense_precision": p.dense,
+                "kv_precision": p.kv,
+                "mean_kl": f.mean_kl,
+                "max_kl": f.max_kl,
+                "top1_agreement": f.top1_agreement,
+                "positions": f.positions,
+            })
+        };
+        let mut v = json!({
+            "model": a.model.display().to_string(),
+            "adapter": adapter,
+            "prompt_ids": prompt_ids,
+            "reference_ids": g.generated_ids,
+            "reference": {
+                "experts": reference.experts,
+                "dense_precision": reference.dense,
+                "kv_precision": reference.kv,
+            },
+            "precisions": rows.iter().map(|(p, f)| entry(p, f)).collect::<Vec<_>>(),
+        });
+        if let Some((_, f)) = rows.iter().find(|(p, _)| *p == int4_only) {
+            v["int4_vs_f16"] = json!(f);
+        }
+        out!("{v}");
     } else {
         out!(
-            "{}: INT4 vs FP16 experts over {} positions (greedy FP16 decode, teacher-forced): mean KL {:.3e} nats, max KL {:.3e}, top-1 agreement {:.1}% [{}]",
+            "{}: each precision against f16 experts, f16 dense weights and an f32 KV cache over {} positions (greedy reference decode, teacher-forced) [{}]",
             a.model.display(),
-            f.positions,
-            f.mean_kl,
-            f.max_kl,
-            100.0 * f.top1_agreement,
+            ref_rows.len(),
             adapter
         );
+        let width = rows.iter().map(|(p, _)| p.label().len()).max().unwrap_or(0);
+        for (p, f) in &rows {
+            out!(
+                "  {:<width$}  mean KL {:.3e} nats, max KL {:.3e}, top-1 agreement {:.1}%",
+                p.label(),
+                f.mean_kl,
+                f.max_kl,
+                100.0 * f.top1_agreement,
+            );
+        }
     }
-    if !(f.mean_kl.is_finite() && f.max_kl.is_finite()) {
+    if let Some((p, f)) = rows
+        .iter()
+        .find(|(_, f)| !(f.mean_kl.is_finite() && f.max_kl.is_finite()))
+    {
         return Err(Error::Other(format!(
-            "the KL divergence is {} (a logits row is not a distribution): the comparison is meaningless",
+            "the KL divergence of {} is {} (a logits row is not a distribution): the comparison is meaningless",
+            p.label(),
             f.max_kl
         )));
     }

@@ -2,11 +2,16 @@
 //!
 //! A converted model directory holds the original config, generation config and
 //! tokenizer files, and one `model.safetensors` with
-//! - every non-routed tensor as F16 under its Hugging Face name;
+//! - every non-routed tensor as F16 under its Hugging Face name, except with
+//!   `--dense-precision q8_0` the dense weights (`identity::is_dense_weight`: attention
+//!   q/k/v/o, shared experts, dense MLP layers, lm_head; with tied embeddings a Q8_0 copy of
+//!   them as `lm_head.weight`), stored as ggml's Q8_0 blocks in a U8 tensor
+//!   [rows, ceil(cols/32)*34] under the same name (`identity::Q8_0_LAYOUT`);
 //! - per MoE layer, `model.layers.{l}.mlp.experts.int4` U8 [num_experts, slot_bytes]: the
 //!   routed experts already packed as INT4 slots (layout in `crate::format::quant`), so loading
 //!   is a memory map and a copy, no conversion work;
-//! - metadata naming the format, block size, rounding rule and slot layout, the identity
+//! - metadata naming the format, block size, rounding rule and slot layout, the dense
+//!   weights' storage (`wgmoe.dense_precision`, `f16` when absent), the identity
 //!   of the source (hash of its config.json, size and hash of each weight file) and a
 //!   checksum per layer of packed experts. A file whose identity or layout does not match
 //!   its config, or whose experts fail their checksum, is refused.
@@ -21,7 +26,9 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertProj};
 pub use crate::format::identity::{
-    experts_tensor, fast_hash, is_converted, FastHasher, FORMAT, FORMAT_VERSION, ROUNDING,
+    dense_storage, experts_tensor, fast_hash, ggml_q8_row_bytes, is_converted, is_dense_weight,
+    DenseStorage, FastHasher, DENSE_LAYOUT_KEY, DENSE_PRECISION_KEY, FORMAT, FORMAT_VERSION,
+    Q8_0_LAYOUT, ROUNDING,
 };
 use crate::format::quant::Q4SlotLayout;
 
@@ -51,6 +58,8 @@ fn meta_json(cfg: &ModelConfig, layout: &Q4SlotLayout) -> BTreeMap<&'static str,
 pub fn validate_converted(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<()> {
     let file = ckpt.dir().join("model.safetensors");
     let md = ckpt.metadata();
+    // The dense weights' storage is one this build reads.
+    dense_storage(ckpt)?;
     let layout = Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate);
     for (key, want) in meta_json(cfg, &layout) {
         let got = md.get(key).map(String::as_str).unwrap_or("<missing>");
@@ -113,6 +122,58 @@ pub fn validate_converted(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `w` (rows of `cols` values) as ggml's Q8_0 blocks, row by row: per block of 32 values
+/// along the row, its f16 scale d (little-endian) then 32 int8, bit-exact with ggml's
+/// `quantize_row_q8_0_ref` (`crate::format::q8_0::quantize_block`); a partial last block
+/// is zero-padded. `Q8Matrix::from_ggml` splits them into the packed sections the kernels
+/// read, giving the bytes `Q8Matrix::pack` gives from `w`.
+pub fn q8_0_ggml_blocks(w: &[f32], cols: usize) -> Vec<u8> {
+    use crate::format::q8_0::{quantize_block, BLOCK};
+    if cols == 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(w.len() / cols * ggml_q8_row_bytes(cols));
+    for row in w.chunks(cols) {
+        for block in row.chunks(BLOCK) {
+            let (d, q) = quantize_block(block);
+            out.extend_from_slice(&d.to_le_bytes());
+            out.extend(q.iter().map(|&v| v as u8));
+        }
+    }
+    out
+}
+
+/// The ggml Q8_0 blocks of the dense weight `name` ([rows, cols]) of a Q8_0 conversion,
+/// borrowed from the mapping, after checking the shape and that every block's scale is a
+/// finite f16 (a checksum says nothing about how a file was made).
+pub fn stored_q8_blocks<'a>(
+    ckpt: &'a Checkpoint,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<&'a [u8]> {
+    use crate::format::q8_0::{BLOCK, GGML_BLOCK_BYTES};
+    let bytes = ckpt.raw_u8(name, &[rows, ggml_q8_row_bytes(cols)])?;
+    let blocks = cols.div_ceil(BLOCK).max(1);
+    let bad = bytes
+        .chunks_exact(GGML_BLOCK_BYTES)
+        .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
+        .enumerate()
+        .find(|(_, d)| !d.is_finite());
+    if let Some((i, d)) = bad {
+        return Err(Error::BadTensor {
+            path: ckpt.dir().join("model.safetensors"),
+            name: name.to_string(),
+            msg: format!(
+                "Q8_0 block {} of row {} has an f16 scale of {d}: wgmoe refuses non-finite weights",
+                i % blocks,
+                i / blocks
+            ),
+        });
+    }
+    Ok(bytes)
 }
 
 /// Quantise one layer's routed experts into packed slots [E][slot_bytes], on all cores.
@@ -199,7 +260,12 @@ fn is_routed_expert(name: &str) -> bool {
 pub struct ConvertSummary {
     pub out_file: String,
     pub bytes: u64,
+    /// The dense weights' storage (`--dense-precision`).
+    pub dense_precision: DenseStorage,
+    /// Non-routed tensors stored as f16 (with q8_0: the router, norms, embeddings...).
     pub dense_f16_bytes: u64,
+    /// Dense weights stored as Q8_0 blocks (0 with f16).
+    pub dense_q8_bytes: u64,
     pub expert_int4_bytes: u64,
     /// The earlier wgmoe output the new one replaced, if any.
     pub replaced: Option<String>,
@@ -416,7 +482,9 @@ pub struct ConvertedModelWriter {
     sums: Vec<String>,
     /// Layer whose experts are being written, and their running checksum.
     hashing: Option<(usize, FastHasher)>,
+    storage: DenseStorage,
     dense: u64,
+    dense_q8: u64,
     experts: u64,
     num_experts: usize,
 }
@@ -431,10 +499,28 @@ impl ConvertedModelWriter {
         dense: Vec<(String, Vec<usize>)>,
         extra_meta: BTreeMap<String, String>,
     ) -> Result<Self> {
+        Self::create_in(out_file, cfg, dense, DenseStorage::F16, extra_meta)
+    }
+
+    /// As `create`, with the dense weights (`is_dense_weight`, given by name and their
+    /// [rows, cols]) stored in `storage`: with Q8_0 they are planned as U8 ggml blocks
+    /// [rows, ceil(cols/32)*34] and written with `write_dense_q8`.
+    pub fn create_in(
+        out_file: &Path,
+        cfg: &ModelConfig,
+        dense: Vec<(String, Vec<usize>)>,
+        storage: DenseStorage,
+        extra_meta: BTreeMap<String, String>,
+    ) -> Result<Self> {
         let layout = Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate);
         let mut plan: Vec<PlannedTensor> = dense
             .into_iter()
-            .map(|(n, s)| PlannedTensor::new(n, "F16", s))
+            .map(|(n, s)| match (storage, &s[..]) {
+                (DenseStorage::Q8_0, &[rows, cols]) if is_dense_weight(&n) => {
+                    PlannedTensor::new(n, "U8", vec![rows, ggml_q8_row_bytes(cols)])
+                }
+                _ => PlannedTensor::new(n, "F16", s),
+            })
             .collect();
         for l in (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]) {
             plan.push(PlannedTensor {
@@ -448,6 +534,10 @@ impl ConvertedModelWriter {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect();
+        meta.insert(DENSE_PRECISION_KEY.into(), storage.name().into());
+        if storage == DenseStorage::Q8_0 {
+            meta.insert(DENSE_LAYOUT_KEY.into(), Q8_0_LAYOUT.into());
+        }
         meta.extend(extra_meta);
         // Fixed-width placeholders, so the header keeps its length when the real sums go in.
         let sums: Vec<String> = (0..cfg.num_layers).map(|_| "0".repeat(16)).collect();
@@ -461,7 +551,9 @@ impl ConvertedModelWriter {
             layout,
             sums,
             hashing: None,
+            storage,
             dense: 0,
+            dense_q8: 0,
             experts: 0,
             num_experts: cfg.num_experts,
         })
@@ -479,6 +571,13 @@ impl ConvertedModelWriter {
     pub fn write_dense(&mut self, name: &str, data: &[half::f16]) -> Result<()> {
         self.st.write(name, bytemuck::cast_slice(data))?;
         self.dense += (data.len() * 2) as u64;
+        Ok(())
+    }
+
+    /// Append ggml Q8_0 blocks (`q8_0_ggml_blocks`, whole rows) to the dense weight `name`.
+    pub fn write_dense_q8(&mut self, name: &str, blocks: &[u8]) -> Result<()> {
+        self.st.write(name, blocks)?;
+        self.dense_q8 += blocks.len() as u64;
         Ok(())
     }
 
@@ -529,32 +628,39 @@ impl ConvertedModelWriter {
         Ok(ConvertSummary {
             out_file: out_file.display().to_string(),
             bytes,
+            dense_precision: self.storage,
             dense_f16_bytes: self.dense,
+            dense_q8_bytes: self.dense_q8,
             expert_int4_bytes: self.experts,
             replaced: None,
         })
     }
 }
 
-/// `wgmoe quantize`: write a converted model to `out_dir`, streaming tensor by tensor (an
-/// existing non-empty `out_dir` must hold an earlier wgmoe output; see `write_converted_to`).
-/// `on_progress(done, total)` counts the output tensors' bytes.
+/// `wgmoe quantize --dense-precision f16`: write a converted model to `out_dir`, streaming
+/// tensor by tensor (an existing non-empty `out_dir` must hold an earlier wgmoe output; see
+/// `write_converted_to`). `on_progress(done, total)` counts the output tensors' bytes.
 pub fn write_converted(
     src: &Path,
     out_dir: &Path,
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ConvertSummary> {
-    write_converted_to(src, out_dir, false, on_progress)
+    write_converted_to(src, out_dir, false, DenseStorage::F16, on_progress)
 }
+
+/// Rows of a dense weight quantised to Q8_0 per piece written (bounds the f32 copy).
+const Q8_ROWS_PER_PIECE: usize = 4096;
 
 /// `wgmoe quantize [--force]`. The output directory is checked and written as
 /// `crate::format::output_dir` describes: never the input (or inside it, or around it), a
 /// non-empty directory only if it holds an earlier wgmoe output or with `force`, every file
-/// under a temporary name until all are complete.
+/// under a temporary name until all are complete. `dense_storage`: how the dense weights are
+/// stored (`--dense-precision`).
 pub fn write_converted_to(
     src: &Path,
     out_dir: &Path,
     force: bool,
+    dense_storage: DenseStorage,
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ConvertSummary> {
     crate::format::checkpoint::check_model_dir(src)?;
@@ -575,6 +681,17 @@ pub fn write_converted_to(
     for name in ckpt.names().filter(|n| !is_routed_expert(n)) {
         dense.push((name.to_string(), ckpt.info(name)?.shape));
     }
+    // Q8_0 with tied embeddings: the lm_head's Q8_0 copy (the loader's, when it quantises
+    // on load), so a converted model reads it as stored.
+    let tied_copy = dense_storage == DenseStorage::Q8_0
+        && cfg.tie_word_embeddings
+        && !ckpt.contains("lm_head.weight");
+    if tied_copy {
+        dense.push((
+            "lm_head.weight".to_string(),
+            vec![cfg.vocab_size, cfg.hidden_size],
+        ));
+    }
     let mut sources = Vec::new();
     for f in ckpt.files() {
         let data = std::fs::read(f).map_err(|e| Error::io(f, e))?;
@@ -590,7 +707,8 @@ pub fn write_converted_to(
         serde_json::Value::Array(sources).to_string(),
     );
     let weights = out.stage("model.safetensors");
-    let mut w = ConvertedModelWriter::create(&weights, &cfg, dense, extra)?;
+    let shapes: std::collections::HashMap<String, Vec<usize>> = dense.iter().cloned().collect();
+    let mut w = ConvertedModelWriter::create_in(&weights, &cfg, dense, dense_storage, extra)?;
     let plan: Vec<PlannedTensor> = w.stream().plan().to_vec();
     // Bytes, not tensors: the expert tensors are most of the bytes and of the time.
     let total: u64 = plan.iter().map(|p| p.bytes as u64).sum();
@@ -602,6 +720,38 @@ pub fn write_converted_to(
         if p.dtype == "F16" {
             let v = ckpt.read_f16(&p.name, &p.shape)?;
             w.write_dense(&p.name, &v)?;
+        } else if is_dense_weight(&p.name) {
+            let source = if tied_copy && p.name == "lm_head.weight" {
+                "model.embed_tokens.weight"
+            } else {
+                p.name.as_str()
+            };
+            let shape = shapes.get(&p.name).cloned().unwrap_or_default();
+            let &[rows, cols] = &shape[..] else {
+                return Err(Error::Other(format!(
+                    "internal: dense weight `{}` of shape {shape:?} planned as Q8_0",
+                    p.name
+                )));
+            };
+            let mut start = 0;
+            while start < rows {
+                crate::interrupt::check()?;
+                let n = Q8_ROWS_PER_PIECE.min(rows - start);
+                let v = ckpt.read_rows_f32(source, &shape, start, n)?;
+                if let Some((i, x)) = crate::format::q8_0::first_unstorable(&v, cols) {
+                    return Err(Error::BadTensor {
+                        path: ckpt.info(source)?.file,
+                        name: source.to_string(),
+                        msg: format!(
+                            "element [{}, {}] = {x} cannot be stored as Q8_0 (a block's scale max|w|/127 must be a finite f16; --dense-precision f16 keeps it as f16)",
+                            start + i / cols,
+                            i % cols
+                        ),
+                    });
+                }
+                w.write_dense_q8(&p.name, &q8_0_ggml_blocks(&v, cols))?;
+                start += n;
+            }
         } else {
             let l: usize = p
                 .name
@@ -634,4 +784,31 @@ pub fn write_converted_to(
         replaced,
         ..summary
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::q8_0::Q8Matrix;
+
+    #[test]
+    fn stored_q8_0_blocks_split_into_what_quantising_on_load_packs() {
+        // 45 columns: two blocks per row, the second partial (zero-padded).
+        let (out, inp) = (5, 45);
+        let w: Vec<f32> = (0..out * inp)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0)
+            .collect();
+        let blocks = q8_0_ggml_blocks(&w, inp);
+        assert_eq!(blocks.len(), out * ggml_q8_row_bytes(inp));
+        assert_eq!(ggml_q8_row_bytes(inp), 2 * 34);
+        let m = Q8Matrix { out, inp };
+        let (mut q1, mut s1) = (vec![0u8; m.q_bytes()], vec![0u8; m.scale_bytes()]);
+        let (mut q2, mut s2) = (vec![0u8; m.q_bytes()], vec![0u8; m.scale_bytes()]);
+        m.pack(&w, &mut q1, &mut s1);
+        m.from_ggml(&blocks, &mut q2, &mut s2);
+        assert_eq!(q1, q2);
+        assert_eq!(s1, s2);
+        // The padding of a partial block holds zeros.
+        assert!(blocks[34 + 2 + 13..68].iter().all(|&b| b == 0));
+    }
 }

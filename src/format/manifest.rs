@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::config::{Arch, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertLayout, ExpertProj};
-use crate::format::identity::{experts_tensor, is_converted};
+use crate::format::identity::{
+    dense_storage, experts_tensor, ggml_q8_row_bytes, is_converted, is_dense_weight, DenseStorage,
+};
 use crate::format::quant::Q4SlotLayout;
 
 /// Every non-routed tensor the model needs, with its shape (routed experts excluded: their
@@ -72,8 +74,13 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 /// Check, without reading any data, that the checkpoint holds every tensor the config
 /// implies with the right shape and a readable dtype (the same checks loading makes).
 pub fn check_tensors(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
+    let q8 = dense_storage(ckpt)? == DenseStorage::Q8_0;
     for (name, shape) in expected_tensors(cfg) {
         if name == "lm_head.weight" && cfg.tie_word_embeddings && !ckpt.contains(&name) {
+            continue;
+        }
+        if let (true, true, &[rows, cols]) = (q8, is_dense_weight(&name), &shape[..]) {
+            ckpt.raw_u8(&name, &[rows, ggml_q8_row_bytes(cols)])?;
             continue;
         }
         let info = ckpt.info(&name)?;
@@ -84,6 +91,11 @@ pub fn check_tensors(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
                 msg: format!("expected shape {shape:?}, found {:?}", info.shape),
             });
         }
+    }
+    // A Q8_0 conversion of tied embeddings holds the lm_head's Q8_0 copy.
+    if q8 && cfg.tie_word_embeddings {
+        let [rows, cols] = [cfg.vocab_size, cfg.hidden_size];
+        ckpt.raw_u8("lm_head.weight", &[rows, ggml_q8_row_bytes(cols)])?;
     }
     let (e, h, i) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate);
     for l in (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]) {
@@ -98,6 +110,26 @@ pub fn check_tensors(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The [rows, cols] of a dense weight (`is_dense_weight`) of the model: what a Q8_0
+/// conversion stores as ggml blocks of [rows, ggml_q8_row_bytes(cols)] under the same name
+/// (`lm_head.weight` also for tied embeddings: the head's Q8_0 copy). None for any other
+/// tensor.
+pub fn q8_stored_shape(cfg: &ModelConfig, name: &str) -> Option<[usize; 2]> {
+    if !is_dense_weight(name) {
+        return None;
+    }
+    if name == "lm_head.weight" {
+        return Some([cfg.vocab_size, cfg.hidden_size]);
+    }
+    expected_tensors(cfg)
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, s)| match s[..] {
+            [r, c] => Some([r, c]),
+            _ => None,
+        })
 }
 
 /// `model.layers.{N}.rest` -> (N, rest).

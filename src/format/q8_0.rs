@@ -231,3 +231,70 @@ mod tests {
         assert_eq!(first_unstorable(&w, 64).map(|(i, _)| i), Some(3));
     }
 }
+
+/// The q8_0 KV cache (`--kv-precision q8_0`; `backend::kernel::KvFormat::Q8`, written by
+/// shaders/common/kv_store_q8.wgsl, read by kv_q8.wgsl): per position, `kv_dim` int8 (4 per
+/// u32, byte 0 first, the last word zero-padded), then one f32 scale per block of
+/// [`kv_block`] values, rounded by ggml's rule with the scale kept in f32.
+pub mod kv {
+    /// Values per scale: ggml's 32 when it divides head_dim, else one head row.
+    pub fn kv_block(head_dim: usize) -> usize {
+        if head_dim % super::BLOCK == 0 {
+            super::BLOCK
+        } else {
+            head_dim
+        }
+    }
+
+    /// u32 words of one position's row: its values, then its scales.
+    pub fn row_words(kv_dim: usize, head_dim: usize) -> usize {
+        kv_dim.div_ceil(4) + kv_dim / kv_block(head_dim).max(1)
+    }
+
+    /// One position's `kv_dim` values as the cache stores them.
+    pub fn encode_row(x: &[f32], head_dim: usize) -> Vec<u32> {
+        let bs = kv_block(head_dim).max(1);
+        let vw = x.len().div_ceil(4);
+        let mut out = vec![0u32; row_words(x.len(), head_dim)];
+        for (b, block) in x.chunks(bs).enumerate() {
+            // A NaN makes the block's scale NaN, so its values read back as NaN.
+            let amax = block.iter().fold(0.0f32, |m, &v| {
+                if v.is_nan() || m.is_nan() {
+                    f32::NAN
+                } else {
+                    m.max(v.abs())
+                }
+            });
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            out[vw + b] = d.to_bits();
+            for (i, &v) in block.iter().enumerate() {
+                let j = b * bs + i;
+                let q = (v * id).round().clamp(-127.0, 127.0) as i8;
+                out[j / 4] |= (q as u8 as u32) << (8 * (j % 4));
+            }
+        }
+        out
+    }
+
+    /// The values of `positions` rows of a cache.
+    pub fn decode(words: &[u32], kv_dim: usize, head_dim: usize, positions: usize) -> Vec<f32> {
+        let bs = kv_block(head_dim).max(1);
+        let (rw, vw) = (row_words(kv_dim, head_dim), kv_dim.div_ceil(4));
+        let mut out = Vec::with_capacity(positions * kv_dim);
+        for row in words.chunks(rw).take(positions) {
+            for j in 0..kv_dim {
+                let q = (row[j / 4] >> (8 * (j % 4))) as u8 as i8;
+                out.push(q as f32 * f32::from_bits(row[vw + j / bs]));
+            }
+        }
+        out
+    }
+
+    /// The values a q8_0 cache holds of rows of `kv_dim` values.
+    pub fn round_trip(x: &[f32], kv_dim: usize, head_dim: usize) -> Vec<f32> {
+        x.chunks(kv_dim)
+            .flat_map(|r| decode(&encode_row(r, head_dim), kv_dim, head_dim, 1))
+            .collect()
+    }
+}

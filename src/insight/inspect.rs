@@ -61,6 +61,10 @@ pub struct ClassStats {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Inspection {
     pub converted_int4: bool,
+    /// A converted model's stored dense weights (`wgmoe quantize --dense-precision`): f16,
+    /// or q8_0 (which runs with `--dense-precision q8_0` only). None for a Hugging Face
+    /// checkpoint (quantised on load as `--dense-precision` says).
+    pub stored_dense_precision: Option<crate::format::identity::DenseStorage>,
     pub classes: BTreeMap<TensorClass, ClassStats>,
     pub routed_expert_count: usize,
     pub int4_bytes_per_expert: u64,
@@ -69,6 +73,9 @@ pub struct Inspection {
     pub gpu_weight_bytes_int4: u64,
     pub gpu_weight_bytes_f16: Option<u64>,
     pub kv_cache_bytes_per_position: u64,
+    /// The storage the GPU byte counts assume (`--dense-precision`, `--kv-precision`).
+    pub dense_precision: &'static str,
+    pub kv_precision: &'static str,
     /// With `--ctx-size`: that context, the KV cache, the activation workspace (an upper
     /// bound: buffers of kernels a device may not use are counted) and the total with every
     /// expert resident as INT4.
@@ -76,6 +83,8 @@ pub struct Inspection {
     pub kv_cache_bytes: Option<u64>,
     pub workspace_bytes: Option<u64>,
     pub total_gpu_bytes_int4: Option<u64>,
+    #[serde(skip)]
+    kv: crate::backend::kernel::KvFormat,
 }
 
 impl Inspection {
@@ -90,7 +99,10 @@ impl Inspection {
     ) -> Result<()> {
         let option = |e: Error| Error::option("--ctx-size", e.to_string());
         crate::model::workspace::check_context(cfg, max_context, chunk).map_err(option)?;
-        let shape = crate::model::workspace::planned_shape(cfg, max_context, chunk, false, false);
+        let shape = crate::model::workspace::WorkspaceShape {
+            kv: self.kv,
+            ..crate::model::workspace::planned_shape(cfg, max_context, chunk, false, false)
+        };
         let total = crate::model::workspace::workspace_bytes(cfg, &shape).map_err(option)?;
         // The workspace table holds the KV cache too; report it apart.
         let kv = crate::model::workspace::kv_cache_bytes(cfg, &shape).map_err(option)?;
@@ -106,8 +118,18 @@ impl Inspection {
     }
 }
 
-pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
+/// The checkpoint's tensors, and the GPU bytes with dense weights in `dense` and the KV
+/// cache in `kv`.
+pub fn inspect(
+    cfg: &ModelConfig,
+    ckpt: &Checkpoint,
+    dense: crate::backend::kernel::WeightFormat,
+    kv: crate::backend::kernel::KvFormat,
+) -> Result<Inspection> {
+    use crate::format::identity::{dense_storage, ggml_q8_row_bytes, DenseStorage};
     let converted = is_converted(ckpt);
+    let storage = dense_storage(ckpt)?;
+    let q8 = storage == DenseStorage::Q8_0;
     let mut classes: BTreeMap<TensorClass, ClassStats> = BTreeMap::new();
     let n_sparse = cfg.sparse_layers.iter().filter(|&&s| s).count();
     let routed_count = n_sparse * cfg.num_experts;
@@ -128,6 +150,17 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
             st.int4_bytes += info.len() as u64;
             continue;
         }
+        if let (true, Some([rows, cols])) =
+            (q8, crate::format::manifest::q8_stored_shape(cfg, name))
+        {
+            // ggml's Q8_0 blocks of a [rows, cols] weight.
+            let b = ckpt.raw_u8(name, &[rows, ggml_q8_row_bytes(cols)])?;
+            let n = rows as u64 * cols as u64;
+            st.elements += n;
+            st.stored_bytes += b.len() as u64;
+            st.f16_bytes += n * 2;
+            continue;
+        }
         let info = ckpt.info(name)?;
         // The shape's product is bounded by the file: safetensors checked the data length.
         let n: u64 = info.shape.iter().map(|&d| d as u64).product();
@@ -145,11 +178,11 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
     }
     // The non-routed weights as the device holds them (rows padded, the expert->slot
     // tables): admission's arithmetic, so `inspect`, `plan` and the loader agree.
-    let dense_gpu =
-        crate::runtime::admission::dense_gpu_bytes(cfg, crate::backend::kernel::WeightFormat::F16);
+    let dense_gpu = crate::runtime::admission::dense_gpu_bytes(cfg, dense);
     let f16_per_expert = ExpertPool::slot_bytes(cfg.hidden_size, cfg.moe_intermediate);
     Ok(Inspection {
         converted_int4: converted,
+        stored_dense_precision: converted.then_some(storage),
         classes,
         routed_expert_count: routed_count,
         int4_bytes_per_expert: layout.bytes as u64,
@@ -163,9 +196,12 @@ pub fn inspect(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Inspection> {
             .map(|b| dense_gpu.saturating_add(b)),
         kv_cache_bytes_per_position: mul(
             cfg.num_layers as u64 * 2,
-            cfg.num_kv_heads as u64 * cfg.head_dim as u64 * 4,
+            kv.row_bytes(cfg.num_kv_heads * cfg.head_dim, cfg.head_dim) as u64,
             "KV cache bytes",
         )?,
+        dense_precision: dense.name(),
+        kv_precision: kv.name(),
+        kv,
         max_context: None,
         kv_cache_bytes: None,
         workspace_bytes: None,
@@ -211,9 +247,25 @@ pub fn table(i: &Inspection) -> String {
         human(i.int4_bytes_per_expert),
         human(i.f16_bytes_per_expert)
     );
+    match i.stored_dense_precision {
+        Some(crate::format::identity::DenseStorage::Q8_0) => {
+            let _ = writeln!(
+                o,
+                "dense weights: stored as q8_0 (ggml Q8_0 blocks; the model runs with --dense-precision q8_0 only)"
+            );
+        }
+        Some(crate::format::identity::DenseStorage::F16) => {
+            let _ = writeln!(
+                o,
+                "dense weights: stored as f16 (--dense-precision q8_0 quantises them on load)"
+            );
+        }
+        None => {}
+    }
     let _ = writeln!(
         o,
-        "GPU-resident weights, all experts int4: {}",
+        "GPU-resident weights, all experts int4, {} dense weights: {}",
+        i.dense_precision,
         human(i.gpu_weight_bytes_int4)
     );
     if let Some(b) = i.gpu_weight_bytes_f16 {
@@ -221,8 +273,9 @@ pub fn table(i: &Inspection) -> String {
     }
     let _ = writeln!(
         o,
-        "KV cache: {} per position (f32 keys and values)",
-        human(i.kv_cache_bytes_per_position)
+        "KV cache: {} per position ({} keys and values)",
+        human(i.kv_cache_bytes_per_position),
+        i.kv_precision
     );
     if let (Some(n), Some(kv), Some(ws), Some(total)) = (
         i.max_context,

@@ -136,6 +136,28 @@ impl Q8Layout {
         }
         b
     }
+
+    /// The block from ggml's Q8_0 blocks of gate, up and down (rows in order): the bytes
+    /// `pack` gives from the values they were quantised from.
+    pub fn from_ggml(&self, [gate, up, down]: [&[u8]; 3]) -> Vec<u8> {
+        let (h, i) = (self.hidden, self.inter);
+        let gu = Q8Matrix { out: i, inp: h };
+        let d = Q8Matrix { out: h, inp: i };
+        let mut b = vec![0u8; self.bytes];
+        for (m, blocks, q, s) in [
+            (gu, gate, self.gate_q, self.gate_s),
+            (gu, up, self.up_q, self.up_s),
+            (d, down, self.down_q, self.down_s),
+        ] {
+            let (head, tail) = b.split_at_mut(s);
+            m.from_ggml(
+                blocks,
+                &mut head[q..q + m.q_bytes()],
+                &mut tail[..m.scale_bytes()],
+            );
+        }
+        b
+    }
 }
 
 /// A Q8_0 SwiGLU block on the device.
@@ -170,6 +192,28 @@ impl Q8Mlp {
         }
         let layout = Q8Layout::new(hidden, inter);
         let bytes = layout.pack(gate, up, down);
+        let buffer = alloc_checked(dev, label, bytes.len() as u64, |d| {
+            d.upload(label, &bytes, Usage::Storage)
+        })?;
+        Ok(Q8Mlp {
+            hidden,
+            inter,
+            layout,
+            buffer,
+        })
+    }
+
+    /// Upload gate, up [I, H] and down [H, I] from ggml's Q8_0 blocks (a Q8_0 conversion's
+    /// stored bytes; the caller checks their shapes and scales), split into the block's
+    /// sections unchanged.
+    pub fn upload_ggml(
+        dev: &Device,
+        label: &str,
+        (hidden, inter): (usize, usize),
+        blocks: [&[u8]; 3],
+    ) -> Result<Self> {
+        let layout = Q8Layout::new(hidden, inter);
+        let bytes = layout.from_ggml(blocks);
         let buffer = alloc_checked(dev, label, bytes.len() as u64, |d| {
             d.upload(label, &bytes, Usage::Storage)
         })?;

@@ -6,6 +6,8 @@ pub mod dense_mlp;
 mod fills;
 pub mod forward;
 mod layers;
+mod matmul_q8;
+mod op_env;
 pub mod moe;
 pub mod ops;
 pub mod residency;

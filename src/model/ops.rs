@@ -5,18 +5,11 @@
 
 use crate::backend::kernel::{Kernel, KvFormat, WeightFormat, ROWS_PER_WORKGROUP};
 use crate::backend::params::*;
-use crate::backend::{binds, groups64, Bind, Buffer, Dim, KernelPlan, Op, Program, Resource};
+use crate::backend::{binds, groups64, Bind, Buffer, Dim, Op, Program, Resource};
 use crate::model::tensors::{pad8, F16Matrix, MatrixChunk};
 
-/// What every builder needs besides its operands.
-#[derive(Clone, Copy)]
-pub struct OpEnv<'a> {
-    pub plan: &'a KernelPlan,
-    /// Most tokens of a step (the prefill chunk).
-    pub chunk: usize,
-    /// A small buffer bound where a kernel's optional input is absent.
-    pub dummy: &'a Buffer,
-}
+pub(crate) use crate::model::op_env::{dense_binds, numbered, token_windows, window_grid};
+pub use crate::model::op_env::{OpEnv, MAX_GRID};
 
 /// x[t, :] = embedding row ids[t], one dispatch per chunk of the table.
 pub fn embed(prog: &mut Program, table: &F16Matrix, ids: &Buffer, x: &Buffer, hidden: usize) {
@@ -56,20 +49,6 @@ pub fn rmsnorm(
         binds(&[src, weight, dst]),
         [Dim::Tokens, Dim::Const(1), Dim::Const(1)],
     ));
-}
-
-/// Most workgroups of one grid dimension (WebGPU's minimum limit).
-pub const MAX_GRID: usize = 65535;
-
-/// Bindings by number (the GPU-shaped kernels' layout: activations at 2 and, as vec4s,
-/// 3; weights at 10 and scales at 11).
-pub(crate) fn numbered(list: &[(u32, &Buffer)]) -> Vec<Bind> {
-    list.iter()
-        .map(|(binding, b)| Bind {
-            binding: *binding,
-            resource: Resource::Buffer((*b).clone()),
-        })
-        .collect()
 }
 
 /// Column splits of a one-token matvec over `rows` rows of `words` 16-byte words: enough
@@ -186,10 +165,20 @@ fn matmul_split(
     flags: u32,
     splits: usize,
 ) {
-    let t = env.chunk;
-    // Q8_0 matrices have the GPU-shaped kernels only (matvec and the tiled GEMM), which run
-    // on every adapter.
+    // Q8_0 matrices: the GPU-shaped kernels (matvec and the tiled GEMM) where the plan runs
+    // them, else the Q8_0 storage matmul (CPU adapters), which serves every step alone.
     let q8 = m.format != WeightFormat::F16;
+    if q8 && !env.plan.coalesced_decode && !env.plan.tiled_prefill {
+        let f = flags
+            | if bias.is_some() {
+                flags::MATMUL_BIAS
+            } else {
+                0
+            };
+        let bias = bias.unwrap_or(env.dummy);
+        crate::model::matmul_q8::push(prog, env, m, src, bias, dst, out_stride, f);
+        return;
+    }
     if env.plan.coalesced_decode || q8 {
         let f = flags
             | if bias.is_some() {
@@ -242,15 +231,8 @@ fn matmul_split(
             0
         };
     let bias = bias.unwrap_or(env.dummy);
-    let tw = if window_capable {
-        env.plan.matmul_window_tokens(m.cols, t)
-    } else {
-        0
-    };
-    let windows = if tw > 0 { t.div_ceil(tw) } else { 0 };
-    // The last window must lie inside the buffer.
-    let windows_fit = windows > 0
-        && ((windows - 1) * tw * m.cols * 4 + UNIFORM_WINDOW_BYTES) as u64 <= src.size();
+    let (tw, windows) = token_windows(env, m.cols, src).unwrap_or((0, 0));
+    let windows_fit = windows > 0;
     for c in &m.chunks {
         let decode = (window_capable
             && src.size() >= UNIFORM_WINDOW_BYTES as u64
@@ -262,22 +244,7 @@ fn matmul_split(
         if windows_fit {
             for wi in 0..windows {
                 let t0 = wi * tw;
-                let gate = if last {
-                    Dim::LastIn {
-                        first: t0 as u32,
-                        len: tw as u32,
-                    }
-                } else {
-                    Dim::Window {
-                        first: t0 as u32,
-                        per_token: 1,
-                    }
-                };
-                let ty = if last {
-                    1
-                } else {
-                    (tw as u32).div_ceil(MATMUL_W_TOKENS_PER_THREAD)
-                };
+                let (ty, gate) = window_grid(t0, tw, last);
                 let mut b = vec![Bind {
                     binding: 2,
                     resource: Resource::Window {
@@ -303,7 +270,7 @@ fn matmul_split(
                             tw: tw as u32,
                         },
                         b,
-                        [Dim::Const(groups64(c.rows)), Dim::Const(ty), gate],
+                        [Dim::Const(groups64(c.rows)), ty, gate],
                     )
                     // Window 0 serves one-token steps (later windows are skipped).
                     .with_decode(if wi == 0 { decode } else { None }),
@@ -332,22 +299,6 @@ fn matmul_split(
             prog.push(op);
         }
     }
-}
-
-/// The bindings of the matvec and the GEMM over chunk `c`: activations (2, 3), bias, output,
-/// the weight words (10) and, for formats with scales, the scales in the same buffer (11).
-fn dense_binds(
-    m: &F16Matrix,
-    c: &MatrixChunk,
-    src: &Buffer,
-    bias: &Buffer,
-    dst: &Buffer,
-) -> Vec<Bind> {
-    let mut b = vec![(2, src), (3, src), (4, bias), (5, dst), (10, &c.buffer)];
-    if m.format.has_scales() {
-        b.push((11, &c.buffer));
-    }
-    numbered(&b)
 }
 
 /// The tiled GEMM (gemm.wgsl) over one chunk: 16 tokens x 32 rows per workgroup.

@@ -160,6 +160,49 @@ impl F16Matrix {
         })
     }
 
+    /// Upload ggml's Q8_0 blocks of a [rows, cols] matrix (rows in order, each
+    /// ceil(cols/32) blocks of 34 bytes: as a Q8_0 conversion or a GGUF Q8_0 tensor stores
+    /// them), split into the packed sections unchanged: the bytes `upload_q8` makes from the
+    /// values they were quantised from. The caller checks the scales.
+    pub fn upload_q8_ggml(
+        dev: &Device,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        blocks: &[u8],
+    ) -> Result<Self> {
+        let row_bytes = cols.div_ceil(q8_0::BLOCK) * q8_0::GGML_BLOCK_BYTES;
+        if blocks.len() != rows * row_bytes {
+            return Err(Error::Other(format!(
+                "{label}: {} bytes of Q8_0 blocks for a [{rows}, {cols}] matrix ({} expected)",
+                blocks.len(),
+                rows * row_bytes
+            )));
+        }
+        let per = Self::rows_per_chunk(dev, label, WeightFormat::Q8, cols)?;
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        while start < rows {
+            let n = per.min(rows - start);
+            let m = Q8Matrix { out: n, inp: cols };
+            let mut bytes = vec![0u8; m.bytes()];
+            let (q, s) = bytes.split_at_mut(m.q_bytes());
+            m.from_ggml(&blocks[start * row_bytes..(start + n) * row_bytes], q, s);
+            chunks.push(MatrixChunk {
+                row_start: start,
+                rows: n,
+                buffer: dev.upload(label, &bytes, Usage::Storage)?,
+            });
+            start += n;
+        }
+        Ok(F16Matrix {
+            rows,
+            cols,
+            chunks,
+            format: WeightFormat::Q8,
+        })
+    }
+
     /// A [rows, cols] matrix of zeros in `format`, chunked as an upload would be (a shape
     /// model: the memory-access report runs the real kernels on it).
     pub fn zeros_in(

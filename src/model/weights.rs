@@ -10,7 +10,8 @@ use crate::backend::{Buffer, Device, Usage};
 use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertProj};
-use crate::format::convert::{is_converted, packed_layer};
+use crate::format::convert::{is_converted, packed_layer, stored_q8_blocks};
+use crate::format::identity::{dense_storage, stored_q8, DenseStorage};
 use crate::format::quant::Q4SlotLayout;
 use crate::model::dense_mlp::{DenseMlp, Q8Mlp};
 use crate::model::tensors::{
@@ -79,6 +80,7 @@ impl ModelWeights {
     ) -> Result<Self> {
         // Fail on a missing or misshapen tensor before any upload.
         crate::format::manifest::check_tensors(cfg, ckpt)?;
+        check_dense_storage(ckpt, dense)?;
         if !int4 && is_converted(ckpt) {
             return Err(crate::error::Error::option(
                 "--expert-precision",
@@ -314,6 +316,22 @@ impl ModelWeights {
     }
 }
 
+/// A converted model's dense weights are used as stored when they are what `--dense-precision`
+/// asks for, quantised on load when stored f16 and asked q8_0, and refused, naming both, when
+/// stored q8_0 and asked f16 (the f16 values are gone).
+pub fn check_dense_storage(ckpt: &Checkpoint, dense: WeightFormat) -> Result<()> {
+    if dense == WeightFormat::F16 && dense_storage(ckpt)? == DenseStorage::Q8_0 {
+        return Err(Error::option(
+            "--dense-precision",
+            format!(
+                "`--dense-precision f16` asked, but the model at {} stores q8_0 dense weights (`wgmoe quantize --dense-precision q8_0`): requantize the original checkpoint with `wgmoe quantize --dense-precision f16`, or pass --dense-precision q8_0",
+                ckpt.dir().display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A shared expert or dense MLP (`prefix`.{gate,up,down}_proj.weight) in `format`.
 fn dense_mlp(
     dev: &Device,
@@ -335,6 +353,18 @@ fn dense_mlp(
         let down = ckpt.read_f16(&names[2], &[h, i])?;
         pool.write_slot(dev, 0, &gate, &up, &down)?;
         return Ok(DenseMlp::F16(pool));
+    }
+    if stored_q8(ckpt, &names[0])? {
+        // A Q8_0 conversion: ggml's blocks as stored, split into the block's sections.
+        let gate = stored_q8_blocks(ckpt, &names[0], i, h)?;
+        let up = stored_q8_blocks(ckpt, &names[1], i, h)?;
+        let down = stored_q8_blocks(ckpt, &names[2], h, i)?;
+        return Ok(DenseMlp::Q8(Q8Mlp::upload_ggml(
+            dev,
+            label,
+            (h, i),
+            [gate, up, down],
+        )?));
     }
     let gate = ckpt.read_f32(&names[0], &[i, h])?;
     let up = ckpt.read_f32(&names[1], &[i, h])?;
@@ -370,6 +400,14 @@ fn dense_matrix(
             data.extend(ckpt.read_f16(name, &[*r, cols])?);
         }
         return F16Matrix::upload(dev, label, rows, cols, &data);
+    }
+    if stored_q8(ckpt, &parts[0].0)? {
+        // A Q8_0 conversion: ggml's blocks as stored, rows in order, so the parts stack.
+        let mut blocks = Vec::new();
+        for (name, r) in parts {
+            blocks.extend_from_slice(stored_q8_blocks(ckpt, name, *r, cols)?);
+        }
+        return F16Matrix::upload_q8_ggml(dev, label, rows, cols, &blocks);
     }
     let mut data = Vec::with_capacity(rows * cols);
     for (name, r) in parts {

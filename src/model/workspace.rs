@@ -178,9 +178,9 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     // cos/sin per position and rotated pair.
     w.add("rope", Storage, &[ctxlen, cfg.head_dim])?;
     for l in 0..cfg.num_layers {
-        let e = s.kv.bytes() as u64;
-        w.add_of(format!("cache_k.{l}"), Storage, e, &[ctxlen, kv_dim])?;
-        w.add_of(format!("cache_v.{l}"), Storage, e, &[ctxlen, kv_dim])?;
+        let row = s.kv.row_bytes(kv_dim, cfg.head_dim);
+        w.add_of(format!("cache_k.{l}"), Storage, 4, &[ctxlen, row / 4])?;
+        w.add_of(format!("cache_v.{l}"), Storage, 4, &[ctxlen, row / 4])?;
     }
     if t > 1 {
         // The step's pairs sorted by expert: the expert-major kernels (CPU adapters) and the

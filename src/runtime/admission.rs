@@ -50,26 +50,9 @@ pub fn slot_bytes(cfg: &ModelConfig, int4: bool) -> u64 {
     }
 }
 
-/// Whether a non-routed tensor is a dense weight, stored in the dense format (attention
-/// q/k/v/o, shared experts, dense MLP layers, lm_head; not the router, the shared-expert
-/// gate, norms, biases or embeddings).
-pub fn is_dense_weight(name: &str) -> bool {
-    name == "lm_head.weight"
-        || [
-            ".self_attn.q_proj.weight",
-            ".self_attn.k_proj.weight",
-            ".self_attn.v_proj.weight",
-            ".self_attn.o_proj.weight",
-            ".mlp.gate_proj.weight",
-            ".mlp.up_proj.weight",
-            ".mlp.down_proj.weight",
-            ".mlp.shared_expert.gate_proj.weight",
-            ".mlp.shared_expert.up_proj.weight",
-            ".mlp.shared_expert.down_proj.weight",
-        ]
-        .iter()
-        .any(|s| name.ends_with(s))
-}
+/// Whether a non-routed tensor is a dense weight (the one selection the loader, admission
+/// and `wgmoe quantize --dense-precision q8_0` share).
+pub use crate::format::identity::is_dense_weight;
 
 /// Bytes one non-routed tensor of `shape` takes on the device, with dense weights in
 /// `dense`: f16 (biases f32), a matrix's rows padded to 8 halves, any other tensor padded

@@ -59,6 +59,11 @@ pub enum KvPrecision {
     F32,
     /// Two values per u32, written by rope_kv and read by the attention kernels directly.
     F16,
+    /// int8 in blocks of 32 along head_dim (a block per head row when head_dim is not a
+    /// multiple of 32), one f32 scale per block (`backend::kernel::KvFormat::Q8`).
+    #[value(name = "q8_0")]
+    #[serde(rename = "q8_0")]
+    Q8_0,
 }
 
 impl KvPrecision {
@@ -70,8 +75,27 @@ impl KvPrecision {
         match self {
             KvPrecision::F32 => KvFormat::F32,
             KvPrecision::F16 => KvFormat::F16,
+            KvPrecision::Q8_0 => KvFormat::Q8,
         }
     }
+}
+
+/// A KV format the kernels can hold for this model: a q8_0 cache keeps one position's
+/// block scales in workgroup memory while rope_kv writes it.
+pub fn check_kv_format(cfg: &ModelConfig, kv: KvFormat) -> Result<()> {
+    use crate::backend::params::KV_Q8_MAX_BLOCKS;
+    let block = crate::format::q8_0::kv::kv_block(cfg.head_dim).max(1);
+    let blocks = cfg.num_kv_heads * cfg.head_dim / block;
+    if kv == KvFormat::Q8 && blocks > KV_Q8_MAX_BLOCKS {
+        return Err(Error::option(
+            "--kv-precision",
+            format!(
+                "q8_0 holds at most {KV_Q8_MAX_BLOCKS} blocks per position; {} KV heads of head_dim {} make {blocks}: use f16",
+                cfg.num_kv_heads, cfg.head_dim
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Expert residency, fixed at start-up.
@@ -299,19 +323,26 @@ impl Engine {
         let r = &opts.residency;
         let place = placement(&cfg, r, capacity);
         let dev = Device::open(&opts.adapter)?;
-        if dev.info().backend == "cuda" && opts.dense_precision == DensePrecision::Q8_0 {
+        let mut plan = KernelPlan::decide(dev.info(), &opts.kernels)?;
+        // CUDA runs Q8_0 through the GPU-shaped kernels; the Q8_0 storage matmul (both
+        // storage overrides) has no CUDA port yet.
+        if dev.info().backend == "cuda"
+            && opts.dense_precision == DensePrecision::Q8_0
+            && !plan.coalesced_decode
+            && !plan.tiled_prefill
+        {
             return Err(Error::option(
                 "--dense-precision",
-                "q8_0 has no CUDA kernels yet: use f16 on CUDA, or q8_0 on a wgpu adapter (Vulkan, DX12, Metal)",
+                "q8_0 with the storage kernels (--decode-kernels storage --prefill-kernels storage) has no CUDA kernels yet: use the default GPU-shaped kernels on CUDA, or f16",
             ));
         }
-        let mut plan = KernelPlan::decide(dev.info(), &opts.kernels)?;
         plan.kv = opts.kv_precision.format();
-        if dev.info().backend == "cuda" && opts.kv_precision != KvPrecision::F32 {
+        check_kv_format(&cfg, plan.kv)?;
+        if dev.info().backend == "cuda" && opts.kv_precision == KvPrecision::Q8_0 {
             return Err(Error::option(
                 "--kv-precision",
                 format!(
-                    "{} has no CUDA attention kernels yet: use f32 on CUDA, or {} on a wgpu adapter (Vulkan, DX12, Metal)",
+                    "{} has no CUDA attention kernels yet: use f32 or f16 on CUDA, or {} on a wgpu adapter (Vulkan, DX12, Metal)",
                     opts.kv_precision.name(),
                     opts.kv_precision.name()
                 ),

@@ -71,7 +71,8 @@ fn want_pairs(ids: &[u32], pmax: usize, experts: usize) -> Vec<u32> {
 /// token tiles, the last partial; rows and columns not multiples of the tiles; with bias
 /// and accumulation and without), the pairs' sort, and the expert GEMMs, gate/up then
 /// down, over f16 and INT4 pools in several chunks with permuted slots, for runs of 0, 1,
-/// about T / 2 and T (> 2 tiles) pairs; and the fixed slot (a dense MLP, a shared expert).
+/// about T / 2 and T (> 2 tiles) pairs; and the fixed slot (a dense MLP, a shared expert),
+/// f16 and Q8_0; the dense GEMM and the fixed slot over Q8_0 weights too.
 #[test]
 fn emulated_tiled_gemms_match_the_cpu_reference() {
     use common::check::check;
@@ -135,6 +136,62 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
             &format!("emulated gemm T 37 K 300 N 70 flags {fl:#b}"),
             &r.f32s(&out, c.t * c.n),
             &data.want(&c),
+            GEMM_TOL,
+        );
+    }
+
+    // The dense GEMM over Q8_0 weights, the same shape (19 words a row, the last block
+    // partial), rows of very different magnitudes (each block's scale follows its own
+    // values), in 16 KiB chunks; against the CPU reference over the same packed weights.
+    for (i, fl) in [0, flags::MATMUL_BIAS | flags::MATMUL_ACCUMULATE]
+        .into_iter()
+        .enumerate()
+    {
+        use wgmoe::format::q8_0::Q8Matrix;
+        let c = MatmulCase::new(37, 300, 70, fl);
+        let data = MatmulData::new(740 + i as u64, &c);
+        let mut rng = Rng::new(750 + i as u64);
+        let w: Vec<f32> = (0..c.n * c.k)
+            .map(|j| rng.f32(1.0) * [1.0, 1e-3, 40.0][(j / c.k) % 3])
+            .collect();
+        let qm = Q8Matrix { out: c.n, inp: c.k };
+        let (mut q, mut sc) = (vec![0u8; qm.q_bytes()], vec![0u8; qm.scale_bytes()]);
+        qm.pack(&w, &mut q, &mut sc);
+        let m = F16Matrix::upload_q8(&g.dev, "w", c.n, c.k, &w).unwrap();
+        assert_eq!(m.format, WeightFormat::Q8);
+        assert!(m.chunks.len() > 1, "{} chunks", m.chunks.len());
+        let x = f32_buf(&g.dev, &data.xs);
+        let has = |f: u32| fl & f != 0;
+        let b = has(flags::MATMUL_BIAS).then(|| f32_buf(&g.dev, &data.bias));
+        let out = f32_buf(&g.dev, &data.out0);
+        let d = common::gpu::dummy(&g.dev);
+        let env = OpEnv {
+            plan: &g.plan,
+            chunk: c.t,
+            dummy: &d,
+        };
+        let mut prog = Program::default();
+        push_matmul(&mut prog, &env, &m, &x, b.as_ref(), &out, c.n, fl);
+        let ks = kernels_of(&prog, c.t);
+        assert!(
+            ks.iter().all(|k| *k == Kernel::Gemm(WeightFormat::Q8)),
+            "{ks:?}"
+        );
+        seen.extend(ks);
+        let r = emulated(emu, &g.dev, &prog, c.t);
+        let want = cpu_ref::matmul_q8(
+            &data.xs,
+            qm,
+            &q,
+            &sc,
+            has(flags::MATMUL_BIAS).then_some(&data.bias[..]),
+            has(flags::MATMUL_ACCUMULATE).then_some(&data.out0[..]),
+        )
+        .unwrap();
+        check(
+            &format!("emulated gemm[q8_0] T 37 K 300 N 70 flags {fl:#b}"),
+            &r.f32s(&out, c.t * c.n),
+            &want,
             GEMM_TOL,
         );
     }
@@ -302,6 +359,81 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
         GEMM_TOL,
     );
 
+    // A Q8_0 SwiGLU block (a dense MLP, a shared expert: `DenseMlp::Q8`), the fixed slot
+    // of the Q8_0 expert GEMM: 100 hidden columns (4 blocks, the last partial; rows not
+    // 16-byte aligned), 70 intermediate (3 blocks); against the CPU reference over the
+    // Q8_0 round trip of the same weights.
+    {
+        use wgmoe::model::dense_mlp::{DenseMlp, Q8Mlp};
+        let (hid, inter) = (100, 70);
+        let mut rng = Rng::new(730);
+        let mut mat = |rows: usize, cols: usize| -> Vec<f32> {
+            (0..rows * cols)
+                .map(|j| rng.f32(1.0) * [1.0, 0.01, 8.0][(j / cols) % 3])
+                .collect()
+        };
+        let (gw, uw, dw) = (mat(inter, hid), mat(inter, hid), mat(hid, inter));
+        let mlp = DenseMlp::Q8(
+            Q8Mlp::upload(
+                &g.dev,
+                "mlp",
+                ["gate", "up", "down"],
+                (hid, inter),
+                [&gw, &uw, &dw],
+            )
+            .unwrap(),
+        );
+        let xs = rng.vec(t * hid, 1.0);
+        let x = f32_buf(&g.dev, &xs);
+        let h = f32_buf(&g.dev, &vec![f32::NAN; t * inter]);
+        let y = f32_buf(&g.dev, &vec![f32::NAN; t * hid]);
+        let d = common::gpu::dummy(&g.dev);
+        let m = MoeDispatch {
+            plan: &g.plan,
+            sorted: None,
+            fuse_combine: false,
+            decode_uniform: false,
+            coalesced: g.plan.coalesced_decode,
+            tiled: None,
+            one_token: false,
+            hidden: hid,
+            top_k: 1,
+            dummy: &d,
+            xn: &x,
+            topk_ids: &d,
+            topk_w: &d,
+            hbuf: &h,
+            y: &d,
+            x: &d,
+        };
+        let mut prog = Program::default();
+        m.swiglu_dense(&mut prog, &mlp, &y);
+        let ks = kernels_of(&prog, t);
+        assert!(
+            ks.iter()
+                .all(|k| *k == Kernel::ExpertGemm(WeightFormat::Q8)),
+            "{ks:?}"
+        );
+        seen.extend(ks);
+        let r = emulated(emu, &g.dev, &prog, t);
+        let rt = |w: &[f32], rows, cols| wgmoe::format::q8_0::round_trip(w, rows, cols);
+        let want = cpu_ref::swiglu_expert(
+            &xs,
+            hid,
+            &rt(&gw, inter, hid),
+            &rt(&uw, inter, hid),
+            &rt(&dw, hid, inter),
+            inter,
+        )
+        .unwrap();
+        check(
+            &format!("emulated expert_gemm[q8_0] fixed slot H {hid} I {inter} T {t}"),
+            &r.f32s(&y, t * hid),
+            &want,
+            GEMM_TOL,
+        );
+    }
+
     // INT4 experts (random nibbles and scales, NaN in the unused scale halves): 300
     // columns (2 scale blocks, the last partial), 70 rows; 3 slots a chunk.
     let c = common::q4::case(300, 70, experts, slots, k, t);
@@ -338,6 +470,8 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
         Kernel::Gemm(WeightFormat::F16),
         Kernel::ExpertGemm(WeightFormat::F16),
         Kernel::ExpertGemm(WeightFormat::Q4),
+        Kernel::Gemm(WeightFormat::Q8),
+        Kernel::ExpertGemm(WeightFormat::Q8),
         Kernel::MoeSort,
     ] {
         assert!(seen.contains(&want), "{want} never emulated: {seen:?}");

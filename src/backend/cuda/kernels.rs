@@ -2,13 +2,16 @@
 //! their compilation with NVRTC. The CUDA backend offers the kernels the kernel plan picks
 //! on it: the device is a GPU whose warps are subgroups of 32, with no SHADER_F16 and no
 //! uniform windows, so the plan picks the GPU-shaped kernels (coalesced matvecs and expert
-//! halves in f16 and INT4, reduced with warp shuffles or, with `--portable-kernels`, a
+//! halves in f16, INT4 and Q8_0, reduced with warp shuffles or, with `--portable-kernels`, a
 //! shared-memory tree; flash attention and its split combine; for multi-token steps the
-//! tiled GEMMs, dense and over experts, and the pairs' sort) and, with
-//! `--decode-kernels storage` / `--prefill-kernels storage`, the storage kernels
+//! tiled GEMMs, dense and over experts, in f16, INT4 and Q8_0, and the pairs' sort) and,
+//! with `--decode-kernels storage` / `--prefill-kernels storage`, the storage kernels
 //! with f32 arithmetic (8-lane W4A16 kernels, or one-lane ones when portable); never
-//! f16-arithmetic, window or expert-major kernels. Every kernel that plan can pick has a
-//! CUDA version here; any other is refused by name. The device loads a CUBIN for its own architecture
+//! f16-arithmetic, window or expert-major kernels. The KV kernels (rope_kv, the attention
+//! kernels) read and write an f32 or f16 cache (`--kv-precision`), one entry point per
+//! format; the q8_0 cache and the Q8_0 storage matmul have no CUDA port (the engine refuses
+//! them on CUDA). Every kernel that plan can pick has a CUDA version here; any other is
+//! refused by name. The device loads a CUBIN for its own architecture
 //! (no PTX JIT: a CUBIN from any CUDA 12 NVRTC loads on any CUDA 12 driver, while PTX from
 //! a newer NVRTC than the driver does not), PTX where NVRTC does not know the architecture.
 //! Compiled code is cached per process and architecture.
@@ -107,17 +110,18 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
         Kernel::Embed => c("embed.cu", "embed", "EmbedParams", &[2, 3, 4], 64),
         Kernel::RmsNorm => c("rmsnorm.cu", "rmsnorm", "RmsNormParams", &[2, 3, 4], 64),
         Kernel::Matmul => c("matmul.cu", "matmul", "MatmulParams", &[2, 3, 4, 5], 64),
-        // The f16 KV cache (`--kv-precision f16`) has no CUDA port yet.
-        Kernel::RopeKv(KvFormat::F32) => c(
+        // The KV cache in f32 or f16 (`--kv-precision`; q8_0 has no CUDA port): one entry
+        // point per format.
+        Kernel::RopeKv(kv) => c(
             "rope_kv.cu",
-            "rope_kv",
+            kv_entry(kv, ["rope_kv", "rope_kv_kv16"])?,
             "RopeKvParams",
             &[2, 3, 4, 5, 6, 7, 8],
             64,
         ),
-        Kernel::Attention(KvFormat::F32) => c(
+        Kernel::Attention(kv) => c(
             "attention.cu",
-            "attention",
+            kv_entry(kv, ["attention", "attention_kv16"])?,
             "AttentionParams",
             &[2, 3, 4, 5, 6],
             64,
@@ -191,10 +195,17 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
             "matvec.cu",
             rows_entry(
                 r,
-                &[(WeightFormat::F16, ["matvec_f16_sg", "matvec_f16_wg"])],
+                &[
+                    (WeightFormat::F16, ["matvec_f16_sg", "matvec_f16_wg"]),
+                    (WeightFormat::Q8, ["matvec_q8_sg", "matvec_q8_wg"]),
+                ],
             )?,
             "DenseParams",
-            &[2, 3, 4, 5, 10],
+            if r.format.has_scales() {
+                &[2, 3, 4, 5, 10, 11]
+            } else {
+                &[2, 3, 4, 5, 10]
+            },
             64,
         ),
         Kernel::ExpertGateUp(r) => c(
@@ -209,6 +220,10 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
                     (
                         WeightFormat::Q4,
                         ["expert_gate_up_q4_sg", "expert_gate_up_q4_wg"],
+                    ),
+                    (
+                        WeightFormat::Q8,
+                        ["expert_gate_up_q8_sg", "expert_gate_up_q8_wg"],
                     ),
                 ],
             )?,
@@ -230,6 +245,7 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
                         ["expert_down_f16_sg", "expert_down_f16_wg"],
                     ),
                     (WeightFormat::Q4, ["expert_down_q4_sg", "expert_down_q4_wg"]),
+                    (WeightFormat::Q8, ["expert_down_q8_sg", "expert_down_q8_wg"]),
                 ],
             )?,
             "ExpertDownParams",
@@ -240,9 +256,9 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
             },
             64,
         ),
-        Kernel::AttnFlash(KvFormat::F32) => c(
+        Kernel::AttnFlash(kv) => c(
             "attn_flash.cu",
-            "attn_flash",
+            kv_entry(kv, ["attn_flash", "attn_flash_kv16"])?,
             "FlashParams",
             &[2, 3, 4, 5, 6],
             64,
@@ -250,7 +266,13 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
         Kernel::AttnCombine => c("attn_flash.cu", "attn_combine", "FlashParams", &[2, 3], 64),
         Kernel::Gemm(f) => c(
             "gemm.cu",
-            format_entry(f, &[(WeightFormat::F16, "gemm_f16")])?,
+            format_entry(
+                f,
+                &[
+                    (WeightFormat::F16, "gemm_f16"),
+                    (WeightFormat::Q8, "gemm_q8"),
+                ],
+            )?,
             "DenseParams",
             if f.has_scales() {
                 &[2, 3, 4, 5, 10, 11]
@@ -266,6 +288,7 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
                 &[
                     (WeightFormat::F16, "expert_gemm_f16"),
                     (WeightFormat::Q4, "expert_gemm_q4"),
+                    (WeightFormat::Q8, "expert_gemm_q8"),
                 ],
             )?,
             "ExpertGemmParams",
@@ -300,6 +323,17 @@ fn rows_entry(
 /// (and is refused by name).
 fn format_entry(f: WeightFormat, entries: &[(WeightFormat, &'static str)]) -> Option<&'static str> {
     entries.iter().find(|(g, _)| *g == f).map(|(_, e)| *e)
+}
+
+/// The entry point of a kernel that reads or writes the KV cache, for format `kv`:
+/// `entries` holds the f32 and the f16 entry; the q8_0 cache has no CUDA port (and is
+/// refused by name).
+fn kv_entry(kv: KvFormat, entries: [&'static str; 2]) -> Option<&'static str> {
+    match kv {
+        KvFormat::F32 => Some(entries[0]),
+        KvFormat::F16 => Some(entries[1]),
+        _ => None,
+    }
 }
 
 /// Every kernel with a CUDA version.

@@ -8,8 +8,8 @@
 //! The kernels are CUDA C ports of the WGSL kernels (`kernels/cuda/`, [`kernels`]),
 //! compiled by NVRTC on first use. The device reports a GPU with warps as subgroups but no
 //! SHADER_F16 and no uniform windows, so the kernel plan picks the GPU-shaped kernels
-//! (coalesced decode, tiled prefill) and the storage kernels with f32 arithmetic, which are
-//! the ones ported.
+//! (coalesced decode, tiled prefill; dense weights in f16 or Q8_0) and the storage kernels
+//! with f32 arithmetic, over an f32 or f16 KV cache, which are the ones ported.
 
 pub mod kernels;
 mod launch;

@@ -101,6 +101,50 @@ pub const PIECES: &[(&str, &str)] = &[
         include_str!("../../../shaders/common/kv_store_f16.wgsl"),
     ),
     (
+        "kv_store_pairs.wgsl",
+        include_str!("../../../shaders/common/kv_store_pairs.wgsl"),
+    ),
+    (
+        "kv_store_q8.wgsl",
+        include_str!("../../../shaders/common/kv_store_q8.wgsl"),
+    ),
+    (
+        "dense_params.wgsl",
+        include_str!("../../../shaders/common/dense_params.wgsl"),
+    ),
+    (
+        "tokens_window.wgsl",
+        include_str!("../../../shaders/common/tokens_window.wgsl"),
+    ),
+    (
+        "tokens_storage.wgsl",
+        include_str!("../../../shaders/common/tokens_storage.wgsl"),
+    ),
+    (
+        "store_rows.wgsl",
+        include_str!("../../../shaders/common/store_rows.wgsl"),
+    ),
+    (
+        "q8_row.wgsl",
+        include_str!("../../../shaders/common/q8_row.wgsl"),
+    ),
+    (
+        "q8_unpack.wgsl",
+        include_str!("../../../shaders/common/q8_unpack.wgsl"),
+    ),
+    (
+        "kv_q8_read.wgsl",
+        include_str!("../../../shaders/common/kv_q8_read.wgsl"),
+    ),
+    (
+        "kv_q8.wgsl",
+        include_str!("../../../shaders/common/kv_q8.wgsl"),
+    ),
+    (
+        "kv4_q8.wgsl",
+        include_str!("../../../shaders/common/kv4_q8.wgsl"),
+    ),
+    (
         "kv_f32.wgsl",
         include_str!("../../../shaders/common/kv_f32.wgsl"),
     ),
@@ -167,6 +211,15 @@ pub const BODIES: &[(&str, &str)] = &[
     ("embed", include_str!("../../../shaders/embed.wgsl")),
     ("rmsnorm", include_str!("../../../shaders/rmsnorm.wgsl")),
     ("matmul", include_str!("../../../shaders/matmul.wgsl")),
+    ("matmul_q8", include_str!("../../../shaders/matmul_q8.wgsl")),
+    (
+        "matmul_q8_u",
+        include_str!("../../../shaders/matmul_q8_u.wgsl"),
+    ),
+    (
+        "matmul_q8_w",
+        include_str!("../../../shaders/matmul_q8_w.wgsl"),
+    ),
     ("matmul_u", include_str!("../../../shaders/matmul_u.wgsl")),
     ("matmul_w", include_str!("../../../shaders/matmul_w.wgsl")),
     ("rope_kv", include_str!("../../../shaders/rope_kv.wgsl")),
@@ -267,25 +320,61 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
         });
     }
     match k {
-        Kernel::Matmul => v.extend(["f16_halves.wgsl", "act8.wgsl"]),
+        Kernel::Matmul => v.extend([
+            "f16_halves.wgsl",
+            "act8.wgsl",
+            "tokens_storage.wgsl",
+            "store_rows.wgsl",
+        ]),
+        Kernel::MatmulQ8 => v.extend([
+            "dense_params.wgsl",
+            "tokens_storage.wgsl",
+            "store_rows.wgsl",
+            "act_x4.wgsl",
+            "q8_unpack.wgsl",
+            "q8_row.wgsl",
+        ]),
+        Kernel::MatmulQ8Uniform => v.extend([
+            "dense_params.wgsl",
+            "uniform_window.wgsl",
+            "q8_unpack.wgsl",
+            "q8_row.wgsl",
+        ]),
+        Kernel::MatmulQ8Window => v.extend([
+            "tokens_window.wgsl",
+            "store_rows.wgsl",
+            "uniform_window.wgsl",
+            "q8_unpack.wgsl",
+            "q8_row.wgsl",
+        ]),
         Kernel::FfnGateUp | Kernel::FfnDown => {
             v.extend(["f16_halves.wgsl", "act8.wgsl", "ffn_slot.wgsl"])
         }
         Kernel::MatmulUniform => v.extend(["f16_halves.wgsl", "uniform_window.wgsl"]),
-        Kernel::MatmulWindow => v.push("uniform_window.wgsl"),
-        Kernel::Attention(kv) => v.extend(["wg_tree.wgsl", "attn_scratch.wgsl", kv_read(kv)]),
-        Kernel::RouterTopk => v.push("wg_tree.wgsl"),
-        Kernel::AttentionWindow(kv) => v.extend([
-            "attn_scratch.wgsl",
-            match kv {
-                KvFormat::F32 => "kv4_f32.wgsl",
-                KvFormat::F16 => "kv4_f16.wgsl",
-            },
+        Kernel::MatmulWindow => v.extend([
+            "tokens_window.wgsl",
+            "store_rows.wgsl",
+            "uniform_window.wgsl",
         ]),
-        Kernel::AttnFlash(kv) => v.push(kv_read(kv)),
-        Kernel::RopeKv(kv) => v.push(match kv {
-            KvFormat::F32 => "kv_store_f32.wgsl",
-            KvFormat::F16 => "kv_store_f16.wgsl",
+        Kernel::Attention(kv) => {
+            v.extend(["wg_tree.wgsl", "attn_scratch.wgsl"]);
+            v.extend(kv_read(kv));
+        }
+        Kernel::RouterTopk => v.push("wg_tree.wgsl"),
+        Kernel::AttentionWindow(kv) => {
+            v.push("attn_scratch.wgsl");
+            match kv {
+                KvFormat::F32 => v.push("kv4_f32.wgsl"),
+                KvFormat::F16 => v.push("kv4_f16.wgsl"),
+                // Keys one at a time through the q8_0 reader.
+                KvFormat::Q8 => v.extend(["kv_q8_read.wgsl", "kv4_q8.wgsl"]),
+            }
+        }
+        Kernel::AttnFlash(kv) => v.extend(kv_read(kv)),
+        Kernel::RopeKv(kv) => v.extend(match kv {
+            KvFormat::F32 => ["kv_store_f32.wgsl", "kv_store_pairs.wgsl"].as_slice(),
+            KvFormat::F16 => &["kv_store_f16.wgsl", "kv_store_pairs.wgsl"],
+            KvFormat::Q8 => &["kv_store_q8.wgsl"],
         }),
         Kernel::Q4GateUpSorted | Kernel::Q4DownSorted => {
             v.extend(["q4_unpack.wgsl", "q4_pairs8.wgsl"])
@@ -310,13 +399,18 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
             }
         }
         Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => {
+            if matches!(k, Kernel::Matvec(_)) {
+                v.push("dense_params.wgsl");
+            }
             v.push("act_x4.wgsl");
             match r.format {
                 WeightFormat::F16 => v.extend(["f16_halves.wgsl", "fmt_f16.wgsl"]),
                 WeightFormat::Q4 => {
                     v.extend(["q4_dot_f32.wgsl", "scales_staged.wgsl", "fmt_q4.wgsl"])
                 }
-                WeightFormat::Q8 => v.extend(["scales_staged.wgsl", "fmt_q8.wgsl"]),
+                WeightFormat::Q8 => {
+                    v.extend(["scales_staged.wgsl", "q8_unpack.wgsl", "fmt_q8.wgsl"])
+                }
             }
             v.push("onehot.wgsl");
             v.push(match r.reduce {
@@ -325,6 +419,9 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
             });
         }
         Kernel::Gemm(f) | Kernel::ExpertGemm(f) => {
+            if matches!(k, Kernel::Gemm(_)) {
+                v.push("dense_params.wgsl");
+            }
             v.push("act_x4.wgsl");
             match f {
                 WeightFormat::F16 => v.extend(["f16_halves.wgsl", "fmt_f16.wgsl", "tile_f16.wgsl"]),
@@ -334,7 +431,12 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
                     "fmt_q4.wgsl",
                     "tile_q4.wgsl",
                 ]),
-                WeightFormat::Q8 => v.extend(["scales_staged.wgsl", "fmt_q8.wgsl", "tile_q8.wgsl"]),
+                WeightFormat::Q8 => v.extend([
+                    "scales_staged.wgsl",
+                    "q8_unpack.wgsl",
+                    "fmt_q8.wgsl",
+                    "tile_q8.wgsl",
+                ]),
             }
         }
         _ => {}
@@ -342,11 +444,12 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
     v
 }
 
-/// The piece through which the attention kernels read a KV cache of format `kv`.
-fn kv_read(kv: KvFormat) -> &'static str {
+/// The pieces through which the attention kernels read a KV cache of format `kv`.
+fn kv_read(kv: KvFormat) -> &'static [&'static str] {
     match kv {
-        KvFormat::F32 => "kv_f32.wgsl",
-        KvFormat::F16 => "kv_f16.wgsl",
+        KvFormat::F32 => &["kv_f32.wgsl"],
+        KvFormat::F16 => &["kv_f16.wgsl"],
+        KvFormat::Q8 => &["kv_q8_read.wgsl", "kv_q8.wgsl"],
     }
 }
 
