@@ -314,6 +314,8 @@ pub(super) fn sweep(o: &BenchOptions, cfg: &crate::config::ModelConfig) -> Vec<B
         let dup = full
             && configs.iter().any(|d| {
                 d.expert_precision == c.expert_precision
+                    && d.dense_precision == c.dense_precision
+                    && d.kv_precision == c.kv_precision
                     && d.executor == c.executor
                     && d.resident_experts.is_none_or(|n| n >= cfg.num_experts)
             });
