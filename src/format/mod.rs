@@ -13,6 +13,7 @@ pub mod output_dir;
 pub mod q8_0;
 pub mod quant;
 pub mod render;
+pub mod safetensors_stream;
 pub mod svg;
 pub mod tokenizer;
 pub mod trace;
