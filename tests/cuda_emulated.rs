@@ -350,18 +350,27 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
         // flash attention, on the GPU plan (either reduction; the executor concerns only the
         // routed INT4 experts, covered above); the scratch-row attention over the f16 cache
         // on the storage plan (with f16 dense weights: the Q8_0 storage matmul has no CUDA
-        // port).
+        // port). The q8_0 KV cache likewise, once each: its rope_kv and flash attention on
+        // the GPU plan, its scratch-row attention on the storage plan.
         let q8_kv16 = [
             (true, Executor::Grouped, false),
             (true, Executor::Grouped, true),
         ];
         let kv16_storage = [(false, Executor::Grouped, false)];
+        let q8_kvq8 = [(true, Executor::Grouped, false)];
         let kv16 = KvPrecision::F16;
+        let kvq8 = KvPrecision::Q8_0;
         for (p, s, configs) in [
             ("f16", F16, &every[..]),
             ("int4", INT4, &every[..]),
             ("q8_0 kv f16", Setup { kv: kv16, ..Q8 }, &q8_kv16[..]),
             ("int4 kv f16", Setup { kv: kv16, ..INT4 }, &kv16_storage[..]),
+            ("q8_0 kv q8_0", Setup { kv: kvq8, ..Q8 }, &q8_kvq8[..]),
+            (
+                "int4 kv q8_0",
+                Setup { kv: kvq8, ..INT4 },
+                &kv16_storage[..],
+            ),
         ] {
             for &(gpu, executor, portable) in configs {
                 let s = cuda_like(Setup { executor, ..s }, gpu, portable);

@@ -30,12 +30,11 @@ fn h200() -> wgmoe::backend::DeviceInfo {
 /// (every weight format: f16, INT4, Q8_0) where it runs them, the tiled GEMMs (every format)
 /// and the pairs' sort where multi-token steps run them, the storage kernels with f32
 /// arithmetic, the W4A16 ones in the plan's variant (8 lanes, or 1 when portable), the
-/// scratch-row attention where a step runs it, the KV kernels of the f32 and f16 caches;
-/// never uniform-window, window or expert-major kernels. The q8_0 KV cache and the Q8_0
-/// storage matmul have no CUDA port: the engine refuses them on CUDA, naming the option.
+/// scratch-row attention where a step runs it, the KV kernels of every cache format (f32,
+/// f16, q8_0); never uniform-window, window or expert-major kernels. The Q8_0 storage
+/// matmul has no CUDA port: the engine refuses it on CUDA, naming the option.
 fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
     assert!(!plan.f16_arithmetic && !plan.uniform_decode && !plan.window_prefill);
-    let kv_ported = |kv: &KvFormat| matches!(kv, KvFormat::F32 | KvFormat::F16);
     Kernel::all()
         .into_iter()
         .filter(|k| match k {
@@ -45,10 +44,9 @@ fn plan_kernels(plan: &KernelPlan) -> Vec<Kernel> {
             Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => {
                 plan.coalesced_decode && *r == plan.rows(r.format)
             }
-            Kernel::AttnFlash(kv) => kv_ported(kv) && (plan.flash_decode() || plan.flash_prefill()),
+            Kernel::AttnFlash(_) => plan.flash_decode() || plan.flash_prefill(),
             Kernel::AttnCombine => plan.flash_decode(),
-            Kernel::Attention(kv) => kv_ported(kv) && !plan.flash_prefill(),
-            Kernel::RopeKv(kv) => kv_ported(kv),
+            Kernel::Attention(_) => !plan.flash_prefill(),
             Kernel::Gemm(_) | Kernel::ExpertGemm(_) => plan.tiled_prefill,
             Kernel::MoeSort => plan.tiled_prefill,
             // The Q8_0 storage matmul (both storage overrides): refused on CUDA.
@@ -136,6 +134,8 @@ fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
                 Kernel::ExpertGemm(WeightFormat::Q8),
                 Kernel::AttnFlash(KvFormat::F16),
                 Kernel::RopeKv(KvFormat::F16),
+                Kernel::AttnFlash(KvFormat::Q8),
+                Kernel::RopeKv(KvFormat::Q8),
                 Kernel::MoeSort,
             ] {
                 assert!(picked.contains(&k), "{k} is not among {picked:?}");
@@ -144,6 +144,8 @@ fn every_kernel_the_cuda_plan_picks_has_a_cuda_version() {
             for k in [
                 Kernel::Attention(KvFormat::F16),
                 Kernel::RopeKv(KvFormat::F16),
+                Kernel::Attention(KvFormat::Q8),
+                Kernel::RopeKv(KvFormat::Q8),
             ] {
                 assert!(picked.contains(&k), "{k} is not among {picked:?}");
             }

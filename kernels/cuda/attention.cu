@@ -1,7 +1,7 @@
 // Causal attention of one query head over the KV cache (shaders/attention.wgsl), one block
 // of 64 per (head, token): scores = q.k * scale, softmax in f32, out = p @ V; keys
 // 0 ..= pos0 + t visible; scores in a global scratch row; GQA head h reads kv head
-// h / (n_heads / n_kv). The cache is read through a KV reader (common.cuh: KvF32, KvF16),
+// h / (n_heads / n_kv). The cache is read through a KV reader (common.cuh: KvF32, KvF16, KvQ8),
 // one entry point per format.
 
 struct AttentionParams { u32 n_heads; u32 n_kv; u32 head_dim; u32 scratch_stride; float scale; u32 _a; u32 _b; u32 _c; };
@@ -76,4 +76,10 @@ extern "C" __global__ void attention_kv16(AttentionParams p, const Step* step, c
                                           const u32* cache_k, const u32* cache_v,
                                           float* scratch, float* out) {
     attention_body(p, step, q, KvF16{cache_k, cache_v}, scratch, out);
+}
+extern "C" __global__ void attention_kvq8(AttentionParams p, const Step* step, const float* q,
+                                          const u32* cache_k, const u32* cache_v,
+                                          float* scratch, float* out) {
+    attention_body(p, step, q, KvQ8{cache_k, cache_v, p.n_kv * p.head_dim, p.head_dim}, scratch,
+                   out);
 }

@@ -10,7 +10,7 @@
 // block covers every key of its tokens and writes the normalised output; one-token steps
 // split the keys into S chunks (flash-decoding): chunk s writes its unnormalised output,
 // max and sum to `part`, and attn_combine merges the chunks. The cache is read through a
-// KV reader (common.cuh: KvF32, KvF16), one entry point per format.
+// KV reader (common.cuh: KvF32, KvF16, KvQ8), one entry point per format.
 
 struct FlashParams { u32 n_heads; u32 n_kv; u32 head_dim; u32 g_tile; u32 q_tokens; u32 tk; u32 min_chunk; u32 splits; float scale; u32 _a; u32 _b; u32 _c; };
 CHECK_PARAMS(FlashParams);
@@ -145,6 +145,12 @@ extern "C" __global__ void attn_flash_kv16(FlashParams p, const Step* step, cons
                                            const u32* cache_k, const u32* cache_v, float* out,
                                            float* part) {
     attn_flash_body(p, step, q, KvF16{cache_k, cache_v}, out, part);
+}
+extern "C" __global__ void attn_flash_kvq8(FlashParams p, const Step* step, const float* q,
+                                           const u32* cache_k, const u32* cache_v, float* out,
+                                           float* part) {
+    attn_flash_body(p, step, q, KvQ8{cache_k, cache_v, p.n_kv * p.head_dim, p.head_dim}, out,
+                    part);
 }
 
 // Merges the key splits of attn_flash (one-token steps): for each query head,

@@ -2,7 +2,7 @@
 // the params sizes and f16.cuh; NVRTC compiles each file as one source, no #include, so no
 // CUDA header is needed at run time).
 // The CUDA twins of shaders/common/step.wgsl, flags.wgsl, f16_halves.wgsl and the KV
-// cache's read pieces (kv_f32.wgsl, kv_f16.wgsl).
+// cache's read pieces (kv_f32.wgsl, kv_f16.wgsl, kv_q8_read.wgsl with kv_q8.wgsl).
 //
 // Calling convention (src/backend/cuda/launch.rs): the op's params struct by value, then a
 // pointer to the step uniform, then one pointer per binding in binding order (2, 3, ...).
@@ -57,7 +57,7 @@ __device__ __forceinline__ u32 pack2x16(float a, float b) {
 }
 
 // The attention kernels' readers of a layer's KV cache (attention.cu, attn_flash.cu: the
-// CUDA twins of shaders/common/kv_f32.wgsl and kv_f16.wgsl), template parameters of one
+// CUDA twins of shaders/common/kv_f32.wgsl, kv_f16.wgsl and kv_q8.wgsl), template parameters of one
 // kernel body: element i of the keys or the values, as f32.
 struct KvF32 {
     const float* k;
@@ -71,6 +71,30 @@ struct KvF16 {
     const u32* v;
     __device__ __forceinline__ float key(u32 i) const { return half_at(k, i); }
     __device__ __forceinline__ float val(u32 i) const { return half_at(v, i); }
+};
+// q8_0 (KvFormat::Q8, kv_q8_read.wgsl): per position, kv_dim int8 values (4 per u32, byte
+// 0 first, the last word zero-padded), then one f32 scale per block of q8_kv_block()
+// values (32 where it divides head_dim, else head_dim); element i is at position
+// i / kv_dim.
+__device__ __forceinline__ u32 q8_kv_block(u32 head_dim) {
+    return head_dim % 32u == 0u ? 32u : head_dim;
+}
+struct KvQ8 {
+    const u32* k;
+    const u32* v;
+    u32 kv_dim;
+    u32 head_dim;
+    __device__ __forceinline__ float at(const u32* c, u32 i) const {
+        u32 bs = q8_kv_block(head_dim);
+        u32 vw = (kv_dim + 3u) / 4u;
+        u32 row = (i / kv_dim) * (vw + kv_dim / bs);
+        u32 j = i % kv_dim;
+        u32 w = c[row + j / 4u];
+        float q = (float)((int)(w << (24u - 8u * (j % 4u))) >> 24);
+        return q * __uint_as_float(c[row + vw + j / bs]);
+    }
+    __device__ __forceinline__ float key(u32 i) const { return at(k, i); }
+    __device__ __forceinline__ float val(u32 i) const { return at(v, i); }
 };
 
 // Eight f16 weights of one uint4 (WGSL halves()).

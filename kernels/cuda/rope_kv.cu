@@ -2,14 +2,16 @@
 // (ROPE_QK_NORM) or per head (ROPE_QK_NORM_PER_HEAD), optional clip, rotary embedding
 // (rotate_half, cos/sin table from the host), q to q_out, k and v into the KV cache at
 // position pos0 + t. One block of 64 per token. The cache is written through a KV store
-// (KvStoreF32, KvStoreF16: the CUDA twins of shaders/common/kv_store_f32.wgsl and
-// kv_store_f16.wgsl), one entry point per format.
+// (KvStoreF32, KvStoreF16, KvStoreQ8: the CUDA twins of shaders/common/kv_store_f32.wgsl,
+// kv_store_f16.wgsl and kv_store_q8.wgsl), one entry point per format.
 
 struct RopeKvParams { u32 n_heads; u32 n_kv; u32 head_dim; u32 qkv_stride; u32 flags; float eps; float clip; u32 rope_rows; };
 CHECK_PARAMS(RopeKvParams);
 
 #define WG 64u
 #define MAX_NORM_HEADS 512u
+// Blocks of one position's keys, or of its values (backend::params::KV_Q8_MAX_BLOCKS).
+#define KV_Q8_MAX_BLOCKS 512u
 
 __device__ __forceinline__ float clipped(const RopeKvParams& p, float v) {
     return (p.flags & ROPE_CLIP) ? fminf(fmaxf(v, -p.clip), p.clip) : v;
@@ -86,6 +88,57 @@ struct KvStoreF16 {
             u32 j = 2u * w;
             k[(cbase + j) / 2u] = pack2x16(r.k_roped(j), r.k_roped(j + 1u));
             v[(cbase + j) / 2u] = pack2x16(r.v_in(j), r.v_in(j + 1u));
+        }
+    }
+};
+
+// A q8_0 cache (kv_store_q8.wgsl; layout in common.cuh's KvQ8): first each block's scale
+// d = amax / 127 (f32), one thread per (key or value) block, its inverse (0 where d is 0)
+// kept in shared memory; then each thread packs whole words of 4 values, q = x * (1 / d)
+// rounded half away from zero and held to [-127, 127] (ggml's quantize_row_q8_0_ref), so
+// every word has one writer.
+struct KvStoreQ8 {
+    u32* k;
+    u32* v;
+    __device__ __forceinline__ float in(const KvRow& r, bool key, u32 j) const {
+        return key ? r.k_roped(j) : r.v_in(j);
+    }
+    // Rounded half away from zero as the WGSL (kv_q8_round): v - trunc(v) is exact.
+    __device__ __forceinline__ static int round_away(float x) {
+        float t = truncf(x);
+        float sg = x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+        return (int)(t + (fabsf(x - t) >= 0.5f ? sg : 0.0f));
+    }
+    __device__ __forceinline__ void row(const KvRow& r, u32 lid, u32 pos) const {
+        __shared__ float id_s[2u * KV_Q8_MAX_BLOCKS];
+        u32 bs = q8_kv_block(r.p->head_dim);
+        u32 nb = r.kv_dim / bs;
+        u32 vw = (r.kv_dim + 3u) / 4u;
+        u32 row = pos * (vw + nb);
+        for (u32 e = lid; e < 2u * nb; e += WG) {
+            bool key = e < nb;
+            u32 b = e % nb;
+            float amax = 0.0f;
+            for (u32 i = 0; i < bs; i++) amax = fmaxf(amax, fabsf(in(r, key, b * bs + i)));
+            float d = amax / 127.0f;
+            id_s[e] = d != 0.0f ? 1.0f / d : 0.0f;
+            (key ? k : v)[row + vw + b] = __float_as_uint(d);
+        }
+        __syncthreads();
+        for (u32 e = lid; e < 2u * vw; e += WG) {
+            bool key = e < vw;
+            u32 w = e % vw;
+            u32 packed = 0u;
+            for (u32 i = 0; i < 4u; i++) {
+                u32 j = 4u * w + i;
+                if (j < r.kv_dim) {
+                    float id = id_s[(key ? 0u : nb) + j / bs];
+                    int q = round_away(in(r, key, j) * id);
+                    q = q < -127 ? -127 : (q > 127 ? 127 : q);
+                    packed |= ((u32)q & 0xffu) << (8u * i);
+                }
+            }
+            (key ? k : v)[row + w] = packed;
         }
     }
 };
@@ -167,4 +220,10 @@ extern "C" __global__ void rope_kv_kv16(RopeKvParams p, const Step* step, const 
                                         const float2* rope, float* q_out, u32* cache_k,
                                         u32* cache_v) {
     rope_kv_body(p, step, qkv, q_norm_w, k_norm_w, rope, q_out, KvStoreF16{cache_k, cache_v});
+}
+extern "C" __global__ void rope_kv_kvq8(RopeKvParams p, const Step* step, const float* qkv,
+                                        const u32* q_norm_w, const u32* k_norm_w,
+                                        const float2* rope, float* q_out, u32* cache_k,
+                                        u32* cache_v) {
+    rope_kv_body(p, step, qkv, q_norm_w, k_norm_w, rope, q_out, KvStoreQ8{cache_k, cache_v});
 }

@@ -338,16 +338,6 @@ impl Engine {
         }
         plan.kv = opts.kv_precision.format();
         check_kv_format(&cfg, plan.kv)?;
-        if dev.info().backend == "cuda" && opts.kv_precision == KvPrecision::Q8_0 {
-            return Err(Error::option(
-                "--kv-precision",
-                format!(
-                    "{} has no CUDA attention kernels yet: use f32 or f16 on CUDA, or {} on a wgpu adapter (Vulkan, DX12, Metal)",
-                    opts.kv_precision.name(),
-                    opts.kv_precision.name()
-                ),
-            ));
-        }
         // Device slots per layer: the cache's (capacity + spares), none for CPU layers.
         let width = r.prefetch_width(&cfg)?;
         let slots: Vec<Option<usize>> = place

@@ -8,10 +8,10 @@
 //! with `--decode-kernels storage` / `--prefill-kernels storage`, the storage kernels
 //! with f32 arithmetic (8-lane W4A16 kernels, or one-lane ones when portable); never
 //! f16-arithmetic, window or expert-major kernels. The KV kernels (rope_kv, the attention
-//! kernels) read and write an f32 or f16 cache (`--kv-precision`), one entry point per
-//! format; the q8_0 cache and the Q8_0 storage matmul have no CUDA port (the engine refuses
-//! them on CUDA). Every kernel that plan can pick has a CUDA version here; any other is
-//! refused by name. The device loads a CUBIN for its own architecture
+//! kernels) read and write an f32, f16 or q8_0 cache (`--kv-precision`), one entry point
+//! per format; the Q8_0 storage matmul has no CUDA port (the engine refuses it on CUDA).
+//! Every kernel that plan can pick has a CUDA version here; any other is refused by name.
+//! The device loads a CUBIN for its own architecture
 //! (no PTX JIT: a CUBIN from any CUDA 12 NVRTC loads on any CUDA 12 driver, while PTX from
 //! a newer NVRTC than the driver does not), PTX where NVRTC does not know the architecture.
 //! Compiled code is cached per process and architecture.
@@ -110,18 +110,17 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
         Kernel::Embed => c("embed.cu", "embed", "EmbedParams", &[2, 3, 4], 64),
         Kernel::RmsNorm => c("rmsnorm.cu", "rmsnorm", "RmsNormParams", &[2, 3, 4], 64),
         Kernel::Matmul => c("matmul.cu", "matmul", "MatmulParams", &[2, 3, 4, 5], 64),
-        // The KV cache in f32 or f16 (`--kv-precision`; q8_0 has no CUDA port): one entry
-        // point per format.
+        // The KV cache in f32, f16 or q8_0 (`--kv-precision`): one entry point per format.
         Kernel::RopeKv(kv) => c(
             "rope_kv.cu",
-            kv_entry(kv, ["rope_kv", "rope_kv_kv16"])?,
+            kv_entry(kv, ["rope_kv", "rope_kv_kv16", "rope_kv_kvq8"]),
             "RopeKvParams",
             &[2, 3, 4, 5, 6, 7, 8],
             64,
         ),
         Kernel::Attention(kv) => c(
             "attention.cu",
-            kv_entry(kv, ["attention", "attention_kv16"])?,
+            kv_entry(kv, ["attention", "attention_kv16", "attention_kvq8"]),
             "AttentionParams",
             &[2, 3, 4, 5, 6],
             64,
@@ -258,7 +257,7 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
         ),
         Kernel::AttnFlash(kv) => c(
             "attn_flash.cu",
-            kv_entry(kv, ["attn_flash", "attn_flash_kv16"])?,
+            kv_entry(kv, ["attn_flash", "attn_flash_kv16", "attn_flash_kvq8"]),
             "FlashParams",
             &[2, 3, 4, 5, 6],
             64,
@@ -326,13 +325,12 @@ fn format_entry(f: WeightFormat, entries: &[(WeightFormat, &'static str)]) -> Op
 }
 
 /// The entry point of a kernel that reads or writes the KV cache, for format `kv`:
-/// `entries` holds the f32 and the f16 entry; the q8_0 cache has no CUDA port (and is
-/// refused by name).
-fn kv_entry(kv: KvFormat, entries: [&'static str; 2]) -> Option<&'static str> {
+/// `entries` holds the f32, the f16 and the q8_0 entry.
+fn kv_entry(kv: KvFormat, entries: [&'static str; 3]) -> &'static str {
     match kv {
-        KvFormat::F32 => Some(entries[0]),
-        KvFormat::F16 => Some(entries[1]),
-        _ => None,
+        KvFormat::F32 => entries[0],
+        KvFormat::F16 => entries[1],
+        KvFormat::Q8 => entries[2],
     }
 }
 
