@@ -7,7 +7,6 @@
 mod common;
 
 use std::io::Read;
-use std::path::Path;
 use std::process::Stdio;
 
 use common::cli::*;
@@ -385,16 +384,6 @@ fn quantize_refuses_checkpoint_missing_a_tensor() {
 // ---------------------------------------------------------------------------------------
 // Good input
 // ---------------------------------------------------------------------------------------
-
-const HELLO: &str = "Hello, world";
-
-fn run_json(dir: &Path, extra: &[&str]) -> (Run, Value) {
-    let mut args: Vec<String> = vec!["run".into(), s(dir), "--json".into()];
-    args.extend(extra.iter().map(|a| a.to_string()));
-    let r = run_untouched(dir, &args);
-    let v = json_of(&r);
-    (r, v)
-}
 
 #[test]
 fn run_json_output_and_metrics() {

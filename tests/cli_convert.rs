@@ -9,16 +9,6 @@ use std::path::Path;
 use common::cli::*;
 use serde_json::Value;
 
-const HELLO: &str = "Hello, world";
-
-fn run_json(dir: &Path, extra: &[&str]) -> (Run, Value) {
-    let mut args: Vec<String> = vec!["run".into(), s(dir), "--json".into()];
-    args.extend(extra.iter().map(|a| a.to_string()));
-    let r = run_untouched(dir, &args);
-    let v = json_of(&r);
-    (r, v)
-}
-
 #[test]
 fn quantize_then_run_matches_quantize_on_load() {
     for fixture in [OLMOE, QWEN, QWEN3, MIXTRAL] {

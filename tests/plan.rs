@@ -18,25 +18,6 @@ const REAL: [(&str, u64, u64, u64); 4] = [
     ("mixtral-8x7b-v0.1.json", 89_456_640, 32, 8),
 ];
 
-fn plan_json(args: &[&str]) -> Value {
-    let mut a = vec!["plan"];
-    a.extend_from_slice(args);
-    json_of(&wgmoe(&a))
-}
-
-fn u(v: &Value, k: &str) -> u64 {
-    v[k].as_u64()
-        .unwrap_or_else(|| panic!("`{k}` is not an integer: {v}"))
-}
-
-fn config(name: &str) -> String {
-    repo()
-        .join("models/configs")
-        .join(name)
-        .display()
-        .to_string()
-}
-
 #[test]
 fn real_configs_pin_expert_bytes_and_fit_the_most_experts_the_vram_holds() {
     for (file, expert, layers, experts) in REAL {

@@ -5,27 +5,8 @@
 mod common;
 
 use common::cli::*;
-use common::{fixture, init_env, repo};
+use common::{fixture, init_env};
 use serde_json::Value;
-
-fn plan_json(args: &[&str]) -> Value {
-    let mut a = vec!["plan"];
-    a.extend_from_slice(args);
-    json_of(&wgmoe(&a))
-}
-
-fn u(v: &Value, k: &str) -> u64 {
-    v[k].as_u64()
-        .unwrap_or_else(|| panic!("`{k}` is not an integer: {v}"))
-}
-
-fn config(name: &str) -> String {
-    repo()
-        .join("models/configs")
-        .join(name)
-        .display()
-        .to_string()
-}
 
 /// The planner's bytes are what the loader allocates: the non-routed weights plus N + top_k
 /// slots per MoE layer exactly, and a run's peak within the plan's total.

@@ -136,27 +136,8 @@ impl F16Matrix {
                 i % cols.max(1)
             )));
         }
-        let per = Self::rows_per_chunk(dev, label, WeightFormat::Q8, cols)?;
-        let mut chunks = Vec::new();
-        let mut start = 0;
-        while start < rows {
-            let n = per.min(rows - start);
-            let m = Q8Matrix { out: n, inp: cols };
-            let mut bytes = vec![0u8; m.bytes()];
-            let (q, s) = bytes.split_at_mut(m.q_bytes());
-            m.pack(&data[start * cols..(start + n) * cols], q, s);
-            chunks.push(MatrixChunk {
-                row_start: start,
-                rows: n,
-                buffer: dev.upload(label, &bytes, Usage::Storage)?,
-            });
-            start += n;
-        }
-        Ok(F16Matrix {
-            rows,
-            cols,
-            chunks,
-            format: WeightFormat::Q8,
+        Self::upload_q8_chunks(dev, label, rows, cols, |m, start, q, s| {
+            m.pack(&data[start * cols..(start + m.out) * cols], q, s)
         })
     }
 
@@ -179,6 +160,24 @@ impl F16Matrix {
                 rows * row_bytes
             )));
         }
+        Self::upload_q8_chunks(dev, label, rows, cols, |m, start, q, s| {
+            m.from_ggml(
+                &blocks[start * row_bytes..(start + m.out) * row_bytes],
+                q,
+                s,
+            )
+        })
+    }
+
+    /// A Q8_0 matrix in chunks of whole rows under the binding limit, each chunk's packed
+    /// sections (quants, then scales) filled by `fill(chunk layout, first row, q, s)`.
+    fn upload_q8_chunks(
+        dev: &Device,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        fill: impl Fn(Q8Matrix, usize, &mut [u8], &mut [u8]),
+    ) -> Result<Self> {
         let per = Self::rows_per_chunk(dev, label, WeightFormat::Q8, cols)?;
         let mut chunks = Vec::new();
         let mut start = 0;
@@ -187,7 +186,7 @@ impl F16Matrix {
             let m = Q8Matrix { out: n, inp: cols };
             let mut bytes = vec![0u8; m.bytes()];
             let (q, s) = bytes.split_at_mut(m.q_bytes());
-            m.from_ggml(&blocks[start * row_bytes..(start + n) * row_bytes], q, s);
+            fill(m, start, q, s);
             chunks.push(MatrixChunk {
                 row_start: start,
                 rows: n,

@@ -357,3 +357,38 @@ pub fn on_gpu_at_the_end(lines: &[Value]) -> BTreeMap<(u64, u64), bool> {
     }
     on
 }
+
+/// The prompt of the CLI tests that run the fixtures.
+pub const HELLO: &str = "Hello, world";
+
+/// `wgmoe run DIR --json EXTRA...` on a directory that must stay untouched: the run and
+/// its JSON object.
+pub fn run_json(dir: &Path, extra: &[&str]) -> (Run, Value) {
+    let mut args: Vec<String> = vec!["run".into(), s(dir), "--json".into()];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let r = run_untouched(dir, &args);
+    let v = json_of(&r);
+    (r, v)
+}
+
+/// `wgmoe plan ARGS...`'s JSON object.
+pub fn plan_json(args: &[&str]) -> Value {
+    let mut a = vec!["plan"];
+    a.extend_from_slice(args);
+    json_of(&wgmoe(&a))
+}
+
+/// Field `k` of `v` as an integer.
+pub fn u(v: &Value, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("`{k}` is not an integer: {v}"))
+}
+
+/// The published config `models/configs/NAME` as a path argument.
+pub fn config(name: &str) -> String {
+    crate::common::repo()
+        .join("models/configs")
+        .join(name)
+        .display()
+        .to_string()
+}
