@@ -22,7 +22,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let q_dim = p.n_heads * d;
     let kv_dim = p.n_kv * d;
     let kvh = h / (p.n_heads / p.n_kv);
-    let n_keys = step.pos0 + t + 1u;
+    let n_keys = tok_pos(t) + 1u;
+    let r0 = tok_kv0(t);  // the sequence's first row in the cache
     let srow = (t * p.n_heads + h) * p.scratch_stride;
 
     for (var i = lid.x; i < d; i += WG) { qs[i] = q[t * q_dim + h * d + i]; }
@@ -30,7 +31,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
     var m = -3.0e38;
     for (var j = lid.x; j < n_keys; j += WG) {
-        let kb = j * kv_dim + kvh * d;
+        let kb = (r0 + j) * kv_dim + kvh * d;
         var s = 0.0;
         for (var i = 0u; i < d; i++) { s += qs[i] * k_at(kb + i); }
         s *= p.scale;
@@ -52,7 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var i = lid.x; i < d; i += WG) {
         var acc = 0.0;
         for (var j = 0u; j < n_keys; j++) {
-            acc += scratch[srow + j] * v_at(j * kv_dim + kvh * d + i);
+            acc += scratch[srow + j] * v_at((r0 + j) * kv_dim + kvh * d + i);
         }
         out[t * q_dim + h * d + i] = acc * inv;
     }

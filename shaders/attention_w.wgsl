@@ -56,6 +56,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kv_dim = p.n_kv * d;
     let kvh = h / (p.n_heads / p.n_kv);
     let lim = step.pos0 + tg;            // token tg + u sees keys <= lim + u
+    let r0 = step.kv0;                   // one sequence: its first row in the cache
     let nk = lim + cnt;                  // keys the group's last token sees
     // This lane's token (past cnt: the last one again, not stored).
     let tu = min(sl % 8u, cnt - 1u);
@@ -67,7 +68,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var m1 = vec4<f32>(NEG);
     for (var j0 = 0u; j0 < nk; j0 += 64u) {
         let j = j0 + li;
-        let kb = (min(j, nk - 1u) * kv_dim + kvh * d) / 4u;
+        let kb = ((r0 + min(j, nk - 1u)) * kv_dim + kvh * d) / 4u;
         var s0 = vec4<f32>(0.0);
         var s1 = vec4<f32>(0.0);
         for (var i = 0u; i < d4; i++) {
@@ -123,7 +124,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j = 0u; j < nk; j++) {
             // Keys past this lane's token are exp(NEG - max) = 0 in scratch.
             let pj = scratch[prow + j];
-            let v = v_at(j * kv_dim + kvh * d + i);
+            let v = v_at((r0 + j) * kv_dim + kvh * d + i);
             a0 += v * vec4<f32>(subgroupBroadcast(pj, 0u), subgroupBroadcast(pj, 1u),
                                 subgroupBroadcast(pj, 2u), subgroupBroadcast(pj, 3u));
             a1 += v * vec4<f32>(subgroupBroadcast(pj, 4u), subgroupBroadcast(pj, 5u),

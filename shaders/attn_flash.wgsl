@@ -65,7 +65,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kv_dim = p.n_kv * d;
     let tk = p.tk;
     // This split's keys: the group's last token sees the most.
-    let n_keys = step.pos0 + t0 + tn;
+    // (A batched step's tokens are of different sequences: it runs with q_tokens = 1.)
+    let n_keys = tok_pos(t0) + tn;
+    let r0 = tok_kv0(t0);  // the sequence's first row in the cache
     let s = wid.y;
     var chunk = max(p.min_chunk, (n_keys + p.splits - 1u) / p.splits);
     chunk = (chunk + tk - 1u) / tk * tk;
@@ -90,7 +92,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var kt = k0; kt < k1; kt += tk) {
         let nk = min(tk, k1 - kt);
         for (var e = li; e < nk * d; e += WG) {
-            kv_s[e] = k_at((kt + e / d) * kv_dim + kvh * d + e % d);
+            kv_s[e] = k_at((r0 + kt + e / d) * kv_dim + kvh * d + e % d);
         }
         workgroupBarrier();
         for (var e = li; e < rows * nk; e += WG) {
@@ -98,13 +100,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let j = e % nk;
             var sc = 0.0;
             for (var i = 0u; i < d; i++) { sc += q_s[r * d + i] * kv_s[j * d + i]; }
-            // Causal: token t sees keys 0 ..= pos0 + t.
-            let visible = kt + j <= step.pos0 + t0 + r / gn;
+            // Causal: token t sees keys 0 ..= its position.
+            let visible = kt + j <= tok_pos(t0) + r / gn;
             p_s[r * tk + j] = select(NEG, sc, visible);
         }
         workgroupBarrier();
         for (var e = li; e < nk * d; e += WG) {
-            kv_s[e] = v_at((kt + e / d) * kv_dim + kvh * d + e % d);
+            kv_s[e] = v_at((r0 + kt + e / d) * kv_dim + kvh * d + e % d);
         }
         if (li < rows) {
             let r = li;

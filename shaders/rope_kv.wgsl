@@ -5,7 +5,8 @@
 // for every head), optional clip of q/k/v, then rotary embedding
 // (rotate_half style, cos/sin from a table computed on the host in f32 like
 // transformers' inv_freq), then q goes to q_out and k, v are stored into the layer's KV
-// cache at position pos0 + t. One workgroup per token.
+// cache at the token's position (in its sequence's rows: `tok_pos`, `tok_kv0`). One
+// workgroup per token.
 
 struct Params {
     n_heads: u32,
@@ -72,7 +73,7 @@ fn k_roped(base: u32, q_dim: u32, j: u32, inv_k: f32, rrow: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let t = wid.x;
     if (t >= step.n_tokens) { return; }
-    let pos = step.pos0 + t;
+    let pos = tok_pos(t);
     let q_dim = p.n_heads * p.head_dim;
     let kv_dim = p.n_kv * p.head_dim;
     let base = t * p.qkv_stride;
@@ -137,7 +138,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         q_out[t * q_dim + ib] = b * cs.x + a * cs.y;
     }
     // k (normed, clipped, rotated) and v (clipped) into the cache, as its format stores them.
-    kv_store_row(lid.x, pos, base, q_dim, kv_dim, inv_k, rrow);
+    kv_store_row(lid.x, tok_kv0(t) + pos, base, q_dim, kv_dim, inv_k, rrow);
 }
 
 // Value element j of this token, clipped.

@@ -2,7 +2,9 @@
 //! stops generating and prints what it has; `quantize` and `synth` remove their
 //! temporaries); a second one exits at once with status 130. `chat` clears the request
 //! after stopping an answer (the session goes on), and while it waits at its prompt a
-//! Ctrl-C ends it cleanly: a newline, status 0.
+//! Ctrl-C ends it cleanly: a newline, status 0. SIGTERM and SIGHUP count as Ctrl-C (ctrlc's
+//! `termination` feature: one handler for the three). `serve` installs its own first step
+//! instead (`install_shutdown`: a graceful drain), with the same second one.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
@@ -34,6 +36,26 @@ pub fn install() -> Result<()> {
             }
         })
         .map_err(|e| Error::Other(format!("cannot install the Ctrl-C handler: {e}")));
+    });
+    res
+}
+
+/// For `serve`: the first Ctrl-C, SIGTERM or SIGHUP calls `first` (the server drains) and
+/// sets nothing `requested` reads, so generation goes on; a second one exits at once with
+/// status 130 (whichever signal it is: the handler cannot tell them apart). Installed
+/// once per process, like `install` (a later call of either does nothing).
+pub fn install_shutdown(first: impl Fn() + Send + 'static) -> Result<()> {
+    let mut res = Ok(());
+    INSTALL.call_once(|| {
+        let seen = AtomicBool::new(false);
+        res = ctrlc::set_handler(move || {
+            if seen.swap(true, Ordering::SeqCst) {
+                eprintln!("second signal: exiting at once");
+                std::process::exit(i32::from(EXIT_CODE));
+            }
+            first();
+        })
+        .map_err(|e| Error::Other(format!("cannot install the signal handler: {e}")));
     });
     res
 }

@@ -8,7 +8,7 @@
 //! (admission, opening a model, the generation loop, sampling) and the commands' helpers
 //! (`insight`: inspect, kernels, eval, measure, simulate, heatmap, live; `bench`, `synth`,
 //! `planner`); `session` keeps a model loaded with a reusable KV cache, and `serve` is the
-//! HTTP server over it.
+//! HTTP server over it; `loadtest` is a client that loads and checks a running server.
 
 pub mod backend;
 pub mod bench;
@@ -20,6 +20,7 @@ pub mod gguf;
 pub mod insight;
 pub mod interrupt;
 pub mod limits;
+pub mod loadtest;
 pub mod model;
 pub mod planner;
 pub mod residency;

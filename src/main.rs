@@ -12,6 +12,7 @@ use wgmoe::model::Executor;
 use wgmoe::runtime::engine::{DensePrecision, ExpertPrecision, KvPrecision};
 
 use cli::bench_args::{BenchArgs, SynthArgs};
+use cli::loadtest::LoadtestArgs;
 
 #[derive(Parser)]
 #[command(
@@ -45,8 +46,12 @@ enum Cmd {
     /// answers, the KV cache reused across turns; /reset, /stats, /exit.
     Chat(ChatArgs),
     /// An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions,
-    /// /v1/models, /health): one request at a time, from a bounded queue.
+    /// /v1/models, /health, /metrics): --parallel requests at once by continuous
+    /// batching, more waiting in a bounded queue.
     Serve(ServeArgs),
+    /// Load a running server with concurrent clients and check every answer: exact usage,
+    /// one answer per request, malformed requests refused; tok/s, TTFT and latency.
+    Loadtest(LoadtestArgs),
     /// Convert a Hugging Face checkpoint to wgmoe's INT4 format (FP16 non-routed tensors,
     /// packed INT4 routed experts), for a memory-mapped, conversion-free start.
     Quantize {
@@ -645,7 +650,17 @@ struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every request (401 otherwise).
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
-    /// Requests that may wait while one is served; beyond that, 503.
+    /// Requests served at once (slots), by continuous batching: every decode step runs one
+    /// token of each together. The KV cache (--ctx-size positions) is split evenly between
+    /// the slots. Default 4 (1 with --backend cuda, whose kernels serve one sequence).
+    #[arg(long, value_name = "N")]
+    parallel: Option<usize>,
+    /// When a decode step of several requests runs as one batched forward: auto (whichever
+    /// is faster as measured on this adapter, per batch size), on, or off (one one-token
+    /// step per request; each still has its own slot).
+    #[arg(long, value_enum, default_value = "auto")]
+    batching: wgmoe::runtime::batch::Batching,
+    /// Requests that may wait while every slot is busy; beyond that, 503.
     #[arg(long, default_value_t = 8)]
     max_queue: usize,
     /// Largest request body (e.g. 4MiB, 65536); beyond that, 413.
@@ -654,6 +669,11 @@ struct ServeArgs {
     /// Model name in /v1/models and responses (default: the directory's name).
     #[arg(long)]
     alias: Option<String>,
+    /// On SIGTERM or Ctrl-C: refuse new requests (503), let those admitted finish for up
+    /// to this many seconds, then end them (finish_reason "abort"; queued ones get 503) and
+    /// exit 0. A second signal exits at once (status 130).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    drain_timeout: u64,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -693,6 +713,7 @@ fn main() -> ExitCode {
         Cmd::Run(args) => cli::run::run(args),
         Cmd::Chat(args) => cli::chat::chat(args),
         Cmd::Serve(args) => cli::serve::serve(args),
+        Cmd::Loadtest(args) => cli::loadtest::loadtest(args),
         Cmd::Quantize {
             model,
             out,

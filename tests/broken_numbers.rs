@@ -266,6 +266,7 @@ mod runtime {
                 max_context: 32,
                 prefill_chunk: 64,
                 all_logits: true,
+                batch: 1,
             },
         )
         .expect("load the fixture")

@@ -62,7 +62,7 @@ fn every_option_has_a_help_line() {
     let mut empty = Vec::new();
     for sub in [
         "devices", "run", "chat", "serve", "quantize", "inspect", "eval", "synth", "bench", "plan",
-        "simulate", "heatmap",
+        "simulate", "heatmap", "loadtest",
     ] {
         let r = wgmoe([sub, "--help"]);
         assert_ok(&r);

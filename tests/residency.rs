@@ -419,6 +419,7 @@ fn admission_refuses_what_cannot_fit() {
         max_context: 64,
         prefill_chunk: 64,
         all_logits: false,
+        batch: 1,
     };
     let input = wgmoe::runtime::admission::AdmissionInput {
         dense: wgmoe::backend::kernel::WeightFormat::F16,
@@ -427,6 +428,7 @@ fn admission_refuses_what_cannot_fit() {
         max_context: opts.max_context,
         prefill_chunk: opts.prefill_chunk,
         all_logits: opts.all_logits,
+        batch: opts.batch,
         staging_buffers: opts.residency.staging_buffers(&cfg).unwrap(),
         miss: MissPolicy::Upload,
         cpu_layers: 0,

@@ -220,7 +220,13 @@ fn completions_equal_run_and_the_second_turn_reuses_the_cache() {
     let (st, v) = srv.get("/v1/models");
     assert_eq!(st, 200);
     assert_eq!(v["data"][0]["id"], "olmoe-tiny", "{v}");
-    assert_eq!(srv.get("/health"), (200, json!({"status": "ok"})));
+    assert_eq!(
+        srv.get("/health"),
+        (
+            200,
+            json!({"status": "ok", "slots_idle": 4, "slots_processing": 0, "slots_total": 4})
+        )
+    );
     // One timing line per request in the log.
     let timed = |log: &str| {
         log.lines()
@@ -368,7 +374,11 @@ fn a_client_gone_mid_stream_stops_its_generation_and_a_full_queue_is_503() {
     edit_config(&dir, |c| {
         c.insert("max_position_embeddings".into(), 8192.into());
     });
-    let srv = Server::start(&dir, &["--max-queue", "0", "--ctx-size", "4096"]);
+    // One slot, no room to wait.
+    let srv = Server::start(
+        &dir,
+        &["--max-queue", "0", "--ctx-size", "4096", "--parallel", "1"],
+    );
     let long = json!({
         "messages": [{"role": "user", "content": U1}],
         "max_tokens": 4000, "ignore_eos": true, "stream": true,
@@ -440,12 +450,16 @@ fn a_conversation_beyond_the_context_is_refused_or_shifted() {
         "max_tokens": n, "ignore_eos": true,
     });
     let ctx_s = ctx.to_string();
-    let srv = Server::start(&dir, &["--ctx-size", &ctx_s]);
+    // One slot: it holds the whole context.
+    let srv = Server::start(&dir, &["--ctx-size", &ctx_s, "--parallel", "1"]);
     let (st, v) = srv.post("/v1/chat/completions", &body);
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
     drop(srv);
-    let srv = Server::start(&dir, &["--ctx-size", &ctx_s, "--context-shift"]);
+    let srv = Server::start(
+        &dir,
+        &["--ctx-size", &ctx_s, "--context-shift", "--parallel", "1"],
+    );
     let (st, v) = srv.post("/v1/chat/completions", &body);
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["usage"]["prompt_tokens"], kept.len(), "{v}");
@@ -523,4 +537,64 @@ fn a_template_refusal_is_explained() {
         "{m}"
     );
     assert_eq!(v["error"]["param"], "messages", "{v}");
+}
+
+#[test]
+fn concurrent_requests_are_batched_and_each_equals_run() {
+    // Four different prompts at once on the default four slots: their decode steps run
+    // together, and each answer is the text `wgmoe run` gives the prompt alone.
+    let dir = fixture(OLMOE);
+    let m = dir.display().to_string();
+    let n = 20;
+    let prompts = [U1, U2, "The old clockmaker walked along the river", "Seven"];
+    let want: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            run_text(&strings(&[
+                "run",
+                &m,
+                "-p",
+                p,
+                "-n",
+                &n.to_string(),
+                "--ignore-eos",
+            ]))
+        })
+        .collect();
+    let srv = Server::start(&dir, &["--batching", "on"]);
+    let streams: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            srv.stream_events(
+                "/v1/completions",
+                &json!({"prompt": p, "max_tokens": n, "ignore_eos": true, "stream": true,
+                        "temperature": 0}),
+            )
+        })
+        .collect();
+    for (i, rx) in streams.iter().enumerate() {
+        let data: Vec<String> = rx.iter().collect();
+        let (text, last) = streamed(&data, false);
+        assert_eq!(text, want[i], "prompt {i}: {:?}", prompts[i]);
+        assert_eq!(last["choices"][0]["finish_reason"], "length", "{last}");
+    }
+    let s = srv.stats_until(|s| s["requests"]["served"] == 4);
+    assert!(s["decode"]["batched_steps"].as_u64().unwrap() > 0, "{s}");
+    let (st, h) = srv.get("/health");
+    assert_eq!((st, &h["slots_processing"]), (200, &json!(0)), "{h}");
+    let metrics = srv.text("/metrics");
+    for line in [
+        "wgmoe_slots_total 4",
+        "wgmoe_slots_processing 0",
+        "wgmoe_requests_served_total 4",
+        &format!("wgmoe_generated_tokens_total {}", 4 * n),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}:\n{metrics}");
+    }
+    let batched: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("wgmoe_batched_steps_total "))
+        .and_then(|v| v.parse().ok())
+        .expect("wgmoe_batched_steps_total");
+    assert!(batched > 0, "{metrics}");
 }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use wgmoe::backend::kernel::Kernel;
-use wgmoe::backend::params::{flags, ParamsLayout, Step};
+use wgmoe::backend::params::{flags, ParamsLayout, Step, StepUniform};
 use wgmoe::backend::wgpu::shaders;
 
 fn parse(k: Kernel) -> naga::Module {
@@ -153,12 +153,17 @@ fn params_structs_match_their_wgsl_twins() {
         );
         assert_eq!(size, span, "{k}: params size");
         let (step, step_size) = members(&m, "step");
-        let want: Vec<(String, usize)> = Step::FIELDS
+        let mut want: Vec<(String, usize)> = Step::FIELDS
             .iter()
             .map(|(n, o)| (n.to_string(), *o))
             .collect();
+        want.push(("tok".into(), std::mem::offset_of!(StepUniform, tok)));
         assert_eq!(step, want, "{k}: Step members");
-        assert_eq!(step_size, std::mem::size_of::<Step>(), "{k}: Step size");
+        assert_eq!(
+            step_size,
+            std::mem::size_of::<StepUniform>(),
+            "{k}: Step size"
+        );
     }
 }
 

@@ -507,22 +507,57 @@ impl Device {
 
     /// Write a step uniform.
     pub fn write_step(&self, step: &Buffer, pos0: usize, n_tokens: usize) -> Result<()> {
+        self.write_step_at(step, pos0, n_tokens, 0)
+    }
+
+    /// A step of one sequence whose KV rows start at row `kv0` of the cache.
+    pub fn write_step_at(
+        &self,
+        step: &Buffer,
+        pos0: usize,
+        n_tokens: usize,
+        kv0: usize,
+    ) -> Result<()> {
         let s = params::Step {
             pos0: u32::try_from(pos0)
                 .map_err(|_| Error::Other(format!("position {pos0} too large")))?,
             n_tokens: n_tokens as u32,
-            ..Default::default()
+            kv0: u32::try_from(kv0).map_err(|_| Error::Other(format!("KV row {kv0} too large")))?,
+            batched: 0,
         };
         self.write(step, 0, bytemuck::bytes_of(&s))
     }
 
-    /// A step uniform (16 bytes) holding (pos0, n_tokens).
+    /// A batched step: token t at position `tokens[t].0` of the sequence whose KV rows
+    /// start at row `tokens[t].1`.
+    pub fn write_step_batch(&self, step: &Buffer, tokens: &[(usize, usize)]) -> Result<()> {
+        if tokens.is_empty() || tokens.len() > params::MAX_BATCH {
+            return Err(Error::Other(format!(
+                "internal: a batched step of {} sequences (1..={})",
+                tokens.len(),
+                params::MAX_BATCH
+            )));
+        }
+        let mut u = params::StepUniform {
+            step: params::Step {
+                pos0: 0,
+                n_tokens: tokens.len() as u32,
+                kv0: 0,
+                batched: 1,
+            },
+            tok: [[0; 4]; params::MAX_BATCH],
+        };
+        for (slot, &(pos, kv0)) in u.tok.iter_mut().zip(tokens) {
+            let big = || Error::Other(format!("position {pos} (KV row {kv0}) too large"));
+            slot[0] = u32::try_from(pos).map_err(|_| big())?;
+            slot[1] = u32::try_from(kv0).map_err(|_| big())?;
+        }
+        self.write(step, 0, bytemuck::bytes_of(&u))
+    }
+
+    /// A step uniform holding (pos0, n_tokens).
     pub fn step_buffer(&self, pos0: usize, n_tokens: usize) -> Result<Buffer> {
-        let b = self.alloc(
-            "step",
-            std::mem::size_of::<params::Step>() as u64,
-            Usage::Uniform,
-        )?;
+        let b = self.alloc("step", params::STEP_BYTES, Usage::Uniform)?;
         self.write_step(&b, pos0, n_tokens)?;
         Ok(b)
     }

@@ -26,6 +26,21 @@ macro_rules! params {
     };
 }
 
+/// Most sequences one batched step holds (`StepUniform::tok`).
+pub const MAX_BATCH: usize = 64;
+
+/// The whole step uniform: `Step`, then per token of a batched step (position, first KV
+/// row of its sequence, 0, 0); the WGSL twin is `shaders/common/step.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct StepUniform {
+    pub step: Step,
+    pub tok: [[u32; 4]; MAX_BATCH],
+}
+
+/// Bytes of a step uniform buffer.
+pub const STEP_BYTES: u64 = std::mem::size_of::<StepUniform>() as u64;
+
 /// Flag bits, one definition each (WGSL twins in `shaders/common/flags.wgsl`).
 pub mod flags {
     /// rmsnorm, matmul: compute only the step's last token (into output row 0).
@@ -118,12 +133,14 @@ pub const ATTN_PREFILL_MAX_SPLITS: usize = 64;
 
 params! {
     /// Per-submission state shared by all kernels (binding 1): where the tokens of this
-    /// step start in the sequence and how many there are.
+    /// step start in the sequence, how many there are, and the KV cache row where the
+    /// sequence starts (a `serve --parallel` slot's region). With `batched` set, the step
+    /// holds one token of each of several sequences, each placed by `StepUniform::tok`.
     pub struct Step {
         pub pos0: u32,
         pub n_tokens: u32,
-        pub _a: u32,
-        pub _b: u32,
+        pub kv0: u32,
+        pub batched: u32,
     }
 
     pub struct EmbedParams {

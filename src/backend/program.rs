@@ -173,6 +173,38 @@ impl Program {
         self.ops.push(op);
     }
 
+    /// A copy with the ops of the stages in `stages` replaced by `ops` (labelled with the
+    /// first of them), where the first of them stood.
+    pub fn with_stages_replaced(&self, stages: &[&'static str], ops: Vec<Op>) -> Program {
+        let at = self
+            .ops
+            .iter()
+            .position(|o| stages.contains(&o.stage))
+            .unwrap_or(self.ops.len());
+        let mut out = Program {
+            ops: Vec::with_capacity(self.ops.len() + ops.len()),
+            stage: self.stage,
+        };
+        for (i, op) in self.ops.iter().enumerate() {
+            if i == at {
+                for o in &ops {
+                    let mut o = o.clone();
+                    if o.stage.is_empty() {
+                        o.stage = stages.first().copied().unwrap_or("");
+                    }
+                    out.ops.push(o);
+                }
+            }
+            if !stages.contains(&op.stage) {
+                out.ops.push(op.clone());
+            }
+        }
+        if at == self.ops.len() {
+            out.ops.extend(ops);
+        }
+        out
+    }
+
     /// Label the ops pushed from now on with `stage`.
     pub fn stage(&mut self, stage: &'static str) {
         self.stage = stage;

@@ -257,6 +257,7 @@ pub(super) fn engine_options(
         max_context,
         prefill_chunk: o.prefill_chunk,
         all_logits: false,
+        batch: 1,
     }
 }
 

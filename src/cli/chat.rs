@@ -158,7 +158,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let seed = a.sampling.seed.unwrap_or_else(random_seed);
     let sampling = sampling_options(&a.sampling, gen.as_ref(), seed)?;
     let ctx = super::ctx_size(&a.load, &cfg, &a.model)?;
-    let mut engine = super::load_engine(&a.model, &a.load, ctx)?;
+    let mut engine = super::load_engine(&a.model, &a.load, ctx, 1)?;
     engine.tokenizer = None;
     if let Some(n) = note {
         eprintln!("{n}");

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod bench_args;
 pub mod chat;
 pub mod insight;
+pub mod loadtest;
 pub mod plan;
 pub mod run;
 pub mod serve;
@@ -44,7 +45,7 @@ pub fn ctx_size(load: &LoadArgs, cfg: &ModelConfig, model: &Path) -> Result<usiz
 
 /// The engine of `chat` and `serve`, with a KV cache of `ctx` positions; says what it
 /// loaded on stderr.
-pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize) -> Result<Engine> {
+pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize, batch: usize) -> Result<Engine> {
     if load.prefill_chunk == 0 {
         return Err(Error::option("--prefill-chunk", "must be at least 1"));
     }
@@ -62,6 +63,7 @@ pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize) -> Result<Engine> 
             max_context: ctx,
             prefill_chunk: load.prefill_chunk,
             all_logits: false,
+            batch,
         },
     )
     .map_err(|e| match e {

@@ -194,6 +194,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             max_context,
             prefill_chunk: a.prefill_chunk,
             all_logits: false,
+            batch: 1,
         },
     )?;
     eprintln!(

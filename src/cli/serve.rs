@@ -11,6 +11,33 @@ use crate::ServeArgs;
 /// Most requests `--max-queue` lets wait (the queue's slots are allocated up front).
 pub const MAX_QUEUE: usize = 4096;
 
+/// Slots when `--parallel` is not given (wgpu backends).
+pub const DEFAULT_PARALLEL: usize = 4;
+
+/// `--parallel` against what the engine can hold, before anything loads.
+fn check_parallel(parallel: usize, ctx: usize, chunk: usize) -> Result<()> {
+    let max = wgmoe::backend::params::MAX_BATCH;
+    if parallel == 0 || parallel > max {
+        return Err(Error::option(
+            "--parallel",
+            format!("{parallel}: from 1 to {max} slots"),
+        ));
+    }
+    if ctx / parallel < 2 {
+        return Err(Error::option(
+            "--parallel",
+            format!("{parallel} slots over a context of {ctx} positions leave fewer than 2 each (raise --ctx-size or lower --parallel)"),
+        ));
+    }
+    if parallel > chunk {
+        return Err(Error::option(
+            "--parallel",
+            format!("{parallel} slots exceed --prefill-chunk {chunk}: a batched step's tokens must fit one chunk's workspace (raise --prefill-chunk)"),
+        ));
+    }
+    Ok(())
+}
+
 pub fn serve(a: ServeArgs) -> Result<()> {
     let (cfg, gen, tok) = Engine::open_host(&a.model)?;
     let Some(mut tok) = tok else {
@@ -52,8 +79,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
     });
+    let cuda = a.load.gpu.request()?.backend == Some(wgmoe::backend::BackendChoice::Cuda);
+    let parallel = a
+        .parallel
+        .unwrap_or(if cuda { 1 } else { DEFAULT_PARALLEL });
+    check_parallel(parallel, ctx, a.load.prefill_chunk)?;
     let listener = bind(&a.host, a.port)?;
-    let mut engine = super::load_engine(&a.model, &a.load, ctx)?;
+    let mut engine = super::load_engine(&a.model, &a.load, ctx, parallel)?;
     // The tokenizer with the chat template chosen above.
     engine.tokenizer = Some(tok);
     if let Some(n) = note {
@@ -69,6 +101,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             seed: a.sampling.seed,
             context_shift: a.load.context_shift,
         },
+        drain_timeout: std::time::Duration::from_secs(a.drain_timeout),
+        parallel,
+        batching: a.batching,
     };
     let auth = a.api_key.is_some();
     run_server(Session::new(engine), listener, opts, |addr| {
@@ -84,7 +119,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             );
         }
         eprintln!(
-            "listening on http://{addr} (one request at a time, up to {} waiting)",
+            "listening on http://{addr} ({parallel} slot{} of {} positions, up to {} waiting)",
+            if parallel == 1 { "" } else { "s" },
+            ctx / parallel,
             a.max_queue
         );
     })

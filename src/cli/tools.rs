@@ -446,6 +446,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         max_context,
         prefill_chunk: 64,
         all_logits: true,
+        batch: 1,
     };
     // Reference: a greedy decode gives the sequence; its logits over that sequence,
     // teacher-forced as every candidate's are (the same kernels, so the reference against

@@ -239,7 +239,7 @@ mod tests {
 pub mod kv {
     /// Values per scale: ggml's 32 when it divides head_dim, else one head row.
     pub fn kv_block(head_dim: usize) -> usize {
-        if head_dim % super::BLOCK == 0 {
+        if head_dim.is_multiple_of(super::BLOCK) {
             super::BLOCK
         } else {
             head_dim

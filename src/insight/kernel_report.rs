@@ -270,6 +270,7 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
                 expert_batches: false,
                 placement: Vec::new(),
                 predict_width: 0,
+                batch: 1,
             },
         )
     };

@@ -80,6 +80,8 @@ pub struct Forward {
     /// `record_routing`, with the router's weights (`model::trace_hook`).
     pub trace: Option<Tracer>,
     pub counters: Counters,
+    /// The step being submitted is batched (one token of each of several sequences).
+    pub(crate) batched: bool,
 }
 
 /// The workspace buffers, by name.
@@ -123,10 +125,34 @@ impl Forward {
     ) -> Result<Self> {
         let ctxlen = opts.max_context.max(1);
         check_shapes(dev, cfg, ctxlen)?;
+        if opts.batch > MAX_BATCH {
+            return Err(Error::option(
+                "--parallel",
+                format!(
+                    "{}: a batched step holds at most {MAX_BATCH} sequences",
+                    opts.batch
+                ),
+            ));
+        }
+        if opts.batch > 1 && matches!(dev, Device::Cuda(_)) {
+            return Err(Error::option(
+                "--parallel",
+                "batched steps (more than 1 slot) run on the wgpu backend only: the CUDA kernels do not read per-sequence KV regions yet (use --parallel 1 or --backend vulkan)",
+            ));
+        }
         let t =
             workspace::effective_chunk(cfg, ctxlen, opts.prefill_chunk, Some(dev.binding_limit()));
         opts.prefill_chunk = t;
-        let logit_rows = if opts.all_logits { t } else { 1 };
+        if opts.batch > t {
+            return Err(Error::option(
+                "--parallel",
+                format!(
+                    "{} sequences per step exceed the {t}-token chunk the workspace holds (raise --prefill-chunk or lower --parallel)",
+                    opts.batch
+                ),
+            ));
+        }
+        let logit_rows = if opts.all_logits { t } else { 1 }.max(opts.batch);
         if (logit_rows * cfg.vocab_size * 4) as u64 > dev.binding_limit() {
             return Err(Error::DoesNotFit(format!(
                 "logits of {logit_rows} rows x {} exceed the storage binding limit",
@@ -147,6 +173,7 @@ impl Forward {
             max_context: ctxlen,
             chunk: t,
             all_logits: opts.all_logits,
+            batch: opts.batch.max(1),
             expert_major: Some(expert_major),
             host_experts: opts.host_experts(),
             kv: plan.kv,
@@ -191,7 +218,7 @@ impl Forward {
         } else {
             None
         };
-        let step = dev.alloc("step", std::mem::size_of::<Step>() as u64, Usage::Uniform)?;
+        let step = dev.alloc("step", STEP_BYTES, Usage::Uniform)?;
         let env = OpEnv {
             plan: &plan,
             chunk: t,
@@ -237,6 +264,7 @@ impl Forward {
             profile: None,
             trace: None,
             counters: Counters::default(),
+            batched: false,
         })
     }
 

@@ -36,6 +36,9 @@ pub struct ForwardOptions {
     /// Experts each layer's guess of the next MoE layer's routing holds (`predict`
     /// programs; 0: none built).
     pub predict_width: usize,
+    /// Most sequences one batched step holds (`serve --parallel`); above 1, each layer
+    /// also gets `pre_batched` and the logits hold that many rows.
+    pub batch: usize,
 }
 
 impl ForwardOptions {
@@ -56,6 +59,9 @@ impl ForwardOptions {
 pub struct LayerPrograms {
     /// Attention and router (layer 0 starts with the embedding).
     pub pre: Prepared,
+    /// `pre` for batched steps (one token of each of several sequences; `opts.batch` > 1):
+    /// attention kernels that keep every token apart.
+    pub pre_batched: Option<Prepared>,
     /// The MLP block (experts, shared expert, combine).
     pub post: Prepared,
     /// The MLP block for one-token steps, where it differs (uniform-window kernels).
@@ -80,6 +86,14 @@ pub struct LayerPrograms {
 }
 
 impl LayerPrograms {
+    /// Attention and router for a step (batched: one token of each of several sequences).
+    pub fn pre_for(&self, batched: bool) -> &Prepared {
+        match &self.pre_batched {
+            Some(p) if batched => p,
+            _ => &self.pre,
+        }
+    }
+
     /// The MLP block for a step of `n` tokens.
     pub fn post_for(&self, n: usize) -> &Prepared {
         match &self.post_decode {
@@ -347,20 +361,17 @@ pub(super) fn build_layers(
             &ab,
         );
         pre.stage("attention");
-        ops::attention(
-            &mut pre,
-            env,
-            &AttentionParams {
-                n_heads: nh as u32,
-                n_kv: nkv as u32,
-                head_dim: hd as u32,
-                scratch_stride: ctxlen as u32,
-                scale: (hd as f32).powf(-0.5),
-                ..Default::default()
-            },
-            &ab,
-            ctxlen,
-        );
+        let ap = AttentionParams {
+            n_heads: nh as u32,
+            n_kv: nkv as u32,
+            head_dim: hd as u32,
+            scratch_stride: ctxlen as u32,
+            scale: (hd as f32).powf(-0.5),
+            ..Default::default()
+        };
+        ops::attention(&mut pre, env, &ap, &ab, ctxlen);
+        let batched_attention =
+            (opts.batch > 1).then(|| ops::attention_batched(env, &ap, &ab, ctxlen));
         pre.stage("o_proj");
         ops::matmul(
             &mut pre,
@@ -500,7 +511,10 @@ pub(super) fn build_layers(
             }
             _ => None,
         };
+        let pre_batched = batched_attention
+            .map(|a| pre.with_stages_replaced(&["attention", "attention_combine"], a));
         out.push(LayerPrograms {
+            pre_batched: pre_batched.map(|p| dev.prepare(p, step)).transpose()?,
             pre: dev.prepare(pre, step)?,
             post: dev.prepare(post, step)?,
             post_decode: post_decode.map(|p| dev.prepare(p, step)).transpose()?,
@@ -575,7 +589,8 @@ pub(super) fn build_head(
         ops::matmul(&mut p, env, lm, xf, None, logits, v, fl);
         dev.prepare(p, step)
     };
-    let all = if opts.all_logits {
+    // Batched steps need every row's logits too.
+    let all = if opts.all_logits || opts.batch > 1 {
         Some((head(0)?, argmax(true, n_suppress)?))
     } else {
         None

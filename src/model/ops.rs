@@ -575,6 +575,63 @@ pub fn attention(
     prog.push(old_attention(env, p, b, env.chunk));
 }
 
+/// The attention of a batched step: one token of each of several sequences, each at its
+/// own position over its own KV rows (`tok_pos`, `tok_kv0` in `common/step.wgsl`), so no
+/// two tokens may share a workgroup. Flash plans: attn_flash with one token per workgroup
+/// over the multi-token key splits; otherwise the scratch-row kernel, one workgroup per
+/// (head, token).
+pub fn attention_batched(
+    env: &OpEnv,
+    p: &AttentionParams,
+    b: &AttentionBuffers,
+    max_context: usize,
+) -> Vec<Op> {
+    if !(env.plan.flash_decode() || env.plan.flash_prefill()) {
+        return vec![Op::new(
+            Kernel::Attention(env.plan.kv),
+            p,
+            binds(&[b.q, b.cache_k, b.cache_v, b.scratch, b.out]),
+            [Dim::Const(p.n_heads), Dim::Tokens, Dim::Const(1)],
+        )];
+    }
+    let (nh, nkv, hd) = (p.n_heads as usize, p.n_kv as usize, p.head_dim as usize);
+    let s = flash_shape(nh, nkv, hd, max_context);
+    let fp = FlashParams {
+        n_heads: p.n_heads,
+        n_kv: p.n_kv,
+        head_dim: p.head_dim,
+        g_tile: s.g_tile as u32,
+        q_tokens: 1,
+        tk: s.tk as u32,
+        min_chunk: ATTN_MIN_CHUNK as u32,
+        splits: s.prefill_splits as u32,
+        scale: p.scale,
+        ..Default::default()
+    };
+    let mut ops = vec![Op::new(
+        Kernel::AttnFlash(env.plan.kv),
+        &fp,
+        binds(&[b.q, b.cache_k, b.cache_v, b.out, b.part]),
+        [
+            Dim::Const((nkv * s.head_tiles) as u32),
+            Dim::Const(s.prefill_splits as u32),
+            Dim::Tokens,
+        ],
+    )];
+    if s.prefill_splits > 1 {
+        ops.push(
+            Op::new(
+                Kernel::AttnCombine,
+                &fp,
+                binds(&[b.part, b.out]),
+                [Dim::Const(p.n_heads), Dim::Tokens, Dim::Const(1)],
+            )
+            .in_stage("attention_combine"),
+        );
+    }
+    ops
+}
+
 /// The scratch-row attention kernels (one workgroup per head and token, or 8 tokens) for
 /// steps of `tokens` tokens.
 fn old_attention(env: &OpEnv, p: &AttentionParams, b: &AttentionBuffers, tokens: usize) -> Op {

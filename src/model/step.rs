@@ -30,6 +30,27 @@ impl Forward {
     /// Process tokens at positions [pos0, pos0 + n). `ids` (if given) are uploaded as the
     /// step's input; otherwise the input is what the previous argmax wrote.
     pub fn submit(&mut self, pos0: usize, n: usize, ids: Option<&[u32]>, head: Head) -> Result<()> {
+        self.submit_at(pos0, n, ids, head, 0)
+    }
+
+    /// `submit` for a sequence whose KV rows start at row `kv0` of the cache (a `serve
+    /// --parallel` slot's region: positions [pos0, pos0 + n) occupy rows kv0 + pos).
+    pub fn submit_at(
+        &mut self,
+        pos0: usize,
+        n: usize,
+        ids: Option<&[u32]>,
+        head: Head,
+        kv0: usize,
+    ) -> Result<()> {
+        if kv0 > 0 && kv0 + pos0 + n > self.opts.max_context {
+            return Err(Error::Other(format!(
+                "internal: KV rows {}..{} beyond the cache's {}",
+                kv0 + pos0,
+                kv0 + pos0 + n,
+                self.opts.max_context
+            )));
+        }
         if n == 0 || n > self.opts.prefill_chunk {
             return Err(Error::Other(format!(
                 "step of {n} tokens (chunk {})",
@@ -49,9 +70,52 @@ impl Forward {
         if let Some(ids) = ids {
             self.dev.write(&self.ids, 0, bytemuck::cast_slice(ids))?;
         }
-        self.dev.write_step(&self.step, pos0, n)?;
+        self.dev.write_step_at(&self.step, pos0, n, kv0)?;
+        self.batched = false;
+        self.run_step(pos0, n, ids.is_some(), head)
+    }
+
+    /// A batched step: token t is `tokens[t] = (position, first KV row of its sequence,
+    /// id)`, each sequence attending to its own rows; the logits of every token come back
+    /// (`read_logits(tokens.len())`). Needs `opts.batch` >= tokens.len() >= 2 (one token
+    /// runs as `submit_at`).
+    pub fn submit_batch(&mut self, tokens: &[(usize, usize, u32)]) -> Result<()> {
+        let b = tokens.len();
+        if b < 2 || b > self.opts.batch {
+            return Err(Error::Other(format!(
+                "internal: a batched step of {b} sequences (2..={})",
+                self.opts.batch
+            )));
+        }
+        let v = self.cfg.vocab_size;
+        for &(pos, kv0, id) in tokens {
+            if pos + kv0 >= self.opts.max_context {
+                return Err(Error::Other(format!(
+                    "internal: KV row {} beyond the cache's {}",
+                    pos + kv0,
+                    self.opts.max_context
+                )));
+            }
+            if id as usize >= v {
+                return Err(Error::Other(format!(
+                    "token id {id} is outside the vocabulary (vocab_size {v})"
+                )));
+            }
+        }
+        let ids: Vec<u32> = tokens.iter().map(|t| t.2).collect();
+        self.dev.write(&self.ids, 0, bytemuck::cast_slice(&ids))?;
+        let places: Vec<(usize, usize)> = tokens.iter().map(|t| (t.0, t.1)).collect();
+        self.dev.write_step_batch(&self.step, &places)?;
+        self.batched = true;
+        let r = self.run_step(tokens[0].0, b, true, Head::All);
+        self.batched = false;
+        r
+    }
+
+    /// The programs of a step whose uniform is written.
+    fn run_step(&mut self, pos0: usize, n: usize, new_ids: bool, head: Head) -> Result<()> {
         if self.residency.is_some() || self.record_routing || self.tracing() {
-            self.trace_begin(pos0, ids.is_some());
+            self.trace_begin(pos0, new_ids);
             return self.submit_segmented(n, head);
         }
         let heads = heads(self, head)?;
@@ -64,7 +128,7 @@ impl Forward {
         let mut work: Vec<Work> = Vec::new();
         for l in &self.layers {
             work.push(Work::Run {
-                program: &l.pre,
+                program: l.pre_for(self.batched),
                 tokens: t,
             });
             work.push(Work::Run {
@@ -103,7 +167,7 @@ impl Forward {
         let mut times = KernelTimes::new();
         let t = n as u32;
         for l in &self.layers {
-            self.dev.profile(&l.pre, t, &mut times)?;
+            self.dev.profile(l.pre_for(self.batched), t, &mut times)?;
             self.dev.profile(l.post_for(n), t, &mut times)?;
         }
         for p in heads {
@@ -213,7 +277,7 @@ impl Forward {
             }
             if l < layers {
                 work.push(Work::Run {
-                    program: &self.layers[l].pre,
+                    program: self.layers[l].pre_for(self.batched),
                     tokens: t,
                 });
                 if let Some(p) = predict {

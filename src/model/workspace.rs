@@ -18,6 +18,9 @@ pub struct WorkspaceShape {
     pub chunk: usize,
     /// Logits of every position of a chunk (tests, evaluation), not only the last.
     pub all_logits: bool,
+    /// Most sequences of a batched step (`serve --parallel`): the logits hold that many
+    /// rows at least.
+    pub batch: usize,
     /// The expert-major prefill buffers (window kernels, INT4, grouped executor). `None`:
     /// not known yet (no device): counted, as an upper bound.
     pub expert_major: Option<bool>,
@@ -122,7 +125,7 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     let kv_dim = cfg.num_kv_heads * cfg.head_dim;
     let ctxlen = s.max_context.max(1);
     let t = s.chunk.max(1);
-    let logit_rows = if s.all_logits { t } else { 1 };
+    let logit_rows = if s.all_logits { t } else { 1 }.max(s.batch);
     let mut w = Table { rows: Vec::new() };
     use Usage::*;
     w.add("ids", Storage, &[t])?;
@@ -221,6 +224,7 @@ pub fn planned_shape(
         max_context,
         chunk: effective_chunk(cfg, max_context, chunk, None),
         all_logits,
+        batch: 1,
         // Not known before the device: counted, as an upper bound.
         expert_major: None,
         host_experts,

@@ -308,6 +308,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
             max_context: o.context,
             prefill_chunk: o.prefill_chunk,
             all_logits: false,
+            batch: 1,
             staging_buffers: o.staging_buffers,
             miss,
             cpu_layers: 0,

@@ -30,6 +30,8 @@ pub struct AdmissionInput {
     pub max_context: usize,
     pub prefill_chunk: usize,
     pub all_logits: bool,
+    /// Most sequences of a batched step (`serve --parallel`; 1 otherwise).
+    pub batch: usize,
     pub staging_buffers: usize,
     /// Where misses run: with `cpu` or `auto`, fewer than top_k experts per layer (even
     /// none) are valid, and the spare slots shrink to min(top_k, resident).
@@ -165,6 +167,7 @@ impl AdmissionCost {
                 cfg,
                 &WorkspaceShape {
                     kv: a.kv,
+                    batch: a.batch,
                     ..planned_shape(
                         cfg,
                         a.max_context,

@@ -252,6 +252,8 @@ pub struct EngineOptions {
     pub max_context: usize,
     pub prefill_chunk: usize,
     pub all_logits: bool,
+    /// Most sequences one batched step holds (`serve --parallel`; 1: no batched steps).
+    pub batch: usize,
 }
 
 pub struct Engine {
@@ -382,6 +384,7 @@ impl Engine {
                 expert_batches: place.contains(&ExpertPlacement::Cached),
                 placement: place.clone(),
                 predict_width: if width > 0 { width } else { cfg.top_k },
+                batch: opts.batch,
             },
         )?;
         warm_up(&mut fwd)?;
@@ -569,6 +572,7 @@ pub fn check_host(
             max_context: opts.max_context,
             prefill_chunk: opts.prefill_chunk,
             all_logits: opts.all_logits,
+            batch: opts.batch,
             staging_buffers: r.staging_buffers(cfg)?,
             miss: r.miss_policy(cfg),
             cpu_layers: r.cpu_layers(cfg),

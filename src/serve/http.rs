@@ -1,6 +1,8 @@
 //! The HTTP side on axum: routes, the API key, the body limit, JSON and server-sent-event
 //! responses in OpenAI's shapes. Handlers never touch the engine: they check the request,
-//! queue a job for the worker and turn its events into a response.
+//! queue a job for the worker and turn its events into a response. While the server drains
+//! (`Shared::draining`) new requests get 503 `shutting_down`, `/health` 503 "draining",
+//! and every response says `Connection: close`, so no connection stays open for more.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -21,7 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::serve::api::{self, ApiError};
-use crate::serve::worker::{Done, Event, Job, Shared};
+use crate::serve::worker::{shutting_down, Done, Event, Job, Shared};
 
 pub struct AppState {
     pub jobs: SyncSender<Job>,
@@ -31,6 +33,9 @@ pub struct AppState {
     pub api_key: Option<String>,
     pub max_body: usize,
     pub max_queue: usize,
+    /// Slots (`--parallel`): requests served at once.
+    pub slots: usize,
+    /// Positions of each slot.
     pub context: usize,
     pub next_id: AtomicU64,
     /// Unix time the server started (`created` of the model).
@@ -43,10 +48,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .route("/stats", get(stats))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            close_when_draining,
+        ))
         .with_state(state)
 }
 
@@ -93,13 +103,34 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
     next.run(req).await
 }
 
+/// While draining, `Connection: close` on every response: hyper closes the connection once
+/// the response is sent, so keep-alive clients reconnect (and find the server gone or
+/// refusing) instead of holding a connection the shutdown waits for.
+async fn close_when_draining(
+    State(st): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let mut r = next.run(req).await;
+    if st.shared.draining.load(Ordering::SeqCst) {
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    r
+}
+
+fn refuse_while_draining(endpoint: &str) -> ApiError {
+    eprintln!("request to {endpoint}: refused, the server is shutting down");
+    shutting_down("it takes no new requests")
+}
+
 async fn not_found(req: Request) -> ApiError {
     ApiError::status(
         404,
         "invalid_request_error",
         "not_found",
         format!(
-            "no such endpoint: {} {} (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /stats)",
+            "no such endpoint: {} {} (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics, GET /stats)",
             req.method(),
             req.uri().path()
         ),
@@ -115,8 +146,132 @@ async fn method_not_allowed(req: Request) -> ApiError {
     )
 }
 
-async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// `{"status": "ok"}` with the slots in use (as llama-server's `slots_idle` and
+/// `slots_processing`); while draining 503 `{"status": "draining"}` (a load balancer stops
+/// sending requests here).
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let busy = st.shared.slots_busy.load(Ordering::SeqCst).min(st.slots);
+    let slots = json!({
+        "slots_idle": st.slots - busy,
+        "slots_processing": busy,
+        "slots_total": st.slots,
+    });
+    let mut body = if st.shared.draining.load(Ordering::SeqCst) {
+        json!({"status": "draining"})
+    } else {
+        json!({"status": "ok"})
+    };
+    if let (Some(b), Some(s)) = (body.as_object_mut(), slots.as_object()) {
+        b.extend(s.clone());
+    }
+    let code = if st.shared.draining.load(Ordering::SeqCst) {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (code, Json(body)).into_response()
+}
+
+/// Prometheus text: slots, queue and request and token counters.
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let s = st.shared.stats();
+    let busy = st.shared.slots_busy.load(Ordering::SeqCst).min(st.slots);
+    let waiting = st.shared.waiting.load(Ordering::SeqCst);
+    let t = &s.totals;
+    let rows: [(&str, &str, &str, u64); 14] = [
+        (
+            "wgmoe_slots_total",
+            "gauge",
+            "Slots (--parallel): requests served at once.",
+            st.slots as u64,
+        ),
+        (
+            "wgmoe_slots_processing",
+            "gauge",
+            "Slots serving a request now.",
+            busy as u64,
+        ),
+        (
+            "wgmoe_requests_waiting",
+            "gauge",
+            "Requests queued for a slot.",
+            waiting as u64,
+        ),
+        (
+            "wgmoe_cache_tokens",
+            "gauge",
+            "Tokens held in the slots' KV regions.",
+            s.cache_tokens as u64,
+        ),
+        (
+            "wgmoe_requests_served_total",
+            "counter",
+            "Requests answered in full.",
+            s.served,
+        ),
+        (
+            "wgmoe_requests_failed_total",
+            "counter",
+            "Requests answered with an error.",
+            s.failed,
+        ),
+        (
+            "wgmoe_requests_cancelled_total",
+            "counter",
+            "Requests whose client went away.",
+            s.cancelled,
+        ),
+        (
+            "wgmoe_requests_rejected_total",
+            "counter",
+            "Requests refused with a full queue.",
+            s.rejected_queue_full,
+        ),
+        (
+            "wgmoe_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of finished requests.",
+            t.prompt_tokens,
+        ),
+        (
+            "wgmoe_prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens found in a slot's cache.",
+            t.cached_tokens,
+        ),
+        (
+            "wgmoe_generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            t.generated_tokens,
+        ),
+        (
+            "wgmoe_decode_steps_total",
+            "counter",
+            "Decode steps (one forward each).",
+            s.decode_steps,
+        ),
+        (
+            "wgmoe_decode_step_tokens_total",
+            "counter",
+            "Tokens the decode steps ran (one per request in a step).",
+            s.decode_step_tokens,
+        ),
+        (
+            "wgmoe_batched_steps_total",
+            "counter",
+            "Decode steps that ran several requests together.",
+            s.batched_steps,
+        ),
+    ];
+    drop(s);
+    let mut out = String::new();
+    for (name, kind, help, v) in rows {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+        ));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
@@ -131,9 +286,11 @@ async fn stats(State(st): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({
         "model": st.model,
         "context": st.context,
+        "slots": {"total": st.slots, "processing": st.shared.slots_busy.load(Ordering::SeqCst).min(st.slots)},
         "queue": {"waiting": st.shared.waiting.load(Ordering::SeqCst), "max": st.max_queue},
         "requests": {"served": s.served, "failed": s.failed, "cancelled": s.cancelled, "rejected_queue_full": s.rejected_queue_full},
         "cache_tokens": s.cache_tokens,
+        "decode": {"steps": s.decode_steps, "step_tokens": s.decode_step_tokens, "batched_steps": s.batched_steps},
         "last": s.last,
         "totals": s.totals,
     }))
@@ -314,6 +471,9 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
         Kind::Chat => "/v1/chat/completions",
         Kind::Completion => "/v1/completions",
     };
+    if st.shared.draining.load(Ordering::SeqCst) {
+        return Err(refuse_while_draining(endpoint));
+    }
     let body = read_json(req, st.max_body).await?;
     let request = match kind {
         Kind::Chat => api::chat_request(&body)?,
@@ -354,12 +514,19 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
             "server_error",
             "queue_full",
             format!(
-                "the server is busy: one request is being served and {} are waiting (--max-queue); retry later",
-                st.max_queue
+                "the server is busy: its {} slots are serving requests and {} are waiting (--parallel, --max-queue); retry later",
+                st.slots, st.max_queue
             ),
         )
     };
-    if st.shared.pending.fetch_add(1, Ordering::SeqCst) > st.max_queue {
+    let before = st.shared.pending.fetch_add(1, Ordering::SeqCst);
+    // Read after counting in `pending` (the drain sets `draining`, then reads `pending`):
+    // either this request is refused here or the drain waits for it.
+    if st.shared.draining.load(Ordering::SeqCst) {
+        st.shared.pending.fetch_sub(1, Ordering::SeqCst);
+        return Err(refuse_while_draining(endpoint));
+    }
+    if before >= st.max_queue + st.slots {
         st.shared.pending.fetch_sub(1, Ordering::SeqCst);
         return Err(queue_full());
     }

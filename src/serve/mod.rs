@@ -1,15 +1,29 @@
 //! `wgmoe serve`: an OpenAI-compatible HTTP server over one loaded session. The GPU is
-//! one stream, so one worker thread owns the engine and serves the requests in order from
-//! a bounded queue (`worker`); the HTTP side (`http`, axum on a one-thread tokio runtime)
-//! only parses, queues and streams. Request bodies are checked in `api`.
+//! one stream, so one worker thread owns the engine and serves up to `--parallel`
+//! requests at once by continuous batching (`scheduler`), the rest waiting in a bounded
+//! queue (`worker` holds what both sides share); the HTTP side (`http`, axum on a
+//! one-thread tokio runtime) only parses, queues and streams. Request bodies are checked
+//! in `api`.
+//!
+//! Shutdown: the first SIGTERM, Ctrl-C or SIGHUP starts a drain (`drain`): new requests get
+//! 503, what was admitted (generating or queued) is served for up to `--drain-timeout`
+//! seconds, then the answer being generated ends with finish_reason "abort" and the queued
+//! ones get 503. Then the listener closes, idle connections are closed, the last answers
+//! are sent, and `serve` returns (exit status 0). A second signal exits at once (130).
 
 pub mod api;
 pub mod http;
+pub mod scheduler;
 pub mod worker;
 
+use std::future::IntoFuture;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::AtomicU64;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 use crate::error::{Error, Result};
 use crate::session::Session;
@@ -26,6 +40,67 @@ pub struct ServeOptions {
     /// The model's name in `/v1/models` and in responses.
     pub model_name: String,
     pub defaults: Defaults,
+    /// How long a shutdown waits for admitted requests before it ends them.
+    pub drain_timeout: Duration,
+    /// Slots (`--parallel`): requests served at once by continuous batching, each with
+    /// `context / parallel` positions of the KV cache.
+    pub parallel: usize,
+    /// When a decode step of several requests runs as one batched forward.
+    pub batching: crate::runtime::batch::Batching,
+}
+
+/// After the drain, how long the last answers may take to reach their clients before the
+/// connections still open are dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// After the drain timeout, how long the worker may take to stop before `serve` returns
+/// without it.
+const ABORT_GRACE: Duration = Duration::from_secs(10);
+/// How long `serve` waits for the worker to drop the engine once the requests are over.
+const WORKER_GRACE: Duration = Duration::from_secs(10);
+
+/// Waits until `shared.pending` is 0 or `limit` has passed; whether it is 0.
+async fn idle_within(shared: &worker::Shared, limit: Duration) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if shared.pending.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        if t0.elapsed() >= limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The shutdown: once `signal` is notified, set `draining`, wait up to `timeout` for the
+/// admitted requests, then set `abort` and wait for the worker to end them. Returns when no
+/// request is left (or the worker did not stop within `ABORT_GRACE`).
+async fn drain(shared: Arc<worker::Shared>, timeout: Duration, signal: Arc<Notify>) {
+    signal.notified().await;
+    shared.draining.store(true, Ordering::SeqCst);
+    let t0 = Instant::now();
+    let n = shared.pending.load(Ordering::SeqCst);
+    eprintln!(
+        "shutting down: {n} requests in flight, draining up to {}s",
+        timeout.as_secs_f64()
+    );
+    if idle_within(&shared, timeout).await {
+        eprintln!("drained after {:.1}s", t0.elapsed().as_secs_f64());
+        return;
+    }
+    shared.abort.store(true, Ordering::SeqCst);
+    let stopped = idle_within(&shared, ABORT_GRACE).await;
+    eprintln!(
+        "aborted {} requests after {:.1}s",
+        shared.aborted.load(Ordering::SeqCst),
+        t0.elapsed().as_secs_f64()
+    );
+    if !stopped {
+        eprintln!(
+            "the worker did not stop within {}s of the abort; exiting without it",
+            ABORT_GRACE.as_secs()
+        );
+    }
 }
 
 /// The listening socket, bound before the model loads: a port in use is reported at once,
@@ -42,8 +117,9 @@ pub fn bind(host: &str, port: u16) -> Result<TcpListener> {
     Ok(l)
 }
 
-/// Serve on `listener` (from `bind`) until the process ends. `on_listening` gets the
-/// address once requests are accepted.
+/// Serve on `listener` (from `bind`) until a SIGTERM, Ctrl-C or SIGHUP and its drain (see
+/// the module's notes) have ended; then `Ok`. `on_listening` gets the address once requests
+/// are accepted (the signal handler is installed just before).
 pub fn serve(
     session: Session,
     listener: TcpListener,
@@ -56,16 +132,19 @@ pub fn serve(
             "missing: the server needs the tokenizer to read and write text",
         ));
     }
-    let context = session.max_context();
+    let parallel = opts.parallel.max(1);
+    let batching = opts.batching;
+    let context = session.max_context() / parallel;
     // Admission (`Shared::pending`) keeps at most this many jobs outstanding.
-    let (jobs, rx) = std::sync::mpsc::sync_channel(opts.max_queue + 1);
+    let (jobs, rx) = std::sync::mpsc::sync_channel(opts.max_queue + parallel);
     let shared = Arc::new(worker::Shared::default());
     let worker_shared = shared.clone();
     let defaults = opts.defaults.clone();
-    std::thread::Builder::new()
+    let worker = std::thread::Builder::new()
         .name("wgmoe-worker".into())
-        .spawn(move || worker::run(session, rx, worker_shared, defaults))
+        .spawn(move || scheduler::run(session, rx, worker_shared, defaults, parallel, batching))
         .map_err(|e| Error::Other(format!("cannot start the worker thread: {e}")))?;
+    let drain_shared = shared.clone();
     let state = Arc::new(http::AppState {
         jobs,
         shared,
@@ -73,6 +152,7 @@ pub fn serve(
         api_key: opts.api_key.clone(),
         max_body: opts.max_body,
         max_queue: opts.max_queue,
+        slots: parallel,
         context,
         next_id: AtomicU64::new(1),
         started: std::time::SystemTime::now()
@@ -88,12 +168,51 @@ pub fn serve(
     let addr = listener
         .local_addr()
         .map_err(|e| Error::Other(format!("the listening socket: {e}")))?;
+    let signal = Arc::new(Notify::new());
+    let on_signal = signal.clone();
+    let drain_timeout = opts.drain_timeout;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| Error::Other(format!("{addr}: {e}")))?;
+        // `notify_one` keeps the permit if the drain does not wait yet.
+        crate::interrupt::install_shutdown(move || on_signal.notify_one())?;
         on_listening(addr);
-        axum::serve(listener, http::router(state))
-            .await
-            .map_err(|e| Error::Other(format!("the server stopped: {e}")))
-    })
+        let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async move {
+            drain(drain_shared, drain_timeout, signal).await;
+            let _ = drained_tx.send(());
+        };
+        // With the drain over, axum stops accepting, closes idle keep-alive connections and
+        // waits for the responses still being written.
+        let server = axum::serve(listener, http::router(state))
+            .with_graceful_shutdown(shutdown)
+            .into_future();
+        let cut = async move {
+            if drained_rx.await.is_ok() {
+                tokio::time::sleep(CLOSE_GRACE).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        match futures_util::future::select(pin!(server), pin!(cut)).await {
+            futures_util::future::Either::Left((r, _)) => {
+                r.map_err(|e| Error::Other(format!("the server stopped: {e}")))
+            }
+            futures_util::future::Either::Right(_) => {
+                eprintln!(
+                    "closing the connections still open {}s after the drain",
+                    CLOSE_GRACE.as_secs()
+                );
+                Ok(())
+            }
+        }
+    })?;
+    // Dropping the runtime drops every sender of the queue: the worker's loop ends and it
+    // drops the engine. A worker stuck on the GPU is left to the process's exit.
+    drop(rt);
+    let t0 = Instant::now();
+    while !worker.is_finished() && t0.elapsed() < WORKER_GRACE {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
 }

@@ -1,24 +1,26 @@
-//! The one thread that owns the engine: the GPU is one stream, so requests are served one
-//! at a time, in arrival order, from a bounded queue. Each job reports back through its
-//! own channel (started, text pieces, done or an error); a send that fails means the
-//! client went away, and the generation stops at that token.
+//! What the HTTP side and the worker thread (`scheduler`) share: a job per request with
+//! its own event channel (started, text pieces, done or an error; a send that fails means
+//! the client went away), the counters `/health`, `/metrics` and `/stats` show, and a
+//! request's prompt and sampling.
+//!
+//! Shutdown (`Shared::draining`, `Shared::abort`, set by `serve`'s drain): while draining,
+//! what was admitted before is still served, queued jobs included; once the drain timeout
+//! passes, every answer being generated ends at once with finish_reason "abort" (the text
+//! so far, usage as usual) and every job still queued is refused with 503
+//! `shutting_down` without running.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::error::{Error, Result};
-use crate::format::tokenizer::{TextStream, Tokenizer};
-use crate::runtime::generate::{Flow, GenerateOptions};
+use crate::format::tokenizer::Tokenizer;
 use crate::runtime::sampling::{random_seed, SamplingOptions};
 use crate::serve::api::{ApiError, PromptInput, Request, SamplingRequest};
 use crate::session::chat::fit;
-use crate::session::stop::StopStrings;
-use crate::session::{Session, SessionTotals, TurnStats};
+use crate::session::{SessionTotals, TurnStats};
 
 /// OpenAI's default `max_tokens` for `/v1/completions`.
 pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
@@ -32,7 +34,8 @@ pub enum Event {
 }
 
 pub struct Done {
-    /// "stop" (EOS or a stop string) or "length".
+    /// "stop" (EOS or a stop string), "length", or "abort" (ended by the drain timeout at
+    /// shutdown).
     pub finish_reason: &'static str,
     pub stats: TurnStats,
 }
@@ -61,7 +64,8 @@ pub struct Defaults {
 pub struct LastRequest {
     pub id: u64,
     pub endpoint: &'static str,
-    /// "stop", "length", "cancelled" (the client went away) or "error".
+    /// "stop", "length", "abort" (ended at shutdown), "cancelled" (the client went away)
+    /// or "error".
     pub finish_reason: &'static str,
     pub queued_s: f64,
     pub total_s: f64,
@@ -79,6 +83,12 @@ pub struct Stats {
     pub rejected_queue_full: u64,
     pub cancelled: u64,
     pub cache_tokens: usize,
+    /// Decode steps run, and the tokens they ran (one per request in the step): their
+    /// ratio is the mean batch.
+    pub decode_steps: u64,
+    pub decode_step_tokens: u64,
+    /// Decode steps that ran more than one request together.
+    pub batched_steps: u64,
     pub last: Option<LastRequest>,
     pub totals: SessionTotals,
 }
@@ -89,8 +99,24 @@ pub struct Shared {
     /// Jobs sent and not yet taken by the worker.
     pub waiting: AtomicUsize,
     /// Jobs admitted and not finished (waiting plus the one being served): at most
-    /// `--max-queue` + 1.
+    /// `--max-queue` + 1. The drain ends when this is 0. Admission adds to it before it
+    /// reads `draining` (and the drain sets `draining` before it reads this), so a request
+    /// is either refused or waited for.
     pub pending: AtomicUsize,
+    /// Set once at the first SIGTERM/Ctrl-C and never cleared: the HTTP side refuses new
+    /// requests (503 `shutting_down`) and `/health` answers 503 "draining"; jobs already
+    /// admitted (queued or generating) are still served.
+    pub draining: AtomicBool,
+    /// Set once when `--drain-timeout` runs out (after `draining`): the worker ends the
+    /// answer it generates at the next token (finish_reason "abort", the text so far) and
+    /// refuses each job it takes from the queue with 503 `shutting_down`, without running it.
+    pub abort: AtomicBool,
+    /// Slots (`--parallel`) and those serving a request now.
+    pub slots_total: AtomicUsize,
+    pub slots_busy: AtomicUsize,
+    /// Requests ended by `abort`: answers cut short plus queued jobs refused (for the
+    /// shutdown's "aborted N requests" line).
+    pub aborted: AtomicUsize,
 }
 
 impl Shared {
@@ -98,6 +124,16 @@ impl Shared {
         // A panic elsewhere cannot leave these counters half-written in a harmful way.
         self.stats.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// 503 `shutting_down`: a request the server will not run because it is stopping.
+pub fn shutting_down(why: &str) -> ApiError {
+    ApiError::status(
+        503,
+        "server_error",
+        "shutting_down",
+        format!("the server is shutting down: {why}; retry on another server or later"),
+    )
 }
 
 /// The sampling of a request: its own fields over the server's defaults.
@@ -121,87 +157,6 @@ pub fn sampling(d: &Defaults, r: &SamplingRequest) -> SamplingOptions {
     s
 }
 
-/// Serve jobs until every sender is gone.
-pub fn run(mut session: Session, jobs: Receiver<Job>, shared: Arc<Shared>, defaults: Defaults) {
-    let Some(tok) = session.engine.tokenizer.take() else {
-        return;
-    };
-    while let Ok(job) = jobs.recv() {
-        shared.waiting.fetch_sub(1, Ordering::SeqCst);
-        let t0 = Instant::now();
-        let queued_s = t0.duration_since(job.queued).as_secs_f64();
-        let r = serve_one(&mut session, &tok, &defaults, &job);
-        let total_s = job.queued.elapsed().as_secs_f64();
-        // Free before answering: a client's next request must find room.
-        shared.pending.fetch_sub(1, Ordering::SeqCst);
-        let mut st = shared.stats();
-        st.cache_tokens = session.cached().len();
-        st.totals = session.totals.clone();
-        let (reason, stats, dropped, done) = match r {
-            Ok(Outcome {
-                finish_reason,
-                stats,
-                dropped,
-                done,
-            }) => {
-                if finish_reason == "cancelled" {
-                    st.cancelled += 1;
-                } else {
-                    st.served += 1;
-                }
-                (finish_reason, stats, dropped, done)
-            }
-            Err(e) => {
-                st.failed += 1;
-                eprintln!(
-                    "request {} {}: error {}: {}",
-                    job.id, job.endpoint, e.status, e.message
-                );
-                let _ = job.events.send(Event::Error(e));
-                continue;
-            }
-        };
-        eprintln!(
-            "request {} {}: queued {queued_s:.3}s; {} prompt tokens ({} cached, {} prefilled{}), {} generated ({reason}); TTFT {:.3}s, prefill {:.1} tok/s, decode {:.1} tok/s; total {total_s:.3}s",
-            job.id,
-            job.endpoint,
-            stats.prompt_tokens,
-            stats.cached_tokens,
-            stats.prefilled_tokens,
-            if dropped > 0 { format!(", {dropped} messages dropped by context shift") } else { String::new() },
-            stats.generated_tokens,
-            stats.ttft_s,
-            stats.prefill_tokens_per_s,
-            stats.decode_tokens_per_s,
-        );
-        let stats_copy = stats.clone();
-        st.last = Some(LastRequest {
-            id: job.id,
-            endpoint: job.endpoint,
-            finish_reason: reason,
-            queued_s,
-            total_s,
-            dropped_messages: dropped,
-            stats,
-        });
-        drop(st);
-        if done {
-            let _ = job.events.send(Event::Done(Box::new(Done {
-                finish_reason: reason,
-                stats: stats_copy,
-            })));
-        }
-    }
-}
-
-struct Outcome {
-    finish_reason: &'static str,
-    stats: TurnStats,
-    dropped: usize,
-    /// Generation ran: the client gets `Done` (sent once `/stats` shows the request).
-    done: bool,
-}
-
 fn context_error(prompt: usize, reserve: usize, ctx: usize, explicit: bool) -> ApiError {
     let param = if explicit && prompt < ctx {
         "max_tokens"
@@ -217,14 +172,15 @@ fn context_error(prompt: usize, reserve: usize, ctx: usize, explicit: bool) -> A
     .with_code("context_length_exceeded")
 }
 
-/// The prompt tokens of a request, the messages dropped to fit, and the most new tokens.
-fn prompt_of(
-    session: &Session,
+/// The prompt tokens of a request in a slot of `ctx` positions, the messages dropped to
+/// fit, and the most new tokens.
+pub fn prompt_of(
+    ctx: usize,
+    vocab: usize,
     tok: &Tokenizer,
     defaults: &Defaults,
     req: &Request,
 ) -> std::result::Result<(Vec<u32>, usize, usize), ApiError> {
-    let ctx = session.max_context();
     let explicit = req.max_tokens.is_some();
     let (prompt, dropped) = match &req.prompt {
         PromptInput::Chat(msgs) => {
@@ -242,7 +198,7 @@ fn prompt_of(
             (ids, 0)
         }
         PromptInput::Ids(ids) => {
-            let v = session.engine.cfg.vocab_size;
+            let v = vocab;
             if let Some(bad) = ids.iter().find(|&&t| t as usize >= v) {
                 return Err(ApiError::invalid(
                     "prompt",
@@ -283,69 +239,9 @@ impl ApiError {
     }
 }
 
-fn serve_one(
-    session: &mut Session,
-    tok: &Tokenizer,
-    defaults: &Defaults,
-    job: &Job,
-) -> std::result::Result<Outcome, ApiError> {
-    let req = &job.request;
-    let (prompt, dropped, max_new) = prompt_of(session, tok, defaults, req)?;
-    if job.events.send(Event::Started).is_err() {
-        // Gone while queued: nothing ran.
-        return Ok(Outcome {
-            finish_reason: "cancelled",
-            stats: TurnStats::default(),
-            dropped,
-            done: false,
-        });
-    }
-    let opts = GenerateOptions {
-        max_new_tokens: max_new,
-        sampling: sampling(defaults, &req.sampling),
-        eos_ids: session.engine.eos_ids(),
-        ignore_eos: req.ignore_eos,
-        record_logits: false,
-    };
-    let mut stream = TextStream::new();
-    let mut stops = StopStrings::new(req.stop.clone());
-    let (mut gone, mut hit) = (false, false);
-    let events = &job.events;
-    let mut on_token = |id: u32| -> Result<Flow> {
-        let (text, stop) = stops.push(&stream.push(tok, id)?);
-        if (!text.is_empty() && events.send(Event::Text(text)).is_err()) || events.is_closed() {
-            gone = true;
-            return Ok(Flow::Stop);
-        }
-        hit = stop;
-        Ok(if stop { Flow::Stop } else { Flow::Continue })
-    };
-    let (g, stats) = session
-        .generate(&prompt, &opts, &mut on_token)
-        .map_err(server_error)?;
-    if !hit && !gone {
-        let (text, stop) = stops.push(&stream.finish(tok).map_err(server_error)?);
-        hit = stop;
-        let text = if stop { text } else { text + &stops.finish() };
-        if !text.is_empty() {
-            let _ = job.events.send(Event::Text(text));
-        }
-    }
-    let finish_reason = if gone {
-        "cancelled"
-    } else if hit || g.stopped_by_eos {
-        "stop"
-    } else {
-        "length"
-    };
-    Ok(Outcome {
-        finish_reason,
-        stats,
-        dropped,
-        done: true,
-    })
-}
-
-fn server_error(e: Error) -> ApiError {
-    ApiError::status(500, "server_error", "generation_failed", e.to_string())
+/// One job: prompt, generation, the events. `abort` (`Shared::abort`) ends the answer at
+/// the next token with finish_reason "abort".
+/// 500 `generation_failed`: the engine failed while serving the request.
+pub fn server_error(message: String) -> ApiError {
+    ApiError::status(500, "server_error", "generation_failed", message)
 }

@@ -53,10 +53,7 @@ pub struct Session {
     pub totals: SessionTotals,
 }
 
-/// Length of the longest common prefix of `a` and `b`.
-pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
+pub use crate::runtime::batch::common_prefix;
 
 impl Session {
     pub fn new(engine: Engine) -> Self {

@@ -30,6 +30,18 @@ pub fn load_on(
     executor: Executor,
     kernels: KernelOverrides,
 ) -> wgmoe::Result<Engine> {
+    load_batched(name, max_context, residency, executor, kernels, 1)
+}
+
+/// `load_on` with batched steps of up to `batch` sequences (`serve --parallel`).
+pub fn load_batched(
+    name: &str,
+    max_context: usize,
+    residency: ResidencyOptions,
+    executor: Executor,
+    kernels: KernelOverrides,
+    batch: usize,
+) -> wgmoe::Result<Engine> {
     init_env();
     Engine::load(
         &fixture(name),
@@ -47,6 +59,7 @@ pub fn load_on(
             max_context,
             prefill_chunk: 64,
             all_logits: false,
+            batch,
         },
     )
 }

@@ -451,6 +451,7 @@ impl<'a> Setup<'a> {
                 max_context: chunk,
                 chunk,
                 all_logits: false,
+                batch: 1,
                 expert_major: Some(true),
                 host_experts: false,
                 kv: wgmoe::backend::kernel::KvFormat::F32,

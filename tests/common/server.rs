@@ -1,12 +1,15 @@
 //! The server tests' side: `wgmoe serve` started on a loopback port the OS picks (the
 //! address read from its `listening on` line), requests through a real HTTP client
-//! (ureq), and a raw socket for a client that goes away mid-stream.
+//! (ureq), and a raw socket for a client that goes away mid-stream; signals by `kill` and
+//! the exit status for the shutdown tests.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -17,7 +20,10 @@ use super::cli::{command, s};
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct Server {
-    child: Child,
+    child: Mutex<Child>,
+    pid: u32,
+    /// Reads stderr into `stderr` until the process ends.
+    reader: Mutex<Option<JoinHandle<()>>>,
     /// `http://127.0.0.1:PORT`
     pub url: String,
     pub addr: String,
@@ -41,7 +47,7 @@ impl Server {
         let (tx, rx) = std::sync::mpsc::channel();
         let err = child.stderr.take().unwrap();
         let log = stderr.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(|l| l.ok()) {
                 if let Some(rest) = line.strip_prefix("listening on http://") {
                     let addr = rest.split_whitespace().next().unwrap_or("").to_string();
@@ -69,12 +75,84 @@ impl Server {
             .build()
             .into();
         Server {
-            child,
+            pid: child.id(),
+            child: Mutex::new(child),
+            reader: Mutex::new(Some(reader)),
             url: format!("http://{addr}"),
             addr,
             stderr,
             agent,
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// `kill -SIG PID` (`sig`: "TERM", "INT").
+    pub fn signal(&self, sig: &str) {
+        let st = std::process::Command::new("kill")
+            .args([format!("-{sig}"), self.pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(st.success(), "kill -{sig} {}: {st}", self.pid);
+    }
+
+    /// The exit status once the process ends (within `TIMEOUT`), with all of its stderr
+    /// read.
+    pub fn wait(&self) -> ExitStatus {
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(st) = self.child.lock().unwrap().try_wait().expect("try_wait") {
+                break st;
+            }
+            assert!(
+                t0.elapsed() < TIMEOUT,
+                "wgmoe serve did not exit within {TIMEOUT:?}:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if let Some(r) = self.reader.lock().unwrap().take() {
+            let _ = r.join();
+        }
+        status
+    }
+
+    /// A streamed POST read on its own thread: each `data:` payload as it arrives (the
+    /// last is `[DONE]`), then the channel closes. A status other than 200 arrives as one
+    /// item `HTTP STATUS: BODY`.
+    pub fn stream_events(&self, path: &str, body: &Value) -> Receiver<String> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let req = self
+            .agent
+            .post(format!("{}{path}", self.url))
+            .header("Content-Type", "application/json");
+        let body = body.to_string();
+        std::thread::spawn(move || {
+            let mut r = match req.send(body) {
+                Ok(r) => r,
+                Err(e) => return drop(tx.send(format!("HTTP error: {e}"))),
+            };
+            let status = r.status().as_u16();
+            if status != 200 {
+                let text = r.body_mut().read_to_string().unwrap_or_default();
+                let _ = tx.send(format!("HTTP {status}: {text}"));
+                return;
+            }
+            for line in BufReader::new(r.body_mut().as_reader()).lines() {
+                let Ok(line) = line else { return };
+                if let Some(d) = line
+                    .strip_prefix("data: ")
+                    .or_else(|| line.strip_prefix("data:"))
+                {
+                    if tx.send(d.to_string()).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        rx
     }
 
     pub fn stderr(&self) -> String {
@@ -145,6 +223,17 @@ impl Server {
         self.call("GET", path, None)
     }
 
+    /// The body of a GET that answers 200 with text (`/metrics`).
+    pub fn text(&self, path: &str) -> String {
+        let mut r = self
+            .agent
+            .get(format!("{}{path}", self.url))
+            .call()
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        assert_eq!(r.status().as_u16(), 200, "GET {path}");
+        r.body_mut().read_to_string().unwrap()
+    }
+
     /// The `data:` payloads of a streamed POST, in order (the last is `[DONE]`).
     pub fn stream(&self, path: &str, body: &Value) -> Vec<String> {
         let mut r = self
@@ -186,8 +275,9 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
