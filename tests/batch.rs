@@ -29,12 +29,16 @@ struct Setup {
     gpu_shaped: bool,
     resident: Option<usize>,
     kv: KvPrecision,
+    /// Batched steps' MLP blocks always on the multi-token expert kernels (else one token
+    /// at a time while the pairs are sparse: `model::solo`).
+    grouped_moe: bool,
 }
 
 const DEFAULT: Setup = Setup {
     gpu_shaped: false,
     resident: None,
     kv: KvPrecision::F32,
+    grouped_moe: false,
 };
 
 fn load(name: &str, s: Setup, batch: usize) -> Engine {
@@ -191,6 +195,9 @@ fn check_with(name: &str, s: Setup, n: usize, starts: &[usize], modes: &[Batchin
     let want: Vec<Vec<u32>> = ps.iter().map(|p| alone(&mut one, p)).collect();
     drop(one);
     let mut e = load(name, s, n);
+    if s.grouped_moe {
+        e.fwd.solo_pairs_per_expert = 0;
+    }
     for &mode in modes {
         let got = batched(&mut e, &ps, starts, mode);
         for (i, (w, g)) in want.iter().zip(&got).enumerate() {
@@ -234,6 +241,26 @@ fn the_measured_choice_and_unbatched_steps_give_the_same_tokens() {
         &[0, 0, 2, 3],
         &[Batching::Auto, Batching::Off],
     );
+}
+
+#[test]
+fn batched_parity_on_the_grouped_expert_kernels() {
+    // Every batched step's MLP blocks on the multi-token expert kernels, however sparse.
+    for gpu_shaped in [false, true] {
+        for name in [
+            "olmoe-tiny",
+            "qwen2moe-tiny",
+            "qwen3moe-tiny",
+            "mixtral-tiny",
+        ] {
+            let s = Setup {
+                grouped_moe: true,
+                gpu_shaped,
+                ..DEFAULT
+            };
+            check(name, s, 3, &[0, 1, 3]);
+        }
+    }
 }
 
 #[test]

@@ -34,6 +34,22 @@ pub enum Head {
     All,
 }
 
+/// Most (token, expert) pairs per expert for which a batched step runs its MLP blocks one
+/// token at a time (llama.cpp's gate between its per-token and grouped expert paths is
+/// n_tokens * k <= 2 * n_experts).
+pub const SOLO_PAIRS_PER_EXPERT: usize = 2;
+
+/// The buffers the per-token MLP blocks of batched steps move rows through
+/// (`model::solo`).
+pub struct SoloBuffers {
+    pub x: Buffer,
+    pub router_logits: Buffer,
+    /// One row of the widest of x, the router logits and the top-k rows.
+    pub row: Buffer,
+    /// Token 0's hidden state while row 0 serves the others.
+    pub x0: Buffer,
+}
+
 /// Dispatch and submission counts since creation (metrics).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Counters {
@@ -82,6 +98,11 @@ pub struct Forward {
     pub counters: Counters,
     /// The step being submitted is batched (one token of each of several sequences).
     pub(crate) batched: bool,
+    /// Batched steps: the rows the per-token MLP blocks move through (`model::solo`).
+    pub(crate) solo: Option<SoloBuffers>,
+    /// A batched step with at most this many (token, expert) pairs per expert runs its
+    /// MLP blocks one token at a time (`model::solo`; 0: never).
+    pub solo_pairs_per_expert: usize,
 }
 
 /// The workspace buffers, by name.
@@ -236,6 +257,16 @@ impl Forward {
         )?;
         let (head_last, (argmax_last, argmax_eos), head_all) =
             layers::build_head(dev, cfg, &weights, &opts, &env, &b, &step)?;
+        let solo = if opts.batch > 1 {
+            Some(SoloBuffers {
+                x: b.get("x")?.clone(),
+                router_logits: b.get("router_logits")?.clone(),
+                row: b.get("solo_row")?.clone(),
+                x0: b.get("solo_x0")?.clone(),
+            })
+        } else {
+            None
+        };
         dev.check()?;
         Ok(Forward {
             dev: dev.clone(),
@@ -265,6 +296,8 @@ impl Forward {
             trace: None,
             counters: Counters::default(),
             batched: false,
+            solo,
+            solo_pairs_per_expert: SOLO_PAIRS_PER_EXPERT,
         })
     }
 

@@ -12,6 +12,7 @@ mod op_env;
 pub mod ops;
 pub mod residency;
 pub mod slot_mats;
+pub mod solo;
 mod step;
 pub mod tensors;
 mod trace_hook;

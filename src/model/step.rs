@@ -125,16 +125,21 @@ impl Forward {
         }
         // Every expert resident: the whole step is one submission.
         let t = n as u32;
+        let solo = self.solo_mlp(n);
         let mut work: Vec<Work> = Vec::new();
         for l in &self.layers {
             work.push(Work::Run {
                 program: l.pre_for(self.batched),
                 tokens: t,
             });
-            work.push(Work::Run {
-                program: l.post_for(n),
-                tokens: t,
-            });
+            if solo {
+                self.push_solo_mlp(l, n, &mut work)?;
+            } else {
+                work.push(Work::Run {
+                    program: l.post_for(n),
+                    tokens: t,
+                });
+            }
         }
         for p in &heads {
             work.push(Work::Run {

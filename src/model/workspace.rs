@@ -151,6 +151,11 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     let router_rows = t.max(crate::model::ops::router_splits(router_stride(cfg), h));
     w.add("router_logits", Storage, &[router_rows, router_stride(cfg)])?;
     w.add("topk_ids", Storage, &[t, k])?;
+    if s.batch > 1 {
+        // Batched steps' per-token MLP blocks (`model::solo`).
+        w.add("solo_row", Storage, &[h.max(router_stride(cfg)).max(k)])?;
+        w.add("solo_x0", Storage, &[h])?;
+    }
     w.add("topk_weights", Storage, &[t, k])?;
     // The next MoE layer's router on this layer's hidden state (one-token steps): its
     // logits and its top-k' guess, k' at most every expert (`--prefetch next-layer`).

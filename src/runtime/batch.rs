@@ -43,13 +43,14 @@ pub const REMEASURE_EVERY: u64 = 64;
 /// multi-token kernels can cost more per token than the one-token ones at small batches
 /// (CPU adapters: every expert pair computed in an 8-lane window), so where batching
 /// pays is measured, not assumed.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct StepCosts {
     /// A one-token step.
     pub single: Option<f64>,
     /// A batched step, by its number of sequences.
     pub batched: Vec<Option<f64>>,
     /// Per size, steps since the choice not taken was last measured.
+    #[serde(skip)]
     since: Vec<u64>,
 }
 

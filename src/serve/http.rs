@@ -290,7 +290,7 @@ async fn stats(State(st): State<Arc<AppState>>) -> Json<Value> {
         "queue": {"waiting": st.shared.waiting.load(Ordering::SeqCst), "max": st.max_queue},
         "requests": {"served": s.served, "failed": s.failed, "cancelled": s.cancelled, "rejected_queue_full": s.rejected_queue_full},
         "cache_tokens": s.cache_tokens,
-        "decode": {"steps": s.decode_steps, "step_tokens": s.decode_step_tokens, "batched_steps": s.batched_steps},
+        "decode": {"steps": s.decode_steps, "step_tokens": s.decode_step_tokens, "batched_steps": s.batched_steps, "step_seconds": s.step_costs},
         "last": s.last,
         "totals": s.totals,
     }))

@@ -271,7 +271,11 @@ impl Worker<'_> {
             .map(|&i| (self.active[i].slot, self.active[i].next.unwrap_or(0)))
             .collect();
         let rows = self.slots.decode(&mut self.session.engine.fwd, &items);
-        self.shared.stats().batched_steps = self.slots.batched_steps;
+        {
+            let mut st = self.shared.stats();
+            st.batched_steps = self.slots.batched_steps;
+            st.step_costs = self.slots.costs.clone();
+        }
         {
             let mut st = self.shared.stats();
             st.decode_steps += 1;

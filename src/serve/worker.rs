@@ -89,6 +89,8 @@ pub struct Stats {
     pub decode_step_tokens: u64,
     /// Decode steps that ran more than one request together.
     pub batched_steps: u64,
+    /// What decode steps cost on this adapter, as `--batching auto` measured them.
+    pub step_costs: crate::runtime::batch::StepCosts,
     pub last: Option<LastRequest>,
     pub totals: SessionTotals,
 }
