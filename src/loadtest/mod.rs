@@ -14,6 +14,7 @@
 pub mod client;
 pub mod report;
 
+pub use crate::runtime::sampling::Rng;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -78,29 +79,6 @@ pub enum Role {
     Bad(usize),
     /// A streamed request the client drops after `disconnect_after` content chunks.
     Disconnect,
-}
-
-/// SplitMix64: small, fast and the same everywhere, for prompts and the plan.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0; the bias of the modulo is below 2^-50 here).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
 }
 
 /// The role of each request, indexed `client * requests + seq`: exactly

@@ -39,7 +39,9 @@ pub fn random_seed() -> u64 {
     h.finish()
 }
 
-/// SplitMix64: small, fast, and good enough to draw one uniform number per token.
+/// SplitMix64: small, fast, the same everywhere, and good enough to draw one uniform
+/// number per token (sampling) or per request (`wgmoe loadtest`'s prompts and plan).
+#[derive(Clone, Debug)]
 pub struct Rng(u64);
 
 impl Rng {
@@ -56,6 +58,10 @@ impl Rng {
     /// Uniform in [0, 1).
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform in `0..n` (n > 0; the bias of the modulo is below 2^-50 for the n used).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
     }
 }
 
