@@ -57,6 +57,8 @@ struct Entry {
     shape: Vec<usize>,
     start: usize,
     end: usize,
+    /// A GGUF tensor (`gguf::source`): its block type, decoded on read.
+    ggml: Option<gguf::GgmlEntry>,
 }
 
 pub struct Checkpoint {
@@ -66,7 +68,12 @@ pub struct Checkpoint {
     tensors: BTreeMap<String, Entry>,
     /// The `__metadata__` of the single file (or of the first shard).
     metadata: HashMap<String, String>,
+    /// Opened from a GGUF file (`Checkpoint::open` of a `.gguf` path).
+    gguf: bool,
 }
+
+#[path = "checkpoint_gguf.rs"]
+mod gguf;
 
 /// How a layer stores its routed experts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +109,9 @@ impl Checkpoint {
     /// Opens `dir/model.safetensors` if present (transformers checks it first too), else
     /// `dir/model.safetensors.index.json` and its shards.
     pub fn open(dir: &Path) -> Result<Self> {
+        if crate::gguf::is_gguf_path(dir) {
+            return gguf::open(dir);
+        }
         let single = dir.join(SINGLE_FILE);
         let index = dir.join(INDEX_FILE);
         if single.is_file() {
@@ -116,6 +126,7 @@ impl Checkpoint {
                 shards: vec![shard],
                 tensors,
                 metadata,
+                gguf: false,
             });
         }
         if index.is_file() {
@@ -200,6 +211,7 @@ impl Checkpoint {
             shards,
             tensors,
             metadata,
+            gguf: false,
         })
     }
 
@@ -248,12 +260,18 @@ impl Checkpoint {
     fn bad(&self, e: &Entry, name: &str, msg: impl Into<String>) -> Error {
         Error::BadTensor {
             path: self.shards[e.shard].path.clone(),
-            name: name.to_string(),
+            name: match &e.ggml {
+                Some(g) => format!("{}` (read as `{name}", g.gguf_name),
+                None => name.to_string(),
+            },
             msg: msg.into(),
         }
     }
 
     fn dtype_of(&self, e: &Entry, name: &str) -> Result<DType> {
+        if let Some(g) = &e.ggml {
+            return Ok(g.decoded_dtype());
+        }
         match e.dtype {
             Dtype::BF16 => Ok(DType::BF16),
             Dtype::F16 => Ok(DType::F16),
@@ -322,6 +340,9 @@ impl Checkpoint {
     /// one beyond the f16 range, is an error naming the tensor, the element and the value.
     pub fn read_f16(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f16>> {
         let (e, dt) = self.checked(name, expected_shape)?;
+        if e.ggml.is_some() {
+            return gguf::to_f16(self, e, name, 0, self.gguf_f32(e, name, None)?);
+        }
         convert_f16(dt, self.bytes(e)).map_err(|b| self.bad(e, name, b.describe(0)))
     }
 
@@ -329,6 +350,9 @@ impl Checkpoint {
     /// infinite value is an error naming the tensor, the element and the value.
     pub fn read_f32(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f32>> {
         let (e, dt) = self.checked(name, expected_shape)?;
+        if e.ggml.is_some() {
+            return self.gguf_f32(e, name, None);
+        }
         convert_f32(dt, self.bytes(e)).map_err(|b| self.bad(e, name, b.describe(0)))
     }
 
@@ -344,6 +368,9 @@ impl Checkpoint {
         rows: usize,
     ) -> Result<Vec<f32>> {
         let (e, dt) = self.checked(name, expected_shape)?;
+        if e.ggml.is_some() {
+            return self.gguf_f32(e, name, Some((row_start, rows)));
+        }
         let bytes = self.row_bytes(e, dt, name, row_start, rows)?;
         let at = row_start * e.shape.last().copied().unwrap_or(1);
         convert_f32(dt, bytes).map_err(|b| self.bad(e, name, b.describe(at)))
@@ -358,8 +385,12 @@ impl Checkpoint {
         rows: usize,
     ) -> Result<Vec<f16>> {
         let (e, dt) = self.checked(name, expected_shape)?;
-        let bytes = self.row_bytes(e, dt, name, row_start, rows)?;
         let at = row_start * e.shape.last().copied().unwrap_or(1);
+        if e.ggml.is_some() {
+            let v = self.gguf_f32(e, name, Some((row_start, rows)))?;
+            return gguf::to_f16(self, e, name, at, v);
+        }
+        let bytes = self.row_bytes(e, dt, name, row_start, rows)?;
         convert_f16(dt, bytes).map_err(|b| self.bad(e, name, b.describe(at)))
     }
 
@@ -605,6 +636,7 @@ fn shard_entries(shard: &Shard, id: usize) -> Result<Vec<(String, Entry)>> {
                 shape: info.shape.clone(),
                 start,
                 end,
+                ggml: None,
             },
         ));
     }

@@ -144,17 +144,21 @@ pub fn q8_0_ggml_blocks(w: &[f32], cols: usize) -> Vec<u8> {
     out
 }
 
-/// The ggml Q8_0 blocks of the dense weight `name` ([rows, cols]) of a Q8_0 conversion,
-/// borrowed from the mapping, after checking the shape and that every block's scale is a
-/// finite f16 (a checksum says nothing about how a file was made).
+/// The ggml Q8_0 blocks of the dense weight `name` ([rows, cols]) of a Q8_0 conversion or
+/// of a GGUF Q8_0 tensor, borrowed from the mapping (a copy for a GGUF Q/K weight whose rows
+/// are unpermuted), after checking the shape and that every block's scale is a finite f16
+/// (a checksum says nothing about how a file was made).
 pub fn stored_q8_blocks<'a>(
     ckpt: &'a Checkpoint,
     name: &str,
     rows: usize,
     cols: usize,
-) -> Result<&'a [u8]> {
+) -> Result<std::borrow::Cow<'a, [u8]>> {
     use crate::format::q8_0::{BLOCK, GGML_BLOCK_BYTES};
-    let bytes = ckpt.raw_u8(name, &[rows, ggml_q8_row_bytes(cols)])?;
+    let bytes = match ckpt.ggml_q8_blocks(name, rows, cols)? {
+        Some(b) => b,
+        None => std::borrow::Cow::Borrowed(ckpt.raw_u8(name, &[rows, ggml_q8_row_bytes(cols)])?),
+    };
     let blocks = cols.div_ceil(BLOCK).max(1);
     let bad = bytes
         .chunks_exact(GGML_BLOCK_BYTES)
@@ -163,7 +167,11 @@ pub fn stored_q8_blocks<'a>(
         .find(|(_, d)| !d.is_finite());
     if let Some((i, d)) = bad {
         return Err(Error::BadTensor {
-            path: ckpt.dir().join("model.safetensors"),
+            path: if ckpt.is_gguf() {
+                ckpt.dir().to_path_buf()
+            } else {
+                ckpt.dir().join("model.safetensors")
+            },
             name: name.to_string(),
             msg: format!(
                 "Q8_0 block {} of row {} has an f16 scale of {d}: wgmoe refuses non-finite weights",

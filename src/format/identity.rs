@@ -107,6 +107,11 @@ pub fn ggml_q8_row_bytes(cols: usize) -> usize {
 
 /// Whether `name` is stored as Q8_0 blocks in this checkpoint.
 pub fn stored_q8(ckpt: &Checkpoint, name: &str) -> crate::error::Result<bool> {
+    if ckpt.is_gguf() {
+        return Ok(
+            is_dense_weight(name) && ckpt.ggml_type(name) == Some(crate::gguf::GgmlType::Q8_0)
+        );
+    }
     Ok(dense_storage(ckpt)? == DenseStorage::Q8_0 && is_dense_weight(name))
 }
 

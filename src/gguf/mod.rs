@@ -26,6 +26,7 @@ pub mod meta;
 pub mod model;
 pub mod names;
 pub mod permute;
+pub mod source;
 pub mod tokenizer;
 pub mod types;
 

@@ -332,6 +332,15 @@ pub fn check_dense_storage(ckpt: &Checkpoint, dense: WeightFormat) -> Result<()>
     Ok(())
 }
 
+/// Whether every one of `names` is stored as Q8_0 blocks (a GGUF file may mix types
+/// within a fused matrix: Q4_K_M gives attn_v Q6_K on some layers).
+fn all_stored_q8<'a>(
+    ckpt: &Checkpoint,
+    mut names: impl Iterator<Item = &'a String>,
+) -> Result<bool> {
+    names.try_fold(true, |all, n| Ok(all && stored_q8(ckpt, n)?))
+}
+
 /// A shared expert or dense MLP (`prefix`.{gate,up,down}_proj.weight) in `format`.
 fn dense_mlp(
     dev: &Device,
@@ -354,7 +363,7 @@ fn dense_mlp(
         pool.write_slot(dev, 0, &gate, &up, &down)?;
         return Ok(DenseMlp::F16(pool));
     }
-    if stored_q8(ckpt, &names[0])? {
+    if all_stored_q8(ckpt, names.iter())? {
         // A Q8_0 conversion: ggml's blocks as stored, split into the block's sections.
         let gate = stored_q8_blocks(ckpt, &names[0], i, h)?;
         let up = stored_q8_blocks(ckpt, &names[1], i, h)?;
@@ -363,7 +372,7 @@ fn dense_mlp(
             dev,
             label,
             (h, i),
-            [gate, up, down],
+            [&gate, &up, &down],
         )?));
     }
     let gate = ckpt.read_f32(&names[0], &[i, h])?;
@@ -401,11 +410,11 @@ fn dense_matrix(
         }
         return F16Matrix::upload(dev, label, rows, cols, &data);
     }
-    if stored_q8(ckpt, &parts[0].0)? {
+    if all_stored_q8(ckpt, parts.iter().map(|(n, _)| n))? {
         // A Q8_0 conversion: ggml's blocks as stored, rows in order, so the parts stack.
         let mut blocks = Vec::new();
         for (name, r) in parts {
-            blocks.extend_from_slice(stored_q8_blocks(ckpt, name, *r, cols)?);
+            blocks.extend_from_slice(&stored_q8_blocks(ckpt, name, *r, cols)?);
         }
         return F16Matrix::upload_q8_ggml(dev, label, rows, cols, &blocks);
     }

@@ -277,11 +277,37 @@ pub fn eos_ids(cfg: &ModelConfig, gen: Option<&GenerationConfig>) -> Vec<u32> {
     v
 }
 
+/// `Engine::open_host` of a GGUF model: the config, the end-of-generation ids and the
+/// tokenizer from its metadata (the tensors are checked when the checkpoint opens).
+fn open_gguf_host(
+    path: &Path,
+) -> Result<(ModelConfig, Option<GenerationConfig>, Option<Tokenizer>)> {
+    let model = crate::gguf::GgufModel::open(path)?;
+    let cfg = crate::gguf::model_config(&model)?;
+    let meta = model.metadata();
+    let eos = crate::gguf::tokenizer::eog_ids(meta)?;
+    crate::config::check_eos_in_vocab(&eos, cfg.vocab_size, model.path())?;
+    let generation = GenerationConfig {
+        eos_token_ids: eos,
+        bos_token_id: meta.opt_u32("tokenizer.ggml.bos_token_id")?,
+        pad_token_id: meta.opt_u32("tokenizer.ggml.padding_token_id")?,
+        temperature: None,
+        top_k: None,
+        top_p: None,
+        do_sample: None,
+    };
+    let tokenizer = crate::gguf::tokenizer::tokenizer(&model)?;
+    Ok((cfg, Some(generation), Some(tokenizer)))
+}
+
 impl Engine {
     /// Everything but the GPU: cheap checks that must fail before any GPU work.
     pub fn open_host(
         dir: &Path,
     ) -> Result<(ModelConfig, Option<GenerationConfig>, Option<Tokenizer>)> {
+        if crate::gguf::is_gguf_path(dir) {
+            return open_gguf_host(dir);
+        }
         crate::format::checkpoint::check_model_dir(dir)?;
         let cfg = ModelConfig::from_dir(dir)?;
         let generation = GenerationConfig::from_dir(dir)?;
