@@ -196,7 +196,8 @@ struct SimulateArgs {
 
 #[derive(Args)]
 struct PlanArgs {
-    /// Model directory, or its config.json (no weights needed).
+    /// Model directory, its config.json, or a GGUF file (no weights needed: a GGUF's
+    /// header is enough).
     model: PathBuf,
     /// GPU memory wgmoe may use (e.g. 12GiB, 8G, 512MiB, bytes).
     #[arg(long, value_parser = parse_size, alias = "vram-budget")]
@@ -489,8 +490,13 @@ impl GpuArgs {
 
 #[derive(Args)]
 struct RunArgs {
-    /// Model directory (config.json, tokenizer.json, *.safetensors).
+    /// Model directory (config.json, tokenizer.json, *.safetensors), or a GGUF file.
     model: PathBuf,
+    /// A tokenizer.json to use instead of the model's own (a GGUF's metadata, a
+    /// checkpoint's tokenizer.json); a tokenizer_config.json beside it gives its specials
+    /// and chat template.
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
     /// Prompt text (`-` reads it from stdin).
     #[arg(short, long, conflicts_with_all = ["prompt_ids", "file"])]
     prompt: Option<String>,
@@ -594,6 +600,9 @@ struct LoadArgs {
     /// model's; without one, plain User:/Assistant: lines).
     #[arg(long, value_name = "FILE|NAME")]
     chat_template: Option<String>,
+    /// A tokenizer.json to use instead of the model's own (as `run --tokenizer`).
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
     /// Storage of routed expert weights: int4 (W4A16, block 256) or f16.
     #[arg(long, value_enum, default_value = "int4")]
     expert_precision: ExpertPrecision,

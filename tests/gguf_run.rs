@@ -201,3 +201,163 @@ fn q8_0_files_run_their_dense_blocks_as_stored() {
         check_file(family, file, cases, DensePrecision::Q8_0);
     }
 }
+
+/// The largest |a - b| over two sets of logit rows.
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0, f32::max)
+}
+
+/// A cache of top_k slots per layer fed from the GGUF file's experts (INT4, requantised
+/// from the file's blocks) gives the logits of full residency: misses uploaded, or
+/// computed on the CPU; and the host copy is not changed by the run.
+#[test]
+fn partial_residency_on_gguf_experts_matches_full_residency() {
+    use wgmoe::residency::MissPolicy;
+    for (family, file) in [
+        ("qwen3moe", "qwen3moe-Q4_K_M.gguf"),
+        ("mixtral", "mixtral-Q4_K_M.gguf"),
+    ] {
+        let path = dir(family).join(file);
+        let g = goldens(family);
+        let case = &g["files"][file][0];
+        let seq: Vec<u32> = ids(&case["prompt"])
+            .into_iter()
+            .chain(ids(&case["tokens"]))
+            .collect();
+        let full = {
+            let mut e = load(
+                &path,
+                ExpertPrecision::Int4,
+                DensePrecision::Q8_0,
+                ResidencyOptions::default(),
+            )
+            .unwrap();
+            assert!(
+                e.fwd.residency.is_none(),
+                "{file}: full residency has no cache"
+            );
+            prompt_logits(&mut e.fwd, &seq).unwrap()
+        };
+        let cfg = wgmoe::gguf::model_config(&wgmoe::gguf::GgufModel::open(&path).unwrap()).unwrap();
+        assert!(
+            cfg.top_k < cfg.num_experts,
+            "{file}: the cache must be partial"
+        );
+        for (policy, tol) in [(MissPolicy::Upload, 1e-3), (MissPolicy::Cpu, 2e-2)] {
+            let mut e = load(
+                &path,
+                ExpertPrecision::Int4,
+                DensePrecision::Q8_0,
+                ResidencyOptions {
+                    resident_experts: Some(cfg.top_k),
+                    miss_policy: Some(policy),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let before = e.fwd.residency.as_ref().unwrap().host.checksum().unwrap();
+            let rows = prompt_logits(&mut e.fwd, &seq).unwrap();
+            let d = max_diff(&rows, &full);
+            eprintln!("{file} {policy:?}: max |logit - full residency| {d:.2e}");
+            assert!(
+                d <= tol,
+                "{file} {policy:?}: logits differ from full residency by {d}"
+            );
+            let r = e.fwd.residency.as_ref().unwrap();
+            let st = r.stats();
+            match policy {
+                MissPolicy::Cpu => assert!(st.cpu_expert_pairs > 0, "{file}: {st:?}"),
+                _ => assert!(st.expert_misses > 0 && st.h2d_bytes > 0, "{file}: {st:?}"),
+            }
+            assert_eq!(
+                r.host.checksum().unwrap(),
+                before,
+                "{file}: host copy changed"
+            );
+        }
+    }
+}
+
+/// `wgmoe run FILE.gguf` greedy-decodes llama.cpp's tokens (F16 file, f16 weights, f32
+/// KV cache: the goldens' steps are all beyond F16_NEAR_TIE).
+#[test]
+fn the_cli_runs_a_gguf_file_greedy_as_llama_cpp() {
+    use common::cli::{ids as json_ids, json_of, s, wgmoe};
+    let path = dir("qwen3moe").join("qwen3moe-F16.gguf");
+    let g = goldens("qwen3moe");
+    let case = &g["files"]["qwen3moe-F16.gguf"][0];
+    for step in case["steps"].as_array().unwrap() {
+        assert!(step["gap"].as_f64().unwrap() >= F16_NEAR_TIE as f64);
+    }
+    let prompt = ids(&case["prompt"])
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let v = json_of(&wgmoe([
+        "run",
+        &s(&path),
+        "--prompt-ids",
+        &prompt,
+        "-n",
+        "8",
+        "--ignore-eos",
+        "--expert-precision",
+        "f16",
+        "--dense-precision",
+        "f16",
+        "--kv-precision",
+        "f32",
+        "--json",
+    ]));
+    let want: Vec<u64> = ids(&case["tokens"]).iter().map(|&i| i as u64).collect();
+    assert_eq!(json_ids(&v, "generated_ids"), want, "{v}");
+}
+
+/// `--tokenizer FILE` replaces the GGUF's own tokenizer; one with more tokens than the
+/// model, or a missing file, is refused naming the option.
+#[test]
+fn tokenizer_override_replaces_the_files_tokenizer() {
+    use common::cli::{assert_error, ids as json_ids, json_of, s, wgmoe};
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tmp.path().join("tokenizer.json");
+    std::fs::write(
+        &tok,
+        r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+"model":{"type":"WordLevel","vocab":{"<unk>":0,"hello":5,"world":7},"unk_token":"<unk>"}}"#,
+    )
+    .unwrap();
+    let model = s(&dir("qwen3moe").join("qwen3moe-Q4_K_M.gguf"));
+    let run = |tok: &str| {
+        wgmoe([
+            "run",
+            &model,
+            "-p",
+            "hello world",
+            "-n",
+            "1",
+            "--tokenizer",
+            tok,
+            "--json",
+        ])
+    };
+    let r = run(&s(&tok));
+    let v = json_of(&r);
+    assert_eq!(json_ids(&v, "prompt_ids"), vec![5, 7], "{v}");
+    // The load note says which block types were converted, and to what.
+    assert!(
+        r.stderr.contains("routed experts q4_K x5, q6_K x1 -> INT4")
+            && r.stderr.contains("lm head q6_K x1 -> Q8_0"),
+        "{r}"
+    );
+    let big = s(&fixture("qwen3moe-tiny").join("tokenizer.json"));
+    assert_error(&run(&big), &["--tokenizer", "2048 tokens", "512"]);
+    assert_error(
+        &run("/nonexistent/tokenizer.json"),
+        &["--tokenizer", "no such file"],
+    );
+}

@@ -696,3 +696,66 @@ fn plan_counts_of_one_are_singular() {
         "{r}"
     );
 }
+
+/// A GGUF file's header (metadata and tensor infos; the data need not be there) plans as
+/// its published config.json does: Qwen3-30B-A3B Q4_K_M's header
+/// (models/gguf/headers, tools/make_gguf_header.py) on 8 and 12 GiB cards. `run` refuses
+/// the header-only file; `inspect` describes it.
+#[test]
+fn a_gguf_header_plans_as_its_published_config() {
+    let gguf = s(&fixture("gguf/headers/Qwen3-30B-A3B-Q4_K_M.gguf"));
+    let json = config("qwen3-30b-a3b.json");
+    for vram in ["8GiB", "12GiB"] {
+        let args = |m: &str| {
+            plan_json(&[
+                m,
+                "--vram",
+                vram,
+                "--ram",
+                "32GiB",
+                "--device-gbps",
+                "400",
+                "--h2d-gbps",
+                "25",
+                "--json",
+            ])
+        };
+        let same = |v: Value, path: &str| -> Value {
+            let t = serde_json::to_string(&v)
+                .unwrap()
+                .replace(path, "M")
+                .replace("MODEL_DIR", "M");
+            serde_json::from_str(&t).unwrap()
+        };
+        let (a, b) = (same(args(&gguf), &gguf), same(args(&json), &json));
+        assert_eq!(a, b, "{vram}: the GGUF header plans as the config");
+        assert_eq!(u(&a, "num_experts"), 128);
+        assert_eq!(u(&a, "moe_layers"), 48);
+        let n = u(&a, "resident_experts_per_layer");
+        assert!(n > 8 && n < 128, "{vram}: {n} experts per layer");
+    }
+    let r = wgmoe(["plan", &gguf, "--vram", "8GiB", "--ram", "32GiB"]);
+    assert_ok(&r);
+    let last = r
+        .stdout
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(last.starts_with(&format!("wgmoe run {gguf} ")), "{r}");
+    // The data is not there: run refuses, naming the file.
+    let r = wgmoe(["run", &gguf, "-p", "hi", "-n", "1"]);
+    assert_error(&r, &["Qwen3-30B-A3B-Q4_K_M.gguf", "truncated"]);
+    // inspect: every tensor class by type, from the header alone.
+    let v = json_of(&wgmoe(["inspect", &gguf, "--json"]));
+    assert_eq!(v["header_only"], true, "{v}");
+    assert_eq!(v["loadable"], false, "{v}");
+    // tools/make_gguf_header.py's count: 18.55 GB of tensor data, as the published file.
+    assert_eq!(u(&v, "tensor_bytes"), 18_550_716_416, "{v}");
+    let experts = &v["classes"]["routed_experts"];
+    // ffn_down_exps on 24 of the 48 layers is Q6_K (use_more_bits), the rest Q4_K.
+    assert_eq!(experts["types"]["q6_K"], 24, "{v}");
+    assert_eq!(experts["types"]["q4_K"], 48 * 2 + 24, "{v}");
+}

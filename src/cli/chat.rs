@@ -7,7 +7,6 @@ use std::io::{BufRead, IsTerminal, Write};
 
 use wgmoe::error::{Error, Result};
 use wgmoe::format::tokenizer::{TextStream, Tokenizer};
-use wgmoe::runtime::engine::Engine;
 use wgmoe::runtime::generate::{Flow, GenerateOptions};
 use wgmoe::session::chat::{chat_prompt, fit, Message, Role};
 use wgmoe::session::template;
@@ -132,7 +131,7 @@ fn print_stats(session: &Session) -> Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    let (cfg, gen, tok) = Engine::open_host(&a.model)?;
+    let (cfg, gen, tok) = super::open_host(&a.model, a.load.tokenizer.as_deref())?;
     let mut tok = tok.ok_or_else(|| {
         Error::bad_file(
             a.model.join("tokenizer.json"),

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use wgmoe::backend::{BackendChoice, Device, DeviceInfo, DeviceRequest, DeviceType};
 use wgmoe::config::ModelConfig;
 use wgmoe::error::{Error, Result};
-use wgmoe::runtime::engine::{Engine, EngineOptions};
+use wgmoe::runtime::engine::{DensePrecision, Engine, EngineOptions, ExpertPrecision};
 
 use crate::LoadArgs;
 
@@ -41,6 +41,41 @@ pub fn ctx_size(load: &LoadArgs, cfg: &ModelConfig, model: &Path) -> Result<usiz
         )),
         Some(n) => Ok(n),
     }
+}
+
+/// `Engine::open_host` with `--tokenizer FILE` in place of the model's own tokenizer.
+pub fn open_host(
+    model: &Path,
+    tokenizer: Option<&Path>,
+) -> Result<(
+    ModelConfig,
+    Option<wgmoe::config::GenerationConfig>,
+    Option<wgmoe::format::tokenizer::Tokenizer>,
+)> {
+    let (cfg, gen, tok) = Engine::open_host(model)?;
+    let Some(file) = tokenizer else {
+        return Ok((cfg, gen, tok));
+    };
+    if !file.is_file() {
+        return Err(Error::option(
+            "--tokenizer",
+            format!("{}: no such file", file.display()),
+        ));
+    }
+    let t = wgmoe::gguf::tokenizer::override_for(model, file)?;
+    // Ids beyond the embedding rows would index past the model.
+    if t.vocab_size() > cfg.vocab_size {
+        return Err(Error::option(
+            "--tokenizer",
+            format!(
+                "{} has {} tokens, more than the model's vocabulary of {}",
+                file.display(),
+                t.vocab_size(),
+                cfg.vocab_size
+            ),
+        ));
+    }
+    Ok((cfg, gen, Some(t)))
 }
 
 /// The engine of `chat` and `serve`, with a KV cache of `ctx` positions; says what it
@@ -82,6 +117,7 @@ pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize, batch: usize) -> R
         engine.dev.info().driver_string()
     );
     software_note(&engine.dev, &adapter);
+    gguf_note(model, load.expert_precision, load.dense_precision);
     Ok(engine)
 }
 
@@ -223,6 +259,25 @@ pub fn software_line(adapter: &str) -> String {
 
 /// Say so on stderr when the adapter is a software one (lavapipe, WARP...) that was picked
 /// because no GPU was found (not asked for with --adapter).
+/// For a GGUF model, which of its tensors were decoded and stored anew at load time (the
+/// block types wgmoe does not compute in place), on stderr.
+pub fn gguf_note(model: &Path, experts: ExpertPrecision, dense: DensePrecision) {
+    if !wgmoe::gguf::is_gguf_path(model) {
+        return;
+    }
+    if let Ok(g) = wgmoe::gguf::GgufModel::open_header(model) {
+        let i = wgmoe::insight::inspect::inspect_gguf(&g);
+        eprintln!(
+            "note: {}",
+            wgmoe::insight::inspect::gguf_load_note(
+                &i,
+                experts == ExpertPrecision::Int4,
+                dense == DensePrecision::Q8_0
+            )
+        );
+    }
+}
+
 pub fn software_note(dev: &Device, req: &DeviceRequest) {
     if dev.info().device_type == DeviceType::Cpu && req.adapter.is_none() {
         eprintln!("{}", software_line(&dev.info().name));

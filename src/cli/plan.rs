@@ -45,6 +45,18 @@ fn config_path(model: &Path) -> Result<(PathBuf, PathBuf)> {
     }
 }
 
+/// The model's config and the path `run` takes: a GGUF's from its header (metadata and
+/// tensor infos; a header-only file is enough), else a config.json's.
+pub(crate) fn model_config(model: &Path) -> Result<(ModelConfig, PathBuf)> {
+    if wgmoe::gguf::is_gguf_path(model) {
+        let gguf = wgmoe::gguf::GgufModel::open_header(model)?;
+        return Ok((wgmoe::gguf::model_config(&gguf)?, model.to_path_buf()));
+    }
+    let (config, dir) = config_path(model)?;
+    let text = std::fs::read_to_string(&config).map_err(|e| Error::io(&config, e))?;
+    Ok((ModelConfig::from_json(&text, &config)?, dir))
+}
+
 /// This machine's memory (Linux: MemTotal).
 fn mem_total() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -135,9 +147,7 @@ fn bandwidths(a: &PlanArgs) -> Result<Option<Bandwidths>> {
 }
 
 pub fn plan(a: PlanArgs) -> Result<()> {
-    let (config, dir) = config_path(&a.model)?;
-    let text = std::fs::read_to_string(&config).map_err(|e| Error::io(&config, e))?;
-    let cfg = ModelConfig::from_json(&text, &config)?;
+    let (cfg, dir) = model_config(&a.model)?;
     let ram = match a.ram {
         Some(r) => Some((r, "--ram".to_string())),
         None => mem_total().map(|r| (r, "this machine's MemTotal".to_string())),
@@ -195,9 +205,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
 /// `wgmoe kernels`.
 pub fn kernels(a: KernelsArgs) -> Result<()> {
     use wgmoe::insight::kernel_report::{render, report, KernelsOptions};
-    let (config, _) = config_path(&a.model)?;
-    let text = std::fs::read_to_string(&config).map_err(|e| Error::io(&config, e))?;
-    let cfg = ModelConfig::from_json(&text, &config)?;
+    let (cfg, _) = model_config(&a.model)?;
     // lavapipe with 32-lane subgroups: a warp's width, so its sector counts are a GPU's.
     // Set before any Vulkan instance exists (it configures llvmpipe only).
     std::env::set_var("LP_NATIVE_VECTOR_WIDTH", "1024");

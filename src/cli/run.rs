@@ -98,7 +98,7 @@ fn live_view(a: &RunArgs, engine: &Engine) -> Option<wgmoe::insight::live::LiveV
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let (cfg, gen, mut tok) = Engine::open_host(&a.model)?;
+    let (cfg, gen, mut tok) = super::open_host(&a.model, a.tokenizer.as_deref())?;
     let seed = a.sampling.seed.unwrap_or_else(super::random_seed);
     let sampling = sampling_options(&a.sampling, gen.as_ref(), seed)?;
     let text = prompt_text(a.prompt.as_deref(), a.file.as_deref())?;
@@ -206,6 +206,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         engine.dev.info().driver_string()
     );
     software_note(&engine.dev, &adapter);
+    super::gguf_note(&a.model, a.expert_precision, a.dense_precision);
     let live = live_view(&a, &engine);
     if a.trace.is_some() || live.is_some() {
         engine.start_trace(
@@ -225,7 +226,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut stream = TextStream::new();
     let stdout = std::io::stdout();
     let json_mode = a.json;
-    let tokr = engine.tokenizer.take();
+    let tokr = tok.take().or_else(|| engine.tokenizer.take());
     let tokr = tokr.as_ref();
     let mut on_token = |id: u32| -> Result<()> {
         if json_mode {

@@ -1,7 +1,6 @@
 //! `wgmoe serve`: load the model once and serve the OpenAI API over HTTP (`wgmoe::serve`).
 
 use wgmoe::error::{Error, Result};
-use wgmoe::runtime::engine::Engine;
 use wgmoe::serve::{bind, serve as run_server, Defaults, ServeOptions};
 use wgmoe::session::Session;
 
@@ -39,7 +38,7 @@ fn check_parallel(parallel: usize, ctx: usize, chunk: usize) -> Result<()> {
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
-    let (cfg, gen, tok) = Engine::open_host(&a.model)?;
+    let (cfg, gen, tok) = super::open_host(&a.model, a.load.tokenizer.as_deref())?;
     let Some(mut tok) = tok else {
         return Err(Error::bad_file(
             a.model.join("tokenizer.json"),

@@ -273,14 +273,28 @@ fn inspect_gguf(model: &std::path::Path, as_json: bool, max_context: Option<usiz
             "is not available for GGUF files yet (their experts are not in wgmoe's INT4 layout)",
         ));
     }
-    let gguf = wgmoe::gguf::GgufModel::open(model)?;
+    // A file whose header reads but whose data does not (a header-only file, an
+    // interrupted download) is still described, with why it cannot run.
+    let (gguf, data_error) = match wgmoe::gguf::GgufModel::open(model) {
+        Ok(g) => (g, None),
+        Err(e) => match wgmoe::gguf::GgufModel::open_header(model) {
+            Ok(g) => (g, Some(e)),
+            Err(_) => return Err(e),
+        },
+    };
     let i = wgmoe::insight::inspect::inspect_gguf(&gguf);
     let cfg = wgmoe::gguf::model_config(&gguf);
+    // Why it cannot be loaded: its config, else its data.
+    let problem = match (&cfg, &data_error) {
+        (Err(e), _) | (Ok(_), Some(e)) => Some(e.to_string()),
+        _ => None,
+    };
     if as_json {
         let mut v = serde_json::to_value(&i).map_err(|e| Error::Other(e.to_string()))?;
-        v["loadable"] = serde_json::Value::Bool(cfg.is_ok());
-        if let Err(e) = &cfg {
-            v["error"] = serde_json::Value::String(e.to_string());
+        v["loadable"] = serde_json::Value::Bool(problem.is_none());
+        v["header_only"] = serde_json::Value::Bool(data_error.is_some());
+        if let Some(e) = &problem {
+            v["error"] = serde_json::Value::String(e.clone());
         }
         out!(
             "{}",
@@ -307,7 +321,7 @@ fn inspect_gguf(model: &std::path::Path, as_json: bool, max_context: Option<usiz
         ),
     }
     out!("{}", wgmoe::insight::inspect::gguf_table(&i));
-    if let Err(e) = cfg {
+    if let Some(e) = problem {
         out!("warning: this model cannot be loaded: {e}");
     }
     Ok(())

@@ -56,16 +56,39 @@ pub struct GgufFile {
     data_offset: u64,
     /// Bytes of the KV section (the identity of the model's metadata).
     kv_range: Range<usize>,
+    /// Opened for its header only (`open_header`): the tensors' data is not there.
+    header_only: bool,
+}
+
+/// What `parse` checks the tensors' data extents against.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Extent {
+    /// The data must lie in the file.
+    Whole,
+    /// Only the header is needed (and perhaps present): offsets, alignment and overlaps are
+    /// checked, the file's length is not.
+    HeaderOnly,
 }
 
 impl GgufFile {
     /// Maps and validates `path`.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_as(path, Extent::Whole)
+    }
+
+    /// Maps and validates `path`'s header (metadata and tensor infos) for what needs no
+    /// weights (`plan`, `inspect`): a header-only file, such as the first bytes of a large
+    /// download, is accepted. Its tensors' data reads as empty.
+    pub fn open_header(path: &Path) -> Result<Self> {
+        Self::open_as(path, Extent::HeaderOnly)
+    }
+
+    pub(super) fn open_as(path: &Path, extent: Extent) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         // SAFETY: the mapping is read-only; a file changed by another process while mapped
         // is outside the contract (as for safetensors checkpoints in checkpoint.rs).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        let parsed = parse(path, &map)?;
+        let parsed = parse(path, &map, extent)?;
         Ok(GgufFile {
             path: path.to_path_buf(),
             map,
@@ -75,7 +98,13 @@ impl GgufFile {
             alignment: parsed.alignment,
             data_offset: parsed.data_offset,
             kv_range: parsed.kv_range,
+            header_only: extent == Extent::HeaderOnly,
         })
+    }
+
+    /// Whether it was opened with `open_header`.
+    pub fn is_header_only(&self) -> bool {
+        self.header_only
     }
 
     pub fn path(&self) -> &Path {
@@ -108,10 +137,13 @@ impl GgufFile {
         &self.map[self.kv_range.clone()]
     }
 
-    /// The bytes of tensor `t` (validated at open: in bounds).
+    /// The bytes of tensor `t` (validated at open: in bounds); empty for a header-only
+    /// file when they are not all there.
     pub fn data(&self, t: &TensorInfo) -> &[u8] {
         let start = (self.data_offset + t.offset) as usize;
-        &self.map[start..start + t.nbytes as usize]
+        self.map
+            .get(start..start + t.nbytes as usize)
+            .unwrap_or_default()
     }
 }
 
@@ -263,7 +295,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-pub(super) fn parse(path: &Path, buf: &[u8]) -> Result<Parsed> {
+pub(super) fn parse(path: &Path, buf: &[u8], extent: Extent) -> Result<Parsed> {
     let mut r = Reader { path, buf, pos: 0 };
     let magic = r.take(4, &|| "the magic".into())?;
     if magic != GGUF_MAGIC {
@@ -419,7 +451,8 @@ pub(super) fn parse(path: &Path, buf: &[u8]) -> Result<Parsed> {
     }
 
     let data_offset = align_up(r.pos as u64, alignment);
-    if data_offset > buf.len() as u64 && !tensors.is_empty() {
+    let whole = extent == Extent::Whole;
+    if whole && data_offset > buf.len() as u64 && !tensors.is_empty() {
         return Err(Error::bad_file(
             path,
             format!(
@@ -444,7 +477,7 @@ pub(super) fn parse(path: &Path, buf: &[u8]) -> Result<Parsed> {
             .checked_add(t.offset)
             .and_then(|s| s.checked_add(t.nbytes));
         match end {
-            Some(end) if end <= file_len => {}
+            Some(end) if end <= file_len || !whole => {}
             _ => {
                 return Err(bad_tensor(
                     path,

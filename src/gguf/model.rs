@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::file::{GgufFile, TensorInfo};
+use super::file::{Extent, GgufFile, TensorInfo};
 use super::meta::Metadata;
 use super::types::GgmlType;
 use crate::error::{Error, Result};
@@ -117,6 +117,17 @@ impl GgufModel {
     /// Opens a `.gguf` file, a split (any shard's path; every shard is opened), or a
     /// directory holding exactly one GGUF model.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_as(path, Extent::Whole)
+    }
+
+    /// `open` for what reads only the headers (`plan`, `inspect`): each shard's metadata
+    /// and tensor infos are validated, but its data need not be in the file
+    /// (`GgufFile::open_header`). Such a model's tensors have empty data.
+    pub fn open_header(path: &Path) -> Result<Self> {
+        Self::open_as(path, Extent::HeaderOnly)
+    }
+
+    fn open_as(path: &Path, extent: Extent) -> Result<Self> {
         let file = if path.is_dir() {
             single_gguf_in_dir(path)?
         } else {
@@ -126,7 +137,7 @@ impl GgufModel {
             Some((prefix, _, count)) => (shard_path(&prefix, 1, count), count),
             None => (file.clone(), 1),
         };
-        let head = GgufFile::open(&first)?;
+        let head = GgufFile::open_as(&first, extent)?;
         let declared = head.metadata().opt_u64(SPLIT_COUNT)?.unwrap_or(1);
         if declared != count as u64 && !(count == 1 && declared <= 1) {
             return Err(Error::field(
@@ -146,7 +157,7 @@ impl GgufModel {
                         format!("shard {no} of {count} of the split is missing"),
                     ));
                 }
-                let shard = GgufFile::open(&p)?;
+                let shard = GgufFile::open_as(&p, extent)?;
                 let m = shard.metadata();
                 let got_no = m.opt_u64(SPLIT_NO)?;
                 if got_no != Some(no as u64 - 1) {
@@ -190,6 +201,11 @@ impl GgufModel {
             }
         }
         Ok(GgufModel { shards, index })
+    }
+
+    /// Whether it was opened with `open_header` (its tensors' data may be absent).
+    pub fn is_header_only(&self) -> bool {
+        self.shards[0].is_header_only()
     }
 
     /// The first (or only) file.

@@ -270,6 +270,15 @@ pub fn with_override(model: &GgufModel, file: &Path) -> Result<Tokenizer> {
     ))
 }
 
+/// `--tokenizer FILE` for the model at `model`: `with_override` for a GGUF model, the
+/// file (and a tokenizer_config.json beside it) for a checkpoint directory.
+pub fn override_for(model: &Path, file: &Path) -> Result<Tokenizer> {
+    if super::is_gguf_path(model) {
+        return with_override(&GgufModel::open_header(model)?, file);
+    }
+    Tokenizer::from_file(file)
+}
+
 /// End-of-generation ids, as llama.cpp collects them: the eos, eot and eom ids of the
 /// metadata and the tokens whose text llama.cpp treats as end of generation (for these
 /// families: `<|im_end|>`, `<|endoftext|>`, `</s>`, ...). Sorted, no repeats.

@@ -406,3 +406,45 @@ pub fn gguf_table(i: &GgufInspection) -> String {
     );
     o
 }
+
+/// What loading does with a GGUF model's block types, one line for `run`, `chat`, `serve`
+/// and `bench` to print: each class's types and the form they take on the device. wgmoe
+/// computes Q8_0 dense blocks as stored; other block types are decoded on the CPU at load
+/// time (no in-kernel K-quant or Q4_0 kernels yet) and stored in wgmoe's own formats.
+pub fn gguf_load_note(i: &GgufInspection, int4_experts: bool, q8_dense: bool) -> String {
+    let float = |t: &str| matches!(t, "f32" | "f16" | "bf16");
+    let mut parts = Vec::new();
+    for (c, s) in &i.classes {
+        let (to, kept) = match c {
+            TensorClass::RoutedExperts if int4_experts => ("INT4", None),
+            TensorClass::RoutedExperts => ("f16", Some("f16")),
+            TensorClass::Router | TensorClass::Norms | TensorClass::Embeddings => {
+                ("f16", Some("f16"))
+            }
+            _ if q8_dense => ("Q8_0", Some("q8_0")),
+            _ => ("f16", Some("f16")),
+        };
+        // Only what changes form is listed.
+        let changed: Vec<String> = s
+            .types
+            .iter()
+            .filter(|(t, _)| Some(t.as_str()) != kept && !(float(t) && to == "f16"))
+            .map(|(t, n)| format!("{t} x{n}"))
+            .collect();
+        if changed.is_empty() {
+            continue;
+        }
+        let name = serde_json::to_value(c)
+            .ok()
+            .and_then(|v| v.as_str().map(|s| s.replace('_', " ")))
+            .unwrap_or_default();
+        parts.push(format!("{name} {} -> {to}", changed.join(", ")));
+    }
+    if parts.is_empty() {
+        return "GGUF tensors used in their stored types".to_string();
+    }
+    format!(
+        "GGUF tensors converted at load time: {} (the kernels read Q8_0 dense blocks as stored; other block types are decoded on the CPU first)",
+        parts.join("; ")
+    )
+}

@@ -96,9 +96,10 @@ pub fn render(r: &PlanReport) -> String {
     );
     let _ = writeln!(
         o,
-        "  KV cache:  {} positions x {} B per position (f32 keys and values, every layer) = {}",
+        "  KV cache:  {} positions x {} B per position ({} keys and values, every layer) = {}",
         r.context,
         grouped(r.kv_cache_bytes_per_position),
+        r.kv_precision,
         b(r.kv_cache_bytes)
     );
     let _ = writeln!(
