@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
 """Side-by-side decode comparison of wgmoe and llama.cpp on one machine.
 
-    python3 tools/compare_llamacpp.py MODEL_DIR --llama-cpp ~/llama.cpp [--prompts 4 --blocks 1 -n 64]
+    python3 tools/compare_llamacpp.py MODEL --llama-cpp ~/llama.cpp [--prompts 4 --blocks 1 -n 64]
 
-MODEL_DIR is a Hugging Face checkpoint: a fixture under models/ or the output of
-`wgmoe synth --format hf` (wgmoe's converted INT4 format is wgmoe's own; llama.cpp cannot read it).
+MODEL is either
+  - a Hugging Face checkpoint directory: a fixture under models/ or the output of
+    `wgmoe synth --format hf` (wgmoe's converted INT4 format is wgmoe's own; llama.cpp cannot read
+    it). It is converted to GGUF Q4_0 for llama.cpp (step 2); wgmoe runs the directory itself; or
+  - a GGUF file (a name ending in .gguf, or a file starting with the GGUF magic; the first file of
+    a split GGUF), e.g. one made with llama-quantize ... Q4_K_M. Nothing is converted: BOTH
+    runtimes run this same file as it is (`wgmoe bench FILE.gguf`, `llama-bench -m FILE.gguf`), and
+    the llama.cpp rows are labelled with its file type (general.file_type, e.g. Q4_K_M).
 
 Steps, all on this machine, one after the other (never concurrently):
-  1. `wgmoe bench MODEL_DIR --prompts P --blocks B -n N --warmup W --json-out ...` (wgmoe's fixed
+  1. `wgmoe bench MODEL --prompts P --blocks B -n N --warmup W --json-out ...` (wgmoe's fixed
      prompt set, greedy, EOS suppressed); its records give the prompt token counts.
-  2. llama.cpp's own converter: `python3 convert_hf_to_gguf.py MODEL_DIR --outtype f16`, then
-     `llama-quantize F16.gguf Q4_0.gguf Q4_0` (cached in --work-dir, keyed on the model's files).
-  3. `llama-bench -m Q4_0.gguf -p <mean wgmoe prompt tokens> -n N -r B*P -t THREADS -ngl 0 -o json`
+  2. Directories only: llama.cpp's own converter `python3 convert_hf_to_gguf.py MODEL_DIR --outtype
+     f16`, then `llama-quantize F16.gguf Q4_0.gguf Q4_0` (cached in --work-dir, keyed on the model's
+     files). A GGUF MODEL skips this step (and needs neither the converter nor llama-quantize).
+  3. `llama-bench -m GGUF -p <mean wgmoe prompt tokens> -n N -r B*P -t THREADS -ngl 0 -o json`
      for the CPU backend, and again with `-ngl 99` for a GPU backend (Vulkan) when the build has one.
      Without llama-bench, `llama-cli` with the same prompt/token counts (its perf summary is parsed).
   4. A table: decode tok/s, TTFT / prefill tok/s, peak memory, with both runtimes' versions and
@@ -48,12 +55,13 @@ class ToolError(Exception):
 # Locating the programs
 
 
-def find_llama_cpp(llama_dir: str | None) -> dict:
+def find_llama_cpp(llama_dir: str | None, convert: bool = True) -> dict:
     """Paths of convert_hf_to_gguf.py, llama-quantize, llama-bench and llama-cli.
 
     With --llama-cpp DIR: DIR/convert_hf_to_gguf.py and the binaries in DIR/build/bin, DIR/bin or
     DIR. Without: the binaries on PATH and convert_hf_to_gguf.py next to them, on PATH, or in
-    $LLAMA_CPP_DIR. Raises ToolError naming what is missing and how to get it."""
+    $LLAMA_CPP_DIR. convert=False (a GGUF model): the converter and llama-quantize may be missing.
+    Raises ToolError naming what is missing and how to get it."""
     found: dict = {}
     missing = []
     search: list[Path] = []
@@ -99,9 +107,9 @@ def find_llama_cpp(llama_dir: str | None) -> dict:
             conv = str(c)
             break
     found["convert_hf_to_gguf.py"] = conv
-    if conv is None:
+    if conv is None and convert:
         missing.append("convert_hf_to_gguf.py (in the root of a llama.cpp checkout)")
-    if found["llama-quantize"] is None:
+    if found["llama-quantize"] is None and convert:
         missing.append("llama-quantize")
     if found["llama-bench"] is None and found["llama-cli"] is None:
         missing.append("llama-bench (or llama-cli)")
@@ -115,7 +123,7 @@ def find_llama_cpp(llama_dir: str | None) -> dict:
             "  cmake -B build -DGGML_VULKAN=ON   # drop -DGGML_VULKAN=ON for a CPU-only build\n"
             "  cmake --build build --config Release -j\n"
             "  pip install -r requirements.txt   # for convert_hf_to_gguf.py\n"
-            "then: python3 tools/compare_llamacpp.py MODEL_DIR --llama-cpp /path/to/llama.cpp"
+            "then: python3 tools/compare_llamacpp.py MODEL --llama-cpp /path/to/llama.cpp"
         )
     return found
 
@@ -202,6 +210,86 @@ def model_key(model: Path) -> str:
             st = p.stat()
             h.update(f"{p.name}:{st.st_size}:{int(st.st_mtime)}\n".encode())
     return h.hexdigest()[:12]
+
+
+GGUF_MAGIC = b"GGUF"
+
+# llama.cpp's llama_ftype (include/llama.h), the value of general.file_type.
+GGUF_FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
+    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M",
+    30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE",
+}
+
+
+def is_gguf(model: Path) -> bool:
+    """A GGUF file: a file named *.gguf, or any file starting with the GGUF magic."""
+    if not model.is_file():
+        return False
+    if model.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(model, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def gguf_metadata(path: Path) -> dict:
+    """The scalar and string key/values of a GGUF file's header (arrays are skipped)."""
+    scalars = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+               11: "<q", 12: "<d"}
+    with open(path, "rb") as f:
+        def read(fmt: str):
+            n = struct.calcsize(fmt)
+            b = f.read(n)
+            if len(b) != n:
+                raise ToolError(f"{path}: truncated GGUF header")
+            return struct.unpack(fmt, b)[0]
+
+        def string() -> str:
+            return f.read(read("<Q")).decode("utf-8", errors="replace")
+
+        if f.read(4) != GGUF_MAGIC:
+            raise ToolError(f"{path}: not a GGUF file (no GGUF magic)")
+        version = read("<I")
+        if version < 2:
+            raise ToolError(f"{path}: GGUF version {version} is too old (need 2 or later)")
+        read("<Q")  # tensor count
+        n_kv = read("<Q")
+        meta: dict = {"gguf.version": version}
+        for _ in range(n_kv):
+            key = string()
+            t = read("<I")
+            if t == 8:
+                meta[key] = string()
+            elif t in scalars:
+                meta[key] = read(scalars[t])
+            elif t == 9:
+                et, n = read("<I"), read("<Q")
+                if et == 8:
+                    for _ in range(n):
+                        f.seek(read("<Q"), os.SEEK_CUR)
+                elif et in scalars:
+                    f.seek(n * struct.calcsize(scalars[et]), os.SEEK_CUR)
+                else:
+                    raise ToolError(f"{path}: GGUF key {key}: unsupported array type {et}")
+            else:
+                raise ToolError(f"{path}: GGUF key {key}: unknown value type {t}")
+    return meta
+
+
+def gguf_quant_label(path: Path) -> str:
+    """The file type of a GGUF file (general.file_type), e.g. "Q4_K_M"; "GGUF" when unknown."""
+    try:
+        ft = gguf_metadata(path).get("general.file_type")
+    except (OSError, ToolError):
+        return "GGUF"
+    if ft is None:
+        return "GGUF"
+    return GGUF_FILE_TYPES.get(ft, f"GGUF file type {ft}")
 
 
 def convert_to_q4_0(model: Path, tools: dict, work: Path, python: str, force: bool) -> Path:
@@ -331,7 +419,7 @@ def is_gpu_backend(backends: str) -> bool:
 
 
 def run_llama_bench(tools, q4: Path, ngl: int, p_tokens: int, args, work: Path,
-                    version: str) -> dict:
+                    version: str, quant: str = "Q4_0") -> dict:
     reps = max(1, args.blocks * args.prompts)
     cmd = [tools["llama-bench"], "-m", str(q4), "-p", str(p_tokens), "-n", str(args.n), "-r",
            str(reps), "-t", str(args.threads), "-ngl", str(ngl), "-o", "json"]
@@ -370,7 +458,7 @@ def run_llama_bench(tools, q4: Path, ngl: int, p_tokens: int, args, work: Path,
         "runtime": "llama.cpp",
         "version": version,
         "backend": f"{backends}{': ' + str(device) if device else ''}",
-        "config": f"Q4_0 -ngl {ngl} -t {args.threads}",
+        "config": f"{quant} -ngl {ngl} -t {args.threads}",
         "decode_tok_s": tg.get("avg_ts"),
         "prefill_tok_s": pp_ts,
         # llama-bench times prompt processing alone: TTFT ~ prompt tokens / prefill rate.
@@ -412,7 +500,7 @@ def parse_llama_cli_perf(out: str) -> tuple[float | None, float | None]:
 
 
 def run_llama_cli(tools, q4: Path, ngl: int, prompts: list[str], args, work: Path,
-                  version: str) -> dict:
+                  version: str, quant: str = "Q4_0") -> dict:
     """llama-cli on wgmoe's own prompt texts, greedy, EOS ignored, same new-token count."""
     pre_t = pre_n = dec_t = dec_n = 0.0
     peak = 0
@@ -441,7 +529,7 @@ def run_llama_cli(tools, q4: Path, ngl: int, prompts: list[str], args, work: Pat
         "runtime": "llama.cpp",
         "version": version,
         "backend": backends,
-        "config": f"Q4_0 -ngl {ngl} -t {args.threads}",
+        "config": f"{quant} -ngl {ngl} -t {args.threads}",
         "decode_tok_s": dec_n / dec_t if dec_t else None,
         "prefill_tok_s": pre_n / pre_t if pre_t else None,
         "ttft_s": pre_t / n_resp if pre_t else None,
@@ -503,13 +591,15 @@ def table(rows: list[dict]) -> str:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
-        description="Measure wgmoe and llama.cpp (Q4_0) side by side on one machine: decode "
-                    "tok/s, TTFT/prefill, peak memory.",
+        description="Measure wgmoe and llama.cpp side by side on one machine (a Hugging Face "
+                    "directory: llama.cpp gets its Q4_0 conversion; a GGUF file: both run it as "
+                    "is): decode tok/s, TTFT/prefill, peak memory.",
         epilog="llama.cpp is not installed by this tool; see docs/benchmarks.md, 'Comparison with "
                "llama.cpp'.")
     ap.add_argument("model", type=Path,
                     help="Hugging Face model directory (fixture, or `wgmoe synth --format hf` "
-                         "output)")
+                         "output; converted to Q4_0 for llama.cpp), or a GGUF file that both "
+                         "runtimes run as is")
     ap.add_argument("--llama-cpp", metavar="DIR",
                     help="llama.cpp checkout with convert_hf_to_gguf.py and built binaries "
                          "(build/bin); default: binaries on PATH, or $LLAMA_CPP_DIR")
@@ -539,7 +629,8 @@ def parse_args(argv=None):
                     help="where GGUF files and logs go (default: a new temporary directory)")
     ap.add_argument("--python", default=sys.executable,
                     help="Python for convert_hf_to_gguf.py (default: this one)")
-    ap.add_argument("--reconvert", action="store_true", help="ignore cached GGUF files")
+    ap.add_argument("--reconvert", action="store_true",
+                    help="ignore cached GGUF files (directories only)")
     ap.add_argument("--wgmoe-only", action="store_true",
                     help="run only the wgmoe half (no llama.cpp needed)")
     ap.add_argument("--json-out", type=Path, help="write the rows as JSON")
@@ -561,11 +652,17 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        if not args.model.is_dir():
-            raise ToolError(f"{args.model}: model directory not found")
+        gguf = is_gguf(args.model)
+        if not gguf and not args.model.is_dir():
+            if args.model.is_file():
+                raise ToolError(f"{args.model}: neither a model directory nor a GGUF file")
+            raise ToolError(f"{args.model}: model directory or GGUF file not found")
         # Check every prerequisite before measuring anything.
-        check_hf_model(args.model)
-        tools = None if args.wgmoe_only else find_llama_cpp(args.llama_cpp)
+        if gguf:
+            gguf_metadata(args.model)  # a readable GGUF header
+        else:
+            check_hf_model(args.model)
+        tools = None if args.wgmoe_only else find_llama_cpp(args.llama_cpp, convert=not gguf)
         wgmoe = find_wgmoe(args.wgmoe)
         work = args.work_dir or Path(tempfile.mkdtemp(prefix="compare-llamacpp-"))
         work.mkdir(parents=True, exist_ok=True)
@@ -574,7 +671,13 @@ def main(argv=None) -> int:
         w = rows[0]
         if tools is not None:
             version = llama_version(tools)
-            q4 = convert_to_q4_0(args.model, tools, work, args.python, args.reconvert)
+            if gguf:
+                # The same file for both runtimes: no conversion.
+                q4, quant = args.model, gguf_quant_label(args.model)
+                print(f"llama.cpp runs {q4} as is ({quant})", file=sys.stderr)
+            else:
+                q4, quant = convert_to_q4_0(args.model, tools, work, args.python,
+                                            args.reconvert), "Q4_0"
             p_tokens = max(1, round(sum(w["prompt_tokens"]) / len(w["prompt_tokens"])))
             runner = args.llama_runner
             if runner == "auto":
@@ -588,9 +691,9 @@ def main(argv=None) -> int:
             for b in args.backends:
                 ngl = 0 if b == "cpu" else 99
                 if runner == "bench":
-                    r = run_llama_bench(tools, q4, ngl, p_tokens, args, work, version)
+                    r = run_llama_bench(tools, q4, ngl, p_tokens, args, work, version, quant)
                 else:
-                    r = run_llama_cli(tools, q4, ngl, prompt_texts, args, work, version)
+                    r = run_llama_cli(tools, q4, ngl, prompt_texts, args, work, version, quant)
                 if b == "vulkan" and not r["gpu"]:
                     print("llama.cpp: no GPU device ran the -ngl 99 run (backend reported: "
                           f"{r['backend']}); skipping that row", file=sys.stderr)
