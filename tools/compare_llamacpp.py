@@ -380,8 +380,9 @@ def llama_version(tools: dict) -> str:
         m = re.search(r"version:\s*(\d+)\s*\(([0-9a-f]+)\)", p.stdout + p.stderr)
         if m:
             return f"llama.cpp b{m.group(1)} ({m.group(2)})"
-        # e.g. "version: 0.5.0-dev (build 1, commit 0c1e570)" (builds without git history)
-        m = re.search(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*([0-9a-f]+)\)",
+        # e.g. "version: 0.5.0-dev (build 1, commit 0c1e570)" (builds without git history; a
+        # source tree without .git, e.g. llama-cpp-python's vendor/llama.cpp: "commit unknown")
+        m = re.search(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*(\w+)\)",
                       p.stdout + p.stderr)
         if m:
             return f"llama.cpp {m.group(1)} b{m.group(2)} ({m.group(3)})"
@@ -437,7 +438,7 @@ def run_llama_bench(tools, q4: Path, ngl: int, p_tokens: int, args, work: Path,
         raise ToolError(f"llama-bench printed no generation test: {rows}")
     any_row = tg or pp
     backends = str(any_row.get("backends") or any_row.get("backend") or "?")
-    if any_row.get("build_commit"):
+    if any_row.get("build_commit") and any_row["build_commit"] != "unknown":
         version = f"llama.cpp b{any_row.get('build_number', '?')} ({any_row['build_commit']})"
     gpu_info = str(any_row.get("gpu_info") or "")
     device = gpu_info or any_row.get("devices") or ""
