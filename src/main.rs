@@ -76,7 +76,7 @@ enum Cmd {
     /// Print a checkpoint's tensors by class, with element counts, bytes per format and the
     /// weights resident on the GPU.
     Inspect {
-        /// Model directory (a Hugging Face checkpoint or a converted one).
+        /// Model directory (a Hugging Face checkpoint or a converted one), or a GGUF file.
         model: PathBuf,
         /// Print the numbers as one JSON object instead of a table.
         #[arg(long)]
@@ -134,7 +134,8 @@ enum Cmd {
 
 #[derive(Args)]
 struct KernelsArgs {
-    /// A model directory or its config.json (e.g. models/configs/qwen3-30b-a3b.json).
+    /// A model directory, its config.json (e.g. models/configs/qwen3-30b-a3b.json), or a
+    /// GGUF file (its header is enough).
     model: PathBuf,
     /// The device class whose kernel plan is reported.
     #[arg(long, value_enum, default_value = "discrete")]
@@ -270,7 +271,8 @@ struct PlanArgs {
 
 #[derive(Args)]
 struct EvalArgs {
-    /// Hugging Face checkpoint directory (f16 experts need the original weights).
+    /// Hugging Face checkpoint directory (f16 experts need the original weights), or a GGUF
+    /// file (its weights decoded to f16 are the reference).
     model: PathBuf,
     /// Prompt text the comparison starts from (`-` reads it from stdin).
     #[arg(short, long, conflicts_with_all = ["prompt_ids", "file"])]
@@ -629,7 +631,7 @@ struct LoadArgs {
 
 #[derive(Args)]
 struct ChatArgs {
-    /// Model directory (config.json, tokenizer.json, *.safetensors).
+    /// Model directory (config.json, tokenizer.json, *.safetensors), or a GGUF file.
     model: PathBuf,
     /// A system message that starts the conversation (kept by /reset and context shift).
     #[arg(long, value_name = "TEXT")]
@@ -648,7 +650,7 @@ struct ChatArgs {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Model directory (config.json, tokenizer.json, *.safetensors).
+    /// Model directory (config.json, tokenizer.json, *.safetensors), or a GGUF file.
     model: PathBuf,
     /// Address to listen on (a non-loopback one exposes the model to the network).
     #[arg(long, default_value = "127.0.0.1")]

@@ -71,7 +71,7 @@ pub(crate) struct SynthArgs {
 
 #[derive(Args)]
 pub(crate) struct BenchArgs {
-    /// Model directory.
+    /// Model directory, or a GGUF file.
     pub(crate) model: PathBuf,
     /// Use the first N prompts of the built-in set (1..=12).
     #[arg(long, default_value_t = 12)]
