@@ -1,5 +1,5 @@
 //! The dense kernels (embed, rmsnorm, the f16 matmuls: storage, one-token uniform window,
-//! multi-token windows) against their CPU references (`wgmoe::cpu_ref`) on seeded random
+//! multi-token windows, and the greedy argmax) against their CPU references (`wgmoe::cpu_ref`) on seeded random
 //! inputs and awkward shapes. Programs are built by the forward pass's op builders
 //! (`wgmoe::model::ops`); where a case needs a kernel parameter a builder does not expose
 //! (strides, last-token rmsnorm) that one op is built or patched directly. Runs on
@@ -574,4 +574,165 @@ fn window_tokens_respects_size_and_alignment() {
             "row {row}: {tw}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// argmax
+
+fn argmax_case(
+    dev: &Device,
+    what: &str,
+    logits: &[f32],
+    n: usize,
+    last_row: bool,
+    suppress: &[u32],
+) -> u32 {
+    let rows = logits.len() / n;
+    let step = dev.step_buffer(0, rows).unwrap();
+    let lb = f32_buf(dev, logits);
+    let token = u32_buf(dev, &[u32::MAX - 1; 4]);
+    let mut sup = [0u32; 4];
+    sup[..suppress.len()].copy_from_slice(suppress);
+    // Entries past n_suppress must be ignored: fill them with the row's true argmax.
+    let row = if last_row {
+        &logits[(rows - 1) * n..]
+    } else {
+        &logits[..n]
+    };
+    let unsuppressed = cpu_ref::argmax(row, &[]);
+    for s in sup.iter_mut().skip(suppress.len()) {
+        *s = unsuppressed;
+    }
+    let mut prog = Program::default();
+    ops::argmax(
+        &mut prog,
+        &ArgmaxParams {
+            n: n as u32,
+            n_suppress: suppress.len() as u32,
+            row_stride: n as u32,
+            flags: if last_row { flags::ARGMAX_LAST_ROW } else { 0 },
+            suppress: sup,
+        },
+        &lb,
+        &token,
+    );
+    run(dev, prog, &step, rows);
+    let got = read_u32(dev, &token, 1)[0];
+    // A row holding NaN or ±inf is flagged with u32::MAX (the host reports the step).
+    let want = if row.iter().any(|x| !x.is_finite()) {
+        u32::MAX
+    } else {
+        cpu_ref::argmax(row, suppress)
+    };
+    eprintln!("argmax {what}: gpu {got} cpu {want}");
+    assert_eq!(
+        got, want,
+        "argmax {what}: n {n} rows {rows} last_row {last_row} suppress {suppress:?}"
+    );
+    got
+}
+
+#[test]
+fn argmax_matches_cpu() {
+    let dev = device(None);
+    let mut rng = Rng::new(1000);
+    for &n in &[1usize, 5, 255, 256, 257, 1000, 3001] {
+        let logits = rng.vec(n, 10.0);
+        argmax_case(&dev, &format!("random n {n}"), &logits, n, false, &[]);
+    }
+    let logits = rng.vec(5 * 700, 10.0);
+    argmax_case(&dev, "last of 5 rows", &logits, 700, true, &[]);
+}
+
+#[test]
+fn argmax_ties_and_suppression() {
+    let dev = device(None);
+    let mut rng = Rng::new(1001);
+    let n = 3001;
+    let mut logits = rng.vec(n, 10.0);
+    for i in [17, 300, 2999] {
+        logits[i] = 20.0;
+    }
+    assert_eq!(argmax_case(&dev, "tie", &logits, n, false, &[]), 17);
+    assert_eq!(
+        argmax_case(&dev, "tie, first suppressed", &logits, n, false, &[17]),
+        300
+    );
+    assert_eq!(
+        argmax_case(
+            &dev,
+            "tie, all suppressed",
+            &logits,
+            n,
+            false,
+            &[2999, 17, 300]
+        ),
+        cpu_ref::argmax(&logits, &[17, 300, 2999])
+    );
+    argmax_case(
+        &dev,
+        "four suppressed",
+        &logits,
+        n,
+        false,
+        &[300, 17, 0, 2999],
+    );
+    // Ties across lanes of the reduction: equal maxima at indices 255, 256 and 511.
+    let mut flat = vec![1.0f32; 600];
+    for i in [511, 256, 255] {
+        flat[i] = 2.0;
+    }
+    assert_eq!(
+        argmax_case(&dev, "cross-lane tie", &flat, 600, false, &[]),
+        255
+    );
+    assert_eq!(
+        argmax_case(&dev, "all equal", &[3.0; 300], 300, false, &[0]),
+        1
+    );
+    // Rows: the last one decides, suppression applies to it.
+    let mut rows = rng.vec(3 * 40, 1.0);
+    rows[2 * 40 + 7] = 5.0;
+    rows[2 * 40 + 9] = 4.0;
+    rows[9] = 9.0;
+    assert_eq!(
+        argmax_case(&dev, "last row, suppressed", &rows, 40, true, &[7]),
+        9
+    );
+}
+
+/// A row holding NaN or ±inf (the model's numbers broke down) must not yield a token:
+/// the kernel writes u32::MAX, which the host turns into an error naming the step (and it
+/// never submits a step after it). A finite row with a suppressed best id still gives the
+/// best unsuppressed one.
+#[test]
+fn argmax_flags_non_finite_rows() {
+    let dev = device(None);
+    let neg = vec![f32::NEG_INFINITY; 300];
+    argmax_case(&dev, "all -inf", &neg, 300, false, &[]);
+    argmax_case(&dev, "all -inf, first suppressed", &neg, 300, false, &[0]);
+    let mut one = vec![0.5f32; 300];
+    one[0] = 1.0;
+    assert_eq!(
+        argmax_case(&dev, "finite, best suppressed", &one, 300, false, &[0]),
+        1
+    );
+    argmax_case(&dev, "all NaN", &[f32::NAN; 300], 300, false, &[]);
+    for (bad, at) in [
+        (f32::NAN, 299usize),
+        (f32::INFINITY, 7),
+        (f32::NEG_INFINITY, 128),
+    ] {
+        let mut row = vec![0.25f32; 300];
+        row[at] = bad;
+        let got = argmax_case(&dev, &format!("{bad} at {at}"), &row, 300, false, &[]);
+        assert_eq!(got, u32::MAX);
+    }
+    // Only the row read counts (the last of 3).
+    let mut rows = vec![f32::NAN; 600];
+    rows.extend((0..300).map(|i| i as f32));
+    assert_eq!(
+        argmax_case(&dev, "NaN rows before the last", &rows, 300, true, &[]),
+        299
+    );
 }
