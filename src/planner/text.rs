@@ -49,10 +49,12 @@ pub fn render(r: &PlanReport) -> String {
         params(r.routed_parameters)
     );
     let _ = writeln!(o);
-    let _ = writeln!(
-        o,
-        "Weights on the GPU (f16, rows padded to 8 halves; routed experts INT4)"
-    );
+    let dense = if r.dense_precision == "q8_0" {
+        "dense weights q8_0 (blocks of 32, an f16 scale each), router, norms and embeddings f16"
+    } else {
+        "f16, rows padded to 8 halves"
+    };
+    let _ = writeln!(o, "Weights on the GPU ({dense}; routed experts INT4)");
     let _ = writeln!(
         o,
         "  {:<22} {:>8} {:>12} {:>30}",
