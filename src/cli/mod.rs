@@ -266,11 +266,10 @@ pub fn gguf_note(model: &Path, experts: ExpertPrecision, dense: DensePrecision) 
         return;
     }
     if let Ok(g) = wgmoe::gguf::GgufModel::open_header(model) {
-        let i = wgmoe::insight::inspect::inspect_gguf(&g);
         eprintln!(
             "note: {}",
             wgmoe::insight::inspect::gguf_load_note(
-                &i,
+                &g,
                 experts == ExpertPrecision::Int4,
                 dense == DensePrecision::Q8_0
             )

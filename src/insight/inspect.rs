@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::format::convert::is_converted;
 use crate::format::quant::Q4SlotLayout;
+use crate::gguf::GgmlType;
 use crate::model::tensors::ExpertPool;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -407,39 +408,66 @@ pub fn gguf_table(i: &GgufInspection) -> String {
     o
 }
 
-/// What loading does with a GGUF model's block types, one line for `run`, `chat`, `serve`
-/// and `bench` to print: each class's types and the form they take on the device. wgmoe
-/// computes Q8_0 dense blocks as stored; other block types are decoded on the CPU at load
-/// time (no in-kernel K-quant or Q4_0 kernels yet) and stored in wgmoe's own formats.
-pub fn gguf_load_note(i: &GgufInspection, int4_experts: bool, q8_dense: bool) -> String {
-    let float = |t: &str| matches!(t, "f32" | "f16" | "bf16");
-    let mut parts = Vec::new();
-    for (c, s) in &i.classes {
-        let (to, kept) = match c {
-            TensorClass::RoutedExperts if int4_experts => ("INT4", None),
-            TensorClass::RoutedExperts => ("f16", Some("f16")),
-            TensorClass::Router | TensorClass::Norms | TensorClass::Embeddings => {
-                ("f16", Some("f16"))
-            }
-            _ if q8_dense => ("Q8_0", Some("q8_0")),
-            _ => ("f16", Some("f16")),
-        };
-        // Only what changes form is listed.
-        let changed: Vec<String> = s
-            .types
-            .iter()
-            .filter(|(t, _)| Some(t.as_str()) != kept && !(float(t) && to == "f16"))
-            .map(|(t, n)| format!("{t} x{n}"))
-            .collect();
-        if changed.is_empty() {
+/// What loading does with a GGUF model's block types, one line for `run`, `chat` and
+/// `serve` to print: per class, the types of the matrices that change form and the form
+/// they take on the device. wgmoe computes Q8_0 dense blocks as stored; other block types
+/// are decoded on the CPU at load time (no in-kernel K-quant or Q4_0 kernels yet) and
+/// stored in wgmoe's own formats. Vectors (norms, biases) and the gates (router, shared
+/// expert gate) are kept as floats and not listed.
+pub fn gguf_load_note(
+    model: &crate::gguf::GgufModel,
+    int4_experts: bool,
+    q8_dense: bool,
+) -> String {
+    let float = |t: GgmlType| matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+    let mut changed: BTreeMap<TensorClass, BTreeMap<String, usize>> = BTreeMap::new();
+    for name in model.names() {
+        let Some(info) = model.info(name) else {
             continue;
+        };
+        let class = classify_gguf(name);
+        let matrix = info.ne.get(1).is_some_and(|&r| r > 1);
+        let gate = name.contains("ffn_gate_inp");
+        let to_q8 = match class {
+            TensorClass::RoutedExperts => false,
+            TensorClass::Router | TensorClass::Norms | TensorClass::Embeddings => false,
+            _ => q8_dense && matrix && !gate,
+        };
+        let kept = match class {
+            TensorClass::RoutedExperts if int4_experts => false,
+            TensorClass::RoutedExperts => float(info.ggml_type),
+            _ if to_q8 => info.ggml_type == GgmlType::Q8_0,
+            // Stored as f16 (or f32 vectors): floats keep their values.
+            _ => float(info.ggml_type),
+        };
+        if !kept {
+            *changed
+                .entry(class)
+                .or_default()
+                .entry(info.ggml_type.name().to_string())
+                .or_default() += 1;
         }
-        let name = serde_json::to_value(c)
-            .ok()
-            .and_then(|v| v.as_str().map(|s| s.replace('_', " ")))
-            .unwrap_or_default();
-        parts.push(format!("{name} {} -> {to}", changed.join(", ")));
     }
+    let parts: Vec<String> = changed
+        .iter()
+        .map(|(c, types)| {
+            let to = match c {
+                TensorClass::RoutedExperts if int4_experts => "INT4",
+                TensorClass::RoutedExperts
+                | TensorClass::Router
+                | TensorClass::Norms
+                | TensorClass::Embeddings => "f16",
+                _ if q8_dense => "Q8_0",
+                _ => "f16",
+            };
+            let name = serde_json::to_value(c)
+                .ok()
+                .and_then(|v| v.as_str().map(|s| s.replace('_', " ")))
+                .unwrap_or_default();
+            let list: Vec<String> = types.iter().map(|(t, n)| format!("{t} x{n}")).collect();
+            format!("{name} {} -> {to}", list.join(", "))
+        })
+        .collect();
     if parts.is_empty() {
         return "GGUF tensors used in their stored types".to_string();
     }
