@@ -40,7 +40,8 @@ enum Cmd {
         #[arg(long)]
         measure: bool,
     },
-    /// Generate text from a Hugging Face checkpoint directory (or a converted one).
+    /// Generate text from a Hugging Face checkpoint directory (or a converted one) or a
+    /// GGUF file.
     Run(RunArgs),
     /// Chat in the terminal with the model loaded once: the chat template, streaming
     /// answers, the KV cache reused across turns; /reset, /stats, /exit.
@@ -73,8 +74,8 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "q8_0")]
         dense_precision: DensePrecision,
     },
-    /// Print a checkpoint's tensors by class, with element counts, bytes per format and the
-    /// weights resident on the GPU.
+    /// Print a checkpoint's (or a GGUF file's) tensors by class, with element counts, bytes
+    /// per format and the weights resident on the GPU.
     Inspect {
         /// Model directory (a Hugging Face checkpoint or a converted one), or a GGUF file.
         model: PathBuf,

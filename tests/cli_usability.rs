@@ -128,7 +128,8 @@ fn a_file_or_an_empty_directory_is_explained() {
         );
         let r = wgmoe(args(&gguf));
         if sub != "quantize" {
-            // run, bench and inspect read GGUF files: this one is cut short after its magic.
+            // run, bench and inspect read GGUF files (quantize does not): this one is cut short after
+            // its magic.
             assert_error(&r, &["model-q4_0.gguf", "truncated", "the version"]);
         } else {
             assert_error(

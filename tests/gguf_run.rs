@@ -204,6 +204,11 @@ fn q8_0_files_run_their_dense_blocks_as_stored() {
 
 /// The largest |a - b| over two sets of logit rows.
 fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len(), "rows");
+    assert!(
+        a.iter().zip(b).all(|(x, y)| x.len() == y.len()),
+        "row lengths"
+    );
     a.iter()
         .zip(b)
         .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
@@ -317,8 +322,9 @@ fn the_cli_runs_a_gguf_file_greedy_as_llama_cpp() {
     assert_eq!(json_ids(&v, "generated_ids"), want, "{v}");
 }
 
-/// `--tokenizer FILE` replaces the GGUF's own tokenizer; one with more tokens than the
-/// model, or a missing file, is refused naming the option.
+/// `--tokenizer FILE` replaces the GGUF's own tokenizer, also where wgmoe refuses the
+/// file's; one with ids beyond the model's vocabulary, or a missing file, is refused
+/// naming the option.
 #[test]
 fn tokenizer_override_replaces_the_files_tokenizer() {
     use common::cli::{assert_error, ids as json_ids, json_of, s, wgmoe};
@@ -354,8 +360,33 @@ fn tokenizer_override_replaces_the_files_tokenizer() {
             && r.stderr.contains("lm head q6_K x1 -> Q8_0"),
         "{r}"
     );
+    // A file whose own tokenizer wgmoe refuses (a pre-tokenizer name it does not know)
+    // runs with --tokenizer: the file's own is then not built.
+    let mut bytes = std::fs::read(dir("qwen3moe").join("qwen3moe-Q4_K_M.gguf")).unwrap();
+    let key = b"tokenizer.ggml.pre";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    // The value: type (u32, 8 = string), length (u64), the bytes.
+    assert_eq!(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()), 8);
+    let n = u64::from_le_bytes(bytes[at + 4..at + 12].try_into().unwrap()) as usize;
+    bytes[at + 12..at + 12 + n].fill(b'z');
+    let unknown = tmp.path().join("unknown-pre.gguf");
+    std::fs::write(&unknown, &bytes).unwrap();
+    let plain = wgmoe(["run", &s(&unknown), "-p", "hello world", "-n", "1"]);
+    assert_error(&plain, &["tokenizer.ggml.pre", "not supported"]);
+    let v = json_of(&wgmoe([
+        "run",
+        &s(&unknown),
+        "-p",
+        "hello world",
+        "-n",
+        "1",
+        "--tokenizer",
+        &s(&tok),
+        "--json",
+    ]));
+    assert_eq!(json_ids(&v, "prompt_ids"), vec![5, 7], "{v}");
     let big = s(&fixture("qwen3moe-tiny").join("tokenizer.json"));
-    assert_error(&run(&big), &["--tokenizer", "2048 tokens", "512"]);
+    assert_error(&run(&big), &["--tokenizer", "ids up to 2047", "512"]);
     assert_error(
         &run("/nonexistent/tokenizer.json"),
         &["--tokenizer", "no such file"],

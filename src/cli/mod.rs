@@ -52,30 +52,38 @@ pub fn open_host(
     Option<wgmoe::config::GenerationConfig>,
     Option<wgmoe::format::tokenizer::Tokenizer>,
 )> {
-    let (cfg, gen, tok) = Engine::open_host(model)?;
     let Some(file) = tokenizer else {
-        return Ok((cfg, gen, tok));
+        return Engine::open_host(model);
     };
+    // The model's own tokenizer is not built: it may be one wgmoe cannot build.
+    let (cfg, gen) = Engine::open_config(model)?;
+    let t = tokenizer_override(model, file)?;
+    // Ids beyond the embedding rows would index past the model.
+    if let Some(max) = t.max_id().filter(|&m| m as usize >= cfg.vocab_size) {
+        return Err(Error::option(
+            "--tokenizer",
+            format!(
+                "{} has token ids up to {max}, beyond the model's vocabulary of {}",
+                file.display(),
+                cfg.vocab_size
+            ),
+        ));
+    }
+    Ok((cfg, gen, Some(t)))
+}
+
+/// The tokenizer of `--tokenizer FILE` for `model`.
+pub fn tokenizer_override(
+    model: &Path,
+    file: &Path,
+) -> Result<wgmoe::format::tokenizer::Tokenizer> {
     if !file.is_file() {
         return Err(Error::option(
             "--tokenizer",
             format!("{}: no such file", file.display()),
         ));
     }
-    let t = wgmoe::gguf::tokenizer::override_for(model, file)?;
-    // Ids beyond the embedding rows would index past the model.
-    if t.vocab_size() > cfg.vocab_size {
-        return Err(Error::option(
-            "--tokenizer",
-            format!(
-                "{} has {} tokens, more than the model's vocabulary of {}",
-                file.display(),
-                t.vocab_size(),
-                cfg.vocab_size
-            ),
-        ));
-    }
-    Ok((cfg, gen, Some(t)))
+    wgmoe::gguf::tokenizer::override_for(model, file)
 }
 
 /// The engine of `chat` and `serve`, with a KV cache of `ctx` positions; says what it
@@ -85,7 +93,11 @@ pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize, batch: usize) -> R
         return Err(Error::option("--prefill-chunk", "must be at least 1"));
     }
     let adapter = load.gpu.request()?;
-    let engine = Engine::load(
+    let tokenizer = match &load.tokenizer {
+        Some(f) => Some(tokenizer_override(model, f)?),
+        None => None,
+    };
+    let engine = Engine::load_with(
         model,
         &EngineOptions {
             residency: load.residency.options()?,
@@ -100,6 +112,7 @@ pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize, batch: usize) -> R
             all_logits: false,
             batch,
         },
+        tokenizer,
     )
     .map_err(|e| match e {
         // Engine::load names `run`'s option for a context beyond the model's.
@@ -257,8 +270,6 @@ pub fn software_line(adapter: &str) -> String {
     )
 }
 
-/// Say so on stderr when the adapter is a software one (lavapipe, WARP...) that was picked
-/// because no GPU was found (not asked for with --adapter).
 /// For a GGUF model, which of its tensors were decoded and stored anew at load time (the
 /// block types wgmoe does not compute in place), on stderr.
 pub fn gguf_note(model: &Path, experts: ExpertPrecision, dense: DensePrecision) {
@@ -277,6 +288,8 @@ pub fn gguf_note(model: &Path, experts: ExpertPrecision, dense: DensePrecision) 
     }
 }
 
+/// Say so on stderr when the adapter is a software one (lavapipe, WARP...) that was picked
+/// because no GPU was found (not asked for with --adapter).
 pub fn software_note(dev: &Device, req: &DeviceRequest) {
     if dev.info().device_type == DeviceType::Cpu && req.adapter.is_none() {
         eprintln!("{}", software_line(&dev.info().name));

@@ -181,7 +181,13 @@ pub fn run(a: RunArgs) -> Result<()> {
     let adapter = a.gpu.request()?;
     let mut residency = a.residency.options()?;
     residency.record_profile = a.write_profile.is_some();
-    let mut engine = Engine::load(
+    // With --tokenizer, the engine takes that tokenizer instead of building the model's.
+    let given = if a.tokenizer.is_some() {
+        tok.take()
+    } else {
+        None
+    };
+    let mut engine = Engine::load_with(
         &a.model,
         &EngineOptions {
             residency,
@@ -196,6 +202,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             all_logits: false,
             batch: 1,
         },
+        given,
     )?;
     eprintln!(
         "loaded {} in {:.2}s on {} ({}, {})",

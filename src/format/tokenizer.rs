@@ -190,6 +190,11 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The largest token id (ids need not be dense: a vocabulary may skip some).
+    pub fn max_id(&self) -> Option<u32> {
+        self.inner.get_vocab(true).values().copied().max()
+    }
+
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }

@@ -56,7 +56,7 @@ pub struct GgufFile {
     data_offset: u64,
     /// Bytes of the KV section (the identity of the model's metadata).
     kv_range: Range<usize>,
-    /// Opened for its header only (`open_header`): the tensors' data is not there.
+    /// Opened for its header only (`open_header`): the tensors' data need not be there.
     header_only: bool,
 }
 
@@ -140,10 +140,13 @@ impl GgufFile {
     /// The bytes of tensor `t` (validated at open: in bounds); empty for a header-only
     /// file when they are not all there.
     pub fn data(&self, t: &TensorInfo) -> &[u8] {
-        let start = (self.data_offset + t.offset) as usize;
-        self.map
-            .get(start..start + t.nbytes as usize)
-            .unwrap_or_default()
+        // Checked: a header-only file's offsets are not bounded by its length.
+        let start = usize::try_from(self.data_offset.saturating_add(t.offset)).ok();
+        let end = start.and_then(|s| s.checked_add(usize::try_from(t.nbytes).ok()?));
+        match (start, end) {
+            (Some(s), Some(e)) => self.map.get(s..e).unwrap_or_default(),
+            _ => &[],
+        }
     }
 }
 

@@ -212,6 +212,29 @@ pub fn from_metadata(meta: &Metadata) -> Result<Tokenizer> {
     inner.add_special_tokens(&special);
     inner.add_tokens(&user);
 
+    let sp = specials(meta, default_add_bos)?;
+    Ok(Tokenizer::from_parts(
+        inner,
+        sp.bos,
+        sp.eos,
+        Some(sp.add_bos),
+        sp.template,
+        sp.source,
+    ))
+}
+
+/// The tokenizer's specials in the metadata: the bos/eos texts, whether a BOS is added
+/// (`default_add_bos` where the metadata does not say) and the chat template.
+struct Specials {
+    bos: Option<String>,
+    eos: Option<String>,
+    add_bos: bool,
+    template: Option<String>,
+    source: Option<std::path::PathBuf>,
+}
+
+fn specials(meta: &Metadata, default_add_bos: bool) -> Result<Specials> {
+    let tokens = meta.opt_str_array(KEY_TOKENS)?.unwrap_or_default();
     let tok_text = |key: &str| -> Result<Option<String>> {
         match meta.opt_u32(key)? {
             None => Ok(None),
@@ -236,14 +259,13 @@ pub fn from_metadata(meta: &Metadata) -> Result<Tokenizer> {
     }
     let template = meta.opt_str(KEY_TEMPLATE)?.map(str::to_string);
     let source = template.as_ref().map(|_| meta.path().to_path_buf());
-    Ok(Tokenizer::from_parts(
-        inner,
+    Ok(Specials {
         bos,
         eos,
-        Some(add_bos),
+        add_bos,
         template,
         source,
-    ))
+    })
 }
 
 /// `--tokenizer FILE`: a tokenizer.json replaces the file's tokenizer. With a
@@ -256,17 +278,30 @@ pub fn with_override(model: &GgufModel, file: &Path) -> Result<Tokenizer> {
     }
     let inner = tokenizers::Tokenizer::from_file(file)
         .map_err(|e| Error::Tokenizer(format!("{}: cannot load: {e}", file.display())))?;
+    // The file's own tokenizer is not built: it may be one wgmoe cannot build, which is
+    // what an override is for. Its specials are read from the metadata.
     let meta = model.metadata();
-    let from_gguf = from_metadata(meta)?;
-    let template = from_gguf.chat_template().map(str::to_string);
-    let source = template.as_ref().map(|_| meta.path().to_path_buf());
+    let kind = meta.opt_str(KEY_MODEL)?.unwrap_or("");
+    let sp = specials(meta, kind == "llama")?;
+    if sp.add_bos {
+        let bos = sp.bos.as_deref().unwrap_or_default();
+        if inner.token_to_id(bos).is_none() {
+            return Err(Error::option(
+                "--tokenizer",
+                format!(
+                    "{}: the model's BOS token {bos:?}, added to every prompt, is not in it; put a tokenizer_config.json beside it that says which specials it has",
+                    file.display()
+                ),
+            ));
+        }
+    }
     Ok(Tokenizer::from_parts(
         inner,
-        from_gguf.bos_token().map(str::to_string),
-        from_gguf.eos_token().map(str::to_string),
-        from_gguf.add_bos_token(),
-        template,
-        source,
+        sp.bos,
+        sp.eos,
+        Some(sp.add_bos),
+        sp.template,
+        sp.source,
     ))
 }
 

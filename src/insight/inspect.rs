@@ -410,16 +410,16 @@ pub fn gguf_table(i: &GgufInspection) -> String {
 
 /// What loading does with a GGUF model's block types, one line for `run`, `chat` and
 /// `serve` to print: per class, the types of the matrices that change form and the form
-/// they take on the device. wgmoe computes Q8_0 dense blocks as stored; other block types
-/// are decoded on the CPU at load time (no in-kernel K-quant or Q4_0 kernels yet) and
-/// stored in wgmoe's own formats. Vectors (norms, biases) and the gates (router, shared
-/// expert gate) are kept as floats and not listed.
+/// they take on the device. wgmoe computes Q8_0 dense blocks as stored (a Q8_0 part of a
+/// matrix fused with other types is quantised again from its values, which gives the
+/// same blocks); other block types are decoded on the CPU at load time (no in-kernel
+/// K-quant or Q4_0 kernels yet) and stored in wgmoe's own formats. Vectors (norms,
+/// biases) and the gates (router, shared expert gate) are not listed.
 pub fn gguf_load_note(
     model: &crate::gguf::GgufModel,
     int4_experts: bool,
     q8_dense: bool,
 ) -> String {
-    let float = |t: GgmlType| matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
     let mut changed: BTreeMap<TensorClass, BTreeMap<String, usize>> = BTreeMap::new();
     for name in model.names() {
         let Some(info) = model.info(name) else {
@@ -427,18 +427,17 @@ pub fn gguf_load_note(
         };
         let class = classify_gguf(name);
         let matrix = info.ne.get(1).is_some_and(|&r| r > 1);
-        let gate = name.contains("ffn_gate_inp");
-        let to_q8 = match class {
-            TensorClass::RoutedExperts => false,
-            TensorClass::Router | TensorClass::Norms | TensorClass::Embeddings => false,
-            _ => q8_dense && matrix && !gate,
-        };
+        if !matrix || name.contains("ffn_gate_inp") {
+            continue;
+        }
         let kept = match class {
             TensorClass::RoutedExperts if int4_experts => false,
-            TensorClass::RoutedExperts => float(info.ggml_type),
-            _ if to_q8 => info.ggml_type == GgmlType::Q8_0,
-            // Stored as f16 (or f32 vectors): floats keep their values.
-            _ => float(info.ggml_type),
+            TensorClass::RoutedExperts
+            | TensorClass::Router
+            | TensorClass::Norms
+            | TensorClass::Embeddings => info.ggml_type == GgmlType::F16,
+            _ if q8_dense => info.ggml_type == GgmlType::Q8_0,
+            _ => info.ggml_type == GgmlType::F16,
         };
         if !kept {
             *changed

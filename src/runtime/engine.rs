@@ -277,11 +277,9 @@ pub fn eos_ids(cfg: &ModelConfig, gen: Option<&GenerationConfig>) -> Vec<u32> {
     v
 }
 
-/// `Engine::open_host` of a GGUF model: the config, the end-of-generation ids and the
-/// tokenizer from its metadata (the tensors are checked when the checkpoint opens).
-fn open_gguf_host(
-    path: &Path,
-) -> Result<(ModelConfig, Option<GenerationConfig>, Option<Tokenizer>)> {
+/// `Engine::open_config` of a GGUF model: the config and the end-of-generation ids from
+/// its metadata (the tensors are checked when the checkpoint opens).
+fn gguf_config(path: &Path) -> Result<(ModelConfig, Option<GenerationConfig>)> {
     let model = crate::gguf::GgufModel::open(path)?;
     let cfg = crate::gguf::model_config(&model)?;
     let meta = model.metadata();
@@ -296,8 +294,7 @@ fn open_gguf_host(
         top_p: None,
         do_sample: None,
     };
-    let tokenizer = crate::gguf::tokenizer::tokenizer(&model)?;
-    Ok((cfg, Some(generation), Some(tokenizer)))
+    Ok((cfg, Some(generation)))
 }
 
 impl Engine {
@@ -305,8 +302,14 @@ impl Engine {
     pub fn open_host(
         dir: &Path,
     ) -> Result<(ModelConfig, Option<GenerationConfig>, Option<Tokenizer>)> {
+        let (cfg, generation) = Self::open_config(dir)?;
+        Ok((cfg, generation, Self::own_tokenizer(dir)?))
+    }
+
+    /// `open_host` without the tokenizer: the config and generation settings.
+    pub fn open_config(dir: &Path) -> Result<(ModelConfig, Option<GenerationConfig>)> {
         if crate::gguf::is_gguf_path(dir) {
-            return open_gguf_host(dir);
+            return gguf_config(dir);
         }
         crate::format::checkpoint::check_model_dir(dir)?;
         let cfg = ModelConfig::from_dir(dir)?;
@@ -318,17 +321,39 @@ impl Engine {
                 &dir.join("generation_config.json"),
             )?;
         }
-        let tokenizer = if dir.join("tokenizer.json").exists() {
-            Some(Tokenizer::from_dir(dir)?)
-        } else {
-            None
-        };
-        Ok((cfg, generation, tokenizer))
+        Ok((cfg, generation))
+    }
+
+    /// The model's own tokenizer: a GGUF's from its metadata, a checkpoint's tokenizer.json
+    /// (None without one).
+    pub fn own_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
+        if crate::gguf::is_gguf_path(dir) {
+            let model = crate::gguf::GgufModel::open_header(dir)?;
+            return Ok(Some(crate::gguf::tokenizer::tokenizer(&model)?));
+        }
+        if dir.join("tokenizer.json").exists() {
+            return Ok(Some(Tokenizer::from_dir(dir)?));
+        }
+        Ok(None)
     }
 
     pub fn load(dir: &Path, opts: &EngineOptions) -> Result<Self> {
+        Self::load_with(dir, opts, None)
+    }
+
+    /// `load` with `tokenizer` in place of the model's own (`--tokenizer`), which is then
+    /// not built: it may be one wgmoe cannot build.
+    pub fn load_with(
+        dir: &Path,
+        opts: &EngineOptions,
+        tokenizer: Option<Tokenizer>,
+    ) -> Result<Self> {
         let t0 = Instant::now();
-        let (cfg, generation, tokenizer) = Self::open_host(dir)?;
+        let (cfg, generation) = Self::open_config(dir)?;
+        let tokenizer = match tokenizer {
+            Some(t) => Some(t),
+            None => Self::own_tokenizer(dir)?,
+        };
         if opts.max_context > cfg.max_position_embeddings {
             return Err(Error::option(
                 "--max-new-tokens",
