@@ -213,14 +213,7 @@ pub fn from_metadata(meta: &Metadata) -> Result<Tokenizer> {
     inner.add_tokens(&user);
 
     let sp = specials(meta, default_add_bos)?;
-    Ok(Tokenizer::from_parts(
-        inner,
-        sp.bos,
-        sp.eos,
-        Some(sp.add_bos),
-        sp.template,
-        sp.source,
-    ))
+    Ok(sp.with(inner))
 }
 
 /// The tokenizer's specials in the metadata: the bos/eos texts, whether a BOS is added
@@ -231,6 +224,20 @@ struct Specials {
     add_bos: bool,
     template: Option<String>,
     source: Option<std::path::PathBuf>,
+}
+
+impl Specials {
+    /// `inner` with these specials.
+    fn with(self, inner: tokenizers::Tokenizer) -> Tokenizer {
+        Tokenizer::from_parts(
+            inner,
+            self.bos,
+            self.eos,
+            Some(self.add_bos),
+            self.template,
+            self.source,
+        )
+    }
 }
 
 fn specials(meta: &Metadata, default_add_bos: bool) -> Result<Specials> {
@@ -295,14 +302,7 @@ pub fn with_override(model: &GgufModel, file: &Path) -> Result<Tokenizer> {
             ));
         }
     }
-    Ok(Tokenizer::from_parts(
-        inner,
-        sp.bos,
-        sp.eos,
-        Some(sp.add_bos),
-        sp.template,
-        sp.source,
-    ))
+    Ok(sp.with(inner))
 }
 
 /// `--tokenizer FILE` for the model at `model`: `with_override` for a GGUF model, the
