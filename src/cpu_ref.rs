@@ -10,7 +10,7 @@ use half::f16;
 
 use crate::error::{Error, Result};
 use crate::format::q8_0::Q8Matrix;
-use crate::format::quant::{Q4Matrix, Q4SlotLayout, BLOCK};
+use crate::format::quant::{Q4Matrix, Q4SlotLayout};
 
 fn need(what: &str, got: usize, want: usize) -> Result<()> {
     if got == want {
@@ -443,15 +443,19 @@ pub fn argmax(logits: &[f32], suppress: &[u32]) -> u32 {
 /// kernels do it: each block of 256 inputs is summed unscaled, `sum (nibble - 8) * x`, and
 /// multiplied by its f16 scale once; but every sum here is in f64, so the result is the
 /// exact value (to f64) and a test measures only the kernels' f32 rounding.
+/// Affine matrices (`Q4Kind::Affine32`) add each block's offset times the block's sum of x.
 fn q4_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
+    let block = m.kind.block();
     let mut acc = 0.0f64;
     for b in 0..m.blocks() {
-        let cols = b * BLOCK..((b + 1) * BLOCK).min(m.inp);
+        let cols = b * block..((b + 1) * block).min(m.inp);
         let mut bs = 0.0f64;
+        let mut xs = 0.0f64;
         for (k, &xk) in cols.clone().zip(&x[cols]) {
             bs += (m.nibble(q, n, k) as i32 - 8) as f64 * xk as f64;
+            xs += xk as f64;
         }
-        acc += m.scale(s, n, b).to_f64() * bs;
+        acc += m.scale(s, n, b).to_f64() * bs + m.offset(s, n, b).to_f64() * xs;
     }
     acc
 }

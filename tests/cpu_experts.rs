@@ -12,7 +12,7 @@ use common::q4::*;
 use common::rng::Rng;
 use wgmoe::backend::cpu::{CpuExperts, ExpertPair};
 use wgmoe::cpu_ref;
-use wgmoe::format::quant::Q4SlotLayout;
+use wgmoe::format::quant::{Q4Kind, Q4SlotLayout};
 
 /// The kernel sums in f32 (16 running sums per 256-input block, FMA where the CPU has it,
 /// one scale multiply per block) what the reference sums in f64, gate/up and down; as the
@@ -74,11 +74,17 @@ fn run_cpu(
     out
 }
 
+/// Block-256 slots, and affine ones (GGUF's 4-bit experts: a block, scale and offset per
+/// 32 columns).
 #[test]
 fn cpu_experts_match_the_reference() {
-    for (i, c) in SHAPES.iter().enumerate() {
+    for (i, (c, kind)) in SHAPES
+        .iter()
+        .flat_map(|c| [(c, Q4Kind::Sym256), (c, Q4Kind::Affine32)])
+        .enumerate()
+    {
         let mut rng = Rng::new(7100 + i as u64);
-        let layout = Q4SlotLayout::new(c.hidden, c.inter);
+        let layout = Q4SlotLayout::with_kind(c.hidden, c.inter, kind);
         let slots: Vec<Vec<u8>> = (0..c.n_experts)
             .map(|_| random_slot(&mut rng, &layout))
             .collect();
@@ -99,8 +105,9 @@ fn cpu_experts_match_the_reference() {
             let want = reference(&layout, &slots, &x, &x0, &pairs);
             check(
                 &format!(
-                    "cpu experts [{}, {threads} threads] H {} I {} T {t} top {} of {}",
+                    "cpu experts [{}, {threads} threads, {}] H {} I {} T {t} top {} of {}",
                     cpu.isa(),
+                    kind.name(),
                     c.hidden,
                     c.inter,
                     c.top_k,

@@ -332,6 +332,9 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
         "qwen2moe-tiny",
         "qwen3moe-tiny",
         "mixtral-tiny",
+        // A GGUF file's Q4_K experts are affine INT4 (the int4-a32 row kernels and expert
+        // GEMM), on the GPU plan only.
+        "gguf/qwen3moe/qwen3moe-Q4_K_M.gguf",
     ] {
         // The GPU plan (a CUDA device's default) in full; of the storage plan, the grouped
         // executor with either reduction: its one-token INT4 steps fuse the combine into
@@ -373,6 +376,9 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
             ),
         ] {
             for &(gpu, executor, portable) in configs {
+                if name.ends_with(".gguf") && (p != "int4" || !gpu) {
+                    continue;
+                }
                 let s = cuda_like(Setup { executor, ..s }, gpu, portable);
                 let mut e = try_load_dir(&fixture(name), 64, s).unwrap();
                 // Fill the buffers (activations, KV cache) with a real prefill and decode.

@@ -43,3 +43,41 @@ fn every_supported_type_dequantises_as_gguf_py_does() {
     }
     assert_eq!(seen.len(), 10);
 }
+
+/// Q4_0 and Q4_K as affine 4-bit rows (nibble, and A, B per 32 values): A q + B is gguf-py's
+/// value bit for bit, and the affine INT4 matrix packed from them reads back each value
+/// within the f16 rounding of its scale and offset (Q4_0 exactly: s = d, o = 0).
+#[test]
+fn four_bit_types_pack_into_affine_int4_as_they_are() {
+    use wgmoe::format::quant::{Q4Kind, Q4Matrix};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gguf/dequant.gguf");
+    let m = GgufModel::open(&path).unwrap();
+    for t in [GgmlType::Q4_0, GgmlType::Q4_K] {
+        let name = t.name().to_lowercase();
+        let blocks = m.tensor(&format!("{name}.blocks")).unwrap();
+        let want = m.tensor(&format!("{name}.expected")).unwrap().to_f32().unwrap();
+        let a = wgmoe::gguf::dequant::affine4(t, blocks.data).unwrap().unwrap();
+        assert_eq!(a.nibbles.len(), want.len());
+        assert_eq!(a.blocks.len(), want.len() / 32);
+        for (i, &w) in want.iter().enumerate() {
+            let (am, bm) = a.blocks[i / 32];
+            assert_eq!(am * f32::from(a.nibbles[i]) + bm, w, "{t} element {i}");
+        }
+        let (out, inp) = (3, 512);
+        let q4 = Q4Matrix { out, inp, kind: Q4Kind::Affine32 };
+        let mut q = vec![0u8; q4.q_bytes()];
+        let mut s = vec![0u8; q4.scale_bytes()];
+        q4.pack_affine(&a, &mut q, &mut s);
+        let back = q4.dequantize(&q, &s);
+        for (i, (&b, &w)) in back.iter().zip(&want).enumerate() {
+            let (am, bm) = a.blocks[i / 32];
+            // f16 rounding of s (relative 2^-11, times |q - 8| <= 8) and of o = B + 8A.
+            let tol = (8.0 * am.abs() + (bm + 8.0 * am).abs()) * 2f32.powi(-11) * 1.01;
+            if t == GgmlType::Q4_0 {
+                assert_eq!(b, w, "{t} element {i}");
+            } else {
+                assert!((b - w).abs() <= tol, "{t} element {i}: {b} vs {w} (tol {tol})");
+            }
+        }
+    }
+}

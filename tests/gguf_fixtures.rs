@@ -42,6 +42,7 @@ fn computation(c: &ModelConfig) -> ModelConfig {
         bos_token_id: None,
         eos_token_ids: Vec::new(),
         source_hash: String::new(),
+        expert_q4: wgmoe::format::quant::Q4Kind::Sym256,
         ..c.clone()
     }
 }

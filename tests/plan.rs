@@ -728,7 +728,34 @@ fn a_gguf_header_plans_as_its_published_config() {
             serde_json::from_str(&t).unwrap()
         };
         let (a, b) = (same(args(&gguf), &gguf), same(args(&json), &json));
-        assert_eq!(a, b, "{vram}: the GGUF header plans as the config");
+        // The same model: every figure the expert format does not change is the config's.
+        for k in [
+            "model_type",
+            "num_layers",
+            "moe_layers",
+            "num_experts",
+            "top_k",
+            "parameters",
+            "routed_parameters",
+            "non_routed_bytes",
+            "expert_bytes_f16",
+            "kv_cache_bytes",
+            "workspace_bytes",
+            "dense_precision",
+        ] {
+            assert_eq!(a[k], b[k], "{vram}: {k} of the GGUF header and of the config");
+        }
+        // GGUF experts are held as affine INT4 (its Q4_K blocks as they are), the config's
+        // as wgmoe's block-256 INT4: 5 and 4.0625 bits per weight.
+        use wgmoe::format::quant::{Q4Kind, Q4SlotLayout};
+        let slot = |k| Q4SlotLayout::with_kind(2048, 768, k).bytes as u64;
+        assert_eq!(u(&a, "expert_bytes"), slot(Q4Kind::Affine32), "{vram}");
+        assert_eq!(u(&b, "expert_bytes"), slot(Q4Kind::Sym256), "{vram}");
+        assert_eq!(u(&a, "routed_expert_bytes"), 48 * 128 * slot(Q4Kind::Affine32));
+        assert!(
+            u(&a, "resident_experts_per_layer") <= u(&b, "resident_experts_per_layer"),
+            "{vram}: larger slots cannot fit more experts"
+        );
         assert_eq!(u(&a, "num_experts"), 128);
         assert_eq!(u(&a, "moe_layers"), 48);
         let n = u(&a, "resident_experts_per_layer");

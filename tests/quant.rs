@@ -44,7 +44,7 @@ fn check(name: &str) {
                     .map(|b| u16::from_le_bytes([b[0], b[1]]))
                     .collect();
                 let nb = inp.div_ceil(256);
-                let m = Q4Matrix { out, inp };
+                let m = Q4Matrix::sym(out, inp);
                 let mut pq = vec![0u8; m.q_bytes()];
                 let mut ps = vec![0u8; m.scale_bytes()];
                 m.pack(&w, &mut pq, &mut ps);

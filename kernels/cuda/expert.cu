@@ -178,3 +178,27 @@ extern "C" __global__ void expert_down_q8_wg(ExpertDownParams p, const Step* ste
                                              const u32* ws) {
     down<FmtQ8, WorkgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
 }
+extern "C" __global__ void expert_gate_up_q4a_sg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* ws) {
+    gate_up<FmtQ4A, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_gate_up_q4a_wg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* ws) {
+    gate_up<FmtQ4A, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q4a_sg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w,
+                                              const u32* ws) {
+    down<FmtQ4A, SubgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q4a_wg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w,
+                                              const u32* ws) {
+    down<FmtQ4A, WorkgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}

@@ -223,3 +223,8 @@ extern "C" __global__ void expert_gemm_q8(ExpertGemmParams p, const Step* step, 
                                           float* out, const uint4* w, const u32* ws) {
     expert_gemm<FmtQ8>(p, step, Act{x, x4}, pairs, slot_of, out, Mat{w, ws});
 }
+extern "C" __global__ void expert_gemm_q4a(ExpertGemmParams p, const Step* step, const float* x,
+                                           const float4* x4, const u32* pairs, const u32* slot_of,
+                                           float* out, const uint4* w, const u32* ws) {
+    expert_gemm<FmtQ4A>(p, step, Act{x, x4}, pairs, slot_of, out, Mat{w, ws});
+}

@@ -1,7 +1,8 @@
 // The pieces of the GPU-shaped kernels (matvec.cu, expert.cu, gemm.cu), joined after
 // common.cuh for those files by src/backend/cuda/kernels.rs: the CUDA twins of
-// shaders/common/act_x4.wgsl, fmt_f16.wgsl, fmt_q4.wgsl, fmt_q8.wgsl, q8_unpack.wgsl,
-// scales_staged.wgsl, tile_f16.wgsl, tile_q4.wgsl, tile_q8.wgsl, onehot.wgsl, reduce_sg.wgsl
+// shaders/common/act_x4.wgsl, fmt_f16.wgsl, fmt_q4.wgsl, fmt_q4a.wgsl, fmt_q8.wgsl,
+// q8_unpack.wgsl, scales_staged.wgsl, tile_f16.wgsl, tile_q4.wgsl, tile_q4a.wgsl,
+// tile_q8.wgsl, onehot.wgsl, reduce_sg.wgsl
 // and reduce_wg.wgsl.
 //
 // Thread -> data mapping of the row kernels (as the WGSL): a block of 64 threads serves ROWS
@@ -211,6 +212,54 @@ struct FmtQ4 : BlockScales {
             for (u32 b = 0; b < 4u; b++) {
                 wt[d + b] = ((float)((words[j] >> (8u * b)) & 0xfu) - 8.0f) * s;
                 wt[d + 4u + b] = ((float)((words[j] >> (8u * b + 4u)) & 0xfu) - 8.0f) * s;
+            }
+        }
+    }
+};
+
+// Affine INT4 (src/format/quant.rs, kind int4-a32: GGUF's 4-bit experts as they are;
+// fmt_q4a.wgsl, tile_q4a.wgsl): the nibbles of FmtQ4, and each word one block with an f16
+// scale s and offset o side by side (halves 2c and 2c + 1 of its row), value s (q - 8) + o.
+struct FmtQ4A : BlockScales {
+    static constexpr u32 WORD_COLS = 32u;
+
+    // Word `c` of the row at word `row_word` (its blocks from half `s_half`), dotted with
+    // columns 32c .. 32c + 32 of the activation row at `xb`: s times the nibbles' dot
+    // product plus o times the activations' sum, summed as the WGSL does.
+    static __device__ __forceinline__ float word_dot(const Mat& m, u32 row_word, u32 c, u32 s_half,
+                                                     const Act& a, u32 xb, u32 len) {
+        uint4 q = m.w[row_word + c];
+        u32 k0 = c * 32u;
+        float4 a0 = x_quad(a, xb, k0, len), a1 = x_quad(a, xb, k0 + 4u, len);
+        float4 a2 = x_quad(a, xb, k0 + 8u, len), a3 = x_quad(a, xb, k0 + 12u, len);
+        float4 a4 = x_quad(a, xb, k0 + 16u, len), a5 = x_quad(a, xb, k0 + 20u, len);
+        float4 a6 = x_quad(a, xb, k0 + 24u, len), a7 = x_quad(a, xb, k0 + 28u, len);
+        float d = nib_dot8(q.x, a0, a1) + nib_dot8(q.y, a2, a3) + nib_dot8(q.z, a4, a5) +
+                  nib_dot8(q.w, a6, a7);
+        float4 t = add4(add4(add4(a0, a1), add4(a2, a3)), add4(add4(a4, a5), add4(a6, a7)));
+        float sum = dot4(t, make_float4(1.0f, 1.0f, 1.0f, 1.0f));
+        return scale(m, s_half + 2u * c) * d + scale(m, s_half + 2u * c + 1u) * sum;
+    }
+    // Tiled kernels: word `c` of the row at `row_word` of matrix `mi` as 32 f32 columns
+    // s (q - 8) + o into the shared weight tile `wt` from index `dst`. Zeros when !valid.
+    static __device__ __forceinline__ void stage_word(const Mat& m, const Scales& sc, u32 mi,
+                                                      u32 row_word, u32 c, u32 s_half, float* wt,
+                                                      u32 dst, bool valid) {
+        if (!valid) {
+            for (u32 i = 0; i < 32u; i++) wt[dst + i] = 0.0f;
+            return;
+        }
+        uint4 q = m.w[row_word + c];
+        float s = w_scale(m, sc, mi, s_half + 2u * c);
+        float o = w_scale(m, sc, mi, s_half + 2u * c + 1u);
+        u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (u32 j = 0; j < 4u; j++) {
+            u32 d = dst + j * 8u;
+#pragma unroll
+            for (u32 b = 0; b < 4u; b++) {
+                wt[d + b] = ((float)((words[j] >> (8u * b)) & 0xfu) - 8.0f) * s + o;
+                wt[d + 4u + b] = ((float)((words[j] >> (8u * b + 4u)) & 0xfu) - 8.0f) * s + o;
             }
         }
     }

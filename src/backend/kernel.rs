@@ -90,21 +90,33 @@ pub enum WeightFormat {
     Q4,
     /// Q8_0, ggml's block of 32 int8 with one f16 scale (`format/q8_0.rs`): 16 columns per word.
     Q8,
+    /// Affine INT4, block 32, an f16 scale and offset per block (`quant.rs`, GGUF's 4-bit
+    /// experts): 32 columns per word.
+    Q4A,
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 3] = [WeightFormat::F16, WeightFormat::Q4, WeightFormat::Q8];
+    pub const ALL: [WeightFormat; 4] =
+        [WeightFormat::F16, WeightFormat::Q4, WeightFormat::Q8, WeightFormat::Q4A];
 
     /// The formats of dense (non-routed) weights: f16 and Q8_0.
     pub fn dense(self) -> bool {
-        self != WeightFormat::Q4
+        matches!(self, WeightFormat::F16 | WeightFormat::Q8)
+    }
+
+    /// The format of an INT4 expert pool of `kind`.
+    pub fn int4(kind: crate::format::quant::Q4Kind) -> Self {
+        match kind {
+            crate::format::quant::Q4Kind::Sym256 => WeightFormat::Q4,
+            crate::format::quant::Q4Kind::Affine32 => WeightFormat::Q4A,
+        }
     }
 
     /// Columns of one 16-byte word.
     pub fn word_cols(self) -> usize {
         match self {
             WeightFormat::F16 => 8,
-            WeightFormat::Q4 => 32,
+            WeightFormat::Q4 | WeightFormat::Q4A => 32,
             WeightFormat::Q8 => 16,
         }
     }
@@ -119,6 +131,7 @@ impl WeightFormat {
             WeightFormat::F16 => "f16",
             WeightFormat::Q4 => "int4",
             WeightFormat::Q8 => "q8_0",
+            WeightFormat::Q4A => "int4-a32",
         }
     }
 }
@@ -168,7 +181,7 @@ pub struct RowsVariant {
 }
 
 impl RowsVariant {
-    /// Every variant (3 formats x 2 reductions; a kernel family takes the formats of its
+    /// Every variant (4 formats x 2 reductions; a kernel family takes the formats of its
     /// weights).
     pub fn all() -> Vec<RowsVariant> {
         let mut v = Vec::new();

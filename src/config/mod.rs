@@ -128,9 +128,21 @@ pub struct ModelConfig {
     /// 64-bit FNV-1a of the raw config.json bytes, as 16 hex digits. Identity of the source
     /// model for later checks (e.g. that a converted model matches the checkpoint it came from).
     pub source_hash: String,
+    /// How routed experts are held as INT4: wgmoe's block-256 quantiser for safetensors
+    /// checkpoints, affine block-32 for GGUF files (their 4-bit blocks as they are).
+    pub expert_q4: crate::format::quant::Q4Kind,
 }
 
 impl ModelConfig {
+    /// The INT4 slot of one routed expert (`expert_q4`).
+    pub fn q4_slot(&self) -> crate::format::quant::Q4SlotLayout {
+        crate::format::quant::Q4SlotLayout::with_kind(
+            self.hidden_size,
+            self.moe_intermediate,
+            self.expert_q4,
+        )
+    }
+
     /// Reads and parses `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
@@ -259,6 +271,7 @@ impl ModelConfig {
             bos_token_id,
             eos_token_ids,
             source_hash: fnv1a64_hex(text.as_bytes()),
+            expert_q4: crate::format::quant::Q4Kind::Sym256,
         })
     }
 

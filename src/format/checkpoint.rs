@@ -452,6 +452,29 @@ impl Checkpoint {
         }
     }
 
+    /// One expert projection as affine 4-bit values, when the checkpoint is a GGUF file
+    /// storing it as Q4_0 or Q4_K (wgmoe's affine INT4 experts hold these as they are);
+    /// None otherwise (read it with `read_expert_f32`).
+    pub fn read_expert_affine4(
+        &self,
+        layer: usize,
+        expert: usize,
+        proj: ExpertProj,
+        num_experts: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Option<crate::format::quant::Affine4>> {
+        if !self.gguf {
+            return Ok(None);
+        }
+        let (name, shape, row_start, rows) =
+            self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
+        match row_start {
+            None => self.read_rows_affine4(&name, &shape, 0, shape[0]),
+            Some(r) => self.read_rows_affine4(&name, &shape, r, rows),
+        }
+    }
+
     /// Check that one expert projection exists with the right shape and a readable dtype,
     /// without reading it.
     pub fn check_expert(

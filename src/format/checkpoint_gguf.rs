@@ -124,18 +124,35 @@ impl Checkpoint {
         }))
     }
 
-    /// A GGUF tensor (or rows `(start, n)` of it) decoded to f32 in Hugging Face row order;
-    /// a NaN or infinite value is an error naming the tensor and the element.
-    pub(super) fn gguf_f32(
+    /// Rows `(start, n)` of a GGUF tensor as affine 4-bit values (`crate::gguf::dequant::
+    /// affine4`) when it is stored as Q4_0 or Q4_K, in Hugging Face row order; None for any
+    /// other type (the caller reads it as f32). The full shape must equal `expected_shape`.
+    pub fn read_rows_affine4(
+        &self,
+        name: &str,
+        expected_shape: &[usize],
+        row_start: usize,
+        rows: usize,
+    ) -> Result<Option<crate::format::quant::Affine4>> {
+        let (e, _) = self.checked(name, expected_shape)?;
+        let Some((bytes, ty, _, _)) = self.gguf_rows(e, name, Some((row_start, rows)))? else {
+            return Ok(None);
+        };
+        crate::gguf::dequant::affine4(ty, &bytes).map_err(|m| self.bad(e, name, m))
+    }
+
+    /// The bytes of rows `(start, n)` of a GGUF tensor (all rows with None) in Hugging Face
+    /// row order, its type, its columns and the first row; None when it is not a GGUF
+    /// tensor.
+    fn gguf_rows(
         &self,
         e: &Entry,
         name: &str,
         rows: Option<(usize, usize)>,
-    ) -> Result<Vec<f32>> {
-        let g = e
-            .ggml
-            .as_ref()
-            .ok_or_else(|| self.bad(e, name, "is not a GGUF tensor"))?;
+    ) -> Result<Option<(Cow<'_, [u8]>, GgmlType, usize, usize)>> {
+        let Some(g) = e.ggml.as_ref() else {
+            return Ok(None);
+        };
         let all = self.bytes(e);
         let (n_rows, cols) = match e.shape[..] {
             [r, c] => (r, c),
@@ -149,14 +166,11 @@ impl Checkpoint {
             }
         };
         let row_bytes = all.len() / n_rows.max(1);
-        let owned;
-        let bytes: &[u8] = match g.unpermute_head_dim {
-            Some(d) => {
-                owned =
-                    permute::unpermute_rows(all, row_bytes, d).map_err(|m| self.bad(e, name, m))?;
-                &owned
-            }
-            None => all,
+        let bytes: Cow<'_, [u8]> = match g.unpermute_head_dim {
+            Some(d) => Cow::Owned(
+                permute::unpermute_rows(all, row_bytes, d).map_err(|m| self.bad(e, name, m))?,
+            ),
+            None => Cow::Borrowed(all),
         };
         let (r0, n) = rows.unwrap_or((0, n_rows));
         if r0.checked_add(n).is_none_or(|end| end > n_rows) {
@@ -166,8 +180,25 @@ impl Checkpoint {
                 format!("rows {r0}..{r0}+{n} out of range ({n_rows} rows of {cols})"),
             ));
         }
-        let part = &bytes[r0 * row_bytes..(r0 + n) * row_bytes];
-        let v = crate::gguf::dequant::dequantize(g.ty, part).map_err(|m| self.bad(e, name, m))?;
+        let part = match bytes {
+            Cow::Borrowed(b) => Cow::Borrowed(&b[r0 * row_bytes..(r0 + n) * row_bytes]),
+            Cow::Owned(b) => Cow::Owned(b[r0 * row_bytes..(r0 + n) * row_bytes].to_vec()),
+        };
+        Ok(Some((part, g.ty, cols, r0)))
+    }
+
+    /// A GGUF tensor (or rows `(start, n)` of it) decoded to f32 in Hugging Face row order;
+    /// a NaN or infinite value is an error naming the tensor and the element.
+    pub(super) fn gguf_f32(
+        &self,
+        e: &Entry,
+        name: &str,
+        rows: Option<(usize, usize)>,
+    ) -> Result<Vec<f32>> {
+        let (part, ty, cols, r0) = self
+            .gguf_rows(e, name, rows)?
+            .ok_or_else(|| self.bad(e, name, "is not a GGUF tensor"))?;
+        let v = crate::gguf::dequant::dequantize(ty, &part).map_err(|m| self.bad(e, name, m))?;
         if let Some(i) = v.iter().position(|x| !x.is_finite()) {
             return Err(self.bad(
                 e,
@@ -176,7 +207,7 @@ impl Checkpoint {
                     "element {} is {} (in its {} blocks): wgmoe refuses non-finite weights",
                     r0 * cols + i,
                     v[i],
-                    g.ty
+                    ty
                 ),
             ));
         }

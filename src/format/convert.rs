@@ -28,7 +28,7 @@ pub use crate::format::identity::{
     DenseStorage, FastHasher, DENSE_LAYOUT_KEY, DENSE_PRECISION_KEY, FORMAT, FORMAT_VERSION,
     Q8_0_LAYOUT, ROUNDING,
 };
-use crate::format::quant::Q4SlotLayout;
+use crate::format::quant::{Q4Kind, Q4Matrix, Q4SlotLayout, Q4Source};
 pub use crate::format::safetensors_stream::{PlannedTensor, SafetensorsStream};
 
 const FILES_TO_COPY: [&str; 6] = [
@@ -186,7 +186,7 @@ pub fn stored_q8_blocks<'a>(
 /// Quantise one layer's routed experts into packed slots [E][slot_bytes], on all cores.
 pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Result<Vec<u8>> {
     let (e, h, i) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate);
-    let layout = Q4SlotLayout::new(h, i);
+    let layout = cfg.q4_slot();
     let mut out = vec![0u8; e * layout.bytes];
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -201,27 +201,33 @@ pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Res
                 s.spawn(move || -> Result<()> {
                     for (k, slot) in part.chunks_mut(layout.bytes).enumerate() {
                         let ex = ti * per + k;
-                        let read = |proj: ExpertProj, inp: usize| -> Result<Vec<f32>> {
+                        let read = |proj: ExpertProj, m: Q4Matrix| -> Result<Q4Source> {
+                            // GGUF's 4-bit blocks go into affine slots as they are.
+                            if m.kind == Q4Kind::Affine32 {
+                                if let Some(a) = ckpt.read_expert_affine4(layer, ex, proj, e, h, i)? {
+                                    return Ok(Q4Source::Affine(a));
+                                }
+                            }
                             let w = ckpt.read_expert_f32(layer, ex, proj, e, h, i)?;
-                            if let Some((k, v)) = crate::format::quant::first_unscalable(&w, inp) {
+                            if let Some((k, v)) = m.first_unscalable(&w) {
                                 let (name, path, at) =
                                     ckpt.expert_source(layer, ex, proj, e, h, i)?;
                                 return Err(Error::BadTensor {
                                     path,
                                     name,
                                     msg: format!(
-                                        "element {} is {v}: its INT4 block's f16 scale (max|w| / 7) would be infinite; routed experts hold at most {} in magnitude",
+                                        "element {} is {v}: its INT4 block's f16 scale would be infinite; routed experts hold at most {} in magnitude",
                                         at + k,
-                                        crate::format::quant::MAX_ABS
+                                        m.kind.max_abs()
                                     ),
                                 });
                             }
-                            Ok(w)
+                            Ok(Q4Source::Values(w))
                         };
-                        let gate = read(ExpertProj::Gate, h)?;
-                        let up = read(ExpertProj::Up, h)?;
-                        let down = read(ExpertProj::Down, i)?;
-                        layout.pack_expert(&gate, &up, &down, slot);
+                        let gate = read(ExpertProj::Gate, layout.gate)?;
+                        let up = read(ExpertProj::Up, layout.gate)?;
+                        let down = read(ExpertProj::Down, layout.down)?;
+                        layout.pack_expert_from(&gate, &up, &down, slot);
                     }
                     Ok(())
                 })

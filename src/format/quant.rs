@@ -25,6 +25,12 @@
 //!
 //! An INT4 expert slot is gate [I, H], up [I, H], down [H, I]: the three nibble sections,
 //! then the three scale sections, each starting on 16 bytes.
+//!
+//! A second kind, affine block-32 ([`Q4Kind::Affine32`]), holds GGUF's 4-bit experts
+//! (Q4_0, Q4_1, Q4_K) without re-rounding: the same nibbles, and per 32-column block (one
+//! vec4) an f16 scale s and an f16 offset o side by side (scales `[out][blocks][2]`), the
+//! value being s (nibble - 8) + o. Q4_0 is s = d, o = 0; Q4_1 s = d, o = m + 8d; Q4_K's
+//! sub-block (d sc, dmin m) is s = d sc, o = 8 s - dmin m. 4 + 32/32 = 5 bits per weight.
 
 use half::f16;
 
@@ -56,6 +62,9 @@ pub fn quantize_row(w: &[f32]) -> (Vec<u8>, Vec<f16>) {
 /// The largest magnitude an INT4 block can hold: its f16 scale max|w| / 7 must be finite.
 pub const MAX_ABS: f32 = 65504.0 * 7.0;
 
+/// An affine block's |offset| is at most max|w| + 8 s with s <= 2 max|w| / 15: ~2.1 max|w|.
+const AFFINE_SPAN: f32 = 2.1;
+
 /// The first element of `w` (rows of `inp` values, finite) whose block's scale
 /// `f16(max|w| / 7)` would overflow f16, and its value: such a block cannot be stored.
 pub fn first_unscalable(w: &[f32], inp: usize) -> Option<(usize, f32)> {
@@ -86,31 +95,98 @@ pub fn first_oversized_block(
     None
 }
 
+/// How an INT4 matrix scales its nibbles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Q4Kind {
+    /// One f16 scale per 256 columns, value = s (nibble - 8): wgmoe's own quantiser.
+    Sym256,
+    /// An f16 scale and an f16 offset per 32 columns, value = s (nibble - 8) + o: GGUF's
+    /// 4-bit blocks as they are.
+    Affine32,
+}
+
+impl Q4Kind {
+    /// Columns per scale block.
+    pub fn block(self) -> usize {
+        match self {
+            Q4Kind::Sym256 => BLOCK,
+            Q4Kind::Affine32 => COLS_PER_VEC4,
+        }
+    }
+    /// f16 values per block in the scale section (scale, and the offset if any).
+    pub fn halves_per_block(self) -> usize {
+        match self {
+            Q4Kind::Sym256 => 1,
+            Q4Kind::Affine32 => 2,
+        }
+    }
+    /// The largest magnitude a block can hold (its scale and offset finite in f16).
+    pub fn max_abs(self) -> f32 {
+        match self {
+            Q4Kind::Sym256 => MAX_ABS,
+            Q4Kind::Affine32 => 65504.0 / AFFINE_SPAN,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Q4Kind::Sym256 => "int4-b256",
+            Q4Kind::Affine32 => "int4-a32",
+        }
+    }
+}
+
+/// Affine 4-bit rows as decoded from a block format: per element its nibble (0..=15), per
+/// 32 columns (A, B) with value = A nibble + B, in f32 as ggml computes them.
+pub struct Affine4 {
+    pub nibbles: Vec<u8>,
+    pub blocks: Vec<(f32, f32)>,
+}
+
+/// What one expert matrix is packed from.
+pub enum Q4Source {
+    /// Values, row-major, quantised by the matrix's kind.
+    Values(Vec<f32>),
+    /// Affine 4-bit rows as a block format holds them (Affine32 matrices only).
+    Affine(Affine4),
+}
+
 /// Byte layout of one packed [out, in] matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Q4Matrix {
     pub out: usize,
     pub inp: usize,
+    pub kind: Q4Kind,
 }
 
 impl Q4Matrix {
+    pub fn sym(out: usize, inp: usize) -> Self {
+        Q4Matrix { out, inp, kind: Q4Kind::Sym256 }
+    }
     pub fn vec4_per_row(&self) -> usize {
         self.inp.div_ceil(COLS_PER_VEC4)
     }
     pub fn blocks(&self) -> usize {
-        self.inp.div_ceil(BLOCK)
+        self.inp.div_ceil(self.kind.block())
+    }
+    /// f16 values of the scale section per row.
+    pub fn halves_per_row(&self) -> usize {
+        self.blocks() * self.kind.halves_per_block()
     }
     pub fn q_bytes(&self) -> usize {
         self.vec4_per_row() * self.out * 16
     }
     pub fn scale_bytes(&self) -> usize {
-        (self.blocks() * self.out * 2).div_ceil(16) * 16
+        (self.halves_per_row() * self.out * 2).div_ceil(16) * 16
     }
 
-    /// Quantise `w` ([out, in], row-major) into `q_out` (q_bytes) and `s_out` (scale_bytes).
+    /// Quantise `w` ([out, in], row-major) into `q_out` (q_bytes) and `s_out`
+    /// (scale_bytes). Affine32 fits each 32-column block's range: s = (max - min) / 15.
     pub fn pack(&self, w: &[f32], q_out: &mut [u8], s_out: &mut [u8]) {
+        if self.kind == Q4Kind::Affine32 {
+            return self.pack_affine(&affine_fit(w, self.inp), q_out, s_out);
+        }
         let (out, inp) = (self.out, self.inp);
-        let nv = self.vec4_per_row();
         let nb = self.blocks();
         q_out.fill(0x88);
         s_out.fill(0);
@@ -120,15 +196,64 @@ impl Q4Matrix {
                 let at = (n * nb + b) * 2;
                 s_out[at..at + 2].copy_from_slice(&s.to_le_bytes());
             }
-            for c in 0..nv {
-                let base = (n * nv + c) * 16;
-                for j in 0..4 {
-                    for i in 0..4 {
-                        let col = c * 32 + j * 8 + i;
-                        let lo = q.get(col).copied().unwrap_or(8);
-                        let hi = q.get(col + 4).copied().unwrap_or(8);
-                        q_out[base + j * 4 + i] = lo | (hi << 4);
-                    }
+            self.put_row_nibbles(n, &q, q_out);
+        }
+    }
+
+    /// Pack from `src`; affine rows go into an Affine32 matrix as they are (a Sym256 matrix
+    /// re-rounds their values).
+    pub fn pack_from(&self, src: &Q4Source, q_out: &mut [u8], s_out: &mut [u8]) {
+        match src {
+            Q4Source::Values(w) => self.pack(w, q_out, s_out),
+            Q4Source::Affine(a) if self.kind == Q4Kind::Affine32 => self.pack_affine(a, q_out, s_out),
+            Q4Source::Affine(a) => {
+                let inp = self.inp;
+                let w: Vec<f32> = a
+                    .nibbles
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &q)| {
+                        let (am, bm) = a.blocks[i / inp * inp.div_ceil(COLS_PER_VEC4) + i % inp / COLS_PER_VEC4];
+                        am * f32::from(q) + bm
+                    })
+                    .collect();
+                self.pack(&w, q_out, s_out)
+            }
+        }
+    }
+
+    /// Pack affine rows (an Affine32 matrix): nibbles as they are, s = f16(A) and
+    /// o = f16(B + 8 A) per block.
+    pub fn pack_affine(&self, a: &Affine4, q_out: &mut [u8], s_out: &mut [u8]) {
+        debug_assert_eq!(self.kind, Q4Kind::Affine32);
+        let (out, inp) = (self.out, self.inp);
+        let nb = self.blocks();
+        q_out.fill(0x88);
+        s_out.fill(0);
+        for n in 0..out {
+            for b in 0..nb {
+                let (am, bm) = a.blocks[n * nb + b];
+                let s = f16::from_f32(am);
+                let o = f16::from_f32(bm + 8.0 * am);
+                let at = (n * nb + b) * 4;
+                s_out[at..at + 2].copy_from_slice(&s.to_le_bytes());
+                s_out[at + 2..at + 4].copy_from_slice(&o.to_le_bytes());
+            }
+            self.put_row_nibbles(n, &a.nibbles[n * inp..(n + 1) * inp], q_out);
+        }
+    }
+
+    /// The nibbles `q` (one per column) of row `n` into their packed places.
+    fn put_row_nibbles(&self, n: usize, q: &[u8], q_out: &mut [u8]) {
+        let nv = self.vec4_per_row();
+        for c in 0..nv {
+            let base = (n * nv + c) * 16;
+            for j in 0..4 {
+                for i in 0..4 {
+                    let col = c * 32 + j * 8 + i;
+                    let lo = q.get(col).copied().unwrap_or(8);
+                    let hi = q.get(col + 4).copied().unwrap_or(8);
+                    q_out[base + j * 4 + i] = lo | (hi << 4);
                 }
             }
         }
@@ -148,8 +273,26 @@ impl Q4Matrix {
     }
 
     pub fn scale(&self, s: &[u8], n: usize, block: usize) -> f16 {
-        let at = (n * self.blocks() + block) * 2;
+        let at = (n * self.blocks() + block) * self.kind.halves_per_block() * 2;
         f16::from_le_bytes([s[at], s[at + 1]])
+    }
+
+    /// The offset of block `block` of row `n` (0 for Sym256).
+    pub fn offset(&self, s: &[u8], n: usize, block: usize) -> f16 {
+        if self.kind == Q4Kind::Sym256 {
+            return f16::ZERO;
+        }
+        let at = (n * self.blocks() + block) * 4 + 2;
+        f16::from_le_bytes([s[at], s[at + 1]])
+    }
+
+    /// The first element of `w` ([out, in], finite) whose block's scale or offset would
+    /// overflow f16, and its value: such a block cannot be stored.
+    pub fn first_unscalable(&self, w: &[f32]) -> Option<(usize, f32)> {
+        match self.kind {
+            Q4Kind::Sym256 => first_unscalable(w, self.inp),
+            Q4Kind::Affine32 => first_oversized_block(w, self.inp, COLS_PER_VEC4, 1.0 / AFFINE_SPAN),
+        }
     }
 
     /// The dequantised matrix [out, in] (CPU reference and tests only: the runtime never
@@ -159,11 +302,34 @@ impl Q4Matrix {
         for n in 0..self.out {
             for k in 0..self.inp {
                 let v = self.nibble(q, n, k) as i32 - 8;
-                w.push(v as f32 * self.scale(s, n, k / BLOCK).to_f32());
+                let b = k / self.kind.block();
+                w.push(v as f32 * self.scale(s, n, b).to_f32() + self.offset(s, n, b).to_f32());
             }
         }
         w
     }
+}
+
+/// The affine fit of rows of `inp` values in blocks of 32: A = (max - min) / 15 (as f16),
+/// B = min, nibble = clamp(round((w - B) / A), 0, 15).
+pub fn affine_fit(w: &[f32], inp: usize) -> Affine4 {
+    let mut nibbles = Vec::with_capacity(w.len());
+    let mut blocks = Vec::new();
+    for row in w.chunks(inp.max(1)) {
+        for blk in row.chunks(COLS_PER_VEC4) {
+            let lo = blk.iter().fold(f32::INFINITY, |m, &x| m.min(x));
+            let hi = blk.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let a = f16::from_f32((hi - lo) / 15.0).to_f32();
+            // The offset the packer stores, so the nibbles round against what is read back.
+            let o = f16::from_f32(lo + 8.0 * a).to_f32();
+            for &x in blk {
+                let q = if a == 0.0 { 8.0 } else { ((x - o) / a + 8.0).round_ties_even().clamp(0.0, 15.0) };
+                nibbles.push(q as u8);
+            }
+            blocks.push((a, o - 8.0 * a));
+        }
+    }
+    Affine4 { nibbles, blocks }
 }
 
 /// Byte offsets of the six sections of an INT4 expert slot.
@@ -183,15 +349,14 @@ pub struct Q4SlotLayout {
 }
 
 impl Q4SlotLayout {
+    /// The block-256 slot of wgmoe's own quantiser.
     pub fn new(hidden: usize, inter: usize) -> Self {
-        let gate = Q4Matrix {
-            out: inter,
-            inp: hidden,
-        };
-        let down = Q4Matrix {
-            out: hidden,
-            inp: inter,
-        };
+        Self::with_kind(hidden, inter, Q4Kind::Sym256)
+    }
+
+    pub fn with_kind(hidden: usize, inter: usize, kind: Q4Kind) -> Self {
+        let gate = Q4Matrix { out: inter, inp: hidden, kind };
+        let down = Q4Matrix { out: hidden, inp: inter, kind };
         let gate_q = 0;
         let up_q = gate.q_bytes();
         let down_q = up_q + gate.q_bytes();
@@ -215,11 +380,34 @@ impl Q4SlotLayout {
     }
 
     /// A one-line description stored in converted files and checked on load.
+    pub fn kind(&self) -> Q4Kind {
+        self.gate.kind
+    }
+
     pub fn describe(&self) -> String {
+        if self.kind() == Q4Kind::Affine32 {
+            return format!(
+                "int4-a32 slot v1: hidden {} inter {}; nibble vec4 row-major [out][in/32] gate@{} up@{} down@{}; f16 (scale, offset) [out][in/32] gate@{} up@{} down@{}; {} bytes",
+                self.hidden, self.inter, self.gate_q, self.up_q, self.down_q, self.gate_s, self.up_s, self.down_s, self.bytes
+            );
+        }
         format!(
             "int4-b256 slot v2: hidden {} inter {}; nibble vec4 row-major [out][in/32] gate@{} up@{} down@{}; f16 scales [out][blocks] gate@{} up@{} down@{}; {} bytes",
             self.hidden, self.inter, self.gate_q, self.up_q, self.down_q, self.gate_s, self.up_s, self.down_s, self.bytes
         )
+    }
+
+    /// Pack one expert from its three sources (gate, up [I, H]; down [H, I]) into `slot`.
+    pub fn pack_expert_from(&self, gate: &Q4Source, up: &Q4Source, down: &Q4Source, slot: &mut [u8]) {
+        let (a, rest) = slot.split_at_mut(self.up_q);
+        let (b, rest) = rest.split_at_mut(self.down_q - self.up_q);
+        let (c, rest) = rest.split_at_mut(self.gate_s - self.down_q);
+        let (sa, rest) = rest.split_at_mut(self.up_s - self.gate_s);
+        let (sb, sc) = rest.split_at_mut(self.down_s - self.up_s);
+        let d = self.down;
+        self.gate.pack_from(gate, a, sa);
+        self.gate.pack_from(up, b, sb);
+        d.pack_from(down, c, &mut sc[..d.scale_bytes()]);
     }
 
     /// Quantise one expert (gate, up [I, H]; down [H, I], row-major f32) into `slot`.
@@ -259,7 +447,7 @@ mod tests {
     #[test]
     fn pack_roundtrips_through_nibble_and_scale() {
         for &(out, inp) in &[(3usize, 7usize), (5, 300), (64, 96), (2, 1408), (1, 256)] {
-            let m = Q4Matrix { out, inp };
+            let m = Q4Matrix::sym(out, inp);
             let w: Vec<f32> = (0..out * inp)
                 .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
                 .collect();
@@ -291,10 +479,7 @@ mod tests {
 
     #[test]
     fn olmoe_shapes_cost_4_0625_bits() {
-        let b = bits_per_weight(Q4Matrix {
-            out: 1024,
-            inp: 2048,
-        });
+        let b = bits_per_weight(Q4Matrix::sym(1024, 2048));
         assert!((b - 4.0625).abs() < 1e-9, "{b}");
     }
 }

@@ -288,6 +288,7 @@ pub fn model_config(model: &GgufModel) -> Result<ModelConfig> {
         bos_token_id,
         eos_token_ids,
         source_hash: fnv1a64_hex(model.shards()[0].kv_bytes()),
+        expert_q4: crate::format::quant::Q4Kind::Affine32,
     };
     names::ModelTensors::resolve(model, &cfg)?;
     Ok(cfg)

@@ -6,6 +6,7 @@
 use half::{bf16, f16};
 
 use super::types::{GgmlType, QK_K};
+use crate::format::quant::Affine4;
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
@@ -174,6 +175,51 @@ pub fn block_q6_k(b: &[u8], y: &mut [f32]) {
 }
 
 const _: () = assert!(QK_K == 256);
+
+/// `data` (whole blocks of a 4-bit type with 32-element sub-blocks: Q4_0, Q4_K) as nibbles
+/// and per-32 (A, B) with x = A q + B, computed as ggml computes them (so A q + B is the
+/// value `dequantize` gives, bit for bit): the form wgmoe's affine INT4 experts hold
+/// without re-rounding. None for any other type.
+pub fn affine4(t: GgmlType, data: &[u8]) -> Result<Option<Affine4>, String> {
+    if !matches!(t, GgmlType::Q4_0 | GgmlType::Q4_K) {
+        return Ok(None);
+    }
+    let bb = t.block_bytes();
+    if !data.len().is_multiple_of(bb) {
+        return Err(format!(
+            "{} bytes are not a whole number of {t} blocks of {bb} bytes",
+            data.len()
+        ));
+    }
+    let n = data.len() / bb * t.block_elems();
+    let mut nibbles = vec![0u8; n];
+    let mut blocks = Vec::with_capacity(n / 32);
+    for (b, q) in data.chunks_exact(bb).zip(nibbles.chunks_exact_mut(t.block_elems())) {
+        if t == GgmlType::Q4_0 {
+            let d = f16_at(b, 0);
+            for j in 0..16 {
+                q[j] = b[2 + j] & 0x0f;
+                q[j + 16] = b[2 + j] >> 4;
+            }
+            // (q - 8) d = d q - 8 d: ggml multiplies (q - 8) by d, exact either way.
+            blocks.push((d, -8.0 * d));
+            continue;
+        }
+        let (d, min) = (f16_at(b, 0), f16_at(b, 2));
+        let (scales, qs) = (&b[4..16], &b[16..144]);
+        for (i, chunk) in q.chunks_exact_mut(64).enumerate() {
+            let (sc1, m1) = scale_min_k4(2 * i, scales);
+            let (sc2, m2) = scale_min_k4(2 * i + 1, scales);
+            blocks.push((d * sc1 as f32, -(min * m1 as f32)));
+            blocks.push((d * sc2 as f32, -(min * m2 as f32)));
+            for l in 0..32 {
+                chunk[l] = qs[32 * i + l] & 0x0f;
+                chunk[l + 32] = qs[32 * i + l] >> 4;
+            }
+        }
+    }
+    Ok(Some(Affine4 { nibbles, blocks }))
+}
 
 #[cfg(test)]
 mod tests {

@@ -431,7 +431,10 @@ pub fn gguf_load_note(
             continue;
         }
         let kept = match class {
-            TensorClass::RoutedExperts if int4_experts => false,
+            // Q4_0 and Q4_K experts go into the affine INT4 slots as they are.
+            TensorClass::RoutedExperts if int4_experts => {
+                matches!(info.ggml_type, GgmlType::Q4_0 | GgmlType::Q4_K)
+            }
             TensorClass::RoutedExperts
             | TensorClass::Router
             | TensorClass::Norms
@@ -451,7 +454,7 @@ pub fn gguf_load_note(
         .iter()
         .map(|(c, types)| {
             let to = match c {
-                TensorClass::RoutedExperts if int4_experts => "INT4",
+                TensorClass::RoutedExperts if int4_experts => "INT4 (affine, 32-column blocks)",
                 TensorClass::RoutedExperts
                 | TensorClass::Router
                 | TensorClass::Norms
@@ -471,7 +474,7 @@ pub fn gguf_load_note(
         return "GGUF tensors used in their stored types".to_string();
     }
     format!(
-        "GGUF tensors converted at load time: {} (the kernels read Q8_0 dense blocks as stored; other block types are decoded on the CPU first)",
+        "GGUF tensors converted at load time: {} (the kernels read Q8_0 dense blocks as stored, Q4_0 and Q4_K experts as affine INT4 without re-rounding; other block types are decoded on the CPU first)",
         parts.join("; ")
     )
 }

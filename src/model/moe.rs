@@ -9,6 +9,7 @@ use crate::backend::{
 use crate::error::Result;
 use crate::model::dense_mlp::DenseMlp;
 use crate::model::ops::numbered;
+use crate::format::quant::Q4Kind;
 use crate::model::slot_mats::SlotMats;
 use crate::model::tensors::{ExpertPool, ExpertStore, Q4Pool};
 use crate::model::workspace::{row, WorkspaceBuffer};
@@ -184,7 +185,9 @@ impl MoeDispatch<'_> {
                 }
                 flags::COMBINE_ROUTED
             }
-            ExpertStore::Int4(pool) if self.sorted.is_some() => {
+            ExpertStore::Int4(pool)
+                if self.sorted.is_some() && pool.layout.kind() == Q4Kind::Sym256 =>
+            {
                 self.q4_expert_major(prog, pool, slot_of);
                 flags::COMBINE_ROUTED
             }
@@ -640,7 +643,8 @@ impl MoeDispatch<'_> {
         slot_of: &Buffer,
         js: (usize, usize),
     ) {
-        if self.coalesced {
+        // The lavapipe-tuned INT4 kernels read block-256 slots; affine ones take the rows.
+        if self.coalesced || pool.layout.kind() == Q4Kind::Affine32 {
             self.rows_gate_up(prog, &SlotMats::q4(pool), Some(slot_of), js);
             return;
         }
@@ -688,7 +692,7 @@ impl MoeDispatch<'_> {
         slot_of: &Buffer,
         js: Option<(usize, usize)>,
     ) {
-        if self.coalesced {
+        if self.coalesced || pool.layout.kind() == Q4Kind::Affine32 {
             let out = if js.is_some() { self.y } else { self.x };
             self.rows_down(prog, &SlotMats::q4(pool), Some(slot_of), js, out);
             return;

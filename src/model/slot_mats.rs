@@ -16,7 +16,7 @@ pub struct SlotMats {
     pub gate_s: u32,
     pub up_s: u32,
     pub down_s: u32,
-    /// Words (and scale blocks) per gate/up row and per down row.
+    /// Words (and f16 scale-section values) per gate/up row and per down row.
     pub in_words: u32,
     pub down_words: u32,
     pub in_blocks: u32,
@@ -69,7 +69,7 @@ impl SlotMats {
     pub fn q4(p: &Q4Pool) -> SlotMats {
         let l = &p.layout;
         SlotMats {
-            format: WeightFormat::Q4,
+            format: WeightFormat::int4(l.kind()),
             inter: l.inter,
             slot_words: p.slot_vec4(),
             gate_w: (l.gate_q / 16) as u32,
@@ -80,8 +80,8 @@ impl SlotMats {
             down_s: (l.down_s / 4) as u32,
             in_words: l.gate.vec4_per_row() as u32,
             down_words: l.down.vec4_per_row() as u32,
-            in_blocks: l.gate.blocks() as u32,
-            down_blocks: l.down.blocks() as u32,
+            in_blocks: l.gate.halves_per_row() as u32,
+            down_blocks: l.down.halves_per_row() as u32,
             chunks: p
                 .chunks
                 .iter()

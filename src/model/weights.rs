@@ -12,7 +12,6 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertProj};
 use crate::format::convert::{is_converted, packed_layer, stored_q8_blocks};
 use crate::format::identity::{dense_storage, stored_q8, DenseStorage};
-use crate::format::quant::Q4SlotLayout;
 use crate::model::dense_mlp::{DenseMlp, Q8Mlp};
 use crate::model::tensors::{
     upload_f16_vec, upload_f32_vec, ExpertPool, ExpertStore, F16Matrix, Q4Pool,
@@ -230,7 +229,7 @@ impl ModelWeights {
             ckpt: ckpt.clone(),
             layers: host_layers,
             num_experts: cfg.num_experts,
-            slot_bytes: Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes,
+            slot_bytes: cfg.q4_slot().bytes,
         });
         Ok(ModelWeights {
             host,
@@ -259,7 +258,7 @@ impl ModelWeights {
             let mlp = if cfg.sparse_layers[l] {
                 let router_rows = e + usize::from(cfg.shared_expert_intermediate.is_some());
                 let experts = if int4 {
-                    let layout = Q4SlotLayout::new(h, cfg.moe_intermediate);
+                    let layout = cfg.q4_slot();
                     ExpertStore::Int4(Q4Pool::new(dev, "experts_int4", e, layout)?)
                 } else {
                     ExpertStore::F16(ExpertPool::new(dev, "experts", e, h, cfg.moe_intermediate)?)
@@ -454,7 +453,7 @@ fn load_moe(
     let router_rows = router.len() / h;
     let router = F16Matrix::upload(dev, "router", router_rows, h, &router)?;
     let experts = if int4 {
-        let layout = Q4SlotLayout::new(h, i);
+        let layout = cfg.q4_slot();
         let packed = packed_layer(ckpt, cfg, l)?;
         match slots {
             None => {

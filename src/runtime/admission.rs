@@ -10,7 +10,6 @@ use crate::backend::kernel::{KvFormat, WeightFormat};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::q8_0::Q8Matrix;
-use crate::format::quant::Q4SlotLayout;
 use crate::model::tensors::{pad8, ExpertPool};
 use crate::model::workspace::{planned_shape, workspace_bytes, WorkspaceShape};
 use crate::residency::MissPolicy;
@@ -46,7 +45,7 @@ pub struct AdmissionInput {
 /// Bytes of one routed expert's slot on the device.
 pub fn slot_bytes(cfg: &ModelConfig, int4: bool) -> u64 {
     if int4 {
-        Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64
+        cfg.q4_slot().bytes as u64
     } else {
         ExpertPool::slot_bytes(cfg.hidden_size, cfg.moe_intermediate)
     }

@@ -453,10 +453,7 @@ impl Engine {
                     staging_buffers: r.staging_buffers(&cfg)?,
                     miss,
                     cpu_threads: r.cpu_threads,
-                    layout: crate::format::quant::Q4SlotLayout::new(
-                        cfg.hidden_size,
-                        cfg.moe_intermediate,
-                    ),
+                    layout: cfg.q4_slot(),
                     prefetch: r.prefetch(&cfg)?,
                     prefetch_width: width,
                     fill_threads: r.fill_threads(),

@@ -17,7 +17,7 @@ use super::rng::Rng;
 use wgmoe::backend::plan::DecodeKernels;
 use wgmoe::backend::{Buffer, KernelOverrides, Program};
 use wgmoe::cpu_ref;
-use wgmoe::format::quant::{Q4Matrix, Q4SlotLayout};
+use wgmoe::format::quant::{Q4Kind, Q4Matrix, Q4SlotLayout};
 use wgmoe::model::moe::{Executor, MoeDispatch, MoePairs, MoeSorted};
 use wgmoe::model::tensors::{ExpertStore, Q4Pool};
 use wgmoe::model::workspace::{workspace, WorkspaceShape};
@@ -118,6 +118,29 @@ pub fn random_matrix(rng: &mut Rng, m: Q4Matrix) -> (Vec<u8>, Vec<u8>) {
     (q, s)
 }
 
+/// Random nibbles as `random_matrix` (the nibble layout is the same for both kinds) and,
+/// for an affine matrix (`Q4Kind::Affine32`), per 32-column block a random scale (about 1
+/// in 16 zero) and a random offset in [-0.1, 0.1); the scale section's padding halves NaN.
+pub fn random_affine_matrix(rng: &mut Rng, m: Q4Matrix) -> (Vec<u8>, Vec<u8>) {
+    assert_eq!(m.kind, Q4Kind::Affine32);
+    let (q, _) = random_matrix(rng, Q4Matrix::sym(m.out, m.inp));
+    let mut s = vec![0u8; m.scale_bytes()];
+    let real = m.out * m.halves_per_row();
+    for (i, half) in s.chunks_exact_mut(2).enumerate() {
+        let v = if i >= real {
+            f16::from_le_bytes(F16_NAN)
+        } else if i % 2 == 1 {
+            f16::from_f32(rng.f32(0.1))
+        } else if rng.below(16) == 0 {
+            f16::ZERO
+        } else {
+            f16::from_f32(0.031 + rng.f32(0.029))
+        };
+        half.copy_from_slice(&v.to_le_bytes());
+    }
+    (q, s)
+}
+
 /// One slot of random gate, up and down sections.
 pub fn random_slot(rng: &mut Rng, l: &Q4SlotLayout) -> Vec<u8> {
     let mut slot = vec![0u8; l.bytes];
@@ -126,7 +149,10 @@ pub fn random_slot(rng: &mut Rng, l: &Q4SlotLayout) -> Vec<u8> {
         (l.gate, l.up_q, l.up_s),
         (l.down, l.down_q, l.down_s),
     ] {
-        let (q, s) = random_matrix(rng, m);
+        let (q, s) = match m.kind {
+            Q4Kind::Sym256 => random_matrix(rng, m),
+            Q4Kind::Affine32 => random_affine_matrix(rng, m),
+        };
         slot[q_at..q_at + q.len()].copy_from_slice(&q);
         slot[s_at..s_at + s.len()].copy_from_slice(&s);
     }
@@ -227,12 +253,17 @@ pub fn keep_chunks(prog: &mut Program, n_chunks: usize, chunks: &[usize]) {
 impl<'a> Setup<'a> {
     /// Random slots.
     pub fn random(g: &'a Gpu, seed: u64, c: Case) -> Self {
+        Self::random_kind(g, seed, c, Q4Kind::Sym256)
+    }
+
+    /// Random slots of `kind`.
+    pub fn random_kind(g: &'a Gpu, seed: u64, c: Case, kind: Q4Kind) -> Self {
         let mut rng = Rng::new(seed);
-        let layout = Q4SlotLayout::new(c.hidden, c.inter);
+        let layout = Q4SlotLayout::with_kind(c.hidden, c.inter, kind);
         let host = (0..c.slots)
             .map(|_| random_slot(&mut rng, &layout))
             .collect();
-        Self::with_slots(g, &mut rng, c, host, 1.0)
+        Self::with_layout(g, &mut rng, c, layout, host, 1.0)
     }
 
     /// `host[s]` = the bytes of pool slot s; activations uniform in [-x_scale, x_scale).
@@ -243,8 +274,19 @@ impl<'a> Setup<'a> {
         host: Vec<Vec<u8>>,
         x_scale: f32,
     ) -> Self {
+        Self::with_layout(g, rng, c, Q4SlotLayout::new(c.hidden, c.inter), host, x_scale)
+    }
+
+    /// `with_slots` for slots of `layout`.
+    pub fn with_layout(
+        g: &'a Gpu,
+        rng: &mut Rng,
+        c: Case,
+        layout: Q4SlotLayout,
+        host: Vec<Vec<u8>>,
+        x_scale: f32,
+    ) -> Self {
         let dev = &g.dev;
-        let layout = Q4SlotLayout::new(c.hidden, c.inter);
         assert_eq!(host.len(), c.slots);
         let pool = Q4Pool::new(dev, "q4_pool", c.slots, layout).unwrap();
         for (s, bytes) in host.iter().enumerate() {

@@ -3,6 +3,9 @@
 
 use super::*;
 use wgmoe::backend::kernel::WeightFormat;
+use wgmoe::format::quant::Q4Kind;
+
+const A32: Q4Kind = Q4Kind::Affine32;
 
 /// Run `program` through the emulated kernels only, from the device buffers' present
 /// contents; returns the buffers it binds and their emulated contents.
@@ -466,10 +469,52 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
         GEMM_TOL,
     );
 
+    // Affine INT4 experts (GGUF's 4-bit blocks: a scale and an offset per 32 columns,
+    // random, NaN in the unused halves): the tiled GEMMs, then the decode row kernels
+    // (gate/up, and down fused into x) on one token per step of the same pool.
+    let layout = wgmoe::format::quant::Q4SlotLayout::with_kind(c.hidden, c.inter, A32);
+    let g = Gpu::new(Some(3 * layout.bytes as u64), tiled);
+    let mut s = common::q4::Setup::random_kind(&g, 730, c, A32);
+    assert!(s.pool().chunks.len() > 1);
+    s.ids = ids.clone();
+    let (ks, pairs, h, y) = routed(&g, &s.store, &s.slot_b, &s.x_b, c.inter, c.hidden);
+    assert!(ks.contains(&Kernel::ExpertGemm(WeightFormat::Q4A)), "{ks:?}");
+    seen.extend(ks);
+    assert_eq!(pairs, want_sorted, "emulated moe_sort");
+    let what = format!("H {} I {} T {t} top {k} in {} chunks", c.hidden, c.inter, s.pool().chunks.len());
+    check(&format!("emulated expert_gemm[int4-a32] gate/up {what}"), &h, &s.want_gate_up(), GEMM_TOL);
+    check(&format!("emulated expert_gemm[int4-a32] down {what}"), &y, &s.want_down(&h), GEMM_TOL);
+    let ids_b = u32_buf(&g.dev, &ids);
+    s.ids_b = ids_b;
+    let hb = f32_buf(&g.dev, &vec![f32::NAN; c.t * k * c.inter]);
+    let xb = f32_buf(&g.dev, &s.x0);
+    let mut prog = Program::default();
+    let mut d = s.moe(&s.x_b, &hb, &s.dummy, &xb);
+    d.coalesced = true;
+    d.q4_gate_up(&mut prog, s.pool(), &s.slot_b, (0, k));
+    d.q4_down(&mut prog, s.pool(), &s.slot_b, None);
+    let ks = kernels_of(&prog, c.t);
+    assert!(
+        ks.iter().all(|k| matches!(k, Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) if r.format == WeightFormat::Q4A)),
+        "{ks:?}"
+    );
+    seen.extend(ks);
+    let r = emulated(emu, &g.dev, &prog, c.t);
+    let h_rows = r.f32s(&hb, c.t * k * c.inter);
+    check(&format!("emulated expert_gate_up[int4-a32] {what}"), &h_rows, &s.want_gate_up(), GEMM_TOL);
+    let all = s.all_chunks();
+    check(
+        &format!("emulated expert_down[int4-a32] fused {what}"),
+        &r.f32s(&xb, c.t * c.hidden),
+        &s.want_fused(&h_rows, &all),
+        GEMM_TOL,
+    );
+
     for want in [
         Kernel::Gemm(WeightFormat::F16),
         Kernel::ExpertGemm(WeightFormat::F16),
         Kernel::ExpertGemm(WeightFormat::Q4),
+        Kernel::ExpertGemm(WeightFormat::Q4A),
         Kernel::Gemm(WeightFormat::Q8),
         Kernel::ExpertGemm(WeightFormat::Q8),
         Kernel::MoeSort,

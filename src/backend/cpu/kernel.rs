@@ -6,15 +6,13 @@
 //! activations the same way (`lo[i]`, `hi[i]`), so a block of 256 columns is 128 bytes
 //! against two contiguous arrays of 128 floats: loops the compiler vectorises. The stored
 //! value is q + 8; `sum(q x) = sum(nibble x) - 8 sum(x)` takes the offset out of the loop,
-//! with the block sums of x computed once per token.
+//! with the block sums of x computed once per token. Affine slots (`Q4Kind::Affine32`) have
+//! a block per 16 bytes and add the block's offset times the same sum.
 
 use half::f16;
 
 use super::row_bytes;
-use crate::format::quant::{Q4Matrix, Q4SlotLayout, BLOCK};
-
-/// Bytes of one 256-column block of a packed row.
-const BLOCK_BYTES: usize = BLOCK / 2;
+use crate::format::quant::{Q4Kind, Q4Matrix, Q4SlotLayout};
 
 /// The instruction set the loops are compiled for, chosen once at start-up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,7 +70,8 @@ impl Isa {
 pub(super) struct Interleaved {
     lo: Vec<f32>,
     hi: Vec<f32>,
-    /// Per 256-column block: sum of the block's activations (for the -8 offset).
+    /// Per scale block (256 or 32 columns): sum of the block's activations (for the -8
+    /// and the affine offsets).
     block_sums: Vec<f32>,
 }
 
@@ -82,9 +81,10 @@ impl Interleaved {
         let at = |col: usize| if col < m.inp { x[col] } else { 0.0 };
         let lo: Vec<f32> = (0..n).map(|i| at(8 * (i / 4) + i % 4)).collect();
         let hi: Vec<f32> = (0..n).map(|i| at(8 * (i / 4) + 4 + i % 4)).collect();
+        let bb = m.kind.block() / 2;
         let block_sums = lo
-            .chunks(BLOCK_BYTES)
-            .zip(hi.chunks(BLOCK_BYTES))
+            .chunks(bb)
+            .zip(hi.chunks(bb))
             .map(|(a, b)| a.iter().sum::<f32>() + b.iter().sum::<f32>())
             .collect();
         Interleaved { lo, hi, block_sums }
@@ -219,26 +219,33 @@ fn nibble_dot<const SIMD: u8>(q: &[u8], lo: &[f32], hi: &[f32]) -> f32 {
     nibble_dot_portable(q, lo, hi)
 }
 
-/// One packed row (`q`, its f16 `scales`) dot one token's activations.
+/// One packed row (`q`, its f16 `scales`, and offsets when affine) dot one token's
+/// activations.
 #[inline(always)]
-fn row_dot<const SIMD: u8>(q: &[u8], scales: &[u8], x: &Interleaved) -> f32 {
+fn row_dot<const SIMD: u8>(q: &[u8], scales: &[u8], x: &Interleaved, kind: Q4Kind) -> f32 {
+    let bb = kind.block() / 2;
+    let affine = kind == Q4Kind::Affine32;
     let mut acc = 0.0f32;
     for (b, (qb, sb)) in q
-        .chunks(BLOCK_BYTES)
-        .zip(scales.chunks_exact(2))
+        .chunks(bb)
+        .zip(scales.chunks_exact(2 * kind.halves_per_block()))
         .enumerate()
     {
-        let o = b * BLOCK_BYTES;
+        let o = b * bb;
         let d = nibble_dot::<SIMD>(qb, &x.lo[o..o + qb.len()], &x.hi[o..o + qb.len()]);
         let s = f16::from_le_bytes([sb[0], sb[1]]).to_f32();
-        acc += s * (d - 8.0 * x.block_sums[b]);
+        let bs = x.block_sums[b];
+        acc += s * (d - 8.0 * bs);
+        if affine {
+            acc += f16::from_le_bytes([sb[2], sb[3]]).to_f32() * bs;
+        }
     }
     acc
 }
 
 fn scale_row<'a>(m: &Q4Matrix, s: &'a [u8], n: usize) -> &'a [u8] {
-    let nb = m.blocks();
-    &s[n * nb * 2..(n + 1) * nb * 2]
+    let nh = m.halves_per_row();
+    &s[n * nh * 2..(n + 1) * nh * 2]
 }
 
 /// Rows `n0 ..` of gate and up for each token of `acts`: `out[(n - n0) * T + t] =
@@ -259,8 +266,8 @@ fn swiglu_impl<const SIMD: u8>(
         let (g_row, u_row) = (row_bytes(&l.gate, gq, n), row_bytes(&l.gate, uq, n));
         let (g_sc, u_sc) = (scale_row(&l.gate, gs, n), scale_row(&l.gate, us, n));
         for (o, x) in row.iter_mut().zip(acts) {
-            let g = row_dot::<SIMD>(g_row, g_sc, x);
-            let u = row_dot::<SIMD>(u_row, u_sc, x);
+            let g = row_dot::<SIMD>(g_row, g_sc, x, l.kind());
+            let u = row_dot::<SIMD>(u_row, u_sc, x, l.kind());
             *o = g / (1.0 + (-g).exp()) * u;
         }
     }
@@ -284,7 +291,7 @@ fn down_impl<const SIMD: u8>(
         let m = m0 + r;
         let (q, s) = (row_bytes(&l.down, dq, m), scale_row(&l.down, ds, m));
         for (&(t, w), x) in toks.iter().zip(acts) {
-            row[t] += w * row_dot::<SIMD>(q, s, x);
+            row[t] += w * row_dot::<SIMD>(q, s, x, l.kind());
         }
     }
 }

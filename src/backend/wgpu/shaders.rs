@@ -185,6 +185,10 @@ pub const PIECES: &[(&str, &str)] = &[
         include_str!("../../../shaders/common/tile_q4.wgsl"),
     ),
     (
+        "tile_q4a.wgsl",
+        include_str!("../../../shaders/common/tile_q4a.wgsl"),
+    ),
+    (
         "fmt_f16.wgsl",
         include_str!("../../../shaders/common/fmt_f16.wgsl"),
     ),
@@ -203,6 +207,10 @@ pub const PIECES: &[(&str, &str)] = &[
     (
         "fmt_q4.wgsl",
         include_str!("../../../shaders/common/fmt_q4.wgsl"),
+    ),
+    (
+        "fmt_q4a.wgsl",
+        include_str!("../../../shaders/common/fmt_q4a.wgsl"),
     ),
 ];
 
@@ -408,6 +416,9 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
                 WeightFormat::Q4 => {
                     v.extend(["q4_dot_f32.wgsl", "scales_staged.wgsl", "fmt_q4.wgsl"])
                 }
+                WeightFormat::Q4A => {
+                    v.extend(["q4_dot_f32.wgsl", "scales_staged.wgsl", "fmt_q4a.wgsl"])
+                }
                 WeightFormat::Q8 => {
                     v.extend(["scales_staged.wgsl", "q8_unpack.wgsl", "fmt_q8.wgsl"])
                 }
@@ -430,6 +441,12 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
                     "scales_staged.wgsl",
                     "fmt_q4.wgsl",
                     "tile_q4.wgsl",
+                ]),
+                WeightFormat::Q4A => v.extend([
+                    "q4_dot_f32.wgsl",
+                    "scales_staged.wgsl",
+                    "fmt_q4a.wgsl",
+                    "tile_q4a.wgsl",
                 ]),
                 WeightFormat::Q8 => v.extend([
                     "scales_staged.wgsl",

@@ -1,0 +1,105 @@
+//! The expert kernels on affine INT4 slots (`Q4Kind::Affine32`: GGUF's Q4_0/Q4_K experts as
+//! they are, shaders/common/fmt_q4a.wgsl and tile_q4a.wgsl in the GPU-shaped row kernels
+//! and the tiled expert GEMM) against `wgmoe::cpu_ref::w4a16_*`, which reads the same slot
+//! bytes element by element (nibble, scale and offset) and sums in f64. The dispatches are
+//! the forward pass's own (`MoeDispatch`), over random slots whose unused scale halves are
+//! NaN (tests/common/q4.rs). Affine slots take the row kernels on every plan: the
+//! lavapipe-tuned INT4 kernels read block-256 slots only.
+
+mod common;
+
+use common::check::check;
+use common::gpu::*;
+use common::q4::*;
+use wgmoe::backend::plan::PrefillKernels;
+use wgmoe::backend::kernel::WeightFormat;
+use wgmoe::backend::{Kernel, KernelOverrides};
+use wgmoe::format::quant::{Q4Kind, Q4SlotLayout};
+
+const A32: Q4Kind = Q4Kind::Affine32;
+
+/// As Q4_TOL, plus the offsets' f32 sums of x (one per 32 columns).
+const AFFINE_TOL: f32 = 3e-5;
+
+#[test]
+fn affine_int4_decode_kernels_match_cpu() {
+    for o in VARIANTS {
+        let g = Gpu::new(None, o);
+        for (i, &c) in SHAPES.iter().enumerate() {
+            let s = Setup::random_kind(&g, 1300 + i as u64, c, A32);
+            assert!(
+                s.kernels.contains("int4-a32"),
+                "affine slots run the row kernels: {}",
+                s.kernels
+            );
+            let all = s.all_chunks();
+            let what = s.what();
+            check(
+                &format!("gate_up {what}"),
+                &s.gpu_gate_up(&all),
+                &s.want_gate_up(),
+                AFFINE_TOL,
+            );
+            check(
+                &format!("down per slot {what}"),
+                &s.gpu_down(&s.h_b, &all),
+                &s.want_down(&s.h_in),
+                AFFINE_TOL,
+            );
+            check(
+                &format!("down fused {what}"),
+                &s.gpu_fused(&s.h_b, &all),
+                &s.want_fused(&s.h_in, &all),
+                AFFINE_TOL,
+            );
+        }
+    }
+}
+
+/// A pool split into chunks: each chunk's dispatch serves its own slots.
+#[test]
+fn affine_int4_split_pool_matches_cpu() {
+    for (i, (c, per_chunk)) in [(case(300, 65, 7, 10, 4, 5), 3u64), (case(96, 1408, 5, 7, 3, 5), 2)]
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = Q4SlotLayout::with_kind(c.hidden, c.inter, A32).bytes as u64;
+        let g = Gpu::new(Some(per_chunk * bytes), VARIANTS[1]);
+        let s = Setup::random_kind(&g, 1400 + i as u64, c, A32);
+        assert_eq!(s.pool().chunks.len(), c.slots.div_ceil(per_chunk as usize));
+        let all = s.all_chunks();
+        let what = s.what();
+        check(&format!("gate_up {what}"), &s.gpu_gate_up(&all), &s.want_gate_up(), AFFINE_TOL);
+        check(
+            &format!("down fused {what}"),
+            &s.gpu_fused(&s.h_b, &all),
+            &s.want_fused(&s.h_in, &all),
+            AFFINE_TOL,
+        );
+    }
+}
+
+/// The tiled expert GEMMs (prefill on GPUs) on affine slots.
+#[test]
+fn affine_int4_expert_gemm_matches_cpu() {
+    let tiled = KernelOverrides {
+        prefill: Some(PrefillKernels::Tiled),
+        ..Default::default()
+    };
+    let mut cases: Vec<(Case, Option<usize>)> = SHAPES.iter().map(|&c| (c, None)).collect();
+    cases.extend([
+        (case(257, 300, 5, 6, 4, 33), None),
+        (case(300, 65, 7, 10, 4, 9), Some(3)),
+    ]);
+    for (i, &(c, per_chunk)) in cases.iter().enumerate() {
+        let cap = per_chunk.map(|n| (n * Q4SlotLayout::with_kind(c.hidden, c.inter, A32).bytes) as u64);
+        let g = Gpu::new(cap, tiled);
+        let s = Setup::random_kind(&g, 1500 + i as u64, c, A32);
+        let (h, y) = s.gpu_expert_gemm();
+        let what = s.what();
+        check(&format!("expert_gemm gate_up {what}"), &h, &s.want_gate_up(), AFFINE_TOL);
+        check(&format!("expert_gemm down {what}"), &y, &s.want_down(&h), AFFINE_TOL);
+    }
+    // The variant assembled for the affine format is the one that ran.
+    assert!(Kernel::all().contains(&Kernel::ExpertGemm(WeightFormat::Q4A)));
+}
