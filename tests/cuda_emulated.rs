@@ -332,8 +332,8 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
         "qwen2moe-tiny",
         "qwen3moe-tiny",
         "mixtral-tiny",
-        // A GGUF file's Q4_K experts are affine INT4 (the int4-a32 row kernels and expert
-        // GEMM), on the GPU plan only.
+        // A GGUF file's Q4_K experts (and, with Q8_0 dense weights, its Q4_K attention)
+        // are affine INT4: the int4-a32 row kernels, matvec and GEMMs, on the GPU plan.
         "gguf/qwen3moe/qwen3moe-Q4_K_M.gguf",
     ] {
         // The GPU plan (a CUDA device's default) in full; of the storage plan, the grouped
@@ -376,7 +376,7 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
             ),
         ] {
             for &(gpu, executor, portable) in configs {
-                if name.ends_with(".gguf") && (p != "int4" || !gpu) {
+                if name.ends_with(".gguf") && (!["int4", "q8_0 kv f16"].contains(&p) || !gpu) {
                     continue;
                 }
                 let s = cuda_like(Setup { executor, ..s }, gpu, portable);

@@ -43,6 +43,7 @@ fn computation(c: &ModelConfig) -> ModelConfig {
         eos_token_ids: Vec::new(),
         source_hash: String::new(),
         expert_q4: wgmoe::format::quant::Q4Kind::Sym256,
+        gguf_q4_dense: Vec::new(),
         ..c.clone()
     }
 }

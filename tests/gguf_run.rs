@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use common::engine::greedy;
 use common::*;
 use serde_json::Value;
+use wgmoe::backend::kernel::WeightFormat;
 use wgmoe::backend::{DeviceRequest, KernelOverrides};
 use wgmoe::model::Executor;
 use wgmoe::runtime::engine::{
@@ -246,6 +247,15 @@ fn four_bit_experts_run_in_their_own_blocks() {
             let tol = if file.contains("Q4_0") { 2e-3 } else { 6.0 };
             assert!(d <= tol, "{file}: INT4 experts' logits differ from f16 experts' by {d}");
             check_file(family, &file, &g["files"][&file], DensePrecision::F16, ExpertPrecision::Int4);
+            // With quantised dense weights (the default) the 4-bit attention matrices are
+            // held in their own blocks too (affine INT4), the rest as Q8_0.
+            let mut e = load(&path, ExpertPrecision::Int4, DensePrecision::Q8_0, ResidencyOptions::default())
+                .unwrap_or_else(|err| panic!("{file}: {err}"));
+            let q4_dense = e.fwd.weights.layers.iter().filter(|l| l.o_proj.format == WeightFormat::Q4A).count();
+            assert!(q4_dense > 0, "{file}: no attention matrix held as affine INT4");
+            let d = max_diff(&prompt_logits(&mut e.fwd, &seq).unwrap(), &int4);
+            eprintln!("{file}: max |logit q8_0/int4-a32 dense - f16 dense| {d:.2e}");
+            check_file(family, &file, &g["files"][&file], DensePrecision::Q8_0, ExpertPrecision::Int4);
         }
     }
 }

@@ -737,7 +737,6 @@ fn a_gguf_header_plans_as_its_published_config() {
             "top_k",
             "parameters",
             "routed_parameters",
-            "non_routed_bytes",
             "expert_bytes_f16",
             "kv_cache_bytes",
             "workspace_bytes",
@@ -752,6 +751,13 @@ fn a_gguf_header_plans_as_its_published_config() {
         assert_eq!(u(&a, "expert_bytes"), slot(Q4Kind::Affine32), "{vram}");
         assert_eq!(u(&b, "expert_bytes"), slot(Q4Kind::Sym256), "{vram}");
         assert_eq!(u(&a, "routed_expert_bytes"), 48 * 128 * slot(Q4Kind::Affine32));
+        // Its Q4_K attention matrices (where q, k and v all are) are affine INT4, not Q8_0.
+        assert!(
+            u(&a, "non_routed_bytes") < u(&b, "non_routed_bytes"),
+            "{vram}: {} vs {}",
+            a["non_routed_bytes"],
+            b["non_routed_bytes"]
+        );
         assert!(
             u(&a, "resident_experts_per_layer") <= u(&b, "resident_experts_per_layer"),
             "{vram}: larger slots cannot fit more experts"

@@ -175,6 +175,63 @@ fn q8_0_plan_byte_counts_equal_the_loaders_allocations() {
     }
 }
 
+/// A GGUF file plans the bytes its load allocates: affine INT4 experts, its Q4_0/Q4_K
+/// attention as affine INT4 and the rest of its dense weights as Q8_0, whole and split
+/// into chunks of whole rows under a small binding limit.
+#[test]
+fn gguf_plan_byte_counts_equal_the_loaders_allocations() {
+    use wgmoe::backend::kernel::WeightFormat;
+    use wgmoe::backend::{Device, DeviceRequest};
+    init_env();
+    let (mut affine_dense, mut split) = (0, 0);
+    for file in [
+        "qwen3moe/qwen3moe-Q4_K_M.gguf",
+        "qwen2moe/qwen2moe-Q4_0.gguf",
+        "mixtral/mixtral-Q4_K_M.gguf",
+        "olmoe/olmoe-Q4_0.gguf",
+    ] {
+        let path = fixture("gguf").join(file);
+        let cfg = wgmoe::gguf::model_config(&wgmoe::gguf::GgufModel::open(&path).unwrap()).unwrap();
+        let p = plan_json(&[&path.display().to_string(), "--vram", "64GiB", "--context", "40", "--json"]);
+        assert_eq!(p["dense_precision"], "q8_0");
+        let ckpt = std::sync::Arc::new(wgmoe::format::checkpoint::Checkpoint::open(&path).unwrap());
+        // Bindings just above the largest slot (a routed expert or a shared expert) split
+        // the lm_head into chunks.
+        let slot = wgmoe::runtime::admission::slot_bytes(&cfg, true).max(
+            wgmoe::model::dense_mlp::DenseMlp::bytes(
+                WeightFormat::Q8,
+                cfg.hidden_size,
+                cfg.shared_expert_intermediate.unwrap_or(0),
+            ),
+        );
+        for max_binding in [None, Some(slot.next_multiple_of(256))] {
+            let dev = Device::open(&DeviceRequest { max_binding, ..Default::default() }).unwrap();
+            let before = dev.tracker().current();
+            let w = wgmoe::model::ModelWeights::load(
+                &dev,
+                &cfg,
+                &ckpt,
+                true,
+                WeightFormat::Q8,
+                &vec![None; cfg.num_layers],
+            )
+            .unwrap();
+            let q4a = w.layers.iter().filter(|l| l.qkv.format == WeightFormat::Q4A).count();
+            affine_dense += q4a;
+            if max_binding.is_some() && w.lm_head().chunks.len() > 1 {
+                split += 1;
+            }
+            assert_eq!(
+                dev.tracker().current() - before,
+                u(&p, "non_routed_bytes") + u(&p, "routed_expert_bytes"),
+                "{file}: bindings {max_binding:?}, {q4a} affine qkv matrices"
+            );
+        }
+    }
+    assert!(affine_dense > 0, "no affine INT4 attention in the fixtures");
+    assert!(split > 0, "no lm_head split under the small bindings");
+}
+
 /// Qwen3-30B-A3B at 4096 positions: Q8_0 dense weights and an f16 KV cache read at most
 /// 0.68x the bytes per decoded token of f16 dense weights and an f32 cache (issue 20's
 /// target), the cache exactly half, and an 8 GiB card holds more experts per layer.

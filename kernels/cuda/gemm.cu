@@ -228,3 +228,8 @@ extern "C" __global__ void expert_gemm_q4a(ExpertGemmParams p, const Step* step,
                                            float* out, const uint4* w, const u32* ws) {
     expert_gemm<FmtQ4A>(p, step, Act{x, x4}, pairs, slot_of, out, Mat{w, ws});
 }
+extern "C" __global__ void gemm_q4a(DenseParams p, const Step* step, const float* x,
+                                    const float4* x4, const float* bias, float* out,
+                                    const uint4* w, const u32* ws) {
+    gemm<FmtQ4A>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}

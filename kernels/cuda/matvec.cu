@@ -70,3 +70,13 @@ extern "C" __global__ void matvec_q8_wg(DenseParams p, const Step* step, const f
                                         const uint4* w, const u32* ws) {
     matvec<FmtQ8, WorkgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
 }
+extern "C" __global__ void matvec_q4a_sg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w, const u32* ws) {
+    matvec<FmtQ4A, SubgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void matvec_q4a_wg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w, const u32* ws) {
+    matvec<FmtQ4A, WorkgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}

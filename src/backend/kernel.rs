@@ -99,9 +99,10 @@ impl WeightFormat {
     pub const ALL: [WeightFormat; 4] =
         [WeightFormat::F16, WeightFormat::Q4, WeightFormat::Q8, WeightFormat::Q4A];
 
-    /// The formats of dense (non-routed) weights: f16 and Q8_0.
+    /// The formats of dense (non-routed) weights: f16, Q8_0, and affine INT4 (a GGUF
+    /// file's Q4_0/Q4_K matrices as they are).
     pub fn dense(self) -> bool {
-        matches!(self, WeightFormat::F16 | WeightFormat::Q8)
+        self != WeightFormat::Q4
     }
 
     /// The format of an INT4 expert pool of `kind`.

@@ -131,9 +131,27 @@ pub struct ModelConfig {
     /// How routed experts are held as INT4: wgmoe's block-256 quantiser for safetensors
     /// checkpoints, affine block-32 for GGUF files (their 4-bit blocks as they are).
     pub expert_q4: crate::format::quant::Q4Kind,
+    /// The dense matrices a GGUF file stores as Q4_0 or Q4_K (attention projections,
+    /// lm_head; Hugging Face names, sorted): with Q8_0 dense weights they are held as
+    /// affine INT4, their blocks as they are. Empty for safetensors checkpoints.
+    pub gguf_q4_dense: Vec<String>,
 }
 
 impl ModelConfig {
+    /// Whether the dense matrix `name` (q, k and v: the layer's stacked qkv) is held as
+    /// affine INT4 with Q8_0 dense weights: every part a GGUF Q4_0/Q4_K tensor.
+    pub fn dense_q4(&self, name: &str) -> bool {
+        let has = |n: &str| self.gguf_q4_dense.binary_search_by(|x| x.as_str().cmp(n)).is_ok();
+        for p in ["q_proj", "k_proj", "v_proj"] {
+            if let Some(layer) = name.strip_suffix(&format!(".self_attn.{p}.weight")) {
+                return ["q_proj", "k_proj", "v_proj"]
+                    .iter()
+                    .all(|q| has(&format!("{layer}.self_attn.{q}.weight")));
+            }
+        }
+        has(name)
+    }
+
     /// The INT4 slot of one routed expert (`expert_q4`).
     pub fn q4_slot(&self) -> crate::format::quant::Q4SlotLayout {
         crate::format::quant::Q4SlotLayout::with_kind(
@@ -272,6 +290,7 @@ impl ModelConfig {
             eos_token_ids,
             source_hash: fnv1a64_hex(text.as_bytes()),
             expert_q4: crate::format::quant::Q4Kind::Sym256,
+            gguf_q4_dense: Vec::new(),
         })
     }
 

@@ -138,7 +138,26 @@ impl Checkpoint {
         let Some((bytes, ty, _, _)) = self.gguf_rows(e, name, Some((row_start, rows)))? else {
             return Ok(None);
         };
-        crate::gguf::dequant::affine4(ty, &bytes).map_err(|m| self.bad(e, name, m))
+        let a = crate::gguf::dequant::affine4(ty, &bytes).map_err(|m| self.bad(e, name, m))?;
+        // The affine INT4 slot stores f16(A) and f16(B + 8A): both must be finite.
+        if let Some(a) = &a {
+            let cols = expected_shape.last().copied().unwrap_or(1).max(1);
+            let bad = a.blocks.iter().position(|&(am, bm)| {
+                !(half::f16::from_f32(am).is_finite() && half::f16::from_f32(bm + 8.0 * am).is_finite())
+            });
+            if let Some(b) = bad {
+                let at = row_start * cols + b * 32;
+                return Err(self.bad(
+                    e,
+                    name,
+                    format!(
+                        "the {ty} block holding element {at} has a scale {} or offset {} beyond f16's range: wgmoe refuses it",
+                        a.blocks[b].0, a.blocks[b].1
+                    ),
+                ));
+            }
+        }
+        Ok(a)
     }
 
     /// The bytes of rows `(start, n)` of a GGUF tensor (all rows with None) in Hugging Face

@@ -14,6 +14,7 @@ use crate::limits;
 use super::meta::{MetaValue, Metadata};
 use super::model::GgufModel;
 use super::names;
+use super::types::GgmlType;
 
 /// `general.architecture` values wgmoe runs (llama only with `llama.expert_count`).
 pub const SUPPORTED_ARCHS: &[&str] = &["olmoe", "qwen2moe", "qwen3moe", "llama"];
@@ -289,8 +290,25 @@ pub fn model_config(model: &GgufModel) -> Result<ModelConfig> {
         eos_token_ids,
         source_hash: fnv1a64_hex(model.shards()[0].kv_bytes()),
         expert_q4: crate::format::quant::Q4Kind::Affine32,
+        gguf_q4_dense: Vec::new(),
     };
-    names::ModelTensors::resolve(model, &cfg)?;
+    let mut cfg = cfg;
+    // The matrices the loader's dense_matrix reads (not the embedding table, whose tied
+    // lm_head copy stays Q8_0) stored in a 4-bit type the affine INT4 kernels hold as is.
+    let mut q4: Vec<String> = super::source::hf_tensors(model, &cfg)?
+        .into_iter()
+        .filter(|t| {
+            matches!(t.ty, GgmlType::Q4_0 | GgmlType::Q4_K)
+                && t.shape.len() == 2
+                && (t.name == "lm_head.weight"
+                    || [".q_proj.", ".k_proj.", ".v_proj.", ".o_proj."]
+                        .iter()
+                        .any(|p| t.name.contains(p) && t.name.contains(".self_attn.")))
+        })
+        .map(|t| t.name)
+        .collect();
+    q4.sort();
+    cfg.gguf_q4_dense = q4;
     Ok(cfg)
 }
 

@@ -415,6 +415,26 @@ pub fn gguf_table(i: &GgufInspection) -> String {
 /// same blocks); other block types are decoded on the CPU at load time (no in-kernel
 /// K-quant or Q4_0 kernels yet) and stored in wgmoe's own formats. Vectors (norms,
 /// biases) and the gates (router, shared expert gate) are not listed.
+/// Whether the GGUF dense matrix `name` is held as affine INT4 with Q8_0 dense weights:
+/// an attention projection or the output head stored as Q4_0/Q4_K, q, k and v only when
+/// all three are (they are stacked into one matrix; `ModelConfig::dense_q4`).
+fn gguf_dense_q4(model: &crate::gguf::GgufModel, name: &str) -> bool {
+    let q4 = |n: &str| {
+        model
+            .info(n)
+            .is_some_and(|i| matches!(i.ggml_type, GgmlType::Q4_0 | GgmlType::Q4_K))
+    };
+    for p in ["attn_q", "attn_k", "attn_v"] {
+        if let Some(layer) = name.strip_suffix(&format!(".{p}.weight")) {
+            return ["attn_q", "attn_k", "attn_v"]
+                .iter()
+                .all(|x| q4(&format!("{layer}.{x}.weight")));
+        }
+    }
+    let own = name == "output.weight" || name.ends_with(".attn_output.weight") || name.ends_with(".attn_qkv.weight");
+    own && q4(name)
+}
+
 pub fn gguf_load_note(
     model: &crate::gguf::GgufModel,
     int4_experts: bool,
@@ -439,7 +459,9 @@ pub fn gguf_load_note(
             | TensorClass::Router
             | TensorClass::Norms
             | TensorClass::Embeddings => info.ggml_type == GgmlType::F16,
-            _ if q8_dense => info.ggml_type == GgmlType::Q8_0,
+            _ if q8_dense => {
+                info.ggml_type == GgmlType::Q8_0 || (q8_dense && gguf_dense_q4(model, name))
+            }
             _ => info.ggml_type == GgmlType::F16,
         };
         if !kept {
@@ -474,7 +496,7 @@ pub fn gguf_load_note(
         return "GGUF tensors used in their stored types".to_string();
     }
     format!(
-        "GGUF tensors converted at load time: {} (the kernels read Q8_0 dense blocks as stored, Q4_0 and Q4_K experts as affine INT4 without re-rounding; other block types are decoded on the CPU first)",
+        "GGUF tensors converted at load time: {} (the kernels read Q8_0 dense blocks as stored, Q4_0 and Q4_K experts and attention as affine INT4 without re-rounding; other block types are decoded on the CPU first)",
         parts.join("; ")
     )
 }

@@ -167,8 +167,9 @@ fn matmul_split(
 ) {
     // Q8_0 matrices: the GPU-shaped kernels (matvec and the tiled GEMM) where the plan runs
     // them, else the Q8_0 storage matmul (CPU adapters), which serves every step alone.
+    // Affine INT4 matrices (a GGUF file's 4-bit blocks) have only the GPU-shaped kernels.
     let q8 = m.format != WeightFormat::F16;
-    if q8 && !env.plan.coalesced_decode && !env.plan.tiled_prefill {
+    if m.format == WeightFormat::Q8 && !env.plan.coalesced_decode && !env.plan.tiled_prefill {
         let f = flags
             | if bias.is_some() {
                 flags::MATMUL_BIAS

@@ -8,7 +8,7 @@ use crate::backend::kernel::WeightFormat;
 use crate::backend::{Buffer, Device, Usage};
 use crate::error::{Error, Result};
 use crate::format::q8_0::{self, Q8Matrix};
-use crate::format::quant::Q4SlotLayout;
+use crate::format::quant::{Affine4, Q4Kind, Q4Matrix, Q4SlotLayout};
 
 pub fn pad8(n: usize) -> usize {
     n.div_ceil(8) * 8
@@ -31,7 +31,8 @@ pub struct MatrixChunk {
 }
 
 /// A dense [rows, cols] matrix, row-major, split into chunks of whole rows: f16 (rows
-/// padded to 8 halves), or Q8_0 (`format/q8_0.rs`: each chunk's quants, then its scales).
+/// padded to 8 halves), Q8_0 (`format/q8_0.rs`: each chunk's quants, then its scales), or
+/// affine INT4 (a GGUF file's Q4_0/Q4_K blocks: each chunk's nibbles, then its pairs).
 pub struct F16Matrix {
     pub rows: usize,
     pub cols: usize,
@@ -48,14 +49,16 @@ impl F16Matrix {
     pub fn vec4_per_row(&self) -> u32 {
         match self.format {
             WeightFormat::Q8 => self.q8(1).vec4_per_row() as u32,
+            WeightFormat::Q4A => Self::q4a(1, self.cols).vec4_per_row() as u32,
             _ => (pad8(self.cols) / 8) as u32,
         }
     }
 
-    /// Scales per row (0 for f16).
+    /// f16 scale-section values per row (0 for f16).
     pub fn blocks_per_row(&self) -> u32 {
         match self.format {
             WeightFormat::Q8 => self.q8(1).blocks() as u32,
+            WeightFormat::Q4A => Self::q4a(1, self.cols).halves_per_row() as u32,
             _ => 0,
         }
     }
@@ -64,7 +67,17 @@ impl F16Matrix {
     pub fn scale_word0(&self, c: &MatrixChunk) -> u32 {
         match self.format {
             WeightFormat::Q8 => (self.q8(c.rows).q_bytes() / 4) as u32,
+            WeightFormat::Q4A => (Self::q4a(c.rows, self.cols).q_bytes() / 4) as u32,
             _ => 0,
+        }
+    }
+
+    /// The affine INT4 layout of `rows` rows (a chunk): nibbles, then (scale, offset) pairs.
+    fn q4a(rows: usize, cols: usize) -> Q4Matrix {
+        Q4Matrix {
+            out: rows,
+            inp: cols,
+            kind: Q4Kind::Affine32,
         }
     }
 
@@ -83,6 +96,10 @@ impl F16Matrix {
                 inp: cols,
             }
             .bytes() as u64,
+            WeightFormat::Q4A => {
+                let m = Self::q4a(rows, cols);
+                (m.q_bytes() + m.scale_bytes()) as u64
+            }
             _ => rows as u64 * Self::row_bytes(cols),
         }
     }
@@ -110,6 +127,10 @@ impl F16Matrix {
         // words, so a split matrix takes the bytes of an unsplit one (admission counts those).
         if format == WeightFormat::Q8 && n >= 8 {
             n = n / 8 * 8;
+        }
+        // Affine INT4 likewise: 4 rows of (scale, offset) pairs fill whole 16-byte words.
+        if format == WeightFormat::Q4A && n >= 4 {
+            n = n / 4 * 4;
         }
         Ok(n)
     }
@@ -199,6 +220,52 @@ impl F16Matrix {
             cols,
             chunks,
             format: WeightFormat::Q8,
+        })
+    }
+
+    /// Upload affine 4-bit rows (a GGUF Q4_0/Q4_K matrix's blocks, `Affine4` of [rows,
+    /// cols]) as affine INT4 (`WeightFormat::Q4A`), in chunks of whole rows: each chunk's
+    /// nibbles, then its (scale, offset) pairs. The caller checks the values are finite.
+    pub fn upload_q4a(
+        dev: &Device,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        a: &Affine4,
+    ) -> Result<Self> {
+        let nb = cols.div_ceil(32);
+        if a.nibbles.len() != rows * cols || a.blocks.len() != rows * nb {
+            return Err(Error::Other(format!(
+                "{label}: {} values in {} blocks for a [{rows}, {cols}] matrix",
+                a.nibbles.len(),
+                a.blocks.len()
+            )));
+        }
+        let per = Self::rows_per_chunk(dev, label, WeightFormat::Q4A, cols)?;
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        while start < rows {
+            let n = per.min(rows - start);
+            let m = Self::q4a(n, cols);
+            let part = Affine4 {
+                nibbles: a.nibbles[start * cols..(start + n) * cols].to_vec(),
+                blocks: a.blocks[start * nb..(start + n) * nb].to_vec(),
+            };
+            let mut bytes = vec![0u8; m.q_bytes() + m.scale_bytes()];
+            let (q, s) = bytes.split_at_mut(m.q_bytes());
+            m.pack_affine(&part, q, s);
+            chunks.push(MatrixChunk {
+                row_start: start,
+                rows: n,
+                buffer: dev.upload(label, &bytes, Usage::Storage)?,
+            });
+            start += n;
+        }
+        Ok(F16Matrix {
+            rows,
+            cols,
+            chunks,
+            format: WeightFormat::Q4A,
         })
     }
 

@@ -10,6 +10,7 @@ use crate::backend::{Buffer, Device, Usage};
 use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertProj};
+use crate::format::quant::Affine4;
 use crate::format::convert::{is_converted, packed_layer, stored_q8_blocks};
 use crate::format::identity::{dense_storage, stored_q8, DenseStorage};
 use crate::model::dense_mlp::{DenseMlp, Q8Mlp};
@@ -109,6 +110,7 @@ impl ModelWeights {
             let qkv = dense_matrix(
                 dev,
                 ckpt,
+                cfg,
                 dense,
                 "qkv_proj",
                 &[
@@ -153,6 +155,7 @@ impl ModelWeights {
             let o_proj = dense_matrix(
                 dev,
                 ckpt,
+                cfg,
                 dense,
                 "o_proj",
                 &[(format!("{p}.self_attn.o_proj.weight"), h)],
@@ -208,6 +211,7 @@ impl ModelWeights {
             (true, _) => Some(dense_matrix(
                 dev,
                 ckpt,
+                cfg,
                 dense,
                 "lm_head",
                 &[("model.embed_tokens.weight".to_string(), v)],
@@ -216,6 +220,7 @@ impl ModelWeights {
             (false, _) => Some(dense_matrix(
                 dev,
                 ckpt,
+                cfg,
                 dense,
                 "lm_head",
                 &[("lm_head.weight".to_string(), v)],
@@ -253,6 +258,14 @@ impl ModelWeights {
             QkNorm::Projection => Some((q_dim, kv_dim)),
             QkNorm::PerHead => Some((cfg.head_dim, cfg.head_dim)),
         };
+        // A GGUF file's Q4_0/Q4_K dense matrices are affine INT4, as the loader holds them.
+        let held = |name: &str| {
+            if dense == WeightFormat::Q8 && cfg.dense_q4(name) {
+                WeightFormat::Q4A
+            } else {
+                dense
+            }
+        };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
             let mlp = if cfg.sparse_layers[l] {
@@ -280,7 +293,13 @@ impl ModelWeights {
             };
             layers.push(LayerWeights {
                 attn_norm: zeros("attn_norm", h)?,
-                qkv: F16Matrix::zeros_in(dev, "qkv_proj", dense, q_dim + 2 * kv_dim, h)?,
+                qkv: F16Matrix::zeros_in(
+                    dev,
+                    "qkv_proj",
+                    held(&format!("model.layers.{l}.self_attn.q_proj.weight")),
+                    q_dim + 2 * kv_dim,
+                    h,
+                )?,
                 qkv_bias: if cfg.qkv_bias {
                     Some(dev.alloc(
                         "qkv_bias",
@@ -292,7 +311,13 @@ impl ModelWeights {
                 },
                 q_norm: norm_len.map(|(q, _)| zeros("q_norm", q)).transpose()?,
                 k_norm: norm_len.map(|(_, k)| zeros("k_norm", k)).transpose()?,
-                o_proj: F16Matrix::zeros_in(dev, "o_proj", dense, h, q_dim)?,
+                o_proj: F16Matrix::zeros_in(
+                    dev,
+                    "o_proj",
+                    held(&format!("model.layers.{l}.self_attn.o_proj.weight")),
+                    h,
+                    q_dim,
+                )?,
                 ffn_norm: zeros("ffn_norm", h)?,
                 mlp,
             });
@@ -305,7 +330,9 @@ impl ModelWeights {
             lm_head: if cfg.tie_word_embeddings && dense == WeightFormat::F16 {
                 None
             } else {
-                Some(F16Matrix::zeros_in(dev, "lm_head", dense, v, h)?)
+                let tied = cfg.tie_word_embeddings;
+                let f = if tied { dense } else { held("lm_head.weight") };
+                Some(F16Matrix::zeros_in(dev, "lm_head", f, v, h)?)
             },
         })
     }
@@ -396,12 +423,26 @@ fn dense_mlp(
 fn dense_matrix(
     dev: &Device,
     ckpt: &Checkpoint,
+    cfg: &ModelConfig,
     format: WeightFormat,
     label: &str,
     parts: &[(String, usize)],
     cols: usize,
 ) -> Result<F16Matrix> {
     let rows: usize = parts.iter().map(|(_, r)| r).sum();
+    // A GGUF file's Q4_0/Q4_K matrices (every part), with quantised dense weights: their
+    // blocks as they are, in affine INT4 (the same rule admission counts by).
+    if format == WeightFormat::Q8 && parts.iter().all(|(n, _)| cfg.dense_q4(n)) {
+        let mut all = Affine4 { nibbles: Vec::new(), blocks: Vec::new() };
+        for (name, r) in parts {
+            let a = ckpt.read_rows_affine4(name, &[*r, cols], 0, *r)?.ok_or_else(|| {
+                Error::Other(format!("{name}: not stored as Q4_0 or Q4_K (its metadata said so)"))
+            })?;
+            all.nibbles.extend(a.nibbles);
+            all.blocks.extend(a.blocks);
+        }
+        return F16Matrix::upload_q4a(dev, label, rows, cols, &all);
+    }
     if format == WeightFormat::F16 {
         let mut data = Vec::with_capacity(rows * cols);
         for (name, r) in parts {

@@ -10,7 +10,7 @@ use crate::backend::kernel::{KvFormat, WeightFormat};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::q8_0::Q8Matrix;
-use crate::model::tensors::{pad8, ExpertPool};
+use crate::model::tensors::{pad8, ExpertPool, F16Matrix};
 use crate::model::workspace::{planned_shape, workspace_bytes, WorkspaceShape};
 use crate::residency::MissPolicy;
 use crate::units::human;
@@ -67,7 +67,15 @@ pub fn tensor_gpu_bytes_in(
 ) -> u128 {
     match (dense, shape) {
         (WeightFormat::Q8, [rows, cols]) if is_dense_weight(name) => {
-            let q8 = |r: usize| Q8Matrix { out: r, inp: *cols }.bytes() as u128;
+            // A GGUF file's Q4_0/Q4_K matrices are held as affine INT4 (the loader's rule).
+            let q4a = cfg.dense_q4(name);
+            let q8 = |r: usize| {
+                if q4a {
+                    F16Matrix::chunk_bytes(WeightFormat::Q4A, r, *cols) as u128
+                } else {
+                    Q8Matrix { out: r, inp: *cols }.bytes() as u128
+                }
+            };
             let q_dim = cfg.num_heads * cfg.head_dim;
             let kv_dim = cfg.num_kv_heads * cfg.head_dim;
             if name.ends_with(".k_proj.weight") {

@@ -197,6 +197,7 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
                 &[
                     (WeightFormat::F16, ["matvec_f16_sg", "matvec_f16_wg"]),
                     (WeightFormat::Q8, ["matvec_q8_sg", "matvec_q8_wg"]),
+                    (WeightFormat::Q4A, ["matvec_q4a_sg", "matvec_q4a_wg"]),
                 ],
             )?,
             "DenseParams",
@@ -275,6 +276,7 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
                 &[
                     (WeightFormat::F16, "gemm_f16"),
                     (WeightFormat::Q8, "gemm_q8"),
+                    (WeightFormat::Q4A, "gemm_q4a"),
                 ],
             )?,
             "DenseParams",
