@@ -32,7 +32,9 @@ pub enum DensePrecision {
     #[value(name = "f16")]
     #[serde(rename = "f16")]
     F16,
-    /// ggml's Q8_0 (blocks of 32, one f16 scale; `format::q8_0`), quantised on load.
+    /// ggml's Q8_0 (blocks of 32, one f16 scale; `format::q8_0`), quantised on load; a GGUF
+    /// file's Q8_0 matrices as stored, and its Q4_0/Q4_K ones in their own blocks (affine
+    /// INT4).
     #[value(name = "q8_0")]
     #[serde(rename = "q8_0")]
     Q8_0,
