@@ -13,6 +13,10 @@ use super::{map_shard, Checkpoint, DType, Entry};
 use crate::error::{Error, Result};
 use crate::gguf::{permute, GgmlType, GgufModel};
 
+/// Rows of a GGUF tensor: their bytes in Hugging Face row order, the block type, the
+/// tensor's columns and the first row's index.
+type GgufRows<'a> = (Cow<'a, [u8]>, GgmlType, usize, usize);
+
 /// How a GGUF tensor is stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GgmlEntry {
@@ -168,7 +172,7 @@ impl Checkpoint {
         e: &Entry,
         name: &str,
         rows: Option<(usize, usize)>,
-    ) -> Result<Option<(Cow<'_, [u8]>, GgmlType, usize, usize)>> {
+    ) -> Result<Option<GgufRows<'_>>> {
         let Some(g) = e.ggml.as_ref() else {
             return Ok(None);
         };
