@@ -55,8 +55,14 @@ fn four_bit_types_pack_into_affine_int4_as_they_are() {
     for t in [GgmlType::Q4_0, GgmlType::Q4_K] {
         let name = t.name().to_lowercase();
         let blocks = m.tensor(&format!("{name}.blocks")).unwrap();
-        let want = m.tensor(&format!("{name}.expected")).unwrap().to_f32().unwrap();
-        let a = wgmoe::gguf::dequant::affine4(t, blocks.data).unwrap().unwrap();
+        let want = m
+            .tensor(&format!("{name}.expected"))
+            .unwrap()
+            .to_f32()
+            .unwrap();
+        let a = wgmoe::gguf::dequant::affine4(t, blocks.data)
+            .unwrap()
+            .unwrap();
         assert_eq!(a.nibbles.len(), want.len());
         assert_eq!(a.blocks.len(), want.len() / 32);
         for (i, &w) in want.iter().enumerate() {
@@ -64,7 +70,11 @@ fn four_bit_types_pack_into_affine_int4_as_they_are() {
             assert_eq!(am * f32::from(a.nibbles[i]) + bm, w, "{t} element {i}");
         }
         let (out, inp) = (3, 512);
-        let q4 = Q4Matrix { out, inp, kind: Q4Kind::Affine32 };
+        let q4 = Q4Matrix {
+            out,
+            inp,
+            kind: Q4Kind::Affine32,
+        };
         let mut q = vec![0u8; q4.q_bytes()];
         let mut s = vec![0u8; q4.scale_bytes()];
         q4.pack_affine(&a, &mut q, &mut s);
@@ -76,7 +86,10 @@ fn four_bit_types_pack_into_affine_int4_as_they_are() {
             if t == GgmlType::Q4_0 {
                 assert_eq!(b, w, "{t} element {i}");
             } else {
-                assert!((b - w).abs() <= tol, "{t} element {i}: {b} vs {w} (tol {tol})");
+                assert!(
+                    (b - w).abs() <= tol,
+                    "{t} element {i}: {b} vs {w} (tol {tol})"
+                );
             }
         }
     }

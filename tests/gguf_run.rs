@@ -105,13 +105,8 @@ fn check_file(
 ) -> (f64, usize, usize) {
     let path = dir(family).join(file);
     let exact = file.contains("F16");
-    let mut e = load(
-        &path,
-        experts,
-        dense,
-        ResidencyOptions::default(),
-    )
-    .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+    let mut e = load(&path, experts, dense, ResidencyOptions::default())
+        .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
     let (mut sum, mut n, mut agree, mut steps) = (0.0f64, 0usize, 0usize, 0usize);
     for case in cases.as_array().unwrap() {
         let prompt = ids(&case["prompt"]);
@@ -185,7 +180,13 @@ fn every_family_and_scheme_matches_llama_cpp() {
     for family in FAMILIES {
         let g = goldens(family);
         for (file, cases) in g["files"].as_object().unwrap() {
-            check_file(family, file, cases, DensePrecision::F16, ExpertPrecision::F16);
+            check_file(
+                family,
+                file,
+                cases,
+                DensePrecision::F16,
+                ExpertPrecision::F16,
+            );
         }
     }
 }
@@ -200,7 +201,13 @@ fn q8_0_files_run_their_dense_blocks_as_stored() {
             .iter()
             .find(|(f, _)| f.contains("Q8_0"))
             .unwrap();
-        check_file(family, file, cases, DensePrecision::Q8_0, ExpertPrecision::F16);
+        check_file(
+            family,
+            file,
+            cases,
+            DensePrecision::Q8_0,
+            ExpertPrecision::F16,
+        );
     }
 }
 
@@ -225,7 +232,10 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 fn four_bit_experts_run_in_their_own_blocks() {
     for family in FAMILIES {
         let g = goldens(family);
-        for file in [format!("{family}-Q4_0.gguf"), format!("{family}-Q4_K_M.gguf")] {
+        for file in [
+            format!("{family}-Q4_0.gguf"),
+            format!("{family}-Q4_K_M.gguf"),
+        ] {
             let path = dir(family).join(&file);
             let case = &g["files"][&file][0];
             let seq: Vec<u32> = ids(&case["prompt"])
@@ -233,8 +243,13 @@ fn four_bit_experts_run_in_their_own_blocks() {
                 .chain(ids(&case["tokens"]))
                 .collect();
             let logits = |experts| {
-                let mut e = load(&path, experts, DensePrecision::F16, ResidencyOptions::default())
-                    .unwrap_or_else(|err| panic!("{file}: {err}"));
+                let mut e = load(
+                    &path,
+                    experts,
+                    DensePrecision::F16,
+                    ResidencyOptions::default(),
+                )
+                .unwrap_or_else(|err| panic!("{file}: {err}"));
                 prompt_logits(&mut e.fwd, &seq).unwrap()
             };
             let (f16, int4) = (logits(ExpertPrecision::F16), logits(ExpertPrecision::Int4));
@@ -245,17 +260,46 @@ fn four_bit_experts_run_in_their_own_blocks() {
             // models (logits near 70) that moves logits by 3.5-4.5; the old block-256
             // requantisation moved Q4_0's by 20.
             let tol = if file.contains("Q4_0") { 2e-3 } else { 6.0 };
-            assert!(d <= tol, "{file}: INT4 experts' logits differ from f16 experts' by {d}");
-            check_file(family, &file, &g["files"][&file], DensePrecision::F16, ExpertPrecision::Int4);
+            assert!(
+                d <= tol,
+                "{file}: INT4 experts' logits differ from f16 experts' by {d}"
+            );
+            check_file(
+                family,
+                &file,
+                &g["files"][&file],
+                DensePrecision::F16,
+                ExpertPrecision::Int4,
+            );
             // With quantised dense weights (the default) the 4-bit attention matrices are
             // held in their own blocks too (affine INT4), the rest as Q8_0.
-            let mut e = load(&path, ExpertPrecision::Int4, DensePrecision::Q8_0, ResidencyOptions::default())
-                .unwrap_or_else(|err| panic!("{file}: {err}"));
-            let q4_dense = e.fwd.weights.layers.iter().filter(|l| l.o_proj.format == WeightFormat::Q4A).count();
-            assert!(q4_dense > 0, "{file}: no attention matrix held as affine INT4");
+            let mut e = load(
+                &path,
+                ExpertPrecision::Int4,
+                DensePrecision::Q8_0,
+                ResidencyOptions::default(),
+            )
+            .unwrap_or_else(|err| panic!("{file}: {err}"));
+            let q4_dense = e
+                .fwd
+                .weights
+                .layers
+                .iter()
+                .filter(|l| l.o_proj.format == WeightFormat::Q4A)
+                .count();
+            assert!(
+                q4_dense > 0,
+                "{file}: no attention matrix held as affine INT4"
+            );
             let d = max_diff(&prompt_logits(&mut e.fwd, &seq).unwrap(), &int4);
             eprintln!("{file}: max |logit q8_0/int4-a32 dense - f16 dense| {d:.2e}");
-            check_file(family, &file, &g["files"][&file], DensePrecision::Q8_0, ExpertPrecision::Int4);
+            check_file(
+                family,
+                &file,
+                &g["files"][&file],
+                DensePrecision::Q8_0,
+                ExpertPrecision::Int4,
+            );
         }
     }
 }
@@ -402,7 +446,8 @@ fn tokenizer_override_replaces_the_files_tokenizer() {
     // The load note says which block types were converted, and to what.
     // Q4_K experts are held as they are (affine INT4), Q6_K ones re-rounded into it.
     assert!(
-        r.stderr.contains("routed experts q6_K x1 -> INT4 (affine, 32-column blocks)")
+        r.stderr
+            .contains("routed experts q6_K x1 -> INT4 (affine, 32-column blocks)")
             && !r.stderr.contains("routed experts q4_K")
             && r.stderr.contains("lm head q6_K x1 -> Q8_0"),
         "{r}"

@@ -31,7 +31,11 @@ fn random_affine(rng: &mut Rng, rows: usize, cols: usize) -> Affine4 {
     let blocks = (0..rows * nb)
         .map(|i| {
             let mag = [1.0, 1e-3, 40.0][(i / nb) % 3];
-            let a = if rng.below(16) == 0 { 0.0 } else { 0.002 + rng.f32(0.03) };
+            let a = if rng.below(16) == 0 {
+                0.0
+            } else {
+                0.002 + rng.f32(0.03)
+            };
             (a * mag, rng.f32(0.1) * mag)
         })
         .collect();
@@ -45,7 +49,11 @@ fn q4a_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunk
     let m = F16Matrix::upload_q4a(dev, "w", c.n, c.k, &a).unwrap();
     assert_eq!(m.format, WeightFormat::Q4A);
     assert!(m.chunks.len() >= min_chunks, "{} chunks", m.chunks.len());
-    let qm = Q4Matrix { out: c.n, inp: c.k, kind: Q4Kind::Affine32 };
+    let qm = Q4Matrix {
+        out: c.n,
+        inp: c.k,
+        kind: Q4Kind::Affine32,
+    };
     let (mut q, mut s) = (vec![0u8; qm.q_bytes()], vec![0u8; qm.scale_bytes()]);
     qm.pack_affine(&a, &mut q, &mut s);
     let step = dev.step_buffer(0, c.t).unwrap();
@@ -55,9 +63,22 @@ fn q4a_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunk
     let b = has(flags::MATMUL_BIAS).then(|| f32_buf(dev, &data.bias));
     let out = f32_buf(dev, &data.out0);
     let d = dummy(dev);
-    let env = OpEnv { plan, chunk: c.t, dummy: &d };
+    let env = OpEnv {
+        plan,
+        chunk: c.t,
+        dummy: &d,
+    };
     let mut prog = Program::default();
-    push_matmul(&mut prog, &env, &m, &x, b.as_ref(), &out, c.out_stride, c.flags);
+    push_matmul(
+        &mut prog,
+        &env,
+        &m,
+        &x,
+        b.as_ref(),
+        &out,
+        c.out_stride,
+        c.flags,
+    );
     let one = c.t == 1 || has(flags::LAST_TOKEN_ONLY);
     for op in &mut prog.ops {
         let k = match (&op.decode, one && !has(flags::LAST_TOKEN_ONLY)) {
@@ -75,7 +96,11 @@ fn q4a_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunk
         }
     }
     run(dev, prog, &step, c.t);
-    let x_rows = if has(flags::LAST_TOKEN_ONLY) { &data.xs[(c.t - 1) * c.k..] } else { &data.xs[..] };
+    let x_rows = if has(flags::LAST_TOKEN_ONLY) {
+        &data.xs[(c.t - 1) * c.k..]
+    } else {
+        &data.xs[..]
+    };
     let prod = cpu_ref::w4a16_matmul(x_rows, qm, &q, &s).unwrap();
     let rows = x_rows.len() / c.k;
     let mut want = Vec::with_capacity(rows * c.n);
@@ -96,8 +121,16 @@ fn q4a_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunk
     let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
     let what = format!(
         "int4-a32 {:?}/{:?}/{:?} T {} K {} N {} strides {}/{} flags {:#b} chunks {}",
-        plan.reduce, plan.coalesced_decode, plan.tiled_prefill, c.t, c.k, c.n, c.x_stride,
-        c.out_stride, c.flags, m.chunks.len()
+        plan.reduce,
+        plan.coalesced_decode,
+        plan.tiled_prefill,
+        c.t,
+        c.k,
+        c.n,
+        c.x_stride,
+        c.out_stride,
+        c.flags,
+        m.chunks.len()
     );
     check(&what, &got, &want, TOL * scale);
 }
@@ -114,7 +147,14 @@ fn affine_int4_matvec_and_gemm_match_cpu() {
     let mut plans: Vec<KernelPlan> = [false, true]
         .into_iter()
         .map(|portable| {
-            plan(&dev, &KernelOverrides { portable, decode: Some(DecodeKernels::Coalesced), ..Default::default() })
+            plan(
+                &dev,
+                &KernelOverrides {
+                    portable,
+                    decode: Some(DecodeKernels::Coalesced),
+                    ..Default::default()
+                },
+            )
         })
         .collect();
     plans.push(plan(&dev, &KernelOverrides::default()));
@@ -128,7 +168,14 @@ fn affine_int4_matvec_and_gemm_match_cpu() {
             MatmulCase::new(6, 100, 37, LAST | BIAS),
             MatmulCase::new(17, 65, 33, BIAS | ACCUMULATE),
             MatmulCase::new(40, 2048, 65, 0),
-            MatmulCase { t: 9, k: 13, n: 61, x_stride: 20, out_stride: 67, flags: BIAS },
+            MatmulCase {
+                t: 9,
+                k: 13,
+                n: 61,
+                x_stride: 20,
+                out_stride: 67,
+                flags: BIAS,
+            },
         ]
         .into_iter()
         .enumerate()

@@ -11,8 +11,8 @@ mod common;
 use common::check::check;
 use common::gpu::*;
 use common::q4::*;
-use wgmoe::backend::plan::PrefillKernels;
 use wgmoe::backend::kernel::WeightFormat;
+use wgmoe::backend::plan::PrefillKernels;
 use wgmoe::backend::{Kernel, KernelOverrides};
 use wgmoe::format::quant::{Q4Kind, Q4SlotLayout};
 
@@ -59,9 +59,12 @@ fn affine_int4_decode_kernels_match_cpu() {
 /// A pool split into chunks: each chunk's dispatch serves its own slots.
 #[test]
 fn affine_int4_split_pool_matches_cpu() {
-    for (i, (c, per_chunk)) in [(case(300, 65, 7, 10, 4, 5), 3u64), (case(96, 1408, 5, 7, 3, 5), 2)]
-        .into_iter()
-        .enumerate()
+    for (i, (c, per_chunk)) in [
+        (case(300, 65, 7, 10, 4, 5), 3u64),
+        (case(96, 1408, 5, 7, 3, 5), 2),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let bytes = Q4SlotLayout::with_kind(c.hidden, c.inter, A32).bytes as u64;
         let g = Gpu::new(Some(per_chunk * bytes), VARIANTS[1]);
@@ -69,7 +72,12 @@ fn affine_int4_split_pool_matches_cpu() {
         assert_eq!(s.pool().chunks.len(), c.slots.div_ceil(per_chunk as usize));
         let all = s.all_chunks();
         let what = s.what();
-        check(&format!("gate_up {what}"), &s.gpu_gate_up(&all), &s.want_gate_up(), AFFINE_TOL);
+        check(
+            &format!("gate_up {what}"),
+            &s.gpu_gate_up(&all),
+            &s.want_gate_up(),
+            AFFINE_TOL,
+        );
         check(
             &format!("down fused {what}"),
             &s.gpu_fused(&s.h_b, &all),
@@ -92,13 +100,24 @@ fn affine_int4_expert_gemm_matches_cpu() {
         (case(300, 65, 7, 10, 4, 9), Some(3)),
     ]);
     for (i, &(c, per_chunk)) in cases.iter().enumerate() {
-        let cap = per_chunk.map(|n| (n * Q4SlotLayout::with_kind(c.hidden, c.inter, A32).bytes) as u64);
+        let cap =
+            per_chunk.map(|n| (n * Q4SlotLayout::with_kind(c.hidden, c.inter, A32).bytes) as u64);
         let g = Gpu::new(cap, tiled);
         let s = Setup::random_kind(&g, 1500 + i as u64, c, A32);
         let (h, y) = s.gpu_expert_gemm();
         let what = s.what();
-        check(&format!("expert_gemm gate_up {what}"), &h, &s.want_gate_up(), AFFINE_TOL);
-        check(&format!("expert_gemm down {what}"), &y, &s.want_down(&h), AFFINE_TOL);
+        check(
+            &format!("expert_gemm gate_up {what}"),
+            &h,
+            &s.want_gate_up(),
+            AFFINE_TOL,
+        );
+        check(
+            &format!("expert_gemm down {what}"),
+            &y,
+            &s.want_down(&h),
+            AFFINE_TOL,
+        );
     }
     // The variant assembled for the affine format is the one that ran.
     assert!(Kernel::all().contains(&Kernel::ExpertGemm(WeightFormat::Q4A)));

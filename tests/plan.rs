@@ -742,7 +742,10 @@ fn a_gguf_header_plans_as_its_published_config() {
             "workspace_bytes",
             "dense_precision",
         ] {
-            assert_eq!(a[k], b[k], "{vram}: {k} of the GGUF header and of the config");
+            assert_eq!(
+                a[k], b[k],
+                "{vram}: {k} of the GGUF header and of the config"
+            );
         }
         // GGUF experts are held as affine INT4 (its Q4_K blocks as they are), the config's
         // as wgmoe's block-256 INT4: 5 and 4.0625 bits per weight.
@@ -750,7 +753,10 @@ fn a_gguf_header_plans_as_its_published_config() {
         let slot = |k| Q4SlotLayout::with_kind(2048, 768, k).bytes as u64;
         assert_eq!(u(&a, "expert_bytes"), slot(Q4Kind::Affine32), "{vram}");
         assert_eq!(u(&b, "expert_bytes"), slot(Q4Kind::Sym256), "{vram}");
-        assert_eq!(u(&a, "routed_expert_bytes"), 48 * 128 * slot(Q4Kind::Affine32));
+        assert_eq!(
+            u(&a, "routed_expert_bytes"),
+            48 * 128 * slot(Q4Kind::Affine32)
+        );
         // Its Q4_K attention matrices (where q, k and v all are) are affine INT4, not Q8_0.
         assert!(
             u(&a, "non_routed_bytes") < u(&b, "non_routed_bytes"),

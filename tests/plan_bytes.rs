@@ -192,7 +192,14 @@ fn gguf_plan_byte_counts_equal_the_loaders_allocations() {
     ] {
         let path = fixture("gguf").join(file);
         let cfg = wgmoe::gguf::model_config(&wgmoe::gguf::GgufModel::open(&path).unwrap()).unwrap();
-        let p = plan_json(&[&path.display().to_string(), "--vram", "64GiB", "--context", "40", "--json"]);
+        let p = plan_json(&[
+            &path.display().to_string(),
+            "--vram",
+            "64GiB",
+            "--context",
+            "40",
+            "--json",
+        ]);
         assert_eq!(p["dense_precision"], "q8_0");
         let ckpt = std::sync::Arc::new(wgmoe::format::checkpoint::Checkpoint::open(&path).unwrap());
         // Bindings just above the largest slot (a routed expert or a shared expert) split
@@ -205,7 +212,11 @@ fn gguf_plan_byte_counts_equal_the_loaders_allocations() {
             ),
         );
         for max_binding in [None, Some(slot.next_multiple_of(256))] {
-            let dev = Device::open(&DeviceRequest { max_binding, ..Default::default() }).unwrap();
+            let dev = Device::open(&DeviceRequest {
+                max_binding,
+                ..Default::default()
+            })
+            .unwrap();
             let before = dev.tracker().current();
             let w = wgmoe::model::ModelWeights::load(
                 &dev,
@@ -216,7 +227,11 @@ fn gguf_plan_byte_counts_equal_the_loaders_allocations() {
                 &vec![None; cfg.num_layers],
             )
             .unwrap();
-            let q4a = w.layers.iter().filter(|l| l.qkv.format == WeightFormat::Q4A).count();
+            let q4a = w
+                .layers
+                .iter()
+                .filter(|l| l.qkv.format == WeightFormat::Q4A)
+                .count();
             affine_dense += q4a;
             if max_binding.is_some() && w.lm_head().chunks.len() > 1 {
                 split += 1;

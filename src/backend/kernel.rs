@@ -96,8 +96,12 @@ pub enum WeightFormat {
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 4] =
-        [WeightFormat::F16, WeightFormat::Q4, WeightFormat::Q8, WeightFormat::Q4A];
+    pub const ALL: [WeightFormat; 4] = [
+        WeightFormat::F16,
+        WeightFormat::Q4,
+        WeightFormat::Q8,
+        WeightFormat::Q4A,
+    ];
 
     /// The formats of dense (non-routed) weights: f16, Q8_0, and affine INT4 (a GGUF
     /// file's Q4_0/Q4_K matrices as they are).

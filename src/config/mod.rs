@@ -141,7 +141,11 @@ impl ModelConfig {
     /// Whether the dense matrix `name` (q, k and v: the layer's stacked qkv) is held as
     /// affine INT4 with Q8_0 dense weights: every part a GGUF Q4_0/Q4_K tensor.
     pub fn dense_q4(&self, name: &str) -> bool {
-        let has = |n: &str| self.gguf_q4_dense.binary_search_by(|x| x.as_str().cmp(n)).is_ok();
+        let has = |n: &str| {
+            self.gguf_q4_dense
+                .binary_search_by(|x| x.as_str().cmp(n))
+                .is_ok()
+        };
         for p in ["q_proj", "k_proj", "v_proj"] {
             if let Some(layer) = name.strip_suffix(&format!(".self_attn.{p}.weight")) {
                 return ["q_proj", "k_proj", "v_proj"]

@@ -147,7 +147,8 @@ impl Checkpoint {
         if let Some(a) = &a {
             let cols = expected_shape.last().copied().unwrap_or(1).max(1);
             let bad = a.blocks.iter().position(|&(am, bm)| {
-                !(half::f16::from_f32(am).is_finite() && half::f16::from_f32(bm + 8.0 * am).is_finite())
+                !(half::f16::from_f32(am).is_finite()
+                    && half::f16::from_f32(bm + 8.0 * am).is_finite())
             });
             if let Some(b) = bad {
                 let at = row_start * cols + b * 32;

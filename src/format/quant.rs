@@ -161,7 +161,11 @@ pub struct Q4Matrix {
 
 impl Q4Matrix {
     pub fn sym(out: usize, inp: usize) -> Self {
-        Q4Matrix { out, inp, kind: Q4Kind::Sym256 }
+        Q4Matrix {
+            out,
+            inp,
+            kind: Q4Kind::Sym256,
+        }
     }
     pub fn vec4_per_row(&self) -> usize {
         self.inp.div_ceil(COLS_PER_VEC4)
@@ -205,7 +209,9 @@ impl Q4Matrix {
     pub fn pack_from(&self, src: &Q4Source, q_out: &mut [u8], s_out: &mut [u8]) {
         match src {
             Q4Source::Values(w) => self.pack(w, q_out, s_out),
-            Q4Source::Affine(a) if self.kind == Q4Kind::Affine32 => self.pack_affine(a, q_out, s_out),
+            Q4Source::Affine(a) if self.kind == Q4Kind::Affine32 => {
+                self.pack_affine(a, q_out, s_out)
+            }
             Q4Source::Affine(a) => {
                 let inp = self.inp;
                 let w: Vec<f32> = a
@@ -213,7 +219,8 @@ impl Q4Matrix {
                     .iter()
                     .enumerate()
                     .map(|(i, &q)| {
-                        let (am, bm) = a.blocks[i / inp * inp.div_ceil(COLS_PER_VEC4) + i % inp / COLS_PER_VEC4];
+                        let (am, bm) = a.blocks
+                            [i / inp * inp.div_ceil(COLS_PER_VEC4) + i % inp / COLS_PER_VEC4];
                         am * f32::from(q) + bm
                     })
                     .collect();
@@ -291,7 +298,9 @@ impl Q4Matrix {
     pub fn first_unscalable(&self, w: &[f32]) -> Option<(usize, f32)> {
         match self.kind {
             Q4Kind::Sym256 => first_unscalable(w, self.inp),
-            Q4Kind::Affine32 => first_oversized_block(w, self.inp, COLS_PER_VEC4, 1.0 / AFFINE_SPAN),
+            Q4Kind::Affine32 => {
+                first_oversized_block(w, self.inp, COLS_PER_VEC4, 1.0 / AFFINE_SPAN)
+            }
         }
     }
 
@@ -323,7 +332,11 @@ pub fn affine_fit(w: &[f32], inp: usize) -> Affine4 {
             // The offset the packer stores, so the nibbles round against what is read back.
             let o = f16::from_f32(lo + 8.0 * a).to_f32();
             for &x in blk {
-                let q = if a == 0.0 { 8.0 } else { ((x - o) / a + 8.0).round_ties_even().clamp(0.0, 15.0) };
+                let q = if a == 0.0 {
+                    8.0
+                } else {
+                    ((x - o) / a + 8.0).round_ties_even().clamp(0.0, 15.0)
+                };
                 nibbles.push(q as u8);
             }
             blocks.push((a, o - 8.0 * a));
@@ -355,8 +368,16 @@ impl Q4SlotLayout {
     }
 
     pub fn with_kind(hidden: usize, inter: usize, kind: Q4Kind) -> Self {
-        let gate = Q4Matrix { out: inter, inp: hidden, kind };
-        let down = Q4Matrix { out: hidden, inp: inter, kind };
+        let gate = Q4Matrix {
+            out: inter,
+            inp: hidden,
+            kind,
+        };
+        let down = Q4Matrix {
+            out: hidden,
+            inp: inter,
+            kind,
+        };
         let gate_q = 0;
         let up_q = gate.q_bytes();
         let down_q = up_q + gate.q_bytes();
@@ -398,7 +419,13 @@ impl Q4SlotLayout {
     }
 
     /// Pack one expert from its three sources (gate, up [I, H]; down [H, I]) into `slot`.
-    pub fn pack_expert_from(&self, gate: &Q4Source, up: &Q4Source, down: &Q4Source, slot: &mut [u8]) {
+    pub fn pack_expert_from(
+        &self,
+        gate: &Q4Source,
+        up: &Q4Source,
+        down: &Q4Source,
+        slot: &mut [u8],
+    ) {
         let (a, rest) = slot.split_at_mut(self.up_q);
         let (b, rest) = rest.split_at_mut(self.down_q - self.up_q);
         let (c, rest) = rest.split_at_mut(self.gate_s - self.down_q);

@@ -194,7 +194,10 @@ pub fn affine4(t: GgmlType, data: &[u8]) -> Result<Option<Affine4>, String> {
     let n = data.len() / bb * t.block_elems();
     let mut nibbles = vec![0u8; n];
     let mut blocks = Vec::with_capacity(n / 32);
-    for (b, q) in data.chunks_exact(bb).zip(nibbles.chunks_exact_mut(t.block_elems())) {
+    for (b, q) in data
+        .chunks_exact(bb)
+        .zip(nibbles.chunks_exact_mut(t.block_elems()))
+    {
         if t == GgmlType::Q4_0 {
             let d = f16_at(b, 0);
             for j in 0..16 {

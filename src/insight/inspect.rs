@@ -431,7 +431,9 @@ fn gguf_dense_q4(model: &crate::gguf::GgufModel, name: &str) -> bool {
                 .all(|x| q4(&format!("{layer}.{x}.weight")));
         }
     }
-    let own = name == "output.weight" || name.ends_with(".attn_output.weight") || name.ends_with(".attn_qkv.weight");
+    let own = name == "output.weight"
+        || name.ends_with(".attn_output.weight")
+        || name.ends_with(".attn_qkv.weight");
     own && q4(name)
 }
 

@@ -7,9 +7,9 @@ use crate::backend::{
     binds, groups64, Bind, Buffer, Device, Dim, KernelPlan, Op, Program, Resource, Usage,
 };
 use crate::error::Result;
+use crate::format::quant::Q4Kind;
 use crate::model::dense_mlp::DenseMlp;
 use crate::model::ops::numbered;
-use crate::format::quant::Q4Kind;
 use crate::model::slot_mats::SlotMats;
 use crate::model::tensors::{ExpertPool, ExpertStore, Q4Pool};
 use crate::model::workspace::{row, WorkspaceBuffer};

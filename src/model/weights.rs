@@ -10,9 +10,9 @@ use crate::backend::{Buffer, Device, Usage};
 use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertProj};
-use crate::format::quant::Affine4;
 use crate::format::convert::{is_converted, packed_layer, stored_q8_blocks};
 use crate::format::identity::{dense_storage, stored_q8, DenseStorage};
+use crate::format::quant::Affine4;
 use crate::model::dense_mlp::{DenseMlp, Q8Mlp};
 use crate::model::tensors::{
     upload_f16_vec, upload_f32_vec, ExpertPool, ExpertStore, F16Matrix, Q4Pool,
@@ -433,11 +433,18 @@ fn dense_matrix(
     // A GGUF file's Q4_0/Q4_K matrices (every part), with quantised dense weights: their
     // blocks as they are, in affine INT4 (the same rule admission counts by).
     if format == WeightFormat::Q8 && parts.iter().all(|(n, _)| cfg.dense_q4(n)) {
-        let mut all = Affine4 { nibbles: Vec::new(), blocks: Vec::new() };
+        let mut all = Affine4 {
+            nibbles: Vec::new(),
+            blocks: Vec::new(),
+        };
         for (name, r) in parts {
-            let a = ckpt.read_rows_affine4(name, &[*r, cols], 0, *r)?.ok_or_else(|| {
-                Error::Other(format!("{name}: not stored as Q4_0 or Q4_K (its metadata said so)"))
-            })?;
+            let a = ckpt
+                .read_rows_affine4(name, &[*r, cols], 0, *r)?
+                .ok_or_else(|| {
+                    Error::Other(format!(
+                        "{name}: not stored as Q4_0 or Q4_K (its metadata said so)"
+                    ))
+                })?;
             all.nibbles.extend(a.nibbles);
             all.blocks.extend(a.blocks);
         }

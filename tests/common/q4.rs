@@ -274,7 +274,14 @@ impl<'a> Setup<'a> {
         host: Vec<Vec<u8>>,
         x_scale: f32,
     ) -> Self {
-        Self::with_layout(g, rng, c, Q4SlotLayout::new(c.hidden, c.inter), host, x_scale)
+        Self::with_layout(
+            g,
+            rng,
+            c,
+            Q4SlotLayout::new(c.hidden, c.inter),
+            host,
+            x_scale,
+        )
     }
 
     /// `with_slots` for slots of `layout`.

@@ -478,12 +478,30 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
     assert!(s.pool().chunks.len() > 1);
     s.ids = ids.clone();
     let (ks, pairs, h, y) = routed(&g, &s.store, &s.slot_b, &s.x_b, c.inter, c.hidden);
-    assert!(ks.contains(&Kernel::ExpertGemm(WeightFormat::Q4A)), "{ks:?}");
+    assert!(
+        ks.contains(&Kernel::ExpertGemm(WeightFormat::Q4A)),
+        "{ks:?}"
+    );
     seen.extend(ks);
     assert_eq!(pairs, want_sorted, "emulated moe_sort");
-    let what = format!("H {} I {} T {t} top {k} in {} chunks", c.hidden, c.inter, s.pool().chunks.len());
-    check(&format!("emulated expert_gemm[int4-a32] gate/up {what}"), &h, &s.want_gate_up(), GEMM_TOL);
-    check(&format!("emulated expert_gemm[int4-a32] down {what}"), &y, &s.want_down(&h), GEMM_TOL);
+    let what = format!(
+        "H {} I {} T {t} top {k} in {} chunks",
+        c.hidden,
+        c.inter,
+        s.pool().chunks.len()
+    );
+    check(
+        &format!("emulated expert_gemm[int4-a32] gate/up {what}"),
+        &h,
+        &s.want_gate_up(),
+        GEMM_TOL,
+    );
+    check(
+        &format!("emulated expert_gemm[int4-a32] down {what}"),
+        &y,
+        &s.want_down(&h),
+        GEMM_TOL,
+    );
     let ids_b = u32_buf(&g.dev, &ids);
     s.ids_b = ids_b;
     let hb = f32_buf(&g.dev, &vec![f32::NAN; c.t * k * c.inter]);
@@ -501,7 +519,12 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
     seen.extend(ks);
     let r = emulated(emu, &g.dev, &prog, c.t);
     let h_rows = r.f32s(&hb, c.t * k * c.inter);
-    check(&format!("emulated expert_gate_up[int4-a32] {what}"), &h_rows, &s.want_gate_up(), GEMM_TOL);
+    check(
+        &format!("emulated expert_gate_up[int4-a32] {what}"),
+        &h_rows,
+        &s.want_gate_up(),
+        GEMM_TOL,
+    );
     let all = s.all_chunks();
     check(
         &format!("emulated expert_down[int4-a32] fused {what}"),

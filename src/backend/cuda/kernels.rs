@@ -250,7 +250,10 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
                     ),
                     (WeightFormat::Q4, ["expert_down_q4_sg", "expert_down_q4_wg"]),
                     (WeightFormat::Q8, ["expert_down_q8_sg", "expert_down_q8_wg"]),
-                    (WeightFormat::Q4A, ["expert_down_q4a_sg", "expert_down_q4a_wg"]),
+                    (
+                        WeightFormat::Q4A,
+                        ["expert_down_q4a_sg", "expert_down_q4a_wg"],
+                    ),
                 ],
             )?,
             "ExpertDownParams",
