@@ -27,10 +27,11 @@
 //! then the three scale sections, each starting on 16 bytes.
 //!
 //! A second kind, affine block-32 ([`Q4Kind::Affine32`]), holds GGUF's 4-bit experts
-//! (Q4_0, Q4_1, Q4_K) without re-rounding: the same nibbles, and per 32-column block (one
-//! vec4) an f16 scale s and an f16 offset o side by side (scales `[out][blocks][2]`), the
-//! value being s (nibble - 8) + o. Q4_0 is s = d, o = 0; Q4_1 s = d, o = m + 8d; Q4_K's
-//! sub-block (d sc, dmin m) is s = d sc, o = 8 s - dmin m. 4 + 32/32 = 5 bits per weight.
+//! (Q4_0, Q4_K) without re-rounding: the same nibbles, and per 32-column block (one vec4)
+//! an f16 scale s and an f16 offset o side by side (scales `[out][blocks][2]`), the value
+//! being s (nibble - 8) + o. Q4_0 is s = d, o = 0; Q4_K's sub-block (d sc, dmin m) is
+//! s = d sc, o = 8 s - dmin m. Other values are fitted per block ([`affine_fit`]).
+//! 4 + 32/32 = 5 bits per weight.
 
 use half::f16;
 
@@ -143,6 +144,21 @@ pub struct Affine4 {
     pub blocks: Vec<(f32, f32)>,
 }
 
+impl Affine4 {
+    /// The values A nibble + B, rows of `inp`.
+    pub fn values(&self, inp: usize) -> Vec<f32> {
+        let nb = inp.div_ceil(COLS_PER_VEC4);
+        self.nibbles
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| {
+                let (a, b) = self.blocks[i / inp * nb + i % inp / COLS_PER_VEC4];
+                a * f32::from(q) + b
+            })
+            .collect()
+    }
+}
+
 /// What one expert matrix is packed from.
 pub enum Q4Source {
     /// Values, row-major, quantised by the matrix's kind.
@@ -212,20 +228,7 @@ impl Q4Matrix {
             Q4Source::Affine(a) if self.kind == Q4Kind::Affine32 => {
                 self.pack_affine(a, q_out, s_out)
             }
-            Q4Source::Affine(a) => {
-                let inp = self.inp;
-                let w: Vec<f32> = a
-                    .nibbles
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &q)| {
-                        let (am, bm) = a.blocks
-                            [i / inp * inp.div_ceil(COLS_PER_VEC4) + i % inp / COLS_PER_VEC4];
-                        am * f32::from(q) + bm
-                    })
-                    .collect();
-                self.pack(&w, q_out, s_out)
-            }
+            Q4Source::Affine(a) => self.pack(&a.values(self.inp), q_out, s_out),
         }
     }
 
@@ -502,6 +505,69 @@ mod tests {
         // 7 * 65504 still has a finite scale.
         w[560] = MAX_ABS;
         assert_eq!(first_unscalable(&w, 300), None);
+    }
+
+    #[test]
+    fn affine_fit_holds_a_grid_exactly_and_rounds_within_half_a_step() {
+        // Rows of 70 columns (two full blocks and a partial one).
+        let (out, inp) = (3, 70);
+        let m = Q4Matrix {
+            out,
+            inp,
+            kind: Q4Kind::Affine32,
+        };
+        let mut q = vec![0u8; m.q_bytes()];
+        let mut s = vec![0u8; m.scale_bytes()];
+        // On a grid of 16 levels whose step and offset f16 holds exactly, each block (the
+        // partial one too) spanning all of it: read back equal.
+        let level = |k: usize| match k % 32 {
+            0 => 0,
+            1 => 15,
+            j => (j * 7) % 16,
+        };
+        let grid: Vec<f32> = (0..out * inp)
+            .map(|i| -1.5 + 0.25 * level(i % inp) as f32)
+            .collect();
+        m.pack(&grid, &mut q, &mut s);
+        assert_eq!(m.dequantize(&q, &s), grid);
+        // Arbitrary values: within half a step (plus the f16 rounding of the offset).
+        let w: Vec<f32> = (0..out * inp)
+            .map(|i| ((i * 7919 % 1000) as f32 / 300.0) - 1.7)
+            .collect();
+        m.pack(&w, &mut q, &mut s);
+        let back = m.dequantize(&q, &s);
+        for (i, (&b, &x)) in back.iter().zip(&w).enumerate() {
+            let (n, blk) = (i / inp, i % inp / 32);
+            let step = m.scale(&s, n, blk).to_f32();
+            let o = m.offset(&s, n, blk).to_f32().abs();
+            assert!(
+                (b - x).abs() <= step / 2.0 + o * 1e-3,
+                "element {i}: {b} vs {x}"
+            );
+        }
+    }
+
+    #[test]
+    fn affine_rows_pack_as_their_values_into_block_256() {
+        let (out, inp) = (2, 300);
+        let a = affine_fit(
+            &(0..out * inp)
+                .map(|i| (i % 37) as f32 / 9.0 - 2.0)
+                .collect::<Vec<_>>(),
+            inp,
+        );
+        let m = Q4Matrix::sym(out, inp);
+        let (mut q1, mut s1) = (vec![0u8; m.q_bytes()], vec![0u8; m.scale_bytes()]);
+        let (mut q2, mut s2) = (q1.clone(), s1.clone());
+        m.pack_from(&Q4Source::Affine(a), &mut q1, &mut s1);
+        let a = affine_fit(
+            &(0..out * inp)
+                .map(|i| (i % 37) as f32 / 9.0 - 2.0)
+                .collect::<Vec<_>>(),
+            inp,
+        );
+        m.pack(&a.values(inp), &mut q2, &mut s2);
+        assert_eq!((q1, s1), (q2, s2));
     }
 
     #[test]
