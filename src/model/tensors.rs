@@ -199,19 +199,34 @@ impl F16Matrix {
         cols: usize,
         fill: impl Fn(Q8Matrix, usize, &mut [u8], &mut [u8]),
     ) -> Result<Self> {
-        let per = Self::rows_per_chunk(dev, label, WeightFormat::Q8, cols)?;
-        let mut chunks = Vec::new();
-        let mut start = 0;
-        while start < rows {
-            let n = per.min(rows - start);
+        Self::upload_chunks(dev, label, WeightFormat::Q8, rows, cols, |start, n| {
             let m = Q8Matrix { out: n, inp: cols };
             let mut bytes = vec![0u8; m.bytes()];
             let (q, s) = bytes.split_at_mut(m.q_bytes());
             fill(m, start, q, s);
+            bytes
+        })
+    }
+
+    /// A matrix of `format` in chunks of whole rows under the binding limit, each chunk's
+    /// buffer the bytes `chunk(first row, rows)` makes.
+    fn upload_chunks(
+        dev: &Device,
+        label: &str,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        chunk: impl Fn(usize, usize) -> Vec<u8>,
+    ) -> Result<Self> {
+        let per = Self::rows_per_chunk(dev, label, format, cols)?;
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        while start < rows {
+            let n = per.min(rows - start);
             chunks.push(MatrixChunk {
                 row_start: start,
                 rows: n,
-                buffer: dev.upload(label, &bytes, Usage::Storage)?,
+                buffer: dev.upload(label, &chunk(start, n), Usage::Storage)?,
             });
             start += n;
         }
@@ -219,7 +234,7 @@ impl F16Matrix {
             rows,
             cols,
             chunks,
-            format: WeightFormat::Q8,
+            format,
         })
     }
 
@@ -241,11 +256,7 @@ impl F16Matrix {
                 a.blocks.len()
             )));
         }
-        let per = Self::rows_per_chunk(dev, label, WeightFormat::Q4A, cols)?;
-        let mut chunks = Vec::new();
-        let mut start = 0;
-        while start < rows {
-            let n = per.min(rows - start);
+        Self::upload_chunks(dev, label, WeightFormat::Q4A, rows, cols, |start, n| {
             let m = Self::q4a(n, cols);
             let part = Affine4 {
                 nibbles: a.nibbles[start * cols..(start + n) * cols].to_vec(),
@@ -254,18 +265,7 @@ impl F16Matrix {
             let mut bytes = vec![0u8; m.q_bytes() + m.scale_bytes()];
             let (q, s) = bytes.split_at_mut(m.q_bytes());
             m.pack_affine(&part, q, s);
-            chunks.push(MatrixChunk {
-                row_start: start,
-                rows: n,
-                buffer: dev.upload(label, &bytes, Usage::Storage)?,
-            });
-            start += n;
-        }
-        Ok(F16Matrix {
-            rows,
-            cols,
-            chunks,
-            format: WeightFormat::Q4A,
+            bytes
         })
     }
 
