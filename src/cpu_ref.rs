@@ -443,16 +443,22 @@ pub fn argmax(logits: &[f32], suppress: &[u32]) -> u32 {
 /// kernels do it: each block of 256 inputs is summed unscaled, `sum (nibble - 8) * x`, and
 /// multiplied by its f16 scale once; but every sum here is in f64, so the result is the
 /// exact value (to f64) and a test measures only the kernels' f32 rounding.
-/// Affine matrices (`Q4Kind::Affine32`) add each block's offset times the block's sum of x.
+/// Affine matrices (`Q4Kind::Affine32`) add each block's offset times the block's sum of x;
+/// Q8_0 matrices (`Q4Kind::Q8`) hold an int8 per byte in column order.
 fn q4_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
     let block = m.kind.block();
+    let row = m.vec4_per_row() * 16;
+    let quant = |k: usize| match m.kind {
+        crate::format::quant::Q4Kind::Q8 => q[n * row + k] as i8 as i32,
+        _ => m.nibble(q, n, k) as i32 - 8,
+    };
     let mut acc = 0.0f64;
     for b in 0..m.blocks() {
         let cols = b * block..((b + 1) * block).min(m.inp);
         let mut bs = 0.0f64;
         let mut xs = 0.0f64;
         for (k, &xk) in cols.clone().zip(&x[cols]) {
-            bs += (m.nibble(q, n, k) as i32 - 8) as f64 * xk as f64;
+            bs += quant(k) as f64 * xk as f64;
             xs += xk as f64;
         }
         acc += m.scale(s, n, b).to_f64() * bs + m.offset(s, n, b).to_f64() * xs;

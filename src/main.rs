@@ -265,6 +265,10 @@ struct PlanArgs {
     /// Use the stored measurements of the adapter whose name contains this text.
     #[arg(long)]
     adapter: Option<String>,
+    /// Plan a GGUF file's experts as `run --expert-precision int4-strict` holds them: every
+    /// matrix 4-bit (its wider expert types rounded into affine INT4, not held as Q8_0).
+    #[arg(long)]
+    int4_strict: bool,
     /// Print the plan as one JSON object.
     #[arg(long)]
     json: bool,

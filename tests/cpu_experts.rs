@@ -74,17 +74,25 @@ fn run_cpu(
     out
 }
 
-/// Block-256 slots, and affine ones (GGUF's 4-bit experts: a block, scale and offset per
-/// 32 columns).
+/// Block-256 slots, affine ones (GGUF's 4-bit experts: a block, scale and offset per
+/// 32 columns), and GGUF slots with Q8_0 matrices (its wider experts) beside affine ones.
 #[test]
 fn cpu_experts_match_the_reference() {
-    for (i, (c, kind)) in SHAPES
+    use Q4Kind::{Affine32, Sym256, Q8};
+    let kinds = [
+        (Sym256, Sym256),
+        (Affine32, Affine32),
+        (Affine32, Q8),
+        (Q8, Affine32),
+        (Q8, Q8),
+    ];
+    for (i, (c, (kind, down))) in SHAPES
         .iter()
-        .flat_map(|c| [(c, Q4Kind::Sym256), (c, Q4Kind::Affine32)])
+        .flat_map(|c| kinds.map(|k| (c, k)))
         .enumerate()
     {
         let mut rng = Rng::new(7100 + i as u64);
-        let layout = Q4SlotLayout::with_kind(c.hidden, c.inter, kind);
+        let layout = Q4SlotLayout::mixed(c.hidden, c.inter, kind, down);
         let slots: Vec<Vec<u8>> = (0..c.n_experts)
             .map(|_| random_slot(&mut rng, &layout))
             .collect();
@@ -105,9 +113,10 @@ fn cpu_experts_match_the_reference() {
             let want = reference(&layout, &slots, &x, &x0, &pairs);
             check(
                 &format!(
-                    "cpu experts [{}, {threads} threads, {}] H {} I {} T {t} top {} of {}",
+                    "cpu experts [{}, {threads} threads, {}/{}] H {} I {} T {t} top {} of {}",
                     cpu.isa(),
                     kind.name(),
+                    down.name(),
                     c.hidden,
                     c.inter,
                     c.top_k,

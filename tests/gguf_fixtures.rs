@@ -43,6 +43,7 @@ fn computation(c: &ModelConfig) -> ModelConfig {
         eos_token_ids: Vec::new(),
         source_hash: String::new(),
         expert_q4: wgmoe::format::quant::Q4Kind::Sym256,
+        expert_down_q4: wgmoe::format::quant::Q4Kind::Sym256,
         gguf_q4_dense: Vec::new(),
         ..c.clone()
     }
@@ -60,6 +61,18 @@ fn every_fixture_gives_the_config_of_its_hf_model() {
             let m = GgufModel::open(&f).unwrap_or_else(|e| panic!("{e}"));
             let cfg = model_config(&m).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(computation(&cfg), computation(&hf), "{}", f.display());
+            // Experts: 4-bit files' as affine INT4; wider types (Q6_K, Q8_0, F16, and the
+            // Q6_K ffn_down of Q4_K_M) as Q8_0 rather than rounded to 4 bits.
+            use wgmoe::format::quant::Q4Kind::{Affine32, Q8};
+            let name = f.file_name().unwrap().to_string_lossy().to_string();
+            let want = if name.contains("Q4_0") {
+                (Affine32, Affine32)
+            } else if name.contains("Q4_K_M") {
+                (Affine32, Q8)
+            } else {
+                (Q8, Q8)
+            };
+            assert_eq!((cfg.expert_q4, cfg.expert_down_q4), want, "{name}");
             // The HF EOS is among the ids that end generation, as in llama.cpp.
             for id in &hf.eos_token_ids {
                 assert!(cfg.eos_token_ids.contains(id), "{}: {:?}", f.display(), cfg);

@@ -9,6 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::cli::assert_ok;
 use common::engine::greedy;
 use common::*;
 use serde_json::Value;
@@ -256,10 +257,11 @@ fn four_bit_experts_run_in_their_own_blocks() {
             let d = max_diff(&int4, &f16);
             let scale = f16.iter().flatten().fold(0.0f32, |m, x| m.max(x.abs()));
             eprintln!("{file}: max |logit int4 - f16 experts| {d:.2e} (logits up to {scale:.1})");
-            // Q4_K_M also holds a Q6_K ffn_down, re-rounded to 4 bits: on these random
-            // models (logits near 70) that moves logits by 3.5-4.5; the old block-256
+            // Q4_K_M also holds Q6_K ffn_down experts, held as Q8_0 (every layer's down):
+            // on these random models (logits near 70) that moves logits by 0.6-1.0.
+            // Rounding them to 4 bits moved them by 3.5-4.5, and the old block-256
             // requantisation moved Q4_0's by 20.
-            let tol = if file.contains("Q4_0") { 2e-3 } else { 6.0 };
+            let tol = if file.contains("Q4_0") { 2e-3 } else { 2.0 };
             assert!(
                 d <= tol,
                 "{file}: INT4 experts' logits differ from f16 experts' by {d}"
@@ -444,13 +446,34 @@ fn tokenizer_override_replaces_the_files_tokenizer() {
     let v = json_of(&r);
     assert_eq!(json_ids(&v, "prompt_ids"), vec![5, 7], "{v}");
     // The load note says which block types were converted, and to what.
-    // Q4_K experts are held as they are (affine INT4), Q6_K ones re-rounded into it.
+    // Q4_K gate/up experts are held as they are (affine INT4); one layer's ffn_down is
+    // Q6_K, so every layer's down (the other one Q4_K) is held as Q8_0.
     assert!(
-        r.stderr
-            .contains("routed experts q6_K x1 -> INT4 (affine, 32-column blocks)")
-            && !r.stderr.contains("routed experts q4_K")
+        r.stderr.contains("routed experts q4_K x1, q6_K x1 -> Q8_0")
+            && !r.stderr.contains("-> INT4")
             && r.stderr.contains("lm head q6_K x1 -> Q8_0"),
         "{r}"
+    );
+    // `int4-strict` rounds the Q6_K down into affine INT4 and keeps the Q4_K one as is.
+    let strict = wgmoe([
+        "run",
+        &model,
+        "-p",
+        "hello world",
+        "-n",
+        "1",
+        "--tokenizer",
+        &s(&tok),
+        "--expert-precision",
+        "int4-strict",
+    ]);
+    assert_ok(&strict);
+    assert!(
+        strict
+            .stderr
+            .contains("routed experts q6_K x1 -> INT4 (affine, 32-column blocks)")
+            && !strict.stderr.contains("routed experts q4_K"),
+        "{strict}"
     );
     // A file whose own tokenizer wgmoe refuses (a pre-tokenizer name it does not know)
     // runs with --tokenizer: the file's own is then not built.

@@ -4,7 +4,9 @@
 //! bytes element by element (nibble, scale and offset) and sums in f64. The dispatches are
 //! the forward pass's own (`MoeDispatch`), over random slots whose unused scale halves are
 //! NaN (tests/common/q4.rs). Affine slots take the row kernels on every plan: the
-//! lavapipe-tuned INT4 kernels read block-256 slots only.
+//! lavapipe-tuned INT4 kernels read block-256 slots only. GGUF slots may also hold Q8_0
+//! matrices (a file's experts wider than 4 bits) beside affine ones: those run the Q8_0
+//! variants of the same kernels on the slot's sections.
 
 mod common;
 
@@ -121,4 +123,75 @@ fn affine_int4_expert_gemm_matches_cpu() {
     }
     // The variant assembled for the affine format is the one that ran.
     assert!(Kernel::all().contains(&Kernel::ExpertGemm(WeightFormat::Q4A)));
+}
+
+/// GGUF slots with Q8_0 matrices (Q6_K/Q5_K/Q8_0... experts) beside affine INT4 ones, or
+/// all Q8_0: the decode row kernels (gate/up, down per slot, fused) on every variant, and
+/// the tiled expert GEMMs, each matrix read in its own format from the one slot.
+#[test]
+fn gguf_slots_with_q8_matrices_match_cpu() {
+    let tiled = KernelOverrides {
+        prefill: Some(PrefillKernels::Tiled),
+        ..Default::default()
+    };
+    let kinds = [
+        (A32, Q4Kind::Q8),
+        (Q4Kind::Q8, A32),
+        (Q4Kind::Q8, Q4Kind::Q8),
+    ];
+    for (vi, o) in VARIANTS.iter().enumerate() {
+        let g = Gpu::new(None, *o);
+        for (i, &c) in SHAPES.iter().enumerate() {
+            let (gu, down) = kinds[(i + vi) % kinds.len()];
+            let s = Setup::random_mixed(&g, 1600 + i as u64, c, gu, down);
+            let all = s.all_chunks();
+            let what = format!("{}/{} {}", gu.name(), down.name(), s.what());
+            check(
+                &format!("gate_up {what}"),
+                &s.gpu_gate_up(&all),
+                &s.want_gate_up(),
+                AFFINE_TOL,
+            );
+            check(
+                &format!("down per slot {what}"),
+                &s.gpu_down(&s.h_b, &all),
+                &s.want_down(&s.h_in),
+                AFFINE_TOL,
+            );
+            check(
+                &format!("down fused {what}"),
+                &s.gpu_fused(&s.h_b, &all),
+                &s.want_fused(&s.h_in, &all),
+                AFFINE_TOL,
+            );
+        }
+    }
+    for (i, &(c, per_chunk)) in [
+        (case(257, 300, 5, 6, 4, 33), None),
+        (case(300, 65, 7, 10, 4, 9), Some(3usize)),
+        (case(33, 96, 6, 8, 4, 5), None),
+    ]
+    .iter()
+    .enumerate()
+    {
+        for (k, &(gu, down)) in kinds.iter().enumerate() {
+            let bytes = Q4SlotLayout::mixed(c.hidden, c.inter, gu, down).bytes;
+            let g = Gpu::new(per_chunk.map(|n| (n * bytes) as u64), tiled);
+            let s = Setup::random_mixed(&g, 1700 + (i * 3 + k) as u64, c, gu, down);
+            let (h, y) = s.gpu_expert_gemm();
+            let what = format!("{}/{} {}", gu.name(), down.name(), s.what());
+            check(
+                &format!("expert_gemm gate_up {what}"),
+                &h,
+                &s.want_gate_up(),
+                AFFINE_TOL,
+            );
+            check(
+                &format!("expert_gemm down {what}"),
+                &y,
+                &s.want_down(&h),
+                AFFINE_TOL,
+            );
+        }
+    }
 }

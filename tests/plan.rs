@@ -747,15 +747,43 @@ fn a_gguf_header_plans_as_its_published_config() {
                 "{vram}: {k} of the GGUF header and of the config"
             );
         }
-        // GGUF experts are held as affine INT4 (its Q4_K blocks as they are), the config's
-        // as wgmoe's block-256 INT4: 5 and 4.0625 bits per weight.
+        // GGUF experts are held as affine INT4 (its Q4_K gate/up blocks as they are) with a
+        // Q8_0 down (Q4_K_M stores some layers' ffn_down_exps as Q6_K), the config's as
+        // wgmoe's block-256 INT4: 5, 5, 8.5 and 4.0625 bits per weight.
         use wgmoe::format::quant::{Q4Kind, Q4SlotLayout};
-        let slot = |k| Q4SlotLayout::with_kind(2048, 768, k).bytes as u64;
-        assert_eq!(u(&a, "expert_bytes"), slot(Q4Kind::Affine32), "{vram}");
-        assert_eq!(u(&b, "expert_bytes"), slot(Q4Kind::Sym256), "{vram}");
+        let gguf_slot = Q4SlotLayout::mixed(2048, 768, Q4Kind::Affine32, Q4Kind::Q8).bytes as u64;
+        assert_eq!(gguf_slot, 2 * 768 * 2048 * 5 / 8 + 2048 * 768 * 17 / 16);
+        assert_eq!(u(&a, "expert_bytes"), gguf_slot, "{vram}");
         assert_eq!(
-            u(&a, "routed_expert_bytes"),
-            48 * 128 * slot(Q4Kind::Affine32)
+            u(&b, "expert_bytes"),
+            Q4SlotLayout::new(2048, 768).bytes as u64,
+            "{vram}"
+        );
+        assert_eq!(u(&a, "routed_expert_bytes"), 48 * 128 * gguf_slot);
+        // `--int4-strict` plans every expert matrix 4-bit (the Q6_K downs rounded into
+        // affine INT4), as `run --expert-precision int4-strict` holds them: more resident.
+        let strict = plan_json(&[
+            &gguf,
+            "--vram",
+            vram,
+            "--ram",
+            "32GiB",
+            "--device-gbps",
+            "400",
+            "--h2d-gbps",
+            "25",
+            "--int4-strict",
+            "--json",
+        ]);
+        assert_eq!(
+            u(&strict, "expert_bytes"),
+            Q4SlotLayout::with_kind(2048, 768, Q4Kind::Affine32).bytes as u64
+        );
+        assert!(
+            u(&strict, "resident_experts_per_layer") > u(&a, "resident_experts_per_layer"),
+            "{vram}: {} vs {}",
+            strict["resident_experts_per_layer"],
+            a["resident_experts_per_layer"]
         );
         // Its Q4_K attention matrices (where q, k and v all are) are affine INT4, not Q8_0.
         assert!(

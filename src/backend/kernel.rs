@@ -114,6 +114,7 @@ impl WeightFormat {
         match kind {
             crate::format::quant::Q4Kind::Sym256 => WeightFormat::Q4,
             crate::format::quant::Q4Kind::Affine32 => WeightFormat::Q4A,
+            crate::format::quant::Q4Kind::Q8 => WeightFormat::Q8,
         }
     }
 

@@ -185,7 +185,7 @@ pub(super) fn record(
     let bpt = crate::planner::decode_bytes_per_token(
         cfg,
         c.dense_precision.format(),
-        c.expert_precision == ExpertPrecision::Int4,
+        c.expert_precision.int4(),
         c.kv_precision.format(),
         mean_prompt + o.new_tokens / 2,
     )

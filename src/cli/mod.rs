@@ -281,7 +281,8 @@ pub fn gguf_note(model: &Path, experts: ExpertPrecision, dense: DensePrecision) 
             "note: {}",
             wgmoe::insight::inspect::gguf_load_note(
                 &g,
-                experts == ExpertPrecision::Int4,
+                experts.int4(),
+                experts == ExpertPrecision::Int4Strict,
                 dense == DensePrecision::Q8_0
             )
         );

@@ -148,6 +148,11 @@ fn bandwidths(a: &PlanArgs) -> Result<Option<Bandwidths>> {
 
 pub fn plan(a: PlanArgs) -> Result<()> {
     let (cfg, dir) = model_config(&a.model)?;
+    let cfg = if a.int4_strict {
+        wgmoe::runtime::engine::ExpertPrecision::Int4Strict.apply(cfg)
+    } else {
+        cfg
+    };
     let ram = match a.ram {
         Some(r) => Some((r, "--ram".to_string())),
         None => mem_total().map(|r| (r, "this machine's MemTotal".to_string())),

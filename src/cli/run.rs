@@ -6,7 +6,7 @@ use serde_json::json;
 
 use wgmoe::error::{Error, Result};
 use wgmoe::format::tokenizer::TextStream;
-use wgmoe::runtime::engine::{Engine, EngineOptions, ExpertPrecision};
+use wgmoe::runtime::engine::{Engine, EngineOptions};
 use wgmoe::runtime::generate::{generate, GenerateOptions};
 use wgmoe::runtime::sampling::SamplingOptions;
 use wgmoe::session::chat::{chat_prompt, Message, Role};
@@ -331,7 +331,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         let bpt = wgmoe::planner::decode_bytes_per_token(
             &engine.cfg,
             a.dense_precision.format(),
-            a.expert_precision == ExpertPrecision::Int4,
+            a.expert_precision.int4(),
             a.kv_precision.format(),
             positions,
         )?;

@@ -353,7 +353,9 @@ impl Precisions {
     fn label(self) -> String {
         let r = Self::REFERENCE;
         let mut parts = Vec::new();
-        if self.experts != r.experts {
+        if self.experts == ExpertPrecision::Int4Strict {
+            parts.push("int4-strict experts".to_string());
+        } else if self.experts != r.experts {
             parts.push("int4 experts".to_string());
         }
         if self.dense != r.dense {

@@ -131,6 +131,10 @@ pub struct ModelConfig {
     /// How routed experts are held as INT4: wgmoe's block-256 quantiser for safetensors
     /// checkpoints, affine block-32 for GGUF files (their 4-bit blocks as they are).
     pub expert_q4: crate::format::quant::Q4Kind,
+    /// The kind of the experts' down matrices: `expert_q4`, or Q8_0 where a GGUF file
+    /// stores some layer's `ffn_down` experts wider than 4 bits (and likewise `expert_q4`
+    /// for gate/up): such matrices keep 8 bits rather than being rounded to 16 levels.
+    pub expert_down_q4: crate::format::quant::Q4Kind,
     /// The dense matrices a GGUF file stores as Q4_0 or Q4_K (attention projections,
     /// lm_head; Hugging Face names, sorted): with Q8_0 dense weights they are held as
     /// affine INT4, their blocks as they are. Empty for safetensors checkpoints.
@@ -158,10 +162,11 @@ impl ModelConfig {
 
     /// The INT4 slot of one routed expert (`expert_q4`).
     pub fn q4_slot(&self) -> crate::format::quant::Q4SlotLayout {
-        crate::format::quant::Q4SlotLayout::with_kind(
+        crate::format::quant::Q4SlotLayout::mixed(
             self.hidden_size,
             self.moe_intermediate,
             self.expert_q4,
+            self.expert_down_q4,
         )
     }
 
@@ -294,6 +299,7 @@ impl ModelConfig {
             eos_token_ids,
             source_hash: fnv1a64_hex(text.as_bytes()),
             expert_q4: crate::format::quant::Q4Kind::Sym256,
+            expert_down_q4: crate::format::quant::Q4Kind::Sym256,
             gguf_q4_dense: Vec::new(),
         })
     }

@@ -216,8 +216,9 @@ pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Res
                                     path,
                                     name,
                                     msg: format!(
-                                        "element {} is {v}: its INT4 block's f16 scale would be infinite; routed experts hold at most {} in magnitude",
+                                        "element {} is {v}: its {} block's f16 scale would be infinite; routed experts hold at most {} in magnitude",
                                         at + k,
+                                        m.kind.name(),
                                         m.kind.max_abs()
                                     ),
                                 });

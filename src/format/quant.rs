@@ -32,6 +32,11 @@
 //! being s (nibble - 8) + o. Q4_0 is s = d, o = 0; Q4_K's sub-block (d sc, dmin m) is
 //! s = d sc, o = 8 s - dmin m. Other values are fitted per block ([`affine_fit`]).
 //! 4 + 32/32 = 5 bits per weight.
+//!
+//! A GGUF expert matrix stored wider than 4 bits (Q5_K, Q6_K, Q5_0/Q5_1, Q8_0, F16...) is
+//! held as ggml's Q8_0 ([`Q4Kind::Q8`], the layout of `format::q8_0`, 8.5 bits per weight)
+//! rather than rounded to 16 levels: a slot's gate/up and its down each have their kind
+//! ([`Q4SlotLayout::mixed`]), so a Q4_K_M file's Q6_K `ffn_down` keeps 8 bits.
 
 use half::f16;
 
@@ -96,7 +101,7 @@ pub fn first_oversized_block(
     None
 }
 
-/// How an INT4 matrix scales its nibbles.
+/// How an expert-slot matrix is stored: INT4 of two kinds, or Q8_0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Q4Kind {
     /// One f16 scale per 256 columns, value = s (nibble - 8): wgmoe's own quantiser.
@@ -104,6 +109,9 @@ pub enum Q4Kind {
     /// An f16 scale and an f16 offset per 32 columns, value = s (nibble - 8) + o: GGUF's
     /// 4-bit blocks as they are.
     Affine32,
+    /// ggml's Q8_0 (`format::q8_0`: int8 per byte, 16 columns per vec4, an f16 scale per
+    /// 32 columns): a GGUF file's expert matrices of a wider type than 4 bits.
+    Q8,
 }
 
 impl Q4Kind {
@@ -111,13 +119,13 @@ impl Q4Kind {
     pub fn block(self) -> usize {
         match self {
             Q4Kind::Sym256 => BLOCK,
-            Q4Kind::Affine32 => COLS_PER_VEC4,
+            Q4Kind::Affine32 | Q4Kind::Q8 => COLS_PER_VEC4,
         }
     }
     /// f16 values per block in the scale section (scale, and the offset if any).
     pub fn halves_per_block(self) -> usize {
         match self {
-            Q4Kind::Sym256 => 1,
+            Q4Kind::Sym256 | Q4Kind::Q8 => 1,
             Q4Kind::Affine32 => 2,
         }
     }
@@ -126,6 +134,7 @@ impl Q4Kind {
         match self {
             Q4Kind::Sym256 => MAX_ABS,
             Q4Kind::Affine32 => 65504.0 / AFFINE_SPAN,
+            Q4Kind::Q8 => crate::format::q8_0::MAX_ABS,
         }
     }
 
@@ -133,6 +142,24 @@ impl Q4Kind {
         match self {
             Q4Kind::Sym256 => "int4-b256",
             Q4Kind::Affine32 => "int4-a32",
+            Q4Kind::Q8 => "q8_0",
+        }
+    }
+
+    /// The 4-bit kind a GGUF matrix of this kind is rounded into when every expert matrix
+    /// must be 4-bit (`--expert-precision int4-strict`): Q8_0 becomes affine INT4.
+    pub fn four_bit(self) -> Q4Kind {
+        match self {
+            Q4Kind::Q8 => Q4Kind::Affine32,
+            k => k,
+        }
+    }
+
+    /// Columns per vec4<u32> of the quant section.
+    pub fn cols_per_vec4(self) -> usize {
+        match self {
+            Q4Kind::Q8 => crate::format::q8_0::COLS_PER_VEC4,
+            _ => COLS_PER_VEC4,
         }
     }
 }
@@ -184,7 +211,15 @@ impl Q4Matrix {
         }
     }
     pub fn vec4_per_row(&self) -> usize {
-        self.inp.div_ceil(COLS_PER_VEC4)
+        self.inp.div_ceil(COLS_PER_VEC4) * (COLS_PER_VEC4 / self.kind.cols_per_vec4())
+    }
+
+    /// The Q8_0 layout of a `Q4Kind::Q8` matrix.
+    fn q8(&self) -> crate::format::q8_0::Q8Matrix {
+        crate::format::q8_0::Q8Matrix {
+            out: self.out,
+            inp: self.inp,
+        }
     }
     pub fn blocks(&self) -> usize {
         self.inp.div_ceil(self.kind.block())
@@ -203,8 +238,10 @@ impl Q4Matrix {
     /// Quantise `w` ([out, in], row-major) into `q_out` (q_bytes) and `s_out`
     /// (scale_bytes). Affine32 fits each 32-column block's range: s = (max - min) / 15.
     pub fn pack(&self, w: &[f32], q_out: &mut [u8], s_out: &mut [u8]) {
-        if self.kind == Q4Kind::Affine32 {
-            return self.pack_affine(&affine_fit(w, self.inp), q_out, s_out);
+        match self.kind {
+            Q4Kind::Affine32 => return self.pack_affine(&affine_fit(w, self.inp), q_out, s_out),
+            Q4Kind::Q8 => return self.q8().pack(w, q_out, s_out),
+            Q4Kind::Sym256 => {}
         }
         let (out, inp) = (self.out, self.inp);
         let nb = self.blocks();
@@ -289,7 +326,7 @@ impl Q4Matrix {
 
     /// The offset of block `block` of row `n` (0 for Sym256).
     pub fn offset(&self, s: &[u8], n: usize, block: usize) -> f16 {
-        if self.kind == Q4Kind::Sym256 {
+        if self.kind != Q4Kind::Affine32 {
             return f16::ZERO;
         }
         let at = (n * self.blocks() + block) * 4 + 2;
@@ -304,12 +341,16 @@ impl Q4Matrix {
             Q4Kind::Affine32 => {
                 first_oversized_block(w, self.inp, COLS_PER_VEC4, 1.0 / AFFINE_SPAN)
             }
+            Q4Kind::Q8 => crate::format::q8_0::first_unstorable(w, self.inp),
         }
     }
 
     /// The dequantised matrix [out, in] (CPU reference and tests only: the runtime never
     /// expands an expert).
     pub fn dequantize(&self, q: &[u8], s: &[u8]) -> Vec<f32> {
+        if self.kind == Q4Kind::Q8 {
+            return self.q8().dequantize(q, s);
+        }
         let mut w = Vec::with_capacity(self.out * self.inp);
         for n in 0..self.out {
             for k in 0..self.inp {
@@ -371,15 +412,21 @@ impl Q4SlotLayout {
     }
 
     pub fn with_kind(hidden: usize, inter: usize, kind: Q4Kind) -> Self {
+        Self::mixed(hidden, inter, kind, kind)
+    }
+
+    /// A slot whose gate/up matrices are of kind `gate_up` and whose down is of `down`
+    /// (a GGUF file's 4-bit gate/up beside a wider down, held as Q8_0).
+    pub fn mixed(hidden: usize, inter: usize, gate_up: Q4Kind, down: Q4Kind) -> Self {
         let gate = Q4Matrix {
             out: inter,
             inp: hidden,
-            kind,
+            kind: gate_up,
         };
         let down = Q4Matrix {
             out: hidden,
             inp: inter,
-            kind,
+            kind: down,
         };
         let gate_q = 0;
         let up_q = gate.q_bytes();
@@ -408,11 +455,17 @@ impl Q4SlotLayout {
         self.gate.kind
     }
 
+    /// Whether every matrix is wgmoe's block-256 INT4 (what the lavapipe-tuned W4A16
+    /// kernels read).
+    pub fn is_sym256(&self) -> bool {
+        self.gate.kind == Q4Kind::Sym256 && self.down.kind == Q4Kind::Sym256
+    }
+
     pub fn describe(&self) -> String {
-        if self.kind() == Q4Kind::Affine32 {
+        if !self.is_sym256() {
             return format!(
-                "int4-a32 slot v1: hidden {} inter {}; nibble vec4 row-major [out][in/32] gate@{} up@{} down@{}; f16 (scale, offset) [out][in/32] gate@{} up@{} down@{}; {} bytes",
-                self.hidden, self.inter, self.gate_q, self.up_q, self.down_q, self.gate_s, self.up_s, self.down_s, self.bytes
+                "gguf expert slot v2: hidden {} inter {}; gate/up {}, down {}; quants vec4 row-major gate@{} up@{} down@{}; f16 scales (int4-a32: scale, offset) row-major gate@{} up@{} down@{}; {} bytes",
+                self.hidden, self.inter, self.gate.kind.name(), self.down.kind.name(), self.gate_q, self.up_q, self.down_q, self.gate_s, self.up_s, self.down_s, self.bytes
             );
         }
         format!(

@@ -290,12 +290,30 @@ pub fn model_config(model: &GgufModel) -> Result<ModelConfig> {
         eos_token_ids,
         source_hash: fnv1a64_hex(model.shards()[0].kv_bytes()),
         expert_q4: crate::format::quant::Q4Kind::Affine32,
+        expert_down_q4: crate::format::quant::Q4Kind::Affine32,
         gguf_q4_dense: Vec::new(),
     };
     let mut cfg = cfg;
+    let tensors = super::source::hf_tensors(model, &cfg)?;
+    // Expert matrices wider than 4 bits in any layer make that matrix Q8_0 in every slot
+    // (one slot layout for the model): 8 bits rather than a second rounding to 4.
+    let wide = |projs: &[&str]| {
+        tensors.iter().any(|t| {
+            t.name.contains(".mlp.experts.")
+                && projs.iter().any(|p| t.name.contains(p))
+                && !matches!(t.ty, GgmlType::Q4_0 | GgmlType::Q4_K)
+        })
+    };
+    use crate::format::quant::Q4Kind;
+    if wide(&[".gate_proj.", ".up_proj."]) {
+        cfg.expert_q4 = Q4Kind::Q8;
+    }
+    if wide(&[".down_proj."]) {
+        cfg.expert_down_q4 = Q4Kind::Q8;
+    }
     // The matrices the loader's dense_matrix reads (not the embedding table, whose tied
     // lm_head copy stays Q8_0) stored in a 4-bit type the affine INT4 kernels hold as is.
-    let mut q4: Vec<String> = super::source::hf_tensors(model, &cfg)?
+    let mut q4: Vec<String> = tensors
         .into_iter()
         .filter(|t| {
             matches!(t.ty, GgmlType::Q4_0 | GgmlType::Q4_K)

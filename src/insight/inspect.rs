@@ -440,9 +440,22 @@ fn gguf_dense_q4(model: &crate::gguf::GgufModel, name: &str) -> bool {
 pub fn gguf_load_note(
     model: &crate::gguf::GgufModel,
     int4_experts: bool,
+    four_bit_only: bool,
     q8_dense: bool,
 ) -> String {
-    let mut changed: BTreeMap<TensorClass, BTreeMap<String, usize>> = BTreeMap::new();
+    // As the loader holds experts (`gguf::config`): a projection stored wider than 4 bits
+    // in any layer is Q8_0 in every slot, else affine INT4.
+    let is_q4 = |t: GgmlType| matches!(t, GgmlType::Q4_0 | GgmlType::Q4_K);
+    let wide = |down: bool| {
+        model.names().any(|n| {
+            classify_gguf(n) == TensorClass::RoutedExperts
+                && n.contains("ffn_down") == down
+                && model.info(n).is_some_and(|i| !is_q4(i.ggml_type))
+        })
+    };
+    // `--expert-precision int4-strict` rounds them into affine INT4 instead.
+    let (wide_gate_up, wide_down) = (wide(false) && !four_bit_only, wide(true) && !four_bit_only);
+    let mut changed: BTreeMap<(TensorClass, &str), BTreeMap<String, usize>> = BTreeMap::new();
     for name in model.names() {
         let Some(info) = model.info(name) else {
             continue;
@@ -452,11 +465,26 @@ pub fn gguf_load_note(
         if !matrix || name.contains("ffn_gate_inp") {
             continue;
         }
+        let to_q8 = if name.contains("ffn_down") {
+            wide_down
+        } else {
+            wide_gate_up
+        };
+        let to = match class {
+            TensorClass::RoutedExperts if int4_experts && to_q8 => "Q8_0",
+            TensorClass::RoutedExperts if int4_experts => "INT4 (affine, 32-column blocks)",
+            TensorClass::RoutedExperts
+            | TensorClass::Router
+            | TensorClass::Norms
+            | TensorClass::Embeddings => "f16",
+            _ if q8_dense => "Q8_0",
+            _ => "f16",
+        };
         let kept = match class {
-            // Q4_0 and Q4_K experts go into the affine INT4 slots as they are.
-            TensorClass::RoutedExperts if int4_experts => {
-                matches!(info.ggml_type, GgmlType::Q4_0 | GgmlType::Q4_K)
-            }
+            // Q4_0 and Q4_K experts go into the affine INT4 slots as they are, Q8_0 ones
+            // into Q8_0 slot matrices.
+            TensorClass::RoutedExperts if int4_experts && to_q8 => info.ggml_type == GgmlType::Q8_0,
+            TensorClass::RoutedExperts if int4_experts => is_q4(info.ggml_type),
             TensorClass::RoutedExperts
             | TensorClass::Router
             | TensorClass::Norms
@@ -468,7 +496,7 @@ pub fn gguf_load_note(
         };
         if !kept {
             *changed
-                .entry(class)
+                .entry((class, to))
                 .or_default()
                 .entry(info.ggml_type.name().to_string())
                 .or_default() += 1;
@@ -476,16 +504,7 @@ pub fn gguf_load_note(
     }
     let parts: Vec<String> = changed
         .iter()
-        .map(|(c, types)| {
-            let to = match c {
-                TensorClass::RoutedExperts if int4_experts => "INT4 (affine, 32-column blocks)",
-                TensorClass::RoutedExperts
-                | TensorClass::Router
-                | TensorClass::Norms
-                | TensorClass::Embeddings => "f16",
-                _ if q8_dense => "Q8_0",
-                _ => "f16",
-            };
+        .map(|((c, to), types)| {
             let name = serde_json::to_value(c)
                 .ok()
                 .and_then(|v| v.as_str().map(|s| s.replace('_', " ")))
@@ -498,7 +517,7 @@ pub fn gguf_load_note(
         return "GGUF tensors used in their stored types".to_string();
     }
     format!(
-        "GGUF tensors converted at load time: {} (the kernels read Q8_0 dense blocks as stored, Q4_0 and Q4_K experts and attention as affine INT4 without re-rounding; other block types are decoded on the CPU first)",
+        "GGUF tensors converted at load time: {} (the kernels read Q8_0 blocks as stored, Q4_0 and Q4_K experts and attention as affine INT4 without re-rounding; other block types are decoded on the CPU first, experts wider than 4 bits into Q8_0)",
         parts.join("; ")
     )
 }

@@ -238,6 +238,7 @@ impl Q8Mlp {
         };
         SlotMats {
             format: WeightFormat::Q8,
+            down_format: WeightFormat::Q8,
             inter: l.inter,
             slot_words: (l.bytes / 16) as u32,
             gate_w: (l.gate_q / 16) as u32,

@@ -7,7 +7,6 @@ use crate::backend::{
     binds, groups64, Bind, Buffer, Device, Dim, KernelPlan, Op, Program, Resource, Usage,
 };
 use crate::error::Result;
-use crate::format::quant::Q4Kind;
 use crate::model::dense_mlp::DenseMlp;
 use crate::model::ops::numbered;
 use crate::model::slot_mats::SlotMats;
@@ -185,9 +184,7 @@ impl MoeDispatch<'_> {
                 }
                 flags::COMBINE_ROUTED
             }
-            ExpertStore::Int4(pool)
-                if self.sorted.is_some() && pool.layout.kind() == Q4Kind::Sym256 =>
-            {
+            ExpertStore::Int4(pool) if self.sorted.is_some() && pool.layout.is_sym256() => {
                 self.q4_expert_major(prog, pool, slot_of);
                 flags::COMBINE_ROUTED
             }
@@ -412,8 +409,9 @@ impl MoeDispatch<'_> {
             Some((s, p)) => (self.top_k, 0, s, &p.buffer, p.pmax, p.n_experts),
             None => (1, flags::FFN_FIXED_SLOT, self.dummy, self.dummy, 0, 1),
         };
-        let kernel = Kernel::ExpertGemm(m.format);
         for (down, stage) in [(false, "experts_gate_up"), (true, "experts_down")] {
+            let format = if down { m.down_format } else { m.format };
+            let kernel = Kernel::ExpertGemm(format);
             if route.is_some() {
                 prog.stage(stage);
             }
@@ -431,7 +429,7 @@ impl MoeDispatch<'_> {
                     (6, outp),
                     (10, chunk),
                 ];
-                if m.format.has_scales() {
+                if format.has_scales() {
                     b.push((11, chunk));
                 }
                 let (in_dim, out_dim) = if down {
@@ -564,13 +562,13 @@ impl MoeDispatch<'_> {
                 (7, out),
                 (10, chunk),
             ];
-            if m.format.has_scales() {
+            if m.down_format.has_scales() {
                 b.push((11, chunk));
             }
             let stage = if route.is_some() { "experts_down" } else { "" };
             prog.push(
                 Op::new(
-                    Kernel::ExpertDown(self.plan.rows(m.format)),
+                    Kernel::ExpertDown(self.plan.rows(m.down_format)),
                     &ExpertDownParams {
                         hidden: self.hidden as u32,
                         inter: m.inter as u32,
@@ -644,7 +642,7 @@ impl MoeDispatch<'_> {
         js: (usize, usize),
     ) {
         // The lavapipe-tuned INT4 kernels read block-256 slots; affine ones take the rows.
-        if self.coalesced || pool.layout.kind() == Q4Kind::Affine32 {
+        if self.coalesced || !pool.layout.is_sym256() {
             self.rows_gate_up(prog, &SlotMats::q4(pool), Some(slot_of), js);
             return;
         }
@@ -692,7 +690,7 @@ impl MoeDispatch<'_> {
         slot_of: &Buffer,
         js: Option<(usize, usize)>,
     ) {
-        if self.coalesced || pool.layout.kind() == Q4Kind::Affine32 {
+        if self.coalesced || !pool.layout.is_sym256() {
             let out = if js.is_some() { self.y } else { self.x };
             self.rows_down(prog, &SlotMats::q4(pool), Some(slot_of), js, out);
             return;

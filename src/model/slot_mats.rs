@@ -7,7 +7,10 @@ use crate::model::tensors::{ExpertPool, ExpertStore, Q4Pool};
 /// Where the three matrices of an expert lie inside a pool slot, in 16-byte words (and
 /// u32 words for scales), for the GPU-shaped row kernels; and the pool's chunks.
 pub struct SlotMats {
+    /// The format of gate/up, and of down (a GGUF slot may hold a Q8_0 down beside affine
+    /// INT4 gate/up).
     pub format: WeightFormat,
+    pub down_format: WeightFormat,
     pub inter: usize,
     pub slot_words: u32,
     pub gate_w: u32,
@@ -41,6 +44,7 @@ impl SlotMats {
         let inter = p.inter as u32;
         SlotMats {
             format: WeightFormat::F16,
+            down_format: WeightFormat::F16,
             inter: p.inter,
             slot_words: p.slot_vec4(),
             gate_w: 0,
@@ -69,7 +73,8 @@ impl SlotMats {
     pub fn q4(p: &Q4Pool) -> SlotMats {
         let l = &p.layout;
         SlotMats {
-            format: WeightFormat::int4(l.kind()),
+            format: WeightFormat::int4(l.gate.kind),
+            down_format: WeightFormat::int4(l.down.kind),
             inter: l.inter,
             slot_words: p.slot_vec4(),
             gate_w: (l.gate_q / 16) as u32,

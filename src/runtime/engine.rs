@@ -22,7 +22,31 @@ use std::sync::Arc;
 #[serde(rename_all = "lowercase")]
 pub enum ExpertPrecision {
     F16,
+    /// INT4 routed experts. A GGUF file's Q4_0/Q4_K experts as they are (affine INT4), and
+    /// any expert matrix it stores wider (Q5_K, Q6_K, Q8_0...) as Q8_0 in every slot.
     Int4,
+    /// INT4 experts with every matrix 4-bit: a GGUF file's wider expert matrices rounded
+    /// into affine INT4 (smaller slots, so more experts resident, at a second rounding).
+    /// The same as `int4` for safetensors checkpoints and 4-bit GGUF files.
+    #[value(name = "int4-strict")]
+    #[serde(rename = "int4-strict")]
+    Int4Strict,
+}
+
+impl ExpertPrecision {
+    /// Whether routed experts are held as INT4 slots (not f16).
+    pub fn int4(self) -> bool {
+        self != ExpertPrecision::F16
+    }
+
+    /// The config as this precision holds the experts.
+    pub fn apply(self, mut cfg: ModelConfig) -> ModelConfig {
+        if self == ExpertPrecision::Int4Strict {
+            cfg.expert_q4 = cfg.expert_q4.four_bit();
+            cfg.expert_down_q4 = cfg.expert_down_q4.four_bit();
+        }
+        cfg
+    }
 }
 
 /// Storage of the dense (non-routed) weights: attention q/k/v/o and lm_head. The router,
@@ -352,6 +376,7 @@ impl Engine {
     ) -> Result<Self> {
         let t0 = Instant::now();
         let (cfg, generation) = Self::open_config(dir)?;
+        let cfg = opts.expert_precision.apply(cfg);
         let tokenizer = match tokenizer {
             Some(t) => Some(t),
             None => Self::own_tokenizer(dir)?,
@@ -374,7 +399,7 @@ impl Engine {
         if crate::format::convert::is_converted(&ckpt) {
             crate::format::convert::validate_converted(&ckpt, &cfg)?;
         }
-        let int4 = opts.expert_precision == ExpertPrecision::Int4;
+        let int4 = opts.expert_precision.int4();
         let r = &opts.residency;
         let place = placement(&cfg, r, capacity);
         let dev = Device::open(&opts.adapter)?;
@@ -618,7 +643,7 @@ pub fn check_host(
         &AdmissionInput {
             dense: opts.dense_precision.format(),
             kv: opts.kv_precision.format(),
-            int4: opts.expert_precision == ExpertPrecision::Int4,
+            int4: opts.expert_precision.int4(),
             max_context: opts.max_context,
             prefill_chunk: opts.prefill_chunk,
             all_logits: opts.all_logits,

@@ -203,8 +203,13 @@ pub fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
     let setup = s;
     let file = match (s.precision, s.dense) {
         (ExpertPrecision::F16, DensePrecision::F16) => format!("{name}.safetensors"),
-        (ExpertPrecision::Int4, DensePrecision::F16) => format!("{name}.int4.safetensors"),
-        (ExpertPrecision::Int4, DensePrecision::Q8_0) => format!("{name}.q8_0.safetensors"),
+        // Strict is the same INT4 on safetensors checkpoints.
+        (ExpertPrecision::Int4 | ExpertPrecision::Int4Strict, DensePrecision::F16) => {
+            format!("{name}.int4.safetensors")
+        }
+        (ExpertPrecision::Int4 | ExpertPrecision::Int4Strict, DensePrecision::Q8_0) => {
+            format!("{name}.q8_0.safetensors")
+        }
         (ExpertPrecision::F16, DensePrecision::Q8_0) => {
             panic!("no golden of f16 experts with Q8_0 dense weights")
         }

@@ -141,6 +141,33 @@ pub fn random_affine_matrix(rng: &mut Rng, m: Q4Matrix) -> (Vec<u8>, Vec<u8>) {
     (q, s)
 }
 
+/// A random Q8_0 matrix (`Q4Kind::Q8`): quants in -127..=127 at real columns, 0 in the
+/// row padding; per 32-column block a random scale (about 1 in 16 zero), the scale
+/// section's padding halves NaN.
+pub fn random_q8_matrix(rng: &mut Rng, m: Q4Matrix) -> (Vec<u8>, Vec<u8>) {
+    assert_eq!(m.kind, Q4Kind::Q8);
+    let row = m.vec4_per_row() * 16;
+    let mut q = vec![0u8; m.q_bytes()];
+    for n in 0..m.out {
+        for k in 0..m.inp {
+            q[n * row + k] = (rng.below(255) as i32 - 127) as i8 as u8;
+        }
+    }
+    let mut s = vec![0u8; m.scale_bytes()];
+    let real = m.out * m.halves_per_row();
+    for (i, half) in s.chunks_exact_mut(2).enumerate() {
+        let v = if i >= real {
+            f16::from_le_bytes(F16_NAN)
+        } else if rng.below(16) == 0 {
+            f16::ZERO
+        } else {
+            f16::from_f32(0.002 + rng.f32(0.0018))
+        };
+        half.copy_from_slice(&v.to_le_bytes());
+    }
+    (q, s)
+}
+
 /// One slot of random gate, up and down sections.
 pub fn random_slot(rng: &mut Rng, l: &Q4SlotLayout) -> Vec<u8> {
     let mut slot = vec![0u8; l.bytes];
@@ -152,6 +179,7 @@ pub fn random_slot(rng: &mut Rng, l: &Q4SlotLayout) -> Vec<u8> {
         let (q, s) = match m.kind {
             Q4Kind::Sym256 => random_matrix(rng, m),
             Q4Kind::Affine32 => random_affine_matrix(rng, m),
+            Q4Kind::Q8 => random_q8_matrix(rng, m),
         };
         slot[q_at..q_at + q.len()].copy_from_slice(&q);
         slot[s_at..s_at + s.len()].copy_from_slice(&s);
@@ -258,8 +286,13 @@ impl<'a> Setup<'a> {
 
     /// Random slots of `kind`.
     pub fn random_kind(g: &'a Gpu, seed: u64, c: Case, kind: Q4Kind) -> Self {
+        Self::random_mixed(g, seed, c, kind, kind)
+    }
+
+    /// Random slots of gate/up kind `gate_up` and down kind `down` (`Q4SlotLayout::mixed`).
+    pub fn random_mixed(g: &'a Gpu, seed: u64, c: Case, gate_up: Q4Kind, down: Q4Kind) -> Self {
         let mut rng = Rng::new(seed);
-        let layout = Q4SlotLayout::with_kind(c.hidden, c.inter, kind);
+        let layout = Q4SlotLayout::mixed(c.hidden, c.inter, gate_up, down);
         let host = (0..c.slots)
             .map(|_| random_slot(&mut rng, &layout))
             .collect();

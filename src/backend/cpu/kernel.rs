@@ -7,7 +7,8 @@
 //! against two contiguous arrays of 128 floats: loops the compiler vectorises. The stored
 //! value is q + 8; `sum(q x) = sum(nibble x) - 8 sum(x)` takes the offset out of the loop,
 //! with the block sums of x computed once per token. Affine slots (`Q4Kind::Affine32`) have
-//! a block per 16 bytes and add the block's offset times the same sum.
+//! a block per 16 bytes and add the block's offset times the same sum. Q8_0 matrices
+//! (`Q4Kind::Q8`, a GGUF file's wider experts) take the activations in column order.
 
 use half::f16;
 
@@ -79,6 +80,14 @@ impl Interleaved {
     pub(super) fn new(x: &[f32], m: &Q4Matrix) -> Self {
         let n = m.vec4_per_row() * 16;
         let at = |col: usize| if col < m.inp { x[col] } else { 0.0 };
+        if m.kind == Q4Kind::Q8 {
+            // Q8_0 rows are one int8 per column in order: the activations as they are.
+            return Interleaved {
+                lo: (0..n).map(at).collect(),
+                hi: Vec::new(),
+                block_sums: Vec::new(),
+            };
+        }
         let lo: Vec<f32> = (0..n).map(|i| at(8 * (i / 4) + i % 4)).collect();
         let hi: Vec<f32> = (0..n).map(|i| at(8 * (i / 4) + 4 + i % 4)).collect();
         let bb = m.kind.block() / 2;
@@ -223,6 +232,9 @@ fn nibble_dot<const SIMD: u8>(q: &[u8], lo: &[f32], hi: &[f32]) -> f32 {
 /// activations.
 #[inline(always)]
 fn row_dot<const SIMD: u8>(q: &[u8], scales: &[u8], x: &Interleaved, kind: Q4Kind) -> f32 {
+    if kind == Q4Kind::Q8 {
+        return q8_row_dot(q, scales, &x.lo);
+    }
     let bb = kind.block() / 2;
     let affine = kind == Q4Kind::Affine32;
     let mut acc = 0.0f32;
@@ -239,6 +251,27 @@ fn row_dot<const SIMD: u8>(q: &[u8], scales: &[u8], x: &Interleaved, kind: Q4Kin
         if affine {
             acc += f16::from_le_bytes([sb[2], sb[3]]).to_f32() * bs;
         }
+    }
+    acc
+}
+
+/// A Q8_0 row (int8 quants, an f16 scale per 32) dot activations in column order:
+/// portable lanes of 8 the compiler vectorises.
+#[inline(always)]
+fn q8_row_dot(q: &[u8], scales: &[u8], x: &[f32]) -> f32 {
+    let mut acc = 0.0f32;
+    for ((qb, xb), sb) in q
+        .chunks_exact(32)
+        .zip(x.chunks_exact(32))
+        .zip(scales.chunks_exact(2))
+    {
+        let mut lanes = [0.0f32; 8];
+        for (qc, xc) in qb.chunks_exact(8).zip(xb.chunks_exact(8)) {
+            for i in 0..8 {
+                lanes[i] += f32::from(qc[i] as i8) * xc[i];
+            }
+        }
+        acc += f16::from_le_bytes([sb[0], sb[1]]).to_f32() * lanes.iter().sum::<f32>();
     }
     acc
 }
@@ -291,7 +324,7 @@ fn down_impl<const SIMD: u8>(
         let m = m0 + r;
         let (q, s) = (row_bytes(&l.down, dq, m), scale_row(&l.down, ds, m));
         for (&(t, w), x) in toks.iter().zip(acts) {
-            row[t] += w * row_dot::<SIMD>(q, s, x, l.kind());
+            row[t] += w * row_dot::<SIMD>(q, s, x, l.down.kind);
         }
     }
 }
