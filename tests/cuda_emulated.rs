@@ -334,6 +334,8 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
         "mixtral-tiny",
         // A GGUF file's Q4_K experts (and, with Q8_0 dense weights, its Q4_K attention)
         // are affine INT4: the int4-a32 row kernels, matvec and GEMMs, on the GPU plan.
+        // Its Q6_K ffn_down makes every down Q8_0 (the Q8_0 row kernels on slots), and
+        // int4-strict an affine INT4 one (the int4-a32 down kernels).
         "gguf/qwen3moe/qwen3moe-Q4_K_M.gguf",
     ] {
         // The GPU plan (a CUDA device's default) in full; of the storage plan, the grouped
@@ -367,6 +369,14 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
             ("f16", F16, &every[..]),
             ("int4", INT4, &every[..]),
             ("q8_0 kv f16", Setup { kv: kv16, ..Q8 }, &q8_kv16[..]),
+            (
+                "int4-strict",
+                Setup {
+                    precision: wgmoe::runtime::engine::ExpertPrecision::Int4Strict,
+                    ..INT4
+                },
+                &q8_kv16[..],
+            ),
             ("int4 kv f16", Setup { kv: kv16, ..INT4 }, &kv16_storage[..]),
             ("q8_0 kv q8_0", Setup { kv: kvq8, ..Q8 }, &q8_kvq8[..]),
             (
@@ -376,7 +386,12 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
             ),
         ] {
             for &(gpu, executor, portable) in configs {
-                if name.ends_with(".gguf") && (!["int4", "q8_0 kv f16"].contains(&p) || !gpu) {
+                let gguf = name.ends_with(".gguf");
+                if gguf && (!["int4", "q8_0 kv f16", "int4-strict"].contains(&p) || !gpu) {
+                    continue;
+                }
+                // The same as int4 on a safetensors checkpoint.
+                if !gguf && p == "int4-strict" {
                     continue;
                 }
                 let s = cuda_like(Setup { executor, ..s }, gpu, portable);

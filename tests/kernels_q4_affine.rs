@@ -23,6 +23,29 @@ const A32: Q4Kind = Q4Kind::Affine32;
 /// As Q4_TOL, plus the offsets' f32 sums of x (one per 32 columns).
 const AFFINE_TOL: f32 = 3e-5;
 
+/// The decode row kernels of one setup (gate/up, down per slot, fused) against the CPU.
+fn check_decode(s: &Setup, what: &str) {
+    let all = s.all_chunks();
+    check(
+        &format!("gate_up {what}"),
+        &s.gpu_gate_up(&all),
+        &s.want_gate_up(),
+        AFFINE_TOL,
+    );
+    check(
+        &format!("down per slot {what}"),
+        &s.gpu_down(&s.h_b, &all),
+        &s.want_down(&s.h_in),
+        AFFINE_TOL,
+    );
+    check(
+        &format!("down fused {what}"),
+        &s.gpu_fused(&s.h_b, &all),
+        &s.want_fused(&s.h_in, &all),
+        AFFINE_TOL,
+    );
+}
+
 #[test]
 fn affine_int4_decode_kernels_match_cpu() {
     for o in VARIANTS {
@@ -34,26 +57,7 @@ fn affine_int4_decode_kernels_match_cpu() {
                 "affine slots run the row kernels: {}",
                 s.kernels
             );
-            let all = s.all_chunks();
-            let what = s.what();
-            check(
-                &format!("gate_up {what}"),
-                &s.gpu_gate_up(&all),
-                &s.want_gate_up(),
-                AFFINE_TOL,
-            );
-            check(
-                &format!("down per slot {what}"),
-                &s.gpu_down(&s.h_b, &all),
-                &s.want_down(&s.h_in),
-                AFFINE_TOL,
-            );
-            check(
-                &format!("down fused {what}"),
-                &s.gpu_fused(&s.h_b, &all),
-                &s.want_fused(&s.h_in, &all),
-                AFFINE_TOL,
-            );
+            check_decode(&s, &s.what());
         }
     }
 }
@@ -144,26 +148,7 @@ fn gguf_slots_with_q8_matrices_match_cpu() {
         for (i, &c) in SHAPES.iter().enumerate() {
             let (gu, down) = kinds[(i + vi) % kinds.len()];
             let s = Setup::random_mixed(&g, 1600 + i as u64, c, gu, down);
-            let all = s.all_chunks();
-            let what = format!("{}/{} {}", gu.name(), down.name(), s.what());
-            check(
-                &format!("gate_up {what}"),
-                &s.gpu_gate_up(&all),
-                &s.want_gate_up(),
-                AFFINE_TOL,
-            );
-            check(
-                &format!("down per slot {what}"),
-                &s.gpu_down(&s.h_b, &all),
-                &s.want_down(&s.h_in),
-                AFFINE_TOL,
-            );
-            check(
-                &format!("down fused {what}"),
-                &s.gpu_fused(&s.h_b, &all),
-                &s.want_fused(&s.h_in, &all),
-                AFFINE_TOL,
-            );
+            check_decode(&s, &format!("{}/{} {}", gu.name(), down.name(), s.what()));
         }
     }
     for (i, &(c, per_chunk)) in [

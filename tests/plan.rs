@@ -706,8 +706,8 @@ fn a_gguf_header_plans_as_its_published_config() {
     let gguf = s(&fixture("gguf/headers/Qwen3-30B-A3B-Q4_K_M.gguf"));
     let json = config("qwen3-30b-a3b.json");
     for vram in ["8GiB", "12GiB"] {
-        let args = |m: &str| {
-            plan_json(&[
+        let plan = |m: &str, extra: &[&str]| {
+            let mut a = vec![
                 m,
                 "--vram",
                 vram,
@@ -718,8 +718,11 @@ fn a_gguf_header_plans_as_its_published_config() {
                 "--h2d-gbps",
                 "25",
                 "--json",
-            ])
+            ];
+            a.extend_from_slice(extra);
+            plan_json(&a)
         };
+        let args = |m: &str| plan(m, &[]);
         let same = |v: Value, path: &str| -> Value {
             let t = serde_json::to_string(&v)
                 .unwrap()
@@ -762,19 +765,7 @@ fn a_gguf_header_plans_as_its_published_config() {
         assert_eq!(u(&a, "routed_expert_bytes"), 48 * 128 * gguf_slot);
         // `--int4-strict` plans every expert matrix 4-bit (the Q6_K downs rounded into
         // affine INT4), as `run --expert-precision int4-strict` holds them: more resident.
-        let strict = plan_json(&[
-            &gguf,
-            "--vram",
-            vram,
-            "--ram",
-            "32GiB",
-            "--device-gbps",
-            "400",
-            "--h2d-gbps",
-            "25",
-            "--int4-strict",
-            "--json",
-        ]);
+        let strict = plan(&gguf, &["--int4-strict"]);
         assert_eq!(
             u(&strict, "expert_bytes"),
             Q4SlotLayout::with_kind(2048, 768, Q4Kind::Affine32).bytes as u64
