@@ -218,7 +218,7 @@ pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Res
                                     msg: format!(
                                         "element {} is {v}: its {} block's f16 scale would be infinite; routed experts hold at most {} in magnitude",
                                         at + k,
-                                        m.kind.name(),
+                                        if m.kind == Q4Kind::Q8 { "Q8_0" } else { "INT4" },
                                         m.kind.max_abs()
                                     ),
                                 });
