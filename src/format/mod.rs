@@ -5,6 +5,7 @@
 //! implies, routing traces, the measured-bandwidth file, and SVG/PNG pictures.
 
 pub mod bandwidth;
+pub mod block_scale;
 pub mod checkpoint;
 pub mod convert;
 pub mod identity;

@@ -40,6 +40,8 @@
 
 use half::f16;
 
+use crate::format::block_scale::first_oversized_block;
+
 pub const BLOCK: usize = 256;
 /// Columns per vec4<u32> of nibbles.
 pub const COLS_PER_VEC4: usize = 32;
@@ -75,30 +77,6 @@ const AFFINE_SPAN: f32 = 2.1;
 /// `f16(max|w| / 7)` would overflow f16, and its value: such a block cannot be stored.
 pub fn first_unscalable(w: &[f32], inp: usize) -> Option<(usize, f32)> {
     first_oversized_block(w, inp, BLOCK, 7.0)
-}
-
-/// The first element of `w` (rows of `inp` values, in blocks of `block` along each row)
-/// whose block's scale `f16(max|w| / qmax)` would overflow f16, and its value: the
-/// element of largest magnitude in the first such block. INT4 and Q8_0 share it.
-pub fn first_oversized_block(
-    w: &[f32],
-    inp: usize,
-    block: usize,
-    qmax: f32,
-) -> Option<(usize, f32)> {
-    if inp == 0 {
-        return None;
-    }
-    for (r, row) in w.chunks(inp).enumerate() {
-        for (b, blk) in row.chunks(block).enumerate() {
-            let amax = blk.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
-            if !f16::from_f32(amax / qmax).is_finite() {
-                let k = blk.iter().position(|x| x.abs() == amax).unwrap_or(0);
-                return Some((r * inp + b * block + k, blk[k]));
-            }
-        }
-    }
-    None
 }
 
 /// How an expert-slot matrix is stored: INT4 of two kinds, or Q8_0.
