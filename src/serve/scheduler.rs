@@ -360,6 +360,9 @@ impl Worker<'_> {
 
     /// Answer a request that ended and free its slot.
     fn finish(&mut self, mut s: Seq, end: End) {
+        // The slot is free before the client hears of the end: a /health right after a
+        // response sees it idle.
+        self.publish();
         let reason = match end {
             End::Failed(e) => {
                 self.slots.forget(s.slot);
