@@ -39,6 +39,10 @@ fn config(path: &str) -> ModelConfig {
         "XDG_RUNTIME_DIR",
         std::env::var("XDG_RUNTIME_DIR").unwrap_or_else(|_| "/tmp".into()),
     );
+    if path.ends_with(".gguf") {
+        let gguf = wgmoe::gguf::GgufModel::open_header(std::path::Path::new(path)).unwrap();
+        return wgmoe::gguf::model_config(&gguf).unwrap();
+    }
     let text = std::fs::read_to_string(path).unwrap();
     ModelConfig::from_json(&text, std::path::Path::new(path)).unwrap()
 }
@@ -141,18 +145,25 @@ fn mixtral_decode_is_coalesced_and_fills_a_gpu() {
     decode_meets_the_bar("models/configs/mixtral-8x7b-v0.1.json", WeightFormat::F16);
 }
 
-/// The Q8_0 matvec reads its words coalesced and fills a GPU like the f16 one: every
-/// dense stage runs it, and the probe's byte count per token is the plan's.
+/// A Qwen3-30B-A3B Q4_K_M GGUF file, planned from its header as the loader holds it: Q8_0
+/// for the Q6_K/Q8_0-bearing dense matrices, affine INT4 (its own blocks) for the Q4_K
+/// ones, experts in mixed slots (affine INT4 gate/up, Q8_0 down, as its Q6_K downs need).
+/// Every one of those kernels reads its words coalesced and fills a GPU, and the probe's
+/// byte count per token is the plan's.
 #[test]
-fn qwen3_q8_0_decode_is_coalesced_and_fills_a_gpu() {
-    let path = "models/configs/qwen3-30b-a3b.json";
+fn qwen3_gguf_q4_k_m_decode_is_coalesced_and_fills_a_gpu() {
+    let path = "models/gguf/headers/Qwen3-30B-A3B-Q4_K_M.gguf";
     let r = decode_meets_the_bar(path, WeightFormat::Q8);
-    for s in ["decode/qkv_proj", "decode/o_proj", "decode/lm_head"] {
-        assert!(
-            stage(&r, s).kernel.contains("q8_0"),
-            "{s}: {}",
-            stage(&r, s).kernel
-        );
+    let kernels = [
+        ("decode/qkv_proj", "q8_0"),
+        ("decode/lm_head", "q8_0"),
+        ("decode/o_proj", "int4-a32"),
+        ("decode/experts_gate_up", "int4-a32"),
+        ("decode/experts_down", "q8_0"),
+    ];
+    for (s, format) in kernels {
+        let k = &stage(&r, s).kernel;
+        assert!(k.contains(format), "{s}: {k}, not {format}");
     }
     let cfg = config(path);
     let plan = wgmoe::planner::decode_bytes_per_token(

@@ -74,6 +74,17 @@ impl std::ops::Add for Loads {
 }
 
 impl Loads {
+    /// Every counter times `f`, rounded (a weighted average of runs of different shapes).
+    pub fn scaled(self, f: f64) -> Loads {
+        let r = |v: u64| (v as f64 * f).round() as u64;
+        Loads {
+            requests: r(self.requests),
+            sectors: r(self.sectors),
+            bytes: r(self.bytes),
+            lanes: r(self.lanes),
+        }
+    }
+
     /// Useful bytes / fetched bytes (None when nothing was read).
     pub fn sector_efficiency(self) -> Option<f64> {
         (self.sectors > 0).then(|| self.bytes as f64 / (self.sectors * 32) as f64)
@@ -112,6 +123,15 @@ impl Counts {
         let mut c = *self;
         for i in 0..SITES {
             c.0[i] = c.0[i] + o.0[i];
+        }
+        c
+    }
+
+    /// Every site's counters times `f`, rounded.
+    pub fn scaled(&self, f: f64) -> Counts {
+        let mut c = *self;
+        for l in c.0.iter_mut() {
+            *l = l.scaled(f);
         }
         c
     }

@@ -57,15 +57,17 @@ pub struct KernelsOptions {
     pub dense: crate::backend::kernel::WeightFormat,
 }
 
-/// One stage of the model: its dispatches in one layer (or once, for the head).
+/// One stage of the model: its dispatches in one layer (or once, for the head). Where the
+/// model's layers differ (a GGUF file's matrix types), the figures of one run are the
+/// average over the layers, and `per_token` counts them all.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StageReport {
     /// `decode/<op>` or `prefill/<op>`.
     pub stage: String,
     /// The kernels of its dispatches.
     pub kernel: String,
-    /// How many times one token runs it (layers of that kind; for prefill, per token of
-    /// the chunk).
+    /// How many times one token runs it (the layers that have it; for prefill, per token
+    /// of the chunk).
     pub per_token: f64,
     pub dispatches: usize,
     /// Workgroups of its smallest dispatch.
@@ -136,36 +138,72 @@ fn class_name(c: DeviceClass) -> &'static str {
     }
 }
 
-/// The config cut to one layer of each kind it has (MoE, dense), and how many layers of
-/// each kind the real model has, by the cut model's layer index.
-fn shape_model(cfg: &ModelConfig) -> (ModelConfig, Vec<(usize, usize)>) {
-    let moe = cfg.sparse_layers.iter().filter(|&&s| s).count();
-    let dense = cfg.num_layers - moe;
-    let mut kinds = Vec::new();
-    let mut layers = Vec::new();
-    // The real model's first layer kind first: layer 0 also embeds.
-    let first_sparse = cfg.sparse_layers.first().copied().unwrap_or(true);
-    for sparse in [first_sparse, !first_sparse] {
-        let n = if sparse { moe } else { dense };
-        if n > 0 {
-            kinds.push((layers.len(), n));
-            layers.push(sparse);
-        }
+/// The config cut to one layer of each kind it has, and how many layers of each kind the
+/// real model has, by the cut model's layer index, and each real layer's cut index. A kind
+/// is MoE or dense, and which of its matrices a GGUF file holds in affine INT4 (those differ
+/// between layers: a Q4_K_M file's Q6_K `attn_v` on some of them keeps q, k, v in Q8_0).
+fn shape_model(cfg: &ModelConfig) -> (ModelConfig, Vec<(usize, usize)>, Vec<usize>) {
+    let prefix = |l: usize| format!("model.layers.{l}.");
+    // The layer's INT4 matrices, named without their layer.
+    let q4_of = |l: usize| -> Vec<String> {
+        let p = prefix(l);
+        cfg.gguf_q4_dense
+            .iter()
+            .filter_map(|n| n.strip_prefix(&p).map(str::to_string))
+            .collect()
+    };
+    let mut signatures: Vec<(bool, Vec<String>)> = Vec::new();
+    let mut kinds: Vec<(usize, usize)> = Vec::new();
+    let mut layer_kind = Vec::with_capacity(cfg.num_layers);
+    for l in 0..cfg.num_layers {
+        let sig = (cfg.sparse_layers[l], q4_of(l));
+        let j = match signatures.iter().position(|s| *s == sig) {
+            Some(j) => j,
+            None => {
+                signatures.push(sig);
+                kinds.push((kinds.len(), 0));
+                kinds.len() - 1
+            }
+        };
+        kinds[j].1 += 1;
+        layer_kind.push(j);
     }
     let mut c = cfg.clone();
-    c.num_layers = layers.len();
-    c.sparse_layers = layers;
-    (c, kinds)
+    c.num_layers = signatures.len();
+    c.sparse_layers = signatures.iter().map(|s| s.0).collect();
+    // The cut layer j holds what its kind's layers hold; the head and embeddings keep theirs.
+    let mut q4: Vec<String> = cfg
+        .gguf_q4_dense
+        .iter()
+        .filter(|n| !n.starts_with("model.layers."))
+        .cloned()
+        .collect();
+    for (j, (_, names)) in signatures.iter().enumerate() {
+        q4.extend(names.iter().map(|n| format!("{}{n}", prefix(j))));
+    }
+    q4.sort();
+    c.gguf_q4_dense = q4;
+    (c, kinds, layer_kind)
 }
 
-/// Dispatches of one stage in one execution.
+/// The dispatches of one stage: per program that runs it (a layer kind, the head), how
+/// many times that program runs per token and the stage's dispatches in one run. Layer
+/// kinds may read different bytes (a GGUF file's matrix types differ between layers), so
+/// the report gives the average run, weighted by those counts.
 struct Stage {
     name: String,
-    per_token: f64,
-    ops: Vec<ProbedOp>,
+    runs: Vec<(f64, Vec<ProbedOp>)>,
 }
 
+impl Stage {
+    fn per_token(&self) -> f64 {
+        self.runs.iter().map(|r| r.0).sum()
+    }
+}
+
+/// Add one program's ops, run `per_token` times per token, to their stages.
 fn push(stages: &mut Vec<Stage>, prefix: &str, per_token: f64, ops: Vec<ProbedOp>) {
+    let mut by_name: Vec<(String, Vec<ProbedOp>)> = Vec::new();
     for op in ops {
         let name = format!(
             "{prefix}/{}",
@@ -175,27 +213,42 @@ fn push(stages: &mut Vec<Stage>, prefix: &str, per_token: f64, ops: Vec<ProbedOp
                 op.stage
             }
         );
+        match by_name.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.push(op),
+            None => by_name.push((name, vec![op])),
+        }
+    }
+    for (name, ops) in by_name {
         match stages.iter_mut().find(|s| s.name == name) {
-            // One stage per name and execution count (embed runs once, not per layer).
-            Some(s) if s.per_token == per_token => s.ops.push(op),
-            _ => stages.push(Stage {
+            Some(s) => s.runs.push((per_token, ops)),
+            None => stages.push(Stage {
                 name,
-                per_token,
-                ops: vec![op],
+                runs: vec![(per_token, ops)],
             }),
         }
     }
 }
 
 fn summarise(s: &Stage, gbps: f64) -> StageReport {
+    let per_token = s.per_token();
     let mut counts = Counts::default();
     let mut kernels: Vec<String> = Vec::new();
-    for op in &s.ops {
-        counts = counts.add(&op.counts);
-        let name = op.kernel.name();
-        if !kernels.contains(&name) {
-            kernels.push(name);
+    let mut dispatches = 0.0;
+    let mut invocations = 0.0;
+    for (n, ops) in &s.runs {
+        // This program's share of the stage's runs.
+        let w = if per_token > 0.0 { n / per_token } else { 0.0 };
+        let mut run = Counts::default();
+        for op in ops {
+            run = run.add(&op.counts);
+            let name = op.kernel.name();
+            if !kernels.contains(&name) {
+                kernels.push(name);
+            }
         }
+        counts = counts.add(&run.scaled(w));
+        dispatches += w * ops.len() as f64;
+        invocations += w * ops.iter().map(|o| o.invocations()).sum::<u64>() as f64;
     }
     let weights = counts.weights();
     let kv = counts.site(Site::KvCache);
@@ -203,10 +256,15 @@ fn summarise(s: &Stage, gbps: f64) -> StageReport {
     StageReport {
         stage: s.name.clone(),
         kernel: kernels.join(" + "),
-        per_token: s.per_token,
-        dispatches: s.ops.len(),
-        workgroups: s.ops.iter().map(|o| o.workgroups()).min().unwrap_or(0),
-        invocations: s.ops.iter().map(|o| o.invocations()).sum(),
+        per_token,
+        dispatches: dispatches.round() as usize,
+        workgroups: s
+            .runs
+            .iter()
+            .flat_map(|r| r.1.iter().map(|o| o.workgroups()))
+            .min()
+            .unwrap_or(0),
+        invocations: invocations.round() as u64,
         bytes_read,
         weight_bytes: weights.bytes,
         kv_bytes: kv.bytes,
@@ -253,7 +311,7 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     })?;
     let real = dev.info().clone();
     let plan = KernelPlan::decide(&class_info(o.class, &real), &o.overrides)?;
-    let (shape, kinds) = shape_model(cfg);
+    let (shape, kinds, layer_kind) = shape_model(cfg);
     let fwd = |dev: &Device, shape: &ModelConfig| -> Result<Forward> {
         let weights = ModelWeights::zeros(dev, shape, o.int4, o.dense)?;
         Forward::new(
@@ -344,7 +402,7 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     let prefill = o.stages != Stages::Decode && t > 1;
     let encode_seconds_per_token = if decode {
         let plain = Device::open(&DeviceRequest::default())?;
-        Some(encode_seconds(&fwd(&plain, &narrow(&shape))?, cfg, &kinds)?)
+        Some(encode_seconds(&fwd(&plain, &narrow(&shape))?, &layer_kind)?)
     } else {
         None
     };
@@ -384,20 +442,12 @@ fn narrow(shape: &ModelConfig) -> ModelConfig {
     c
 }
 
-fn encode_seconds(f: &Forward, cfg: &ModelConfig, kinds: &[(usize, usize)]) -> Result<f64> {
+fn encode_seconds(f: &Forward, layer_kind: &[usize]) -> Result<f64> {
     let dev = &f.dev;
     dev.write_step(&f.step, 0, 1)?;
-    let kind_of = |real_layer: usize| -> usize {
-        let sparse = cfg.sparse_layers[real_layer];
-        kinds
-            .iter()
-            .map(|k| k.0)
-            .find(|&l| f.cfg.sparse_layers[l] == sparse)
-            .unwrap_or(0)
-    };
     let mut work = Vec::new();
-    for real_layer in 0..cfg.num_layers {
-        let lp = &f.layers[kind_of(real_layer)];
+    for &kind in layer_kind {
+        let lp = &f.layers[kind];
         for p in [&lp.pre, lp.post_for(1)] {
             work.push(Work::Run {
                 program: p,
