@@ -446,6 +446,9 @@ pub fn argmax(logits: &[f32], suppress: &[u32]) -> u32 {
 /// Affine matrices (`Q4Kind::Affine32`) add each block's offset times the block's sum of x;
 /// Q8_0 matrices (`Q4Kind::Q8`) hold an int8 per byte in column order.
 fn q4_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
+    if m.kind.is_planes() {
+        return planes_row_dot(m, q, s, n, x);
+    }
     let block = m.kind.block();
     let row = m.vec4_per_row() * 16;
     let quant = |k: usize| match m.kind {
@@ -462,6 +465,26 @@ fn q4_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
             xs += xk as f64;
         }
         acc += m.scale(s, n, b).to_f64() * bs + m.offset(s, n, b).to_f64() * xs;
+    }
+    acc
+}
+
+/// Row `n` of a K-plane matrix (`format::kquant`) dotted with `x`: per 16 columns,
+/// `a sum(q x) + b sum(x)` with the record's (a, b) for them, in f64.
+fn planes_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
+    let side: Vec<u32> = (0..m.halves_per_row() / 2)
+        .map(|i| m.side_word(s, n, i))
+        .collect();
+    let mut acc = 0.0f64;
+    for k0 in (0..m.inp).step_by(16) {
+        let (mut qx, mut xs) = (0.0f64, 0.0f64);
+        let (a, b, _) = crate::format::kquant::terms(m.kind, &side, k0, 0);
+        for k in k0..(k0 + 16).min(m.inp) {
+            let (_, _, qk) = crate::format::kquant::terms(m.kind, &side, k, m.nibble(q, n, k));
+            qx += f64::from(qk) * x[k] as f64;
+            xs += x[k] as f64;
+        }
+        acc += a as f64 * qx + b as f64 * xs;
     }
     acc
 }

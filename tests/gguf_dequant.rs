@@ -94,3 +94,68 @@ fn four_bit_types_pack_into_affine_int4_as_they_are() {
         }
     }
 }
+
+/// Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 in wgmoe's K-plane kinds (nibbles and side records,
+/// src/format/kquant.rs): every value read back from the planes, and from the matrix
+/// packed from them (the bytes the kernels read), is gguf-py's value bit for bit.
+#[test]
+fn k_quants_and_5_bit_types_pack_into_planes_as_they_are() {
+    use wgmoe::format::kquant;
+    use wgmoe::format::quant::{Q4Kind, Q4Matrix};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gguf/dequant.gguf");
+    let m = GgufModel::open(&path).unwrap();
+    for (t, kind) in [
+        (GgmlType::Q4_K, Q4Kind::Q4K),
+        (GgmlType::Q5_K, Q4Kind::Q5K),
+        (GgmlType::Q6_K, Q4Kind::Q6K),
+        (GgmlType::Q5_0, Q4Kind::Q5A),
+        (GgmlType::Q5_1, Q4Kind::Q5A),
+    ] {
+        let name = t.name().to_lowercase();
+        let blocks = m.tensor(&format!("{name}.blocks")).unwrap();
+        let want = m
+            .tensor(&format!("{name}.expected"))
+            .unwrap()
+            .to_f32()
+            .unwrap();
+        let (out, inp) = (3, 512);
+        let r = wgmoe::gguf::dequant::planes(t, blocks.data, inp)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.kind, kind);
+        assert_eq!(r.side.len(), out * kquant::side_words(kind, inp), "{t}");
+        let values = r.values();
+        for (i, (&v, &w)) in values.iter().zip(&want).enumerate() {
+            assert!(v == w, "{t} element {i}: planes {v}, gguf-py {w}");
+        }
+        let q4 = Q4Matrix { out, inp, kind };
+        let mut q = vec![0u8; q4.q_bytes()];
+        let mut s = vec![0u8; q4.scale_bytes()];
+        q4.pack_planes(&r, &mut q, &mut s);
+        assert_eq!(q4.dequantize(&q, &s), values, "{t} packed");
+        // Bytes per value: the file's, bar Q6_K's d in a word of its own and Q5_0's offset
+        // (the section's padding to 16 bytes aside).
+        let file = blocks.data.len() as f64;
+        let ours = (q4.q_bytes() + 4 * r.side.len()) as f64;
+        assert_eq!(q4.scale_bytes(), (4 * r.side.len()).div_ceil(16) * 16);
+        let extra = match t {
+            GgmlType::Q6_K => 2.0 * (out * inp / 256) as f64,
+            GgmlType::Q5_0 => 2.0 * (out * inp / 32) as f64,
+            _ => 0.0,
+        };
+        assert_eq!(ours, file + extra, "{t}: {ours} bytes for {file} in the file");
+    }
+}
+
+/// A block whose scale is not finite (a corrupt or hostile file) is refused, naming it.
+#[test]
+fn planes_refuse_non_finite_scales() {
+    let mut b = vec![0u8; 210];
+    b[208..210].copy_from_slice(&half::f16::NAN.to_le_bytes());
+    let e = wgmoe::gguf::dequant::planes(GgmlType::Q6_K, &b, 256).unwrap_err();
+    assert!(e.contains("q6_K") && e.contains("element 0"), "{e}");
+    let mut b = vec![0u8; 22];
+    b[..2].copy_from_slice(&half::f16::from_f32(5000.0).to_le_bytes());
+    let e = wgmoe::gguf::dequant::planes(GgmlType::Q5_0, &b, 32).unwrap_err();
+    assert!(e.contains("-16 d"), "{e}");
+}

@@ -165,7 +165,7 @@ fn q8_0_plan_byte_counts_equal_the_loaders_allocations() {
             if max_binding.is_some() {
                 assert!(w.lm_head().chunks.len() > 1, "{name}: a split lm_head");
             }
-            assert_eq!(w.lm_head().format, WeightFormat::Q8);
+            assert_eq!(w.lm_head().uniform_format(), Some(WeightFormat::Q8));
             assert_eq!(
                 dev.tracker().current() - before,
                 u(&p, "non_routed_bytes") + u(&p, "routed_expert_bytes"),
@@ -230,7 +230,7 @@ fn gguf_plan_byte_counts_equal_the_loaders_allocations() {
             let q4a = w
                 .layers
                 .iter()
-                .filter(|l| l.qkv.format == WeightFormat::Q4A)
+                .filter(|l| l.qkv.chunks.iter().any(|c| c.format != WeightFormat::Q8))
                 .count();
             affine_dense += q4a;
             if max_binding.is_some() && w.lm_head().chunks.len() > 1 {

@@ -1,6 +1,7 @@
-// Block scales of the formats that have them (fmt_q4.wgsl, fmt_q8.wgsl): f16, as u32 pairs
-// of halves at binding 11 (the weights' buffer, past the words), one per block of a row,
-// a matrix's rows side by side.
+// Block scales of the formats that have them (fmt_q4.wgsl, fmt_q8.wgsl, ...): f16, as u32
+// pairs of halves at binding 11 (the weights' buffer, past the words), one per block of a
+// row, a matrix's rows side by side; the K-plane formats' side records (kq_common.wgsl)
+// likewise, read as u32 words.
 //
 // A workgroup's rows keep their scales side by side, so it stages them in workgroup memory
 // once (stage_scales: neighbouring lanes load neighbouring u32 words) and every word's dot
@@ -30,16 +31,19 @@ fn stage_scales(m: u32, h0: u32, h1: u32, li: u32) {
     }
 }
 
-// Half `i` of the scales of matrix slot `m`: staged, or from device memory past the cap.
-fn w_scale(m: u32, i: u32) -> f32 {
-    let rel = i / 2u - sc_first[m];
-    var word = 0u;
+// u32 word `i` of the scale section of matrix slot `m`: staged, or from device memory
+// past the cap.
+fn w_side(m: u32, i: u32) -> u32 {
+    let rel = i - sc_first[m];
     if (rel < sc_n[m]) {
-        word = sc_s[m * SCALE_CAP + rel];
-    } else {
-        probe(SITE_WS, (i / 2u) * 4u, 4u);
-        word = ws[i / 2u];
+        return sc_s[m * SCALE_CAP + rel];
     }
-    return unpack2x16float(word)[i % 2u];
+    probe(SITE_WS, i * 4u, 4u);
+    return ws[i];
+}
+
+// Half `i` of the scales of matrix slot `m`.
+fn w_scale(m: u32, i: u32) -> f32 {
+    return unpack2x16float(w_side(m, i / 2u))[i % 2u];
 }
 

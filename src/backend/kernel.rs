@@ -90,40 +90,70 @@ pub enum WeightFormat {
     Q4,
     /// Q8_0, ggml's block of 32 int8 with one f16 scale (`format/q8_0.rs`): 16 columns per word.
     Q8,
-    /// Affine INT4, block 32, an f16 scale and offset per block (`quant.rs`, GGUF's 4-bit
-    /// experts): 32 columns per word.
+    /// Affine INT4, block 32, an f16 scale and offset per block (`quant.rs`, GGUF's Q4_0):
+    /// 32 columns per word.
     Q4A,
+    /// GGUF's Q4_K, Q5_K, Q6_K and Q5_0/Q5_1 (Q4_1) blocks as they are (`format/kquant.rs`):
+    /// nibbles, 32 columns per word, and side records (scales, high bits) per row.
+    Q4K,
+    Q5K,
+    Q6K,
+    Q5A,
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 4] = [
+    pub const ALL: [WeightFormat; 8] = [
         WeightFormat::F16,
         WeightFormat::Q4,
         WeightFormat::Q8,
         WeightFormat::Q4A,
+        WeightFormat::Q4K,
+        WeightFormat::Q5K,
+        WeightFormat::Q6K,
+        WeightFormat::Q5A,
     ];
 
-    /// The formats of dense (non-routed) weights: f16, Q8_0, and affine INT4 (a GGUF
-    /// file's Q4_0/Q4_K matrices as they are).
+    /// The formats of dense (non-routed) weights: f16, Q8_0, and a GGUF file's 4- to 6-bit
+    /// blocks as they are.
     pub fn dense(self) -> bool {
         self != WeightFormat::Q4
     }
 
     /// The format of an INT4 expert pool of `kind`.
     pub fn int4(kind: crate::format::quant::Q4Kind) -> Self {
+        use crate::format::quant::Q4Kind;
         match kind {
-            crate::format::quant::Q4Kind::Sym256 => WeightFormat::Q4,
-            crate::format::quant::Q4Kind::Affine32 => WeightFormat::Q4A,
-            crate::format::quant::Q4Kind::Q8 => WeightFormat::Q8,
+            Q4Kind::Sym256 => WeightFormat::Q4,
+            Q4Kind::Affine32 => WeightFormat::Q4A,
+            Q4Kind::Q8 => WeightFormat::Q8,
+            Q4Kind::Q4K => WeightFormat::Q4K,
+            Q4Kind::Q5K => WeightFormat::Q5K,
+            Q4Kind::Q6K => WeightFormat::Q6K,
+            Q4Kind::Q5A => WeightFormat::Q5A,
         }
+    }
+
+    /// The packed kind of a format with block scales (None for f16).
+    pub fn q4_kind(self) -> Option<crate::format::quant::Q4Kind> {
+        use crate::format::quant::Q4Kind;
+        Some(match self {
+            WeightFormat::F16 => return None,
+            WeightFormat::Q4 => Q4Kind::Sym256,
+            WeightFormat::Q4A => Q4Kind::Affine32,
+            WeightFormat::Q8 => Q4Kind::Q8,
+            WeightFormat::Q4K => Q4Kind::Q4K,
+            WeightFormat::Q5K => Q4Kind::Q5K,
+            WeightFormat::Q6K => Q4Kind::Q6K,
+            WeightFormat::Q5A => Q4Kind::Q5A,
+        })
     }
 
     /// Columns of one 16-byte word.
     pub fn word_cols(self) -> usize {
         match self {
             WeightFormat::F16 => 8,
-            WeightFormat::Q4 | WeightFormat::Q4A => 32,
             WeightFormat::Q8 => 16,
+            _ => 32,
         }
     }
 
@@ -138,6 +168,10 @@ impl WeightFormat {
             WeightFormat::Q4 => "int4",
             WeightFormat::Q8 => "q8_0",
             WeightFormat::Q4A => "int4-a32",
+            WeightFormat::Q4K => "q4_K",
+            WeightFormat::Q5K => "q5_K",
+            WeightFormat::Q6K => "q6_K",
+            WeightFormat::Q5A => "q5-a32",
         }
     }
 }

@@ -88,23 +88,33 @@ pub enum Q4Kind {
     /// 4-bit blocks as they are.
     Affine32,
     /// ggml's Q8_0 (`format::q8_0`: int8 per byte, 16 columns per vec4, an f16 scale per
-    /// 32 columns): a GGUF file's expert matrices of a wider type than 4 bits.
+    /// 32 columns): a GGUF file's Q8_0 expert matrices, and those stored as floats.
     Q8,
+    /// GGUF's Q4_K, Q5_K and Q6_K as they are: nibbles, and a side record per 256 columns
+    /// (`format::kquant`).
+    Q4K,
+    Q5K,
+    Q6K,
+    /// GGUF's Q5_0, Q5_1 (and Q4_1) as they are: nibbles, and per 32 columns an f16 scale,
+    /// an f16 offset and the 5th bits (`format::kquant`).
+    Q5A,
 }
 
 impl Q4Kind {
     /// Columns per scale block.
     pub fn block(self) -> usize {
         match self {
-            Q4Kind::Sym256 => BLOCK,
-            Q4Kind::Affine32 | Q4Kind::Q8 => COLS_PER_VEC4,
+            Q4Kind::Sym256 | Q4Kind::Q4K | Q4Kind::Q5K | Q4Kind::Q6K => BLOCK,
+            Q4Kind::Affine32 | Q4Kind::Q8 | Q4Kind::Q5A => COLS_PER_VEC4,
         }
     }
-    /// f16 values per block in the scale section (scale, and the offset if any).
+    /// f16 values per block in the scale section (scale, and the offset if any; a K-plane
+    /// kind's whole side record, `format::kquant`).
     pub fn halves_per_block(self) -> usize {
         match self {
             Q4Kind::Sym256 | Q4Kind::Q8 => 1,
             Q4Kind::Affine32 => 2,
+            k => 2 * crate::format::kquant::record_words(k),
         }
     }
     /// The largest magnitude a block can hold (its scale and offset finite in f16).
@@ -113,6 +123,7 @@ impl Q4Kind {
             Q4Kind::Sym256 => MAX_ABS,
             Q4Kind::Affine32 => 65504.0 / AFFINE_SPAN,
             Q4Kind::Q8 => crate::format::q8_0::MAX_ABS,
+            _ => crate::format::kquant::MAX_ABS,
         }
     }
 
@@ -121,16 +132,32 @@ impl Q4Kind {
             Q4Kind::Sym256 => "int4-b256",
             Q4Kind::Affine32 => "int4-a32",
             Q4Kind::Q8 => "q8_0",
+            Q4Kind::Q4K => "q4_K",
+            Q4Kind::Q5K => "q5_K",
+            Q4Kind::Q6K => "q6_K",
+            Q4Kind::Q5A => "q5-a32",
         }
     }
 
+    /// Whether the kind is a nibble plane with side records (`format::kquant`).
+    pub fn is_planes(self) -> bool {
+        matches!(self, Q4Kind::Q4K | Q4Kind::Q5K | Q4Kind::Q6K | Q4Kind::Q5A)
+    }
+
     /// The 4-bit kind a GGUF matrix of this kind is rounded into when every expert matrix
-    /// must be 4-bit (`--expert-precision int4-strict`): Q8_0 becomes affine INT4.
+    /// must be 4-bit (`--expert-precision int4-strict`): Q4_K stays, the wider kinds become
+    /// affine INT4.
     pub fn four_bit(self) -> Q4Kind {
         match self {
-            Q4Kind::Q8 => Q4Kind::Affine32,
+            Q4Kind::Q8 | Q4Kind::Q5K | Q4Kind::Q6K | Q4Kind::Q5A => Q4Kind::Affine32,
             k => k,
         }
+    }
+
+    /// Bits of storage per weight (padding aside): what a slot or matrix of this kind costs.
+    pub fn bits_per_weight(self) -> f64 {
+        (self.cols_per_vec4() as f64).recip() * 128.0
+            + (self.halves_per_block() * 16) as f64 / self.block() as f64
     }
 
     /// Columns per vec4<u32> of the quant section.
@@ -170,6 +197,9 @@ pub enum Q4Source {
     Values(Vec<f32>),
     /// Affine 4-bit rows as a block format holds them (Affine32 matrices only).
     Affine(Affine4),
+    /// Rows of a K-plane kind as GGUF blocks hold them: packed as they are into a matrix of
+    /// their kind (or one that holds them exactly, Q4_K in Q5_K), else as their values.
+    Planes(crate::format::kquant::KRows),
 }
 
 /// Byte layout of one packed [out, in] matrix.
@@ -220,6 +250,10 @@ impl Q4Matrix {
             Q4Kind::Affine32 => return self.pack_affine(&affine_fit(w, self.inp), q_out, s_out),
             Q4Kind::Q8 => return self.q8().pack(w, q_out, s_out),
             Q4Kind::Sym256 => {}
+            k => {
+                let rows = crate::format::kquant::KRows::fit(k, w, self.inp);
+                return self.pack_planes(&rows, q_out, s_out);
+            }
         }
         let (out, inp) = (self.out, self.inp);
         let nb = self.blocks();
@@ -244,7 +278,33 @@ impl Q4Matrix {
                 self.pack_affine(a, q_out, s_out)
             }
             Q4Source::Affine(a) => self.pack(&a.values(self.inp), q_out, s_out),
+            Q4Source::Planes(r) => match r.widened(self.kind) {
+                Some(w) => self.pack_planes(&w, q_out, s_out),
+                None => self.pack(&r.values(), q_out, s_out),
+            },
         }
+    }
+
+    /// Pack rows of this matrix's K-plane kind: nibbles as they are, each row's side
+    /// records into the scale section.
+    pub fn pack_planes(&self, r: &crate::format::kquant::KRows, q_out: &mut [u8], s_out: &mut [u8]) {
+        debug_assert_eq!(r.kind, self.kind);
+        q_out.fill(0x88);
+        s_out.fill(0);
+        let sw = self.halves_per_row() / 2;
+        for n in 0..self.out {
+            self.put_row_nibbles(n, &r.nibbles[n * self.inp..(n + 1) * self.inp], q_out);
+            for (i, w) in r.side[n * sw..(n + 1) * sw].iter().enumerate() {
+                let at = (n * sw + i) * 4;
+                s_out[at..at + 4].copy_from_slice(&w.to_le_bytes());
+            }
+        }
+    }
+
+    /// Side word `i` of row `n` of a K-plane matrix's scale section `s`.
+    pub fn side_word(&self, s: &[u8], n: usize, i: usize) -> u32 {
+        let at = (n * self.halves_per_row() / 2 + i) * 4;
+        u32::from_le_bytes([s[at], s[at + 1], s[at + 2], s[at + 3]])
     }
 
     /// Pack affine rows (an Affine32 matrix): nibbles as they are, s = f16(A) and
@@ -320,6 +380,10 @@ impl Q4Matrix {
                 first_oversized_block(w, self.inp, COLS_PER_VEC4, 1.0 / AFFINE_SPAN)
             }
             Q4Kind::Q8 => crate::format::q8_0::first_unstorable(w, self.inp),
+            _ => w
+                .iter()
+                .position(|x| !(x.abs() <= crate::format::kquant::MAX_ABS))
+                .map(|i| (i, w[i])),
         }
     }
 
@@ -328,6 +392,18 @@ impl Q4Matrix {
     pub fn dequantize(&self, q: &[u8], s: &[u8]) -> Vec<f32> {
         if self.kind == Q4Kind::Q8 {
             return self.q8().dequantize(q, s);
+        }
+        if self.kind.is_planes() {
+            let sw = self.halves_per_row() / 2;
+            let mut w = Vec::with_capacity(self.out * self.inp);
+            for n in 0..self.out {
+                let side: Vec<u32> = (0..sw).map(|i| self.side_word(s, n, i)).collect();
+                for k in 0..self.inp {
+                    let nib = self.nibble(q, n, k);
+                    w.push(crate::format::kquant::value(self.kind, &side, k, nib));
+                }
+            }
+            return w;
         }
         let mut w = Vec::with_capacity(self.out * self.inp);
         for n in 0..self.out {
@@ -442,7 +518,7 @@ impl Q4SlotLayout {
     pub fn describe(&self) -> String {
         if !self.is_sym256() {
             return format!(
-                "gguf expert slot v2: hidden {} inter {}; gate/up {}, down {}; quants vec4 row-major gate@{} up@{} down@{}; f16 scales (int4-a32: scale, offset) row-major gate@{} up@{} down@{}; {} bytes",
+                "gguf expert slot v3: hidden {} inter {}; gate/up {}, down {}; quants vec4 row-major gate@{} up@{} down@{}; f16 scales (int4-a32: scale, offset; K-plane kinds: side records) row-major gate@{} up@{} down@{}; {} bytes",
                 self.hidden, self.inter, self.gate.kind.name(), self.down.kind.name(), self.gate_q, self.up_q, self.down_q, self.gate_s, self.up_s, self.down_s, self.bytes
             );
         }

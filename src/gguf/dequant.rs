@@ -6,7 +6,8 @@
 use half::{bf16, f16};
 
 use super::types::{GgmlType, QK_K};
-use crate::format::quant::Affine4;
+use crate::format::kquant::{self, KRows};
+use crate::format::quant::{Affine4, Q4Kind};
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
@@ -175,6 +176,125 @@ pub fn block_q6_k(b: &[u8], y: &mut [f32]) {
 }
 
 const _: () = assert!(QK_K == 256);
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// `data` (whole rows of `cols` elements of `t`) as the nibble planes and side records of
+/// wgmoe's K-plane kinds (`crate::format::kquant`), for Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1;
+/// None for any other type. Every value `kquant::value` gives from them equals ggml's
+/// dequantised value. Err names a block whose scales are not finite (or, for Q5_0, whose
+/// offset -16 d is beyond f16), which wgmoe refuses.
+pub fn planes(t: GgmlType, data: &[u8], cols: usize) -> Result<Option<KRows>, String> {
+    let kind = match t {
+        GgmlType::Q4_K => Q4Kind::Q4K,
+        GgmlType::Q5_K => Q4Kind::Q5K,
+        GgmlType::Q6_K => Q4Kind::Q6K,
+        GgmlType::Q5_0 | GgmlType::Q5_1 => Q4Kind::Q5A,
+        _ => return Ok(None),
+    };
+    let (bb, be) = (t.block_bytes(), t.block_elems());
+    if !data.len().is_multiple_of(bb) || cols == 0 || !cols.is_multiple_of(be) {
+        return Err(format!(
+            "{} bytes are not whole rows of {cols} {t} elements ({bb}-byte blocks of {be})",
+            data.len()
+        ));
+    }
+    let n = data.len() / bb * be;
+    let mut nibbles = vec![0u8; n];
+    let mut side = Vec::with_capacity(n / be * kquant::record_words(kind));
+    for (bi, (b, q)) in data.chunks_exact(bb).zip(nibbles.chunks_exact_mut(be)).enumerate() {
+        let bad = |what: &str| {
+            format!(
+                "the {t} block holding element {} has {what}: wgmoe refuses it",
+                bi * be
+            )
+        };
+        match t {
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                if !(d.is_finite() && dmin.is_finite()) {
+                    return Err(bad(&format!("a scale {d} or min scale {dmin} that is not finite")));
+                }
+                side.extend((0..4).map(|w| u32_at(b, 4 * w)));
+                let qs = if t == GgmlType::Q4_K { &b[16..144] } else { &b[48..176] };
+                for (i, chunk) in q.chunks_exact_mut(64).enumerate() {
+                    for l in 0..32 {
+                        chunk[l] = qs[32 * i + l] & 0x0f;
+                        chunk[l + 32] = qs[32 * i + l] >> 4;
+                    }
+                }
+                if t == GgmlType::Q5_K {
+                    // Word j's bit l is element 32 j + l's 5th bit: bit j of qh[l].
+                    let qh = &b[16..48];
+                    side.extend((0..8).map(|j| {
+                        (0..32).fold(0u32, |w, l| w | (u32::from((qh[l] >> j) & 1) << l))
+                    }));
+                }
+            }
+            GgmlType::Q6_K => {
+                let d = f16_at(b, 208);
+                if !d.is_finite() {
+                    return Err(bad(&format!("a scale {d} that is not finite")));
+                }
+                side.extend((0..4).map(|w| u32_at(b, 192 + 4 * w)));
+                side.push(u32::from(u16::from_le_bytes([b[208], b[209]])));
+                let mut high = [0u32; 16];
+                for n in 0..2 {
+                    let (ql, qh) = (&b[64 * n..64 * n + 64], &b[128 + 32 * n..160 + 32 * n]);
+                    for l in 0..32 {
+                        let parts = [
+                            (l, ql[l] & 0x0f, qh[l] & 3),
+                            (l + 32, ql[l + 32] & 0x0f, (qh[l] >> 2) & 3),
+                            (l + 64, ql[l] >> 4, (qh[l] >> 4) & 3),
+                            (l + 96, ql[l + 32] >> 4, (qh[l] >> 6) & 3),
+                        ];
+                        for (e, nib, h) in parts {
+                            let e = 128 * n + e;
+                            q[e] = nib;
+                            high[e / 16] |= u32::from(h) << (2 * (e % 16));
+                        }
+                    }
+                }
+                side.extend(high);
+            }
+            GgmlType::Q5_0 => {
+                let d = half::f16::from_le_bytes([b[0], b[1]]);
+                // value (q - 16) d = d q + (-16 d): exact in f32, the offset an f16.
+                let o = half::f16::from_f32(-16.0 * d.to_f32());
+                if !(d.is_finite() && o.is_finite()) {
+                    return Err(bad(&format!("a scale {d} whose offset -16 d is beyond f16")));
+                }
+                side.push(u32::from(d.to_bits()) | u32::from(o.to_bits()) << 16);
+                side.push(u32_at(b, 2));
+                for j in 0..16 {
+                    q[j] = b[6 + j] & 0x0f;
+                    q[j + 16] = b[6 + j] >> 4;
+                }
+            }
+            _ => {
+                // Q5_1: d, m, then the 5th bits (bit e of the u32 is element e's).
+                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+                if !(d.is_finite() && m.is_finite()) {
+                    return Err(bad(&format!("a scale {d} or min {m} that is not finite")));
+                }
+                side.push(u32_at(b, 0));
+                side.push(u32_at(b, 4));
+                for j in 0..16 {
+                    q[j] = b[8 + j] & 0x0f;
+                    q[j + 16] = b[8 + j] >> 4;
+                }
+            }
+        }
+    }
+    Ok(Some(KRows {
+        kind,
+        cols,
+        nibbles,
+        side,
+    }))
+}
 
 /// `data` (whole blocks of a 4-bit type with 32-element sub-blocks: Q4_0, Q4_K) as nibbles
 /// and per-32 (A, B) with x = A q + B, computed as ggml computes them (so A q + B is the

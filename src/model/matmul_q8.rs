@@ -100,16 +100,16 @@ fn storage_ops(
                 k: m.cols as u32,
                 n_rows: n as u32,
                 row_base: (c.row_start + r0) as u32,
-                words_per_row: m.vec4_per_row(),
+                words_per_row: m.words_per_row(c),
                 x_stride: m.cols as u32,
                 out_stride: out_stride as u32,
                 flags: f,
                 w_row0: r0 as u32,
                 s_word0: m.scale_word0(c),
-                blocks_per_row: m.blocks_per_row(),
+                blocks_per_row: m.blocks_per_row(c),
                 ..Default::default()
             },
-            dense_binds(m, c, src, bias, dst),
+            dense_binds(c, src, bias, dst),
             [
                 Dim::Const(groups64(n)),
                 if last {

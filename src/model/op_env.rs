@@ -3,7 +3,7 @@
 
 use crate::backend::params::*;
 use crate::backend::{Bind, Buffer, Dim, KernelPlan, Resource};
-use crate::model::tensors::{F16Matrix, MatrixChunk};
+use crate::model::tensors::MatrixChunk;
 
 /// What every builder needs besides its operands.
 #[derive(Clone, Copy)]
@@ -32,14 +32,13 @@ pub(crate) fn numbered(list: &[(u32, &Buffer)]) -> Vec<Bind> {
 /// The bindings of the matvec and the GEMM over chunk `c`: activations (2, 3), bias, output,
 /// the weight words (10) and, for formats with scales, the scales in the same buffer (11).
 pub(crate) fn dense_binds(
-    m: &F16Matrix,
     c: &MatrixChunk,
     src: &Buffer,
     bias: &Buffer,
     dst: &Buffer,
 ) -> Vec<Bind> {
     let mut b = vec![(2, src), (3, src), (4, bias), (5, dst), (10, &c.buffer)];
-    if m.format.has_scales() {
+    if c.format.has_scales() {
         b.push((11, &c.buffer));
     }
     numbered(&b)

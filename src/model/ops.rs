@@ -20,7 +20,7 @@ pub fn embed(prog: &mut Program, table: &F16Matrix, ids: &Buffer, x: &Buffer, hi
                 hidden: hidden as u32,
                 row_start: c.row_start as u32,
                 rows: c.rows as u32,
-                words_per_row: table.vec4_per_row() * 4,
+                words_per_row: table.words_per_row(c) * 4,
             },
             binds(&[ids, &c.buffer, x]),
             [Dim::Const(groups64(hidden)), Dim::Tokens, Dim::Const(1)],
@@ -94,21 +94,21 @@ fn matvec_ops(
     while r0 < c.rows {
         let n = per_dispatch.min(c.rows - r0);
         ops.push(Op::new(
-            Kernel::Matvec(env.plan.rows(m.format)),
+            Kernel::Matvec(env.plan.rows(c.format)),
             &DenseParams {
                 k: m.cols as u32,
                 n_rows: n as u32,
                 row_base: (c.row_start + r0) as u32,
-                words_per_row: m.vec4_per_row(),
+                words_per_row: m.words_per_row(c),
                 x_stride: m.cols as u32,
                 out_stride: out_stride as u32,
                 flags,
                 w_row0: r0 as u32,
                 s_word0: m.scale_word0(c),
-                blocks_per_row: m.blocks_per_row(),
+                blocks_per_row: m.blocks_per_row(c),
                 ..Default::default()
             },
-            dense_binds(m, c, src, bias, dst),
+            dense_binds(c, src, bias, dst),
             [
                 Dim::Const(n.div_ceil(ROWS_PER_WORKGROUP) as u32),
                 Dim::Const(splits as u32),
@@ -165,11 +165,19 @@ fn matmul_split(
     flags: u32,
     splits: usize,
 ) {
+    // A matrix whose chunks differ in format (a GGUF file's stacked q, k and v): each run
+    // of one format by its own rule (a chunk's dispatches write its rows alone).
+    let Some(format) = m.uniform_format() else {
+        for run in m.runs_by_format() {
+            matmul_split(prog, env, &run, src, bias, dst, out_stride, flags, splits);
+        }
+        return;
+    };
     // Q8_0 matrices: the GPU-shaped kernels (matvec and the tiled GEMM) where the plan runs
     // them, else the Q8_0 storage matmul (CPU adapters), which serves every step alone.
-    // Affine INT4 matrices (a GGUF file's 4-bit blocks) have only the GPU-shaped kernels.
-    let q8 = m.format != WeightFormat::F16;
-    if m.format == WeightFormat::Q8 && !env.plan.coalesced_decode && !env.plan.tiled_prefill {
+    // A GGUF file's 4- to 6-bit blocks have only the GPU-shaped kernels.
+    let q8 = format != WeightFormat::F16;
+    if format == WeightFormat::Q8 && !env.plan.coalesced_decode && !env.plan.tiled_prefill {
         let f = flags
             | if bias.is_some() {
                 flags::MATMUL_BIAS
@@ -264,7 +272,7 @@ fn matmul_split(
                             k: m.cols as u32,
                             n_rows: c.rows as u32,
                             row_base: c.row_start as u32,
-                            vec4_per_row: m.vec4_per_row(),
+                            vec4_per_row: m.words_per_row(c),
                             t0: t0 as u32,
                             out_stride: out_stride as u32,
                             flags: f,
@@ -313,20 +321,20 @@ fn gemm_op(
     f: u32,
 ) -> Op {
     Op::new(
-        Kernel::Gemm(m.format),
+        Kernel::Gemm(c.format),
         &DenseParams {
             k: m.cols as u32,
             n_rows: c.rows as u32,
             row_base: c.row_start as u32,
-            words_per_row: m.vec4_per_row(),
+            words_per_row: m.words_per_row(c),
             x_stride: m.cols as u32,
             out_stride: out_stride as u32,
             flags: f,
             s_word0: m.scale_word0(c),
-            blocks_per_row: m.blocks_per_row(),
+            blocks_per_row: m.blocks_per_row(c),
             ..Default::default()
         },
-        dense_binds(m, c, src, bias, dst),
+        dense_binds(c, src, bias, dst),
         [
             Dim::Const(c.rows.div_ceil(GEMM_ROWS) as u32),
             Dim::TokensDiv(GEMM_TOKENS as u32),
@@ -352,7 +360,7 @@ fn storage_matmul(
             k: m.cols as u32,
             n_rows: c.rows as u32,
             row_base: c.row_start as u32,
-            vec4_per_row: m.vec4_per_row(),
+            vec4_per_row: m.words_per_row(c),
             x_stride: m.cols as u32,
             out_stride: out_stride as u32,
             flags: f,

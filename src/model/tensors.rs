@@ -8,6 +8,7 @@ use crate::backend::kernel::WeightFormat;
 use crate::backend::{Buffer, Device, Usage};
 use crate::error::{Error, Result};
 use crate::format::q8_0::{self, Q8Matrix};
+use crate::format::kquant::KRows;
 use crate::format::quant::{Affine4, Q4Kind, Q4Matrix, Q4SlotLayout};
 
 pub fn pad8(n: usize) -> usize {
@@ -28,16 +29,129 @@ pub struct MatrixChunk {
     pub row_start: usize,
     pub rows: usize,
     pub buffer: Buffer,
+    /// How its rows are stored (chunks of one matrix may differ: a GGUF file's q, k and v
+    /// projections, stacked, may be of three block types).
+    pub format: WeightFormat,
 }
 
-/// A dense [rows, cols] matrix, row-major, split into chunks of whole rows: f16 (rows
-/// padded to 8 halves), Q8_0 (`format/q8_0.rs`: each chunk's quants, then its scales), or
-/// affine INT4 (a GGUF file's Q4_0/Q4_K blocks: each chunk's nibbles, then its pairs).
+/// A dense [rows, cols] matrix, row-major, split into chunks of whole rows, each in its
+/// format: f16 (rows padded to 8 halves), Q8_0 (`format/q8_0.rs`: each chunk's quants,
+/// then its scales), or a packed kind of `format/quant.rs` (a GGUF file's Q4_0 blocks as
+/// affine INT4, its K-quant and 5-bit blocks as nibble planes and side records: each
+/// chunk's nibbles, then its scale section).
 pub struct F16Matrix {
     pub rows: usize,
     pub cols: usize,
     pub chunks: Vec<MatrixChunk>,
-    pub format: WeightFormat,
+}
+
+/// Rows of a dense matrix in the form they are uploaded from.
+pub enum DenseRows {
+    /// f16 values, row-major.
+    F16(Vec<f16>),
+    /// f32 values quantised to Q8_0 on upload (checked storable by the caller).
+    Q8Values(Vec<f32>),
+    /// ggml's Q8_0 blocks (34 bytes per 32 columns), rows in order.
+    Q8Blocks(Vec<u8>),
+    /// Affine 4-bit rows (a GGUF Q4_0 matrix's blocks).
+    Affine(Affine4),
+    /// Rows of a K-plane kind (a GGUF K-quant or 5-bit matrix's blocks).
+    Planes(KRows),
+}
+
+impl DenseRows {
+    pub fn format(&self) -> WeightFormat {
+        match self {
+            DenseRows::F16(_) => WeightFormat::F16,
+            DenseRows::Q8Values(_) | DenseRows::Q8Blocks(_) => WeightFormat::Q8,
+            DenseRows::Affine(_) => WeightFormat::Q4A,
+            DenseRows::Planes(r) => WeightFormat::int4(r.kind),
+        }
+    }
+
+    fn rows(&self, cols: usize) -> usize {
+        let c = cols.max(1);
+        match self {
+            DenseRows::F16(v) => v.len() / c,
+            DenseRows::Q8Values(v) => v.len() / c,
+            DenseRows::Q8Blocks(b) => b.len() / (cols.div_ceil(q8_0::BLOCK) * q8_0::GGML_BLOCK_BYTES).max(1),
+            DenseRows::Affine(a) => a.nibbles.len() / c,
+            DenseRows::Planes(r) => r.nibbles.len() / c,
+        }
+    }
+
+    /// Append `o`'s rows where both are of one form; `o` back otherwise.
+    fn append(&mut self, o: DenseRows) -> Option<DenseRows> {
+        match (self, o) {
+            (DenseRows::F16(a), DenseRows::F16(b)) => a.extend(b),
+            (DenseRows::Q8Values(a), DenseRows::Q8Values(b)) => a.extend(b),
+            (DenseRows::Q8Blocks(a), DenseRows::Q8Blocks(b)) => a.extend(b),
+            (DenseRows::Affine(a), DenseRows::Affine(b)) => {
+                a.nibbles.extend(b.nibbles);
+                a.blocks.extend(b.blocks);
+            }
+            (DenseRows::Planes(a), DenseRows::Planes(b)) if a.kind == b.kind => {
+                a.nibbles.extend(b.nibbles);
+                a.side.extend(b.side);
+            }
+            (_, o) => return Some(o),
+        }
+        None
+    }
+
+    /// The device bytes of rows `r0 .. r0 + n` (one chunk).
+    fn chunk(&self, cols: usize, r0: usize, n: usize) -> Vec<u8> {
+        let pack = |m: Q4Matrix, f: &dyn Fn(&mut [u8], &mut [u8])| {
+            let mut bytes = vec![0u8; m.q_bytes() + m.scale_bytes()];
+            let (q, s) = bytes.split_at_mut(m.q_bytes());
+            f(q, s);
+            bytes
+        };
+        let m = |kind| Q4Matrix {
+            out: n,
+            inp: cols,
+            kind,
+        };
+        match self {
+            DenseRows::F16(v) => {
+                let mut padded = Vec::new();
+                push_padded_rows(&mut padded, &v[r0 * cols..(r0 + n) * cols], n, cols);
+                bytemuck::cast_slice(&padded).to_vec()
+            }
+            DenseRows::Q8Values(v) => pack(m(Q4Kind::Q8), &|q, s| {
+                Q8Matrix { out: n, inp: cols }.pack(&v[r0 * cols..(r0 + n) * cols], q, s)
+            }),
+            DenseRows::Q8Blocks(b) => {
+                let rb = cols.div_ceil(q8_0::BLOCK) * q8_0::GGML_BLOCK_BYTES;
+                pack(m(Q4Kind::Q8), &|q, s| {
+                    Q8Matrix { out: n, inp: cols }.from_ggml(&b[r0 * rb..(r0 + n) * rb], q, s)
+                })
+            }
+            DenseRows::Affine(a) => {
+                let nb = cols.div_ceil(32);
+                let part = Affine4 {
+                    nibbles: a.nibbles[r0 * cols..(r0 + n) * cols].to_vec(),
+                    blocks: a.blocks[r0 * nb..(r0 + n) * nb].to_vec(),
+                };
+                let mm = m(Q4Kind::Affine32);
+                pack(mm, &|q, s| mm.pack_affine(&part, q, s))
+            }
+            DenseRows::Planes(r) => {
+                let mm = m(r.kind);
+                let part = r.rows_range(r0, n);
+                pack(mm, &|q, s| mm.pack_planes(&part, q, s))
+            }
+        }
+    }
+}
+
+/// The packed layout of `rows` rows of `cols` in a format with block scales.
+fn packed(format: WeightFormat, rows: usize, cols: usize) -> Option<Q4Matrix> {
+    format.q4_kind().map(|kind| Q4Matrix {
+        out: rows,
+        inp: cols,
+        kind,
+    })
 }
 
 impl F16Matrix {
@@ -45,47 +159,54 @@ impl F16Matrix {
         pad8(cols) as u64 * 2
     }
 
-    /// 16-byte words per row.
-    pub fn vec4_per_row(&self) -> u32 {
-        match self.format {
-            WeightFormat::Q8 => self.q8(1).vec4_per_row() as u32,
-            WeightFormat::Q4A => Self::q4a(1, self.cols).vec4_per_row() as u32,
-            _ => (pad8(self.cols) / 8) as u32,
+    /// The format every chunk shares (None where they differ).
+    pub fn uniform_format(&self) -> Option<WeightFormat> {
+        let f = self.chunks.first()?.format;
+        self.chunks.iter().all(|c| c.format == f).then_some(f)
+    }
+
+    /// The matrix as runs of chunks of one format (views sharing the buffers), in order.
+    pub fn runs_by_format(&self) -> Vec<F16Matrix> {
+        let mut runs: Vec<F16Matrix> = Vec::new();
+        for c in &self.chunks {
+            let chunk = MatrixChunk {
+                row_start: c.row_start,
+                rows: c.rows,
+                buffer: c.buffer.clone(),
+                format: c.format,
+            };
+            match runs.last_mut() {
+                Some(r) if r.chunks[0].format == c.format => r.chunks.push(chunk),
+                _ => runs.push(F16Matrix {
+                    rows: self.rows,
+                    cols: self.cols,
+                    chunks: vec![chunk],
+                }),
+            }
+        }
+        runs
+    }
+
+    /// 16-byte words per row of chunk `c`.
+    pub fn words_per_row(&self, c: &MatrixChunk) -> u32 {
+        match packed(c.format, 1, self.cols) {
+            Some(m) => m.vec4_per_row() as u32,
+            None => (pad8(self.cols) / 8) as u32,
         }
     }
 
-    /// f16 scale-section values per row (0 for f16).
-    pub fn blocks_per_row(&self) -> u32 {
-        match self.format {
-            WeightFormat::Q8 => self.q8(1).blocks() as u32,
-            WeightFormat::Q4A => Self::q4a(1, self.cols).halves_per_row() as u32,
-            _ => 0,
+    /// f16 scale-section values per row of chunk `c` (0 for f16).
+    pub fn blocks_per_row(&self, c: &MatrixChunk) -> u32 {
+        match packed(c.format, 1, self.cols) {
+            Some(m) if c.format == WeightFormat::Q8 => m.blocks() as u32,
+            Some(m) => m.halves_per_row() as u32,
+            None => 0,
         }
     }
 
     /// The u32 offset of a chunk's scales inside its buffer (0 for f16).
     pub fn scale_word0(&self, c: &MatrixChunk) -> u32 {
-        match self.format {
-            WeightFormat::Q8 => (self.q8(c.rows).q_bytes() / 4) as u32,
-            WeightFormat::Q4A => (Self::q4a(c.rows, self.cols).q_bytes() / 4) as u32,
-            _ => 0,
-        }
-    }
-
-    /// The affine INT4 layout of `rows` rows (a chunk): nibbles, then (scale, offset) pairs.
-    fn q4a(rows: usize, cols: usize) -> Q4Matrix {
-        Q4Matrix {
-            out: rows,
-            inp: cols,
-            kind: Q4Kind::Affine32,
-        }
-    }
-
-    fn q8(&self, rows: usize) -> Q8Matrix {
-        Q8Matrix {
-            out: rows,
-            inp: self.cols,
-        }
+        packed(c.format, c.rows, self.cols).map_or(0, |m| (m.q_bytes() / 4) as u32)
     }
 
     /// Bytes on the device of `rows` rows of `cols` in `format` (a chunk's buffer).
@@ -96,11 +217,10 @@ impl F16Matrix {
                 inp: cols,
             }
             .bytes() as u64,
-            WeightFormat::Q4A => {
-                let m = Self::q4a(rows, cols);
-                (m.q_bytes() + m.scale_bytes()) as u64
-            }
-            _ => rows as u64 * Self::row_bytes(cols),
+            f => match packed(f, rows, cols) {
+                Some(m) => (m.q_bytes() + m.scale_bytes()) as u64,
+                None => rows as u64 * Self::row_bytes(cols),
+            },
         }
     }
 
@@ -118,21 +238,68 @@ impl F16Matrix {
                 format.name()
             )));
         }
-        // Q8_0's scale section is padded to 16 bytes: start from the estimate and step back.
+        // Scale sections are padded to 16 bytes: start from the estimate and step back.
         let mut n = (max / Self::chunk_bytes(format, 1, cols)).max(1) as usize;
         while n > 1 && Self::chunk_bytes(format, n, cols) > max {
             n -= 1;
         }
-        // Q8_0 chunks of a multiple of 8 rows: each full chunk's scales fill whole 16-byte
-        // words, so a split matrix takes the bytes of an unsplit one (admission counts those).
-        if format == WeightFormat::Q8 && n >= 8 {
-            n = n / 8 * 8;
-        }
-        // Affine INT4 likewise: 4 rows of (scale, offset) pairs fill whole 16-byte words.
-        if format == WeightFormat::Q4A && n >= 4 {
-            n = n / 4 * 4;
+        // Chunks of a multiple of the rows whose scale sections fill whole 16-byte words,
+        // so a split matrix takes the bytes of an unsplit one (admission counts those).
+        let step = match format {
+            WeightFormat::Q8 => 8,
+            f => packed(f, 1, cols).map_or(1, |m| {
+                let row = m.halves_per_row() * 2;
+                16 / gcd(16, row.max(1))
+            }),
+        };
+        if n >= step {
+            n = n / step * step;
         }
         Ok(n)
+    }
+
+    /// Upload a matrix of `cols` columns from its row parts, stacked in order: parts of one
+    /// form are joined, and each run is split into chunks of whole rows under the binding
+    /// limit.
+    pub fn upload_rows(
+        dev: &Device,
+        label: &str,
+        cols: usize,
+        parts: Vec<DenseRows>,
+    ) -> Result<Self> {
+        let mut runs: Vec<DenseRows> = Vec::new();
+        for p in parts {
+            let rest = match runs.last_mut() {
+                Some(r) => r.append(p),
+                None => Some(p),
+            };
+            if let Some(p) = rest {
+                runs.push(p);
+            }
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0;
+        for run in &runs {
+            let (format, rows) = (run.format(), run.rows(cols));
+            let per = Self::rows_per_chunk(dev, label, format, cols)?;
+            let mut start = 0;
+            while start < rows {
+                let n = per.min(rows - start);
+                chunks.push(MatrixChunk {
+                    row_start: row0 + start,
+                    rows: n,
+                    buffer: dev.upload(label, &run.chunk(cols, start, n), Usage::Storage)?,
+                    format,
+                });
+                start += n;
+            }
+            row0 += rows;
+        }
+        Ok(F16Matrix {
+            rows: row0,
+            cols,
+            chunks,
+        })
     }
 
     /// Quantise `data` ([rows, cols], row-major, finite) to Q8_0 and upload it. A block
@@ -157,9 +324,7 @@ impl F16Matrix {
                 i % cols.max(1)
             )));
         }
-        Self::upload_q8_chunks(dev, label, rows, cols, |m, start, q, s| {
-            m.pack(&data[start * cols..(start + m.out) * cols], q, s)
-        })
+        Self::upload_rows(dev, label, cols, vec![DenseRows::Q8Values(data.to_vec())])
     }
 
     /// Upload ggml's Q8_0 blocks of a [rows, cols] matrix (rows in order, each
@@ -181,65 +346,11 @@ impl F16Matrix {
                 rows * row_bytes
             )));
         }
-        Self::upload_q8_chunks(dev, label, rows, cols, |m, start, q, s| {
-            m.from_ggml(
-                &blocks[start * row_bytes..(start + m.out) * row_bytes],
-                q,
-                s,
-            )
-        })
+        Self::upload_rows(dev, label, cols, vec![DenseRows::Q8Blocks(blocks.to_vec())])
     }
 
-    /// A Q8_0 matrix in chunks of whole rows under the binding limit, each chunk's packed
-    /// sections (quants, then scales) filled by `fill(chunk layout, first row, q, s)`.
-    fn upload_q8_chunks(
-        dev: &Device,
-        label: &str,
-        rows: usize,
-        cols: usize,
-        fill: impl Fn(Q8Matrix, usize, &mut [u8], &mut [u8]),
-    ) -> Result<Self> {
-        Self::upload_chunks(dev, label, WeightFormat::Q8, rows, cols, |start, n| {
-            let m = Q8Matrix { out: n, inp: cols };
-            let mut bytes = vec![0u8; m.bytes()];
-            let (q, s) = bytes.split_at_mut(m.q_bytes());
-            fill(m, start, q, s);
-            bytes
-        })
-    }
-
-    /// A matrix of `format` in chunks of whole rows under the binding limit, each chunk's
-    /// buffer the bytes `chunk(first row, rows)` makes.
-    fn upload_chunks(
-        dev: &Device,
-        label: &str,
-        format: WeightFormat,
-        rows: usize,
-        cols: usize,
-        chunk: impl Fn(usize, usize) -> Vec<u8>,
-    ) -> Result<Self> {
-        let per = Self::rows_per_chunk(dev, label, format, cols)?;
-        let mut chunks = Vec::new();
-        let mut start = 0;
-        while start < rows {
-            let n = per.min(rows - start);
-            chunks.push(MatrixChunk {
-                row_start: start,
-                rows: n,
-                buffer: dev.upload(label, &chunk(start, n), Usage::Storage)?,
-            });
-            start += n;
-        }
-        Ok(F16Matrix {
-            rows,
-            cols,
-            chunks,
-            format,
-        })
-    }
-
-    /// Upload affine 4-bit rows (a GGUF Q4_0/Q4_K matrix's blocks, `Affine4` of [rows,
-    /// cols]) as affine INT4 (`WeightFormat::Q4A`), in chunks of whole rows: each chunk's
+    /// Upload affine 4-bit rows (a GGUF Q4_0 matrix's blocks, `Affine4` of [rows, cols])
+    /// as affine INT4 (`WeightFormat::Q4A`), in chunks of whole rows: each chunk's
     /// nibbles, then its (scale, offset) pairs. The caller checks the values are finite.
     pub fn upload_q4a(
         dev: &Device,
@@ -256,17 +367,11 @@ impl F16Matrix {
                 a.blocks.len()
             )));
         }
-        Self::upload_chunks(dev, label, WeightFormat::Q4A, rows, cols, |start, n| {
-            let m = Self::q4a(n, cols);
-            let part = Affine4 {
-                nibbles: a.nibbles[start * cols..(start + n) * cols].to_vec(),
-                blocks: a.blocks[start * nb..(start + n) * nb].to_vec(),
-            };
-            let mut bytes = vec![0u8; m.q_bytes() + m.scale_bytes()];
-            let (q, s) = bytes.split_at_mut(m.q_bytes());
-            m.pack_affine(&part, q, s);
-            bytes
-        })
+        let a = Affine4 {
+            nibbles: a.nibbles.clone(),
+            blocks: a.blocks.clone(),
+        };
+        Self::upload_rows(dev, label, cols, vec![DenseRows::Affine(a)])
     }
 
     /// A [rows, cols] matrix of zeros in `format`, chunked as an upload would be (a shape
@@ -278,54 +383,52 @@ impl F16Matrix {
         rows: usize,
         cols: usize,
     ) -> Result<Self> {
-        let per = Self::rows_per_chunk(dev, label, format, cols)?;
+        Self::zeros_parts(dev, label, cols, &[(format, rows)])
+    }
+
+    /// Zeros of row parts `(format, rows)` stacked in order, chunked as `upload_rows` would
+    /// (parts of one format joined).
+    pub fn zeros_parts(
+        dev: &Device,
+        label: &str,
+        cols: usize,
+        parts: &[(WeightFormat, usize)],
+    ) -> Result<Self> {
+        let mut runs: Vec<(WeightFormat, usize)> = Vec::new();
+        for &(f, n) in parts {
+            match runs.last_mut() {
+                Some(r) if r.0 == f => r.1 += n,
+                _ => runs.push((f, n)),
+            }
+        }
         let mut chunks = Vec::new();
-        let mut start = 0;
-        while start < rows {
-            let n = per.min(rows - start);
-            chunks.push(MatrixChunk {
-                row_start: start,
-                rows: n,
-                buffer: dev.alloc(label, Self::chunk_bytes(format, n, cols), Usage::Storage)?,
-            });
-            start += n;
+        let mut row0 = 0;
+        for (format, rows) in runs {
+            let per = Self::rows_per_chunk(dev, label, format, cols)?;
+            let mut start = 0;
+            while start < rows {
+                let n = per.min(rows - start);
+                chunks.push(MatrixChunk {
+                    row_start: row0 + start,
+                    rows: n,
+                    buffer: dev.alloc(label, Self::chunk_bytes(format, n, cols), Usage::Storage)?,
+                    format,
+                });
+                start += n;
+            }
+            row0 += rows;
         }
         Ok(F16Matrix {
-            rows,
+            rows: row0,
             cols,
             chunks,
-            format,
         })
     }
 
     /// A [rows, cols] matrix of zeros, chunked as an upload would be (a shape model: the
     /// memory-access report runs the real kernels on it).
     pub fn zeros(dev: &Device, label: &str, rows: usize, cols: usize) -> Result<Self> {
-        let row_bytes = Self::row_bytes(cols);
-        let max_rows = (dev.max_binding() / row_bytes) as usize;
-        if max_rows == 0 {
-            return Err(Error::DoesNotFit(format!(
-                "{label}: one row of {cols} f16 values exceeds the adapter's storage binding limit of {} bytes",
-                dev.max_binding()
-            )));
-        }
-        let mut chunks = Vec::new();
-        let mut start = 0;
-        while start < rows {
-            let n = max_rows.min(rows - start);
-            chunks.push(MatrixChunk {
-                row_start: start,
-                rows: n,
-                buffer: dev.alloc(label, n as u64 * row_bytes, Usage::Storage)?,
-            });
-            start += n;
-        }
-        Ok(F16Matrix {
-            rows,
-            cols,
-            chunks,
-            format: WeightFormat::F16,
-        })
+        Self::zeros_in(dev, label, WeightFormat::F16, rows, cols)
     }
 
     /// Upload `data` ([rows, cols], row-major).
@@ -342,39 +445,15 @@ impl F16Matrix {
                 data.len()
             )));
         }
-        let row_bytes = Self::row_bytes(cols);
-        let max_rows = (dev.max_binding() / row_bytes) as usize;
-        if max_rows == 0 {
-            return Err(Error::DoesNotFit(format!(
-                "{label}: one row of {cols} f16 values exceeds the adapter's storage binding limit of {} bytes",
-                dev.max_binding()
-            )));
-        }
-        let mut chunks = Vec::new();
-        let mut start = 0;
-        while start < rows {
-            let n = max_rows.min(rows - start);
-            let mut padded = Vec::new();
-            push_padded_rows(
-                &mut padded,
-                &data[start * cols..(start + n) * cols],
-                n,
-                cols,
-            );
-            let buffer = dev.upload(label, bytemuck::cast_slice(&padded), Usage::Storage)?;
-            chunks.push(MatrixChunk {
-                row_start: start,
-                rows: n,
-                buffer,
-            });
-            start += n;
-        }
-        Ok(F16Matrix {
-            rows,
-            cols,
-            chunks,
-            format: WeightFormat::F16,
-        })
+        Self::upload_rows(dev, label, cols, vec![DenseRows::F16(data.to_vec())])
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 

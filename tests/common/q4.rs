@@ -168,6 +168,64 @@ pub fn random_q8_matrix(rng: &mut Rng, m: Q4Matrix) -> (Vec<u8>, Vec<u8>) {
     (q, s)
 }
 
+/// Random rows of a K-plane kind (`wgmoe::format::kquant`): nibbles 0..=15 and random
+/// high bits; per record finite scales (about 1 in 16 records with d = 0) giving values of
+/// about +-0.6 times `mag(row)`, the scale bytes random. A record's unused half (Q6_K's
+/// word after d) is f16 NaN: a kernel that reads it turns its output into NaN.
+pub fn random_krows(
+    rng: &mut Rng,
+    kind: Q4Kind,
+    rows: usize,
+    cols: usize,
+    mag: impl Fn(usize) -> f32,
+) -> wgmoe::format::kquant::KRows {
+    use wgmoe::format::kquant::{record_words, KRows};
+    assert!(kind.is_planes());
+    let h = |v: f32| u32::from(f16::from_f32(v).to_bits());
+    let nan = u32::from(u16::from_le_bytes(F16_NAN));
+    let nibbles = (0..rows * cols).map(|_| rng.below(16) as u8).collect();
+    let blocks = cols.div_ceil(kind.block());
+    let mut side = Vec::new();
+    for r in 0..rows * blocks {
+        let m = mag(r / blocks);
+        let mut rec: Vec<u32> = (0..record_words(kind)).map(|_| rng.next_u64() as u32).collect();
+        let zero = rng.below(16) == 0;
+        match kind {
+            Q4Kind::Q4K | Q4Kind::Q5K => {
+                let d = if zero { 0.0 } else { 0.0002 + rng.f32(0.0001) };
+                rec[0] = h(d * m) | h((0.0002 + rng.f32(0.0001)) * m) << 16;
+            }
+            Q4Kind::Q6K => {
+                let d = if zero { 0.0 } else { 0.0001 + rng.f32(0.00005) };
+                rec[4] = h(d * m) | nan << 16;
+            }
+            _ => {
+                let sc = if zero { 0.0 } else { 0.015 + rng.f32(0.005) };
+                rec[0] = h(sc * m) | h(rng.f32(0.3) * m) << 16;
+            }
+        }
+        side.extend(rec);
+    }
+    KRows {
+        kind,
+        cols,
+        nibbles,
+        side,
+    }
+}
+
+/// `random_krows` packed as one matrix; the scale section's padding halves past the rows'
+/// records are f16 NaN.
+pub fn random_planes_matrix(rng: &mut Rng, m: Q4Matrix) -> (Vec<u8>, Vec<u8>) {
+    let r = random_krows(rng, m.kind, m.out, m.inp, |_| 1.0);
+    let (mut q, mut s) = (vec![0u8; m.q_bytes()], vec![0u8; m.scale_bytes()]);
+    m.pack_planes(&r, &mut q, &mut s);
+    for half in s[4 * r.side.len()..].chunks_exact_mut(2) {
+        half.copy_from_slice(&F16_NAN);
+    }
+    (q, s)
+}
+
 /// One slot of random gate, up and down sections.
 pub fn random_slot(rng: &mut Rng, l: &Q4SlotLayout) -> Vec<u8> {
     let mut slot = vec![0u8; l.bytes];
@@ -180,6 +238,7 @@ pub fn random_slot(rng: &mut Rng, l: &Q4SlotLayout) -> Vec<u8> {
             Q4Kind::Sym256 => random_matrix(rng, m),
             Q4Kind::Affine32 => random_affine_matrix(rng, m),
             Q4Kind::Q8 => random_q8_matrix(rng, m),
+            _ => random_planes_matrix(rng, m),
         };
         slot[q_at..q_at + q.len()].copy_from_slice(&q);
         slot[s_at..s_at + s.len()].copy_from_slice(&s);

@@ -212,6 +212,34 @@ pub const PIECES: &[(&str, &str)] = &[
         "fmt_q4a.wgsl",
         include_str!("../../../shaders/common/fmt_q4a.wgsl"),
     ),
+    (
+        "kq_common.wgsl",
+        include_str!("../../../shaders/common/kq_common.wgsl"),
+    ),
+    (
+        "kq_k4.wgsl",
+        include_str!("../../../shaders/common/kq_k4.wgsl"),
+    ),
+    (
+        "fmt_q4k.wgsl",
+        include_str!("../../../shaders/common/fmt_q4k.wgsl"),
+    ),
+    (
+        "fmt_q5k.wgsl",
+        include_str!("../../../shaders/common/fmt_q5k.wgsl"),
+    ),
+    (
+        "fmt_q6k.wgsl",
+        include_str!("../../../shaders/common/fmt_q6k.wgsl"),
+    ),
+    (
+        "fmt_q5a.wgsl",
+        include_str!("../../../shaders/common/fmt_q5a.wgsl"),
+    ),
+    (
+        "tile_kq.wgsl",
+        include_str!("../../../shaders/common/tile_kq.wgsl"),
+    ),
 ];
 
 /// The kernel bodies, by family (file name under `shaders/` without `.wgsl`).
@@ -422,6 +450,7 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
                 WeightFormat::Q8 => {
                     v.extend(["scales_staged.wgsl", "q8_unpack.wgsl", "fmt_q8.wgsl"])
                 }
+                kq => v.extend(kq_pieces(kq)),
             }
             v.push("onehot.wgsl");
             v.push(match r.reduce {
@@ -454,9 +483,26 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
                     "fmt_q8.wgsl",
                     "tile_q8.wgsl",
                 ]),
+                kq => {
+                    v.extend(kq_pieces(kq));
+                    v.push("tile_kq.wgsl");
+                }
             }
         }
         _ => {}
+    }
+    v
+}
+
+/// The pieces of a K-plane weight format (`format/kquant.rs`): the shared word reader and
+/// the format's record reader.
+fn kq_pieces(f: WeightFormat) -> Vec<&'static str> {
+    let mut v = vec!["scales_staged.wgsl", "kq_common.wgsl"];
+    match f {
+        WeightFormat::Q4K => v.extend(["kq_k4.wgsl", "fmt_q4k.wgsl"]),
+        WeightFormat::Q5K => v.extend(["kq_k4.wgsl", "fmt_q5k.wgsl"]),
+        WeightFormat::Q6K => v.push("fmt_q6k.wgsl"),
+        _ => v.push("fmt_q5a.wgsl"),
     }
     v
 }

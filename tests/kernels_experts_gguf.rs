@@ -1,12 +1,12 @@
-//! The expert kernels on affine INT4 slots (`Q4Kind::Affine32`: GGUF's Q4_0/Q4_K experts as
-//! they are, shaders/common/fmt_q4a.wgsl and tile_q4a.wgsl in the GPU-shaped row kernels
-//! and the tiled expert GEMM) against `wgmoe::cpu_ref::w4a16_*`, which reads the same slot
-//! bytes element by element (nibble, scale and offset) and sums in f64. The dispatches are
-//! the forward pass's own (`MoeDispatch`), over random slots whose unused scale halves are
-//! NaN (tests/common/q4.rs). Affine slots take the row kernels on every plan: the
-//! lavapipe-tuned INT4 kernels read block-256 slots only. GGUF slots may also hold Q8_0
-//! matrices (a file's experts wider than 4 bits) beside affine ones: those run the Q8_0
-//! variants of the same kernels on the slot's sections.
+//! The expert kernels on a GGUF file's slot kinds, held as its blocks are: affine INT4
+//! (`Q4Kind::Affine32`, Q4_0: fmt_q4a.wgsl, tile_q4a.wgsl), the K-plane kinds (Q4_K, Q5_K,
+//! Q6_K, Q5_0/Q5_1: kq_common.wgsl with the format's record reader, tile_kq.wgsl) and
+//! Q8_0, gate/up and down each in its own kind, in the GPU-shaped row kernels and the
+//! tiled expert GEMM, against `wgmoe::cpu_ref::w4a16_*`, which reads the same slot bytes
+//! element by element and sums in f64. The dispatches are the forward pass's own
+//! (`MoeDispatch`), over random slots whose unused scale halves are NaN
+//! (tests/common/q4.rs). These slots take the row kernels on every plan: the
+//! lavapipe-tuned INT4 kernels read block-256 slots only.
 
 mod common;
 
@@ -163,6 +163,74 @@ fn gguf_slots_with_q8_matrices_match_cpu() {
             let bytes = Q4SlotLayout::mixed(c.hidden, c.inter, gu, down).bytes;
             let g = Gpu::new(per_chunk.map(|n| (n * bytes) as u64), tiled);
             let s = Setup::random_mixed(&g, 1700 + (i * 3 + k) as u64, c, gu, down);
+            let (h, y) = s.gpu_expert_gemm();
+            let what = format!("{}/{} {}", gu.name(), down.name(), s.what());
+            check(
+                &format!("expert_gemm gate_up {what}"),
+                &h,
+                &s.want_gate_up(),
+                AFFINE_TOL,
+            );
+            check(
+                &format!("expert_gemm down {what}"),
+                &y,
+                &s.want_down(&h),
+                AFFINE_TOL,
+            );
+        }
+    }
+}
+
+/// The slot kinds of a GGUF file's experts held as they are: Q4_K, Q5_K, Q6_K and Q5_0/Q5_1
+/// (nibble planes and side records), alone and beside each other and Q8_0 / affine INT4
+/// (a Q4_K_M file's Q4_K gate/up and Q6_K down): the decode row kernels on every variant,
+/// a split pool, and the tiled expert GEMMs.
+#[test]
+fn gguf_k_plane_slots_match_cpu() {
+    use Q4Kind::{Q4K, Q5A, Q5K, Q6K, Q8};
+    let kinds = [
+        (Q4K, Q6K),
+        (Q4K, Q4K),
+        (Q5K, Q6K),
+        (Q6K, Q8),
+        (Q5A, Q4K),
+        (Q8, Q5A),
+        (A32, Q5K),
+    ];
+    for (vi, o) in VARIANTS.iter().enumerate() {
+        let g = Gpu::new(None, *o);
+        for (i, &c) in SHAPES.iter().enumerate() {
+            let (gu, down) = kinds[(i + 3 * vi) % kinds.len()];
+            let s = Setup::random_mixed(&g, 1800 + (vi * 16 + i) as u64, c, gu, down);
+            check_decode(&s, &format!("{}/{} {}", gu.name(), down.name(), s.what()));
+        }
+    }
+    // A split pool: each chunk's dispatch serves its own slots.
+    let c = case(512, 256, 7, 10, 4, 5);
+    let bytes = Q4SlotLayout::mixed(c.hidden, c.inter, Q4K, Q6K).bytes as u64;
+    let g = Gpu::new(Some(3 * bytes), VARIANTS[2]);
+    let s = Setup::random_mixed(&g, 1890, c, Q4K, Q6K);
+    assert!(s.pool().chunks.len() > 1);
+    check_decode(&s, &format!("split {}", s.what()));
+    let tiled = KernelOverrides {
+        prefill: Some(PrefillKernels::Tiled),
+        ..Default::default()
+    };
+    for (i, &(c, per_chunk)) in [
+        (case(256, 512, 5, 6, 4, 33), None),
+        (case(300, 65, 7, 10, 4, 9), Some(3usize)),
+        (case(768, 256, 6, 8, 4, 17), None),
+    ]
+    .iter()
+    .enumerate()
+    {
+        for (k, &(gu, down)) in kinds.iter().enumerate() {
+            if (k + i) % 2 == 1 {
+                continue;
+            }
+            let bytes = Q4SlotLayout::mixed(c.hidden, c.inter, gu, down).bytes;
+            let g = Gpu::new(per_chunk.map(|n| (n * bytes) as u64), tiled);
+            let s = Setup::random_mixed(&g, 1900 + (i * 8 + k) as u64, c, gu, down);
             let (h, y) = s.gpu_expert_gemm();
             let what = format!("{}/{} {}", gu.name(), down.name(), s.what());
             check(
