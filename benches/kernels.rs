@@ -255,7 +255,7 @@ fn cpu_experts(bencher: divan::Bencher, (threads, h, i, tokens): (usize, usize, 
     let slots: Vec<Vec<u8>> = (0..e)
         .map(|s| bytemuck::cast_slice(&noise(layout.bytes / 4, 10 + s as u64)).to_vec())
         .collect();
-    let cpu = CpuExperts::new(layout, Some(threads)).expect("threads");
+    let cpu = CpuExperts::new(Some(threads)).expect("threads");
     let x: Vec<f32> = noise(tokens * h, 4)
         .iter()
         .map(|&r| (r as f32 / u32::MAX as f32) - 0.5)
@@ -287,8 +287,14 @@ fn cpu_experts(bencher: divan::Bencher, (threads, h, i, tokens): (usize, usize, 
         .counter(BytesCount::new(distinct.len() * layout.bytes))
         .bench_local(|| {
             j = (j + 1) % sets.len();
-            cpu.run(&|e| Ok(&slots[e as usize][..]), &x, &sets[j], &mut out)
-                .expect("cpu experts")
+            cpu.run(
+                &layout,
+                &|e| Ok(&slots[e as usize][..]),
+                &x,
+                &sets[j],
+                &mut out,
+            )
+            .expect("cpu experts")
         });
 }
 

@@ -266,7 +266,7 @@ struct PlanArgs {
     #[arg(long)]
     adapter: Option<String>,
     /// Plan a GGUF file's experts as `run --expert-precision int4-strict` holds them: every
-    /// matrix 4-bit (its wider expert types rounded into affine INT4, not held as Q8_0).
+    /// matrix 4-bit (its wider expert types rounded into affine INT4, not held as they are).
     #[arg(long)]
     int4_strict: bool,
     /// Print the plan as one JSON object.
@@ -529,12 +529,15 @@ struct RunArgs {
     /// Do not stop at EOS, and never sample it.
     #[arg(long)]
     ignore_eos: bool,
-    /// Storage of routed expert weights: int4 (W4A16, block 256) or f16.
+    /// Storage of routed expert weights: int4 (W4A16: block-256 INT4 for a safetensors
+    /// checkpoint; a GGUF file's blocks as they are, its float experts as Q8_0),
+    /// int4-strict (every GGUF expert matrix 4-bit), or f16.
     #[arg(long, value_enum, default_value = "int4")]
     expert_precision: ExpertPrecision,
     /// Storage of the dense weights (attention q/k/v/o, shared experts, dense MLP layers,
-    /// lm_head): q8_0 (ggml's Q8_0, quantised on load; 8.5 bits per weight), or f16. The
-    /// router, norms and embeddings stay f16.
+    /// lm_head): q8_0 (ggml's Q8_0, quantised on load; 8.5 bits per weight; a GGUF file's
+    /// 4- to 6-bit matrices in their own blocks), or f16. The router, norms and embeddings
+    /// stay f16.
     #[arg(long, value_enum, default_value = "q8_0")]
     dense_precision: DensePrecision,
     /// Storage of the KV cache: f16 (attention reads it directly), f32, or q8_0 (int8 in
@@ -610,12 +613,15 @@ struct LoadArgs {
     /// A tokenizer.json to use instead of the model's own (as `run --tokenizer`).
     #[arg(long, value_name = "FILE")]
     tokenizer: Option<PathBuf>,
-    /// Storage of routed expert weights: int4 (W4A16, block 256) or f16.
+    /// Storage of routed expert weights: int4 (W4A16: block-256 INT4 for a safetensors
+    /// checkpoint; a GGUF file's blocks as they are, its float experts as Q8_0),
+    /// int4-strict (every GGUF expert matrix 4-bit), or f16.
     #[arg(long, value_enum, default_value = "int4")]
     expert_precision: ExpertPrecision,
     /// Storage of the dense weights (attention q/k/v/o, shared experts, dense MLP layers,
-    /// lm_head): q8_0 (ggml's Q8_0, quantised on load; 8.5 bits per weight), or f16. The
-    /// router, norms and embeddings stay f16.
+    /// lm_head): q8_0 (ggml's Q8_0, quantised on load; 8.5 bits per weight; a GGUF file's
+    /// 4- to 6-bit matrices in their own blocks), or f16. The router, norms and embeddings
+    /// stay f16.
     #[arg(long, value_enum, default_value = "q8_0")]
     dense_precision: DensePrecision,
     /// Storage of the KV cache: f16 (attention reads it directly), f32, or q8_0 (int8 in

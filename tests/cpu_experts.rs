@@ -61,6 +61,7 @@ fn random_pairs(rng: &mut Rng, tokens: usize, experts: usize, top_k: usize) -> V
 
 fn run_cpu(
     cpu: &CpuExperts,
+    layout: &Q4SlotLayout,
     slots: &[Vec<u8>],
     x: &[f32],
     x0: &[f32],
@@ -68,23 +69,28 @@ fn run_cpu(
 ) -> Vec<f32> {
     let mut out = x0.to_vec();
     let st = cpu
-        .run(&|e| Ok(&slots[e as usize][..]), x, pairs, &mut out)
+        .run(layout, &|e| Ok(&slots[e as usize][..]), x, pairs, &mut out)
         .unwrap();
     assert_eq!(st.pairs, pairs.len() as u64);
     out
 }
 
-/// Block-256 slots, affine ones (GGUF's 4-bit experts: a block, scale and offset per
-/// 32 columns), and GGUF slots with Q8_0 matrices (its wider experts) beside affine ones.
+/// Block-256 slots, and a GGUF file's slot kinds: affine ones (Q4_0: a block, scale and
+/// offset per 32 columns), the K-plane kinds (Q4_K, Q5_K, Q6_K, Q5_0/Q5_1) and Q8_0, gate/up
+/// and down each in its own.
 #[test]
 fn cpu_experts_match_the_reference() {
-    use Q4Kind::{Affine32, Sym256, Q8};
+    use Q4Kind::{Affine32, Sym256, Q4K, Q5A, Q5K, Q6K, Q8};
     let kinds = [
         (Sym256, Sym256),
         (Affine32, Affine32),
         (Affine32, Q8),
         (Q8, Affine32),
         (Q8, Q8),
+        (Q4K, Q6K),
+        (Q5K, Q4K),
+        (Q6K, Q5A),
+        (Q5A, Q8),
     ];
     for (i, (c, (kind, down))) in SHAPES
         .iter()
@@ -103,13 +109,13 @@ fn cpu_experts_match_the_reference() {
         let pairs = random_pairs(&mut rng, t, c.n_experts, c.top_k);
         // The best ISA the CPU has, then AVX2 (where the best is AVX-512), then baseline.
         for (threads, isa) in [(1, 0), (2, 0), (3, 0), (2, 1), (2, 2)] {
-            let cpu = CpuExperts::new(layout, Some(threads)).unwrap();
+            let cpu = CpuExperts::new(Some(threads)).unwrap();
             let cpu = match isa {
                 1 => cpu.without_avx512(),
                 2 => cpu.with_baseline_isa(),
                 _ => cpu,
             };
-            let got = run_cpu(&cpu, &slots, &x, &x0, &pairs);
+            let got = run_cpu(&cpu, &layout, &slots, &x, &x0, &pairs);
             let want = reference(&layout, &slots, &x, &x0, &pairs);
             check(
                 &format!(
@@ -137,7 +143,7 @@ fn cpu_experts_touch_only_routed_tokens() {
     let mut rng = Rng::new(7200);
     let layout = Q4SlotLayout::new(300, 96);
     let slots: Vec<Vec<u8>> = (0..5).map(|_| random_slot(&mut rng, &layout)).collect();
-    let cpu = CpuExperts::new(layout, Some(2)).unwrap();
+    let cpu = CpuExperts::new(Some(2)).unwrap();
     let x = rng.vec(4 * 300, 1.0);
     let x0 = rng.vec(4 * 300, 2.0);
     let pairs: Vec<ExpertPair> = [(0, 3, 0.7f32), (2, 1, 0.4), (2, 4, 0.6)]
@@ -148,14 +154,14 @@ fn cpu_experts_touch_only_routed_tokens() {
             weight: w,
         })
         .collect();
-    let got = run_cpu(&cpu, &slots, &x, &x0, &pairs);
+    let got = run_cpu(&cpu, &layout, &slots, &x, &x0, &pairs);
     assert_eq!(&got[300..600], &x0[300..600], "token 1 has no pair");
     assert_eq!(&got[900..], &x0[900..], "token 3 has no pair");
     let mut reversed = pairs.clone();
     reversed.reverse();
-    let again = run_cpu(&cpu, &slots, &x, &x0, &reversed);
+    let again = run_cpu(&cpu, &layout, &slots, &x, &x0, &reversed);
     check("pairs reversed", &again, &got, 1e-6);
-    assert_eq!(run_cpu(&cpu, &slots, &x, &x0, &[]), x0);
+    assert_eq!(run_cpu(&cpu, &layout, &slots, &x, &x0, &[]), x0);
     // A pair naming a token outside x is refused, not a panic.
     let bad = [ExpertPair {
         token: 4,
@@ -164,7 +170,7 @@ fn cpu_experts_touch_only_routed_tokens() {
     }];
     let mut out = x0.clone();
     assert!(cpu
-        .run(&|e| Ok(&slots[e as usize][..]), &x, &bad, &mut out)
+        .run(&layout, &|e| Ok(&slots[e as usize][..]), &x, &bad, &mut out)
         .is_err());
 }
 
@@ -186,11 +192,12 @@ fn cpu_experts_match_the_gpu_kernels() {
                 weight: s.weights[i],
             })
             .collect();
-        let best = CpuExperts::new(s.layout, Some(2)).unwrap();
-        let avx2 = CpuExperts::new(s.layout, Some(2)).unwrap().without_avx512();
+        let best = CpuExperts::new(Some(2)).unwrap();
+        let avx2 = CpuExperts::new(Some(2)).unwrap().without_avx512();
         for cpu in [best, avx2] {
             let mut out = s.x0.clone();
             cpu.run(
+                &s.layout,
                 &|e| Ok(&s.host[s.slot_of[e as usize]][..]),
                 &s.xs,
                 &pairs,

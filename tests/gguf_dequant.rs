@@ -143,7 +143,11 @@ fn k_quants_and_5_bit_types_pack_into_planes_as_they_are() {
             GgmlType::Q5_0 => 2.0 * (out * inp / 32) as f64,
             _ => 0.0,
         };
-        assert_eq!(ours, file + extra, "{t}: {ours} bytes for {file} in the file");
+        assert_eq!(
+            ours,
+            file + extra,
+            "{t}: {ours} bytes for {file} in the file"
+        );
     }
 }
 

@@ -42,9 +42,8 @@ fn computation(c: &ModelConfig) -> ModelConfig {
         bos_token_id: None,
         eos_token_ids: Vec::new(),
         source_hash: String::new(),
-        expert_q4: wgmoe::format::quant::Q4Kind::Sym256,
-        expert_down_q4: wgmoe::format::quant::Q4Kind::Sym256,
-        gguf_q4_dense: Vec::new(),
+        expert_kinds: Vec::new(),
+        gguf_dense_kinds: Vec::new(),
         ..c.clone()
     }
 }
@@ -61,18 +60,33 @@ fn every_fixture_gives_the_config_of_its_hf_model() {
             let m = GgufModel::open(&f).unwrap_or_else(|e| panic!("{e}"));
             let cfg = model_config(&m).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(computation(&cfg), computation(&hf), "{}", f.display());
-            // Experts: 4-bit files' as affine INT4; wider types (Q6_K, Q8_0, F16, and the
-            // Q6_K ffn_down of Q4_K_M) as Q8_0 rather than rounded to 4 bits.
-            use wgmoe::format::quant::Q4Kind::{Affine32, Q8};
+            // Experts in their own blocks, layer by layer: Q4_0 as affine INT4, the K-quants
+            // as they are, Q8_0 and F16 as Q8_0; a Q4_K_M file's ffn_down is Q6_K on the
+            // layers llama-quantize gives more bits, Q4_K on the others.
+            use wgmoe::format::quant::Q4Kind::{Affine32, Q4K, Q5K, Q6K, Q8};
             let name = f.file_name().unwrap().to_string_lossy().to_string();
-            let want = if name.contains("Q4_0") {
-                (Affine32, Affine32)
-            } else if name.contains("Q4_K_M") {
-                (Affine32, Q8)
-            } else {
-                (Q8, Q8)
-            };
-            assert_eq!((cfg.expert_q4, cfg.expert_down_q4), want, "{name}");
+            for l in 0..cfg.num_layers {
+                let down = m
+                    .info(&format!("blk.{l}.ffn_down_exps.weight"))
+                    .unwrap()
+                    .ggml_type;
+                let want = if name.contains("Q4_0") {
+                    (Affine32, Affine32)
+                } else if name.contains("_K_M") {
+                    let gu = if name.contains("Q5_K_M") { Q5K } else { Q4K };
+                    match down {
+                        GgmlType::Q6_K => (gu, Q6K),
+                        GgmlType::Q5_K => (gu, Q5K),
+                        _ => (gu, Q4K),
+                    }
+                } else if name.contains("Q6_K") {
+                    (Q6K, Q6K)
+                } else {
+                    (Q8, Q8)
+                };
+                let k = cfg.expert_kinds(l);
+                assert_eq!((k.gate_up, k.down), want, "{name} layer {l} ({down} down)");
+            }
             // The HF EOS is among the ids that end generation, as in llama.cpp.
             for id in &hf.eos_token_ids {
                 assert!(cfg.eos_token_ids.contains(id), "{}: {:?}", f.display(), cfg);

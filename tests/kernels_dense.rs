@@ -354,7 +354,7 @@ fn matmul_uniform_decode_equals_storage_matmul() {
                         k: k as u32,
                         n_rows: c.rows as u32,
                         row_base: c.row_start as u32,
-                        vec4_per_row: m.vec4_per_row(),
+                        vec4_per_row: m.words_per_row(c),
                         x_stride: k as u32,
                         out_stride: n as u32,
                         flags: flags::MATMUL_BIAS | flags::MATMUL_ACCUMULATE,

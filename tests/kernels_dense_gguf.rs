@@ -50,7 +50,12 @@ fn random_affine(rng: &mut Rng, rows: usize, cols: usize) -> Affine4 {
 }
 
 /// Random rows of `kind` and the packed bytes of the same rows (the reference's input).
-fn random_rows(rng: &mut Rng, kind: Q4Kind, rows: usize, cols: usize) -> (DenseRows, Vec<u8>, Vec<u8>) {
+fn random_rows(
+    rng: &mut Rng,
+    kind: Q4Kind,
+    rows: usize,
+    cols: usize,
+) -> (DenseRows, Vec<u8>, Vec<u8>) {
     let qm = Q4Matrix {
         out: rows,
         inp: cols,
@@ -102,6 +107,20 @@ fn blocks_case(
     }
     let m = F16Matrix::upload_rows(dev, "w", c.k, parts).unwrap();
     assert_eq!(m.rows, c.n);
+    // Split or not, a run of one kind takes the bytes admission counts for it.
+    let mut runs: Vec<(Q4Kind, usize)> = Vec::new();
+    for r in &refs {
+        match runs.last_mut() {
+            Some(l) if l.0 == r.1 => l.1 += r.0,
+            _ => runs.push((r.1, r.0)),
+        }
+    }
+    let planned: u64 = runs
+        .iter()
+        .map(|&(k, n)| F16Matrix::chunk_bytes(WeightFormat::int4(k), n, c.k))
+        .sum();
+    let held: u64 = m.chunks.iter().map(|ch| ch.buffer.size()).sum();
+    assert_eq!(held, planned, "{} chunks", m.chunks.len());
     assert!(m.chunks.len() >= min_chunks, "{} chunks", m.chunks.len());
     for ch in &m.chunks {
         let (mut start, mut part) = (0, 0);
@@ -109,7 +128,12 @@ fn blocks_case(
             start += refs[part].0;
             part += 1;
         }
-        assert_eq!(ch.format, WeightFormat::int4(refs[part].1), "chunk at row {}", ch.row_start);
+        assert_eq!(
+            ch.format,
+            WeightFormat::int4(refs[part].1),
+            "chunk at row {}",
+            ch.row_start
+        );
     }
     let step = dev.step_buffer(0, c.t).unwrap();
     let xs = strided(&data.xs, c.k, c.x_stride, f32::NAN);
@@ -141,7 +165,10 @@ fn blocks_case(
             _ => op.kernel,
         };
         let f = Kernel::weight_format(k).unwrap_or(WeightFormat::F16);
-        assert!(kinds.iter().any(|&kind| WeightFormat::int4(kind) == f), "{k:?}");
+        assert!(
+            kinds.iter().any(|&kind| WeightFormat::int4(kind) == f),
+            "{k:?}"
+        );
         let want = if one {
             Kernel::Matvec(plan.rows(f))
         } else {
@@ -257,7 +284,14 @@ fn affine_int4_matvec_and_gemm_match_cpu() {
         .into_iter()
         .enumerate()
         {
-            blocks_case(&dev, p, 5400 + (pi * 16 + i) as u64, c, &[Q4Kind::Affine32], 1);
+            blocks_case(
+                &dev,
+                p,
+                5400 + (pi * 16 + i) as u64,
+                c,
+                &[Q4Kind::Affine32],
+                1,
+            );
         }
     }
     // A split matrix: K = 256 (128 nibble + 32 pair bytes a row), 24 rows to a 4 KiB chunk.
@@ -265,7 +299,14 @@ fn affine_int4_matvec_and_gemm_match_cpu() {
     let p = plan(&dev, &KernelOverrides::default());
     let a32 = [Q4Kind::Affine32];
     blocks_case(&dev, &p, 5490, MatmulCase::new(1, 256, 70, BIAS), &a32, 2);
-    blocks_case(&dev, &p, 5491, MatmulCase::new(20, 256, 70, ACCUMULATE), &a32, 2);
+    blocks_case(
+        &dev,
+        &p,
+        5491,
+        MatmulCase::new(20, 256, 70, ACCUMULATE),
+        &a32,
+        2,
+    );
 }
 
 /// Q4_K, Q5_K, Q6_K and Q5_0/Q5_1 matrices (rows of whole 256-column blocks as GGUF has
@@ -320,13 +361,41 @@ fn stacked_parts_of_different_kinds_match_cpu() {
         for (si, kinds) in stacks.iter().enumerate() {
             let seed = 5800 + (pi * 8 + si) as u64;
             blocks_case(&dev, p, seed, MatmulCase::new(1, 256, 45, BIAS), kinds, 2);
-            blocks_case(&dev, p, seed + 100, MatmulCase::new(11, 512, 30, ACCUMULATE), kinds, 2);
-            blocks_case(&dev, p, seed + 200, MatmulCase::new(5, 256, 24, LAST), kinds, 2);
+            blocks_case(
+                &dev,
+                p,
+                seed + 100,
+                MatmulCase::new(11, 512, 30, ACCUMULATE),
+                kinds,
+                2,
+            );
+            blocks_case(
+                &dev,
+                p,
+                seed + 200,
+                MatmulCase::new(5, 256, 24, LAST),
+                kinds,
+                2,
+            );
         }
     }
     // Split under a 4 KiB binding: each part in chunks of its own.
     let dev = device(Some(4096));
     let p = plan(&dev, &KernelOverrides::default());
-    blocks_case(&dev, &p, 5890, MatmulCase::new(1, 256, 90, BIAS), stacks[0], 4);
-    blocks_case(&dev, &p, 5891, MatmulCase::new(20, 256, 90, ACCUMULATE), stacks[2], 4);
+    blocks_case(
+        &dev,
+        &p,
+        5890,
+        MatmulCase::new(1, 256, 90, BIAS),
+        stacks[0],
+        4,
+    );
+    blocks_case(
+        &dev,
+        &p,
+        5891,
+        MatmulCase::new(20, 256, 90, ACCUMULATE),
+        stacks[2],
+        4,
+    );
 }

@@ -352,7 +352,7 @@ fn q8_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunks
     let (mut q, mut s) = (vec![0u8; qm.q_bytes()], vec![0u8; qm.scale_bytes()]);
     qm.pack(&w, &mut q, &mut s);
     let m = F16Matrix::upload_q8(dev, "w", c.n, c.k, &w).unwrap();
-    assert_eq!(m.format, WeightFormat::Q8);
+    assert_eq!(m.uniform_format(), Some(WeightFormat::Q8));
     assert!(m.chunks.len() >= min_chunks, "{} chunks", m.chunks.len());
     let step = dev.step_buffer(0, c.t).unwrap();
     // Window-capable where the rows are packed, as the engine's activations: the storage

@@ -175,9 +175,10 @@ fn q8_0_plan_byte_counts_equal_the_loaders_allocations() {
     }
 }
 
-/// A GGUF file plans the bytes its load allocates: affine INT4 experts, its Q4_0/Q4_K
-/// attention as affine INT4 and the rest of its dense weights as Q8_0, whole and split
-/// into chunks of whole rows under a small binding limit.
+/// A GGUF file plans the bytes its load allocates: each layer's experts in their own
+/// blocks (slots as large as the largest layer's), its 4- to 6-bit attention and lm_head
+/// in their own blocks (q, k and v in runs of one kind) and the rest of its dense weights
+/// as Q8_0, whole and split into chunks of whole rows under a small binding limit.
 #[test]
 fn gguf_plan_byte_counts_equal_the_loaders_allocations() {
     use wgmoe::backend::kernel::WeightFormat;
@@ -233,7 +234,7 @@ fn gguf_plan_byte_counts_equal_the_loaders_allocations() {
                 .filter(|l| l.qkv.chunks.iter().any(|c| c.format != WeightFormat::Q8))
                 .count();
             affine_dense += q4a;
-            if max_binding.is_some() && w.lm_head().chunks.len() > 1 {
+            if max_binding.is_some() && (w.lm_head().chunks.len() > 1 || w.embed.chunks.len() > 1) {
                 split += 1;
             }
             assert_eq!(
@@ -244,7 +245,10 @@ fn gguf_plan_byte_counts_equal_the_loaders_allocations() {
         }
     }
     assert!(affine_dense > 0, "no affine INT4 attention in the fixtures");
-    assert!(split > 0, "no lm_head split under the small bindings");
+    assert!(
+        split > 0,
+        "no lm_head or embedding table split under the small bindings"
+    );
 }
 
 /// Qwen3-30B-A3B at 4096 positions: Q8_0 dense weights and an f16 KV cache read at most

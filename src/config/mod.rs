@@ -128,46 +128,78 @@ pub struct ModelConfig {
     /// 64-bit FNV-1a of the raw config.json bytes, as 16 hex digits. Identity of the source
     /// model for later checks (e.g. that a converted model matches the checkpoint it came from).
     pub source_hash: String,
-    /// How routed experts are held as INT4: wgmoe's block-256 quantiser for safetensors
-    /// checkpoints, affine block-32 for GGUF files (their 4-bit blocks as they are).
-    pub expert_q4: crate::format::quant::Q4Kind,
-    /// The kind of the experts' down matrices: `expert_q4`, or Q8_0 where a GGUF file
-    /// stores some layer's `ffn_down` experts wider than 4 bits (and likewise `expert_q4`
-    /// for gate/up): such matrices keep 8 bits rather than being rounded to 16 levels.
-    pub expert_down_q4: crate::format::quant::Q4Kind,
-    /// The dense matrices a GGUF file stores as Q4_0 or Q4_K (attention projections,
-    /// lm_head; Hugging Face names, sorted): with Q8_0 dense weights they are held as
-    /// affine INT4, their blocks as they are. Empty for safetensors checkpoints.
-    pub gguf_q4_dense: Vec<String>,
+    /// How each layer's routed experts are held with INT4 experts (by layer index; empty:
+    /// wgmoe's block-256 INT4 everywhere, a safetensors checkpoint's): a GGUF file's blocks
+    /// as they are (Q4_0 as affine INT4, Q4_K/Q5_K/Q6_K/Q5_0/Q5_1 as nibble planes, Q8_0),
+    /// its float experts as Q8_0.
+    pub expert_kinds: Vec<crate::format::quant::SlotKinds>,
+    /// The dense matrices a GGUF file stores in a block type the kernels compute as it is
+    /// (attention projections, lm_head; Hugging Face names, sorted), and the kind they are
+    /// held in with quantised dense weights. Q8_0 and float matrices are not listed (Q8_0
+    /// as stored, floats quantised to Q8_0). Empty for safetensors checkpoints.
+    pub gguf_dense_kinds: Vec<(String, crate::format::quant::Q4Kind)>,
 }
 
 impl ModelConfig {
-    /// Whether the dense matrix `name` (q, k and v: the layer's stacked qkv) is held as
-    /// affine INT4 with Q8_0 dense weights: every part a GGUF Q4_0/Q4_K tensor.
-    pub fn dense_q4(&self, name: &str) -> bool {
-        let has = |n: &str| {
-            self.gguf_q4_dense
-                .binary_search_by(|x| x.as_str().cmp(n))
-                .is_ok()
-        };
-        for p in ["q_proj", "k_proj", "v_proj"] {
-            if let Some(layer) = name.strip_suffix(&format!(".self_attn.{p}.weight")) {
-                return ["q_proj", "k_proj", "v_proj"]
-                    .iter()
-                    .all(|q| has(&format!("{layer}.self_attn.{q}.weight")));
-            }
-        }
-        has(name)
+    /// The kind the dense matrix `name` is held in with quantised dense weights, where a
+    /// GGUF file stores it in a block type the kernels compute as it is (None: Q8_0).
+    pub fn dense_kind(&self, name: &str) -> Option<crate::format::quant::Q4Kind> {
+        self.gguf_dense_kinds
+            .binary_search_by(|x| x.0.as_str().cmp(name))
+            .ok()
+            .map(|i| self.gguf_dense_kinds[i].1)
     }
 
-    /// The INT4 slot of one routed expert (`expert_q4`).
-    pub fn q4_slot(&self) -> crate::format::quant::Q4SlotLayout {
+    /// A dense matrix stacked from `parts` (name, rows), as held with quantised dense
+    /// weights: runs of consecutive parts of one kind (None: Q8_0) and their rows. The
+    /// loader uploads each run as its chunks, admission counts them.
+    pub fn dense_runs(
+        &self,
+        parts: &[(String, usize)],
+    ) -> Vec<(Option<crate::format::quant::Q4Kind>, usize)> {
+        let mut runs: Vec<(Option<crate::format::quant::Q4Kind>, usize)> = Vec::new();
+        for (name, rows) in parts {
+            let k = self.dense_kind(name);
+            match runs.last_mut() {
+                Some(r) if r.0 == k => r.1 += rows,
+                _ => runs.push((k, *rows)),
+            }
+        }
+        runs
+    }
+
+    /// The kinds of layer `l`'s expert slots with INT4 experts.
+    pub fn expert_kinds(&self, l: usize) -> crate::format::quant::SlotKinds {
+        self.expert_kinds
+            .get(l)
+            .copied()
+            .unwrap_or(crate::format::quant::SlotKinds::SYM256)
+    }
+
+    /// The INT4 slot of one of layer `l`'s routed experts, its stride the model's largest
+    /// slot ([`Self::q4_slot_bytes`]).
+    pub fn q4_slot(&self, l: usize) -> crate::format::quant::Q4SlotLayout {
+        self.unpadded_slot(l).padded_to(self.q4_slot_bytes())
+    }
+
+    fn unpadded_slot(&self, l: usize) -> crate::format::quant::Q4SlotLayout {
+        let k = self.expert_kinds(l);
         crate::format::quant::Q4SlotLayout::mixed(
             self.hidden_size,
             self.moe_intermediate,
-            self.expert_q4,
-            self.expert_down_q4,
+            k.gate_up,
+            k.down,
         )
+    }
+
+    /// Bytes of one INT4 expert slot: the largest of the MoE layers' (every layer's slots,
+    /// host copies and staging buffers take this stride).
+    pub fn q4_slot_bytes(&self) -> usize {
+        (0..self.num_layers)
+            .filter(|&l| self.sparse_layers.get(l).copied().unwrap_or(true))
+            .map(|l| self.unpadded_slot(l).bytes)
+            .max()
+            .unwrap_or_else(|| self.unpadded_slot(0).bytes)
     }
 
     /// Reads and parses `dir/config.json`.
@@ -298,9 +330,8 @@ impl ModelConfig {
             bos_token_id,
             eos_token_ids,
             source_hash: fnv1a64_hex(text.as_bytes()),
-            expert_q4: crate::format::quant::Q4Kind::Sym256,
-            expert_down_q4: crate::format::quant::Q4Kind::Sym256,
-            gguf_q4_dense: Vec::new(),
+            expert_kinds: Vec::new(),
+            gguf_dense_kinds: Vec::new(),
         })
     }
 

@@ -452,10 +452,10 @@ impl Checkpoint {
         }
     }
 
-    /// One expert projection as affine 4-bit values, when the checkpoint is a GGUF file
-    /// storing it as Q4_0 or Q4_K (wgmoe's affine INT4 experts hold these as they are);
-    /// None otherwise (read it with `read_expert_f32`).
-    pub fn read_expert_affine4(
+    /// One expert projection in the form wgmoe holds its block type in as it is, when the
+    /// checkpoint is a GGUF file storing it as Q4_0 (affine 4-bit rows), Q4_K, Q5_K, Q6_K
+    /// or Q5_0/Q5_1 (nibble planes); None otherwise (read it with `read_expert_f32`).
+    pub fn read_expert_native(
         &self,
         layer: usize,
         expert: usize,
@@ -463,15 +463,15 @@ impl Checkpoint {
         num_experts: usize,
         hidden: usize,
         inter: usize,
-    ) -> Result<Option<crate::format::quant::Affine4>> {
+    ) -> Result<Option<crate::format::quant::Q4Source>> {
         if !self.gguf {
             return Ok(None);
         }
         let (name, shape, row_start, rows) =
             self.expert_location(layer, expert, proj, num_experts, hidden, inter)?;
         match row_start {
-            None => self.read_rows_affine4(&name, &shape, 0, shape[0]),
-            Some(r) => self.read_rows_affine4(&name, &shape, r, rows),
+            None => self.read_rows_native(&name, &shape, 0, shape[0]),
+            Some(r) => self.read_rows_native(&name, &shape, r, rows),
         }
     }
 

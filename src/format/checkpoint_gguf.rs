@@ -11,6 +11,7 @@ use safetensors::Dtype;
 
 use super::{map_shard, Checkpoint, DType, Entry};
 use crate::error::{Error, Result};
+use crate::format::quant::Q4Source;
 use crate::gguf::{permute, GgmlType, GgufModel};
 
 /// Rows of a GGUF tensor: their bytes in Hugging Face row order, the block type, the
@@ -128,41 +129,54 @@ impl Checkpoint {
         }))
     }
 
-    /// Rows `(start, n)` of a GGUF tensor as affine 4-bit values (`crate::gguf::dequant::
-    /// affine4`) when it is stored as Q4_0 or Q4_K, in Hugging Face row order; None for any
-    /// other type (the caller reads it as f32). The full shape must equal `expected_shape`.
-    pub fn read_rows_affine4(
+    /// Rows `(start, n)` of a GGUF tensor in the form wgmoe holds its block type in as it
+    /// is, in Hugging Face row order: Q4_0 as affine 4-bit rows (`gguf::dequant::affine4`),
+    /// Q4_K, Q5_K, Q6_K and Q5_0/Q5_1 as nibble planes (`gguf::dequant::planes`); None for
+    /// any other type (the caller reads it as f32, or Q8_0 blocks as stored). The full
+    /// shape must equal `expected_shape`. A block whose scales f16 cannot hold is an error
+    /// naming the tensor.
+    pub fn read_rows_native(
         &self,
         name: &str,
         expected_shape: &[usize],
         row_start: usize,
         rows: usize,
-    ) -> Result<Option<crate::format::quant::Affine4>> {
+    ) -> Result<Option<Q4Source>> {
         let (e, _) = self.checked(name, expected_shape)?;
-        let Some((bytes, ty, _, _)) = self.gguf_rows(e, name, Some((row_start, rows)))? else {
+        let Some((bytes, ty, cols, _)) = self.gguf_rows(e, name, Some((row_start, rows)))? else {
             return Ok(None);
         };
-        let a = crate::gguf::dequant::affine4(ty, &bytes).map_err(|m| self.bad(e, name, m))?;
-        // The affine INT4 slot stores f16(A) and f16(B + 8A): both must be finite.
-        if let Some(a) = &a {
-            let cols = expected_shape.last().copied().unwrap_or(1).max(1);
-            let bad = a.blocks.iter().position(|&(am, bm)| {
-                !(half::f16::from_f32(am).is_finite()
-                    && half::f16::from_f32(bm + 8.0 * am).is_finite())
-            });
-            if let Some(b) = bad {
-                let at = row_start * cols + b * 32;
-                return Err(self.bad(
-                    e,
-                    name,
-                    format!(
-                        "the {ty} block holding element {at} has a scale {} or offset {} beyond f16's range: wgmoe refuses it",
-                        a.blocks[b].0, a.blocks[b].1
-                    ),
-                ));
-            }
+        // Messages count elements from the tensor's first row.
+        let at = |m: String| {
+            self.bad(
+                e,
+                name,
+                format!("{m} (rows from {row_start}, {cols} columns each)"),
+            )
+        };
+        if ty != GgmlType::Q4_0 {
+            let p = crate::gguf::dequant::planes(ty, &bytes, cols).map_err(at)?;
+            return Ok(p.map(Q4Source::Planes));
         }
-        Ok(a)
+        let Some(a) = crate::gguf::dequant::affine4(ty, &bytes).map_err(at)? else {
+            return Ok(None);
+        };
+        // The affine INT4 slot stores f16(A) and f16(B + 8A): both must be finite.
+        let bad = a.blocks.iter().position(|&(am, bm)| {
+            !(f16::from_f32(am).is_finite() && f16::from_f32(bm + 8.0 * am).is_finite())
+        });
+        if let Some(b) = bad {
+            let at = row_start * cols + b * 32;
+            return Err(self.bad(
+                e,
+                name,
+                format!(
+                    "the {ty} block holding element {at} has a scale {} or offset {} beyond f16's range: wgmoe refuses it",
+                    a.blocks[b].0, a.blocks[b].1
+                ),
+            ));
+        }
+        Ok(Some(Q4Source::Affine(a)))
     }
 
     /// The bytes of rows `(start, n)` of a GGUF tensor (all rows with None) in Hugging Face

@@ -186,7 +186,7 @@ pub fn stored_q8_blocks<'a>(
 /// Quantise one layer's routed experts into packed slots [E][slot_bytes], on all cores.
 pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Result<Vec<u8>> {
     let (e, h, i) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate);
-    let layout = cfg.q4_slot();
+    let layout = cfg.q4_slot(layer);
     let mut out = vec![0u8; e * layout.bytes];
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -202,10 +202,18 @@ pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Res
                     for (k, slot) in part.chunks_mut(layout.bytes).enumerate() {
                         let ex = ti * per + k;
                         let read = |proj: ExpertProj, m: Q4Matrix| -> Result<Q4Source> {
-                            // GGUF's 4-bit blocks go into affine slots as they are.
-                            if m.kind == Q4Kind::Affine32 {
-                                if let Some(a) = ckpt.read_expert_affine4(layer, ex, proj, e, h, i)? {
-                                    return Ok(Q4Source::Affine(a));
+                            // A GGUF file's blocks go into slots of their kind as they are
+                            // (or, where the kind differs, as their values).
+                            if m.kind != Q4Kind::Sym256 {
+                                if let Some(src) = ckpt.read_expert_native(layer, ex, proj, e, h, i)? {
+                                    let as_is = match &src {
+                                        Q4Source::Planes(r) => r.widened(m.kind).is_some(),
+                                        Q4Source::Affine(_) => m.kind == Q4Kind::Affine32,
+                                        Q4Source::Values(_) => false,
+                                    };
+                                    if as_is {
+                                        return Ok(src);
+                                    }
                                 }
                             }
                             let w = ckpt.read_expert_f32(layer, ex, proj, e, h, i)?;
@@ -218,7 +226,11 @@ pub fn quantize_layer(ckpt: &Checkpoint, cfg: &ModelConfig, layer: usize) -> Res
                                     msg: format!(
                                         "element {} is {v}: its {} block's f16 scale would be infinite; routed experts hold at most {} in magnitude",
                                         at + k,
-                                        if m.kind == Q4Kind::Q8 { "Q8_0" } else { "INT4" },
+                                        match m.kind {
+                                            Q4Kind::Q8 => "Q8_0",
+                                            Q4Kind::Sym256 | Q4Kind::Affine32 => "INT4",
+                                            k => k.name(),
+                                        },
                                         m.kind.max_abs()
                                     ),
                                 });

@@ -133,6 +133,45 @@ pub fn value(kind: Q4Kind, side: &[u32], k: usize, nib: u8) -> f32 {
     }
 }
 
+/// The terms of word `j` of a record (`rec`, its words): per half (16 columns) a and b,
+/// and the word's high-bit words (`hi[1]`: Q6_K's columns 16..31).
+pub fn word_terms(kind: Q4Kind, rec: &[u32], j: usize) -> ([f32; 2], [f32; 2], [u32; 2]) {
+    match kind {
+        Q4Kind::Q4K | Q4Kind::Q5K => {
+            let (sc, m) = scale_min(rec, j);
+            let a = half(rec[0], false) * f32::from(sc);
+            let b = -(half(rec[0], true) * f32::from(m));
+            let hi = if kind == Q4Kind::Q5K { rec[4 + j] } else { 0 };
+            ([a; 2], [b; 2], [hi, 0])
+        }
+        Q4Kind::Q6K => {
+            let d = half(rec[4], false);
+            let a0 = d * f32::from(byte(&rec[..4], 2 * j) as i8);
+            let a1 = d * f32::from(byte(&rec[..4], 2 * j + 1) as i8);
+            (
+                [a0, a1],
+                [-32.0 * a0, -32.0 * a1],
+                [rec[5 + 2 * j], rec[6 + 2 * j]],
+            )
+        }
+        Q4Kind::Q5A => {
+            let (a, b) = (half(rec[0], false), half(rec[0], true));
+            ([a; 2], [b; 2], [rec[1], 0])
+        }
+        _ => ([f32::NAN; 2], [f32::NAN; 2], [0; 2]),
+    }
+}
+
+/// The high part (times 1: 0..=3) of column `c` (0..32) of a word with high words `hi`.
+#[inline(always)]
+pub fn high_of(kind: Q4Kind, hi: [u32; 2], c: usize) -> u32 {
+    match kind {
+        Q4Kind::Q5K | Q4Kind::Q5A => (hi[0] >> c) & 1,
+        Q4Kind::Q6K => (hi[c / 16] >> (2 * (c % 16))) & 3,
+        _ => 0,
+    }
+}
+
 impl KRows {
     pub fn rows(&self) -> usize {
         self.nibbles.len() / self.cols.max(1)
@@ -254,7 +293,11 @@ fn fit_block(kind: Q4Kind, blk: &[f32]) -> (Vec<u32>, Vec<u8>) {
             let mut scm = [(0u8, 0u8); 8];
             for (j, &(s, mn)) in subs.iter().enumerate() {
                 // The scale rounded up so the range still fits the levels.
-                let sc = if d == 0.0 { 0 } else { (s / d).ceil().min(63.0) as u8 };
+                let sc = if d == 0.0 {
+                    0
+                } else {
+                    (s / d).ceil().min(63.0) as u8
+                };
                 let m = level(mn, dmin, 63.0);
                 scm[j] = (sc, m);
             }
@@ -288,7 +331,11 @@ fn fit_block(kind: Q4Kind, blk: &[f32]) -> (Vec<u32>, Vec<u8>) {
             let d = f16::from_f32(scales.iter().fold(0.0f32, |m, &s| m.max(s)) / 127.0).to_f32();
             rec[4] = f16_bits(d);
             for (i, &s) in scales.iter().enumerate() {
-                let sc = if d == 0.0 { 0 } else { (s / d).ceil().min(127.0) as i8 };
+                let sc = if d == 0.0 {
+                    0
+                } else {
+                    (s / d).ceil().min(127.0) as i8
+                };
                 rec[i / 4] |= u32::from(sc as u8) << (8 * (i % 4));
             }
             for i in 0..blk.len() {

@@ -287,7 +287,12 @@ impl Q4Matrix {
 
     /// Pack rows of this matrix's K-plane kind: nibbles as they are, each row's side
     /// records into the scale section.
-    pub fn pack_planes(&self, r: &crate::format::kquant::KRows, q_out: &mut [u8], s_out: &mut [u8]) {
+    pub fn pack_planes(
+        &self,
+        r: &crate::format::kquant::KRows,
+        q_out: &mut [u8],
+        s_out: &mut [u8],
+    ) {
         debug_assert_eq!(r.kind, self.kind);
         q_out.fill(0x88);
         s_out.fill(0);
@@ -443,6 +448,28 @@ pub fn affine_fit(w: &[f32], inp: usize) -> Affine4 {
     Affine4 { nibbles, blocks }
 }
 
+/// The kinds of an expert slot's matrices: gate and up share one, down has its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotKinds {
+    pub gate_up: Q4Kind,
+    pub down: Q4Kind,
+}
+
+impl SlotKinds {
+    pub const SYM256: SlotKinds = SlotKinds {
+        gate_up: Q4Kind::Sym256,
+        down: Q4Kind::Sym256,
+    };
+
+    /// Each matrix in the kind `--expert-precision int4-strict` holds it in (4 bits).
+    pub fn four_bit(self) -> SlotKinds {
+        SlotKinds {
+            gate_up: self.gate_up.four_bit(),
+            down: self.down.four_bit(),
+        }
+    }
+}
+
 /// Byte offsets of the six sections of an INT4 expert slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Q4SlotLayout {
@@ -456,6 +483,8 @@ pub struct Q4SlotLayout {
     pub gate_s: usize,
     pub up_s: usize,
     pub down_s: usize,
+    /// The slot's stride: its sections, and any padding up to the model's largest slot
+    /// (a GGUF file's layers may hold their experts in different kinds).
     pub bytes: usize,
 }
 
@@ -501,6 +530,24 @@ impl Q4SlotLayout {
             up_s,
             down_s,
             bytes,
+        }
+    }
+
+    /// This layout with its stride padded to `bytes` (at least its own).
+    pub fn padded_to(mut self, bytes: usize) -> Self {
+        self.bytes = self.bytes.max(bytes);
+        self
+    }
+
+    /// The bytes of its sections, padding aside.
+    pub fn used_bytes(&self) -> usize {
+        self.down_s + self.down.scale_bytes()
+    }
+
+    pub fn kinds(&self) -> SlotKinds {
+        SlotKinds {
+            gate_up: self.gate.kind,
+            down: self.down.kind,
         }
     }
 

@@ -9,6 +9,7 @@
 
 use crate::config::{check_eos_in_vocab, fnv1a64_hex, Arch, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
+use crate::format::quant::{Q4Kind, SlotKinds};
 use crate::limits;
 
 use super::meta::{MetaValue, Metadata};
@@ -289,45 +290,74 @@ pub fn model_config(model: &GgufModel) -> Result<ModelConfig> {
         bos_token_id,
         eos_token_ids,
         source_hash: fnv1a64_hex(model.shards()[0].kv_bytes()),
-        expert_q4: crate::format::quant::Q4Kind::Affine32,
-        expert_down_q4: crate::format::quant::Q4Kind::Affine32,
-        gguf_q4_dense: Vec::new(),
+        expert_kinds: Vec::new(),
+        gguf_dense_kinds: Vec::new(),
     };
     let mut cfg = cfg;
     let tensors = super::source::hf_tensors(model, &cfg)?;
-    // Expert matrices wider than 4 bits in any layer make that matrix Q8_0 in every slot
-    // (one slot layout for the model): 8 bits rather than a second rounding to 4.
-    let wide = |projs: &[&str]| {
-        tensors.iter().any(|t| {
-            t.name.contains(".mlp.experts.")
-                && projs.iter().any(|p| t.name.contains(p))
-                && !matches!(t.ty, GgmlType::Q4_0 | GgmlType::Q4_K)
+    let ty = |name: &str| tensors.iter().find(|t| t.name == name).map(|t| t.ty);
+    // Each layer's experts in their own blocks: gate/up in one kind (the wider of the two
+    // where it holds the other exactly, else Q8_0), down in its own.
+    cfg.expert_kinds = (0..cfg.num_layers)
+        .map(|l| {
+            let p = |proj: &str| ty(&format!("model.layers.{l}.mlp.experts.0.{proj}.weight"));
+            let (g, u, d) = (
+                expert_kind(p("gate_proj")),
+                expert_kind(p("up_proj")),
+                expert_kind(p("down_proj")),
+            );
+            SlotKinds {
+                gate_up: joint_kind(g, u),
+                down: d,
+            }
         })
-    };
-    use crate::format::quant::Q4Kind;
-    if wide(&[".gate_proj.", ".up_proj."]) {
-        cfg.expert_q4 = Q4Kind::Q8;
-    }
-    if wide(&[".down_proj."]) {
-        cfg.expert_down_q4 = Q4Kind::Q8;
-    }
+        .collect();
     // The matrices the loader's dense_matrix reads (not the embedding table, whose tied
-    // lm_head copy stays Q8_0) stored in a 4-bit type the affine INT4 kernels hold as is.
-    let mut q4: Vec<String> = tensors
+    // lm_head copy stays Q8_0) stored in a block type the kernels compute as it is.
+    let mut kinds: Vec<(String, Q4Kind)> = tensors
         .into_iter()
         .filter(|t| {
-            matches!(t.ty, GgmlType::Q4_0 | GgmlType::Q4_K)
-                && t.shape.len() == 2
+            t.shape.len() == 2
                 && (t.name == "lm_head.weight"
                     || [".q_proj.", ".k_proj.", ".v_proj.", ".o_proj."]
                         .iter()
                         .any(|p| t.name.contains(p) && t.name.contains(".self_attn.")))
         })
-        .map(|t| t.name)
+        .filter_map(|t| native_kind(t.ty).map(|k| (t.name, k)))
         .collect();
-    q4.sort();
-    cfg.gguf_q4_dense = q4;
+    kinds.sort();
+    cfg.gguf_dense_kinds = kinds;
     Ok(cfg)
+}
+
+/// The kind wgmoe holds a GGUF block type in as it is, where its kernels compute one:
+/// Q4_0 as affine INT4, Q4_K/Q5_K/Q6_K and Q5_0/Q5_1 as nibble planes (None: Q8_0, which
+/// the Q8_0 kernels read as stored, and the float types).
+pub fn native_kind(t: GgmlType) -> Option<Q4Kind> {
+    match t {
+        GgmlType::Q4_0 => Some(Q4Kind::Affine32),
+        GgmlType::Q4_K => Some(Q4Kind::Q4K),
+        GgmlType::Q5_K => Some(Q4Kind::Q5K),
+        GgmlType::Q6_K => Some(Q4Kind::Q6K),
+        GgmlType::Q5_0 | GgmlType::Q5_1 => Some(Q4Kind::Q5A),
+        _ => None,
+    }
+}
+
+/// The kind an expert matrix of type `t` is held in: its own, or Q8_0 (Q8_0 as stored,
+/// floats quantised).
+fn expert_kind(t: Option<GgmlType>) -> Q4Kind {
+    t.and_then(native_kind).unwrap_or(Q4Kind::Q8)
+}
+
+/// One kind for gate and up (the fused gate/up kernels read both in one format): theirs
+/// where they agree, Q5_K for Q4_K beside Q5_K (it holds Q4_K exactly), Q8_0 otherwise.
+fn joint_kind(g: Q4Kind, u: Q4Kind) -> Q4Kind {
+    match (g, u) {
+        _ if g == u => g,
+        (Q4Kind::Q4K, Q4Kind::Q5K) | (Q4Kind::Q5K, Q4Kind::Q4K) => Q4Kind::Q5K,
+        _ => Q4Kind::Q8,
+    }
 }
 
 /// A dimension that llama.cpp accepts as a number or a per-layer array: wgmoe needs the

@@ -204,7 +204,11 @@ pub fn planes(t: GgmlType, data: &[u8], cols: usize) -> Result<Option<KRows>, St
     let n = data.len() / bb * be;
     let mut nibbles = vec![0u8; n];
     let mut side = Vec::with_capacity(n / be * kquant::record_words(kind));
-    for (bi, (b, q)) in data.chunks_exact(bb).zip(nibbles.chunks_exact_mut(be)).enumerate() {
+    for (bi, (b, q)) in data
+        .chunks_exact(bb)
+        .zip(nibbles.chunks_exact_mut(be))
+        .enumerate()
+    {
         let bad = |what: &str| {
             format!(
                 "the {t} block holding element {} has {what}: wgmoe refuses it",
@@ -215,10 +219,16 @@ pub fn planes(t: GgmlType, data: &[u8], cols: usize) -> Result<Option<KRows>, St
             GgmlType::Q4_K | GgmlType::Q5_K => {
                 let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
                 if !(d.is_finite() && dmin.is_finite()) {
-                    return Err(bad(&format!("a scale {d} or min scale {dmin} that is not finite")));
+                    return Err(bad(&format!(
+                        "a scale {d} or min scale {dmin} that is not finite"
+                    )));
                 }
                 side.extend((0..4).map(|w| u32_at(b, 4 * w)));
-                let qs = if t == GgmlType::Q4_K { &b[16..144] } else { &b[48..176] };
+                let qs = if t == GgmlType::Q4_K {
+                    &b[16..144]
+                } else {
+                    &b[48..176]
+                };
                 for (i, chunk) in q.chunks_exact_mut(64).enumerate() {
                     for l in 0..32 {
                         chunk[l] = qs[32 * i + l] & 0x0f;
@@ -264,7 +274,9 @@ pub fn planes(t: GgmlType, data: &[u8], cols: usize) -> Result<Option<KRows>, St
                 // value (q - 16) d = d q + (-16 d): exact in f32, the offset an f16.
                 let o = half::f16::from_f32(-16.0 * d.to_f32());
                 if !(d.is_finite() && o.is_finite()) {
-                    return Err(bad(&format!("a scale {d} whose offset -16 d is beyond f16")));
+                    return Err(bad(&format!(
+                        "a scale {d} whose offset -16 d is beyond f16"
+                    )));
                 }
                 side.push(u32::from(d.to_bits()) | u32::from(o.to_bits()) << 16);
                 side.push(u32_at(b, 2));

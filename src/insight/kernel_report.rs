@@ -140,23 +140,28 @@ fn class_name(c: DeviceClass) -> &'static str {
 
 /// The config cut to one layer of each kind it has, and how many layers of each kind the
 /// real model has, by the cut model's layer index, and each real layer's cut index. A kind
-/// is MoE or dense, and which of its matrices a GGUF file holds in affine INT4 (those differ
-/// between layers: a Q4_K_M file's Q6_K `attn_v` on some of them keeps q, k, v in Q8_0).
+/// is MoE or dense, with the kinds its GGUF matrices are held in (those differ between
+/// layers: a Q4_K_M file's Q6_K `attn_v` and `ffn_down` on some of them).
 fn shape_model(cfg: &ModelConfig) -> (ModelConfig, Vec<(usize, usize)>, Vec<usize>) {
     let prefix = |l: usize| format!("model.layers.{l}.");
-    // The layer's INT4 matrices, named without their layer.
-    let q4_of = |l: usize| -> Vec<String> {
+    // The layer's dense kinds, named without their layer.
+    let dense_of = |l: usize| -> Vec<(String, crate::format::quant::Q4Kind)> {
         let p = prefix(l);
-        cfg.gguf_q4_dense
+        cfg.gguf_dense_kinds
             .iter()
-            .filter_map(|n| n.strip_prefix(&p).map(str::to_string))
+            .filter_map(|(n, k)| n.strip_prefix(&p).map(|n| (n.to_string(), *k)))
             .collect()
     };
-    let mut signatures: Vec<(bool, Vec<String>)> = Vec::new();
+    type Signature = (
+        bool,
+        crate::format::quant::SlotKinds,
+        Vec<(String, crate::format::quant::Q4Kind)>,
+    );
+    let mut signatures: Vec<Signature> = Vec::new();
     let mut kinds: Vec<(usize, usize)> = Vec::new();
     let mut layer_kind = Vec::with_capacity(cfg.num_layers);
     for l in 0..cfg.num_layers {
-        let sig = (cfg.sparse_layers[l], q4_of(l));
+        let sig = (cfg.sparse_layers[l], cfg.expert_kinds(l), dense_of(l));
         let j = match signatures.iter().position(|s| *s == sig) {
             Some(j) => j,
             None => {
@@ -171,18 +176,21 @@ fn shape_model(cfg: &ModelConfig) -> (ModelConfig, Vec<(usize, usize)>, Vec<usiz
     let mut c = cfg.clone();
     c.num_layers = signatures.len();
     c.sparse_layers = signatures.iter().map(|s| s.0).collect();
+    if !cfg.expert_kinds.is_empty() {
+        c.expert_kinds = signatures.iter().map(|s| s.1).collect();
+    }
     // The cut layer j holds what its kind's layers hold; the head and embeddings keep theirs.
-    let mut q4: Vec<String> = cfg
-        .gguf_q4_dense
+    let mut dense: Vec<(String, crate::format::quant::Q4Kind)> = cfg
+        .gguf_dense_kinds
         .iter()
-        .filter(|n| !n.starts_with("model.layers."))
+        .filter(|(n, _)| !n.starts_with("model.layers."))
         .cloned()
         .collect();
-    for (j, (_, names)) in signatures.iter().enumerate() {
-        q4.extend(names.iter().map(|n| format!("{}{n}", prefix(j))));
+    for (j, (_, _, names)) in signatures.iter().enumerate() {
+        dense.extend(names.iter().map(|(n, k)| (format!("{}{n}", prefix(j)), *k)));
     }
-    q4.sort();
-    c.gguf_q4_dense = q4;
+    dense.sort();
+    c.gguf_dense_kinds = dense;
     (c, kinds, layer_kind)
 }
 

@@ -124,7 +124,7 @@ pub fn h2d_gbps(dev: &Device) -> Result<(f64, f64)> {
 /// The CPU expert kernel's packed-weight read rate, GB/s, with its threads and ISA.
 pub fn cpu_expert_gbps(threads: Option<usize>) -> Result<(f64, usize, &'static str)> {
     let layout = crate::format::quant::Q4SlotLayout::new(2048, 1024);
-    let cpu = CpuExperts::new(layout, threads)?;
+    let cpu = CpuExperts::new(threads)?;
     // Zero weights and scales: the kernel's work does not depend on the values. Written,
     // so every page is resident before timing.
     let slots: Vec<Vec<u8>> = (0..CPU_POOL).map(|_| vec![0u8; layout.bytes]).collect();
@@ -149,7 +149,7 @@ pub fn cpu_expert_gbps(threads: Option<usize>) -> Result<(f64, usize, &'static s
                 weight: 0.125,
             })
             .collect();
-        cpu.run(&expert, &x, &pairs, &mut out).map(|_| ())
+        cpu.run(&layout, &expert, &x, &pairs, &mut out).map(|_| ())
     })?;
     Ok((gbps, cpu.threads(), cpu.isa()))
 }

@@ -31,12 +31,7 @@ pub(crate) fn numbered(list: &[(u32, &Buffer)]) -> Vec<Bind> {
 
 /// The bindings of the matvec and the GEMM over chunk `c`: activations (2, 3), bias, output,
 /// the weight words (10) and, for formats with scales, the scales in the same buffer (11).
-pub(crate) fn dense_binds(
-    c: &MatrixChunk,
-    src: &Buffer,
-    bias: &Buffer,
-    dst: &Buffer,
-) -> Vec<Bind> {
+pub(crate) fn dense_binds(c: &MatrixChunk, src: &Buffer, bias: &Buffer, dst: &Buffer) -> Vec<Bind> {
     let mut b = vec![(2, src), (3, src), (4, bias), (5, dst), (10, &c.buffer)];
     if c.format.has_scales() {
         b.push((11, &c.buffer));

@@ -161,6 +161,8 @@ pub struct Residency {
     pub miss: MissPolicy,
     /// The CPU expert kernel (with CPU experts).
     pub cpu: Option<CpuExperts>,
+    /// Each layer's expert slot layout (what the CPU kernel reads a host copy in).
+    pub layouts: Vec<Q4SlotLayout>,
     /// Measured at start-up (`auto`).
     pub figures: Option<CostFigures>,
     reuse: Reuse,
@@ -194,7 +196,8 @@ pub struct ResidencyConfig<'a> {
     pub miss: MissPolicy,
     /// CPU expert threads (None: one per core).
     pub cpu_threads: Option<usize>,
-    pub layout: Q4SlotLayout,
+    /// Each layer's expert slot layout (by layer index; a GGUF file's layers may differ).
+    pub layouts: Vec<Q4SlotLayout>,
     /// `--prefetch`, its width (prefetch slots per cached layer), `--fill-threads`.
     pub prefetch: Prefetch,
     pub prefetch_width: usize,
@@ -244,7 +247,7 @@ impl Residency {
             .any(|c: &ExpertCache<Device>| c.config().prefetch > 0);
         let layers = rc.placement.len();
         let cpu = if rc.placement.iter().any(|p| p.host_term()) {
-            Some(CpuExperts::new(rc.layout, rc.cpu_threads)?)
+            Some(CpuExperts::new(rc.cpu_threads)?)
         } else {
             None
         };
@@ -268,6 +271,7 @@ impl Residency {
             placement: rc.placement.to_vec(),
             miss: rc.miss,
             cpu,
+            layouts: rc.layouts.clone(),
             figures: None,
             reuse: Reuse::new(rc.placement.len(), e),
             pending: (0..rc.placement.len()).map(|_| None).collect(),
@@ -538,7 +542,13 @@ impl Residency {
             let computed = if pairs.is_empty() {
                 Ok(Default::default())
             } else {
-                cpu.run(&|e| host.expert(layer, e), x, pairs, out)
+                cpu.run(
+                    &self.layouts[layer],
+                    &|e| host.expert(layer, e),
+                    x,
+                    pairs,
+                    out,
+                )
             };
             let filled = fills.map(|h| {
                 h.join()
@@ -610,7 +620,13 @@ impl Residency {
             ));
         };
         let host = &self.host;
-        let st = cpu.run(&|e| host.expert(layer, e), x, pairs, out)?;
+        let st = cpu.run(
+            &self.layouts[layer],
+            &|e| host.expert(layer, e),
+            x,
+            pairs,
+            out,
+        )?;
         self.cpu_pairs += st.pairs;
         self.cpu_seconds += st.seconds;
         Ok(())

@@ -7,8 +7,8 @@ use half::f16;
 use crate::backend::kernel::WeightFormat;
 use crate::backend::{Buffer, Device, Usage};
 use crate::error::{Error, Result};
-use crate::format::q8_0::{self, Q8Matrix};
 use crate::format::kquant::KRows;
+use crate::format::q8_0::{self, Q8Matrix};
 use crate::format::quant::{Affine4, Q4Kind, Q4Matrix, Q4SlotLayout};
 
 pub fn pad8(n: usize) -> usize {
@@ -49,10 +49,9 @@ pub struct F16Matrix {
 pub enum DenseRows {
     /// f16 values, row-major.
     F16(Vec<f16>),
-    /// f32 values quantised to Q8_0 on upload (checked storable by the caller).
-    Q8Values(Vec<f32>),
-    /// ggml's Q8_0 blocks (34 bytes per 32 columns), rows in order.
-    Q8Blocks(Vec<u8>),
+    /// ggml's Q8_0 blocks (34 bytes per 32 columns), rows in order: as a file stores them,
+    /// or quantised from values ([`DenseRows::q8_from_values`]).
+    Q8(Vec<u8>),
     /// Affine 4-bit rows (a GGUF Q4_0 matrix's blocks).
     Affine(Affine4),
     /// Rows of a K-plane kind (a GGUF K-quant or 5-bit matrix's blocks).
@@ -60,10 +59,24 @@ pub enum DenseRows {
 }
 
 impl DenseRows {
+    /// Values (rows of `cols`, storable: `q8_0::first_unstorable` finds none) quantised
+    /// to ggml's Q8_0 blocks by ggml's rule.
+    pub fn q8_from_values(w: &[f32], cols: usize) -> DenseRows {
+        let mut out = Vec::with_capacity(w.len().div_ceil(q8_0::BLOCK) * q8_0::GGML_BLOCK_BYTES);
+        for row in w.chunks(cols.max(1)) {
+            for blk in row.chunks(q8_0::BLOCK) {
+                let (d, q) = q8_0::quantize_block(blk);
+                out.extend_from_slice(&d.to_le_bytes());
+                out.extend(q.iter().map(|&v| v as u8));
+            }
+        }
+        DenseRows::Q8(out)
+    }
+
     pub fn format(&self) -> WeightFormat {
         match self {
             DenseRows::F16(_) => WeightFormat::F16,
-            DenseRows::Q8Values(_) | DenseRows::Q8Blocks(_) => WeightFormat::Q8,
+            DenseRows::Q8(_) => WeightFormat::Q8,
             DenseRows::Affine(_) => WeightFormat::Q4A,
             DenseRows::Planes(r) => WeightFormat::int4(r.kind),
         }
@@ -73,8 +86,9 @@ impl DenseRows {
         let c = cols.max(1);
         match self {
             DenseRows::F16(v) => v.len() / c,
-            DenseRows::Q8Values(v) => v.len() / c,
-            DenseRows::Q8Blocks(b) => b.len() / (cols.div_ceil(q8_0::BLOCK) * q8_0::GGML_BLOCK_BYTES).max(1),
+            DenseRows::Q8(b) => {
+                b.len() / (cols.div_ceil(q8_0::BLOCK) * q8_0::GGML_BLOCK_BYTES).max(1)
+            }
             DenseRows::Affine(a) => a.nibbles.len() / c,
             DenseRows::Planes(r) => r.nibbles.len() / c,
         }
@@ -84,8 +98,7 @@ impl DenseRows {
     fn append(&mut self, o: DenseRows) -> Option<DenseRows> {
         match (self, o) {
             (DenseRows::F16(a), DenseRows::F16(b)) => a.extend(b),
-            (DenseRows::Q8Values(a), DenseRows::Q8Values(b)) => a.extend(b),
-            (DenseRows::Q8Blocks(a), DenseRows::Q8Blocks(b)) => a.extend(b),
+            (DenseRows::Q8(a), DenseRows::Q8(b)) => a.extend(b),
             (DenseRows::Affine(a), DenseRows::Affine(b)) => {
                 a.nibbles.extend(b.nibbles);
                 a.blocks.extend(b.blocks);
@@ -118,10 +131,7 @@ impl DenseRows {
                 push_padded_rows(&mut padded, &v[r0 * cols..(r0 + n) * cols], n, cols);
                 bytemuck::cast_slice(&padded).to_vec()
             }
-            DenseRows::Q8Values(v) => pack(m(Q4Kind::Q8), &|q, s| {
-                Q8Matrix { out: n, inp: cols }.pack(&v[r0 * cols..(r0 + n) * cols], q, s)
-            }),
-            DenseRows::Q8Blocks(b) => {
+            DenseRows::Q8(b) => {
                 let rb = cols.div_ceil(q8_0::BLOCK) * q8_0::GGML_BLOCK_BYTES;
                 pack(m(Q4Kind::Q8), &|q, s| {
                     Q8Matrix { out: n, inp: cols }.from_ggml(&b[r0 * rb..(r0 + n) * rb], q, s)
@@ -324,7 +334,12 @@ impl F16Matrix {
                 i % cols.max(1)
             )));
         }
-        Self::upload_rows(dev, label, cols, vec![DenseRows::Q8Values(data.to_vec())])
+        Self::upload_rows(
+            dev,
+            label,
+            cols,
+            vec![DenseRows::q8_from_values(data, cols)],
+        )
     }
 
     /// Upload ggml's Q8_0 blocks of a [rows, cols] matrix (rows in order, each
@@ -346,7 +361,7 @@ impl F16Matrix {
                 rows * row_bytes
             )));
         }
-        Self::upload_rows(dev, label, cols, vec![DenseRows::Q8Blocks(blocks.to_vec())])
+        Self::upload_rows(dev, label, cols, vec![DenseRows::Q8(blocks.to_vec())])
     }
 
     /// Upload affine 4-bit rows (a GGUF Q4_0 matrix's blocks, `Affine4` of [rows, cols])

@@ -12,10 +12,10 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertProj};
 use crate::format::convert::{is_converted, packed_layer, stored_q8_blocks};
 use crate::format::identity::{dense_storage, stored_q8, DenseStorage};
-use crate::format::quant::Affine4;
+use crate::format::quant::{Q4Kind, Q4Source};
 use crate::model::dense_mlp::{DenseMlp, Q8Mlp};
 use crate::model::tensors::{
-    upload_f16_vec, upload_f32_vec, ExpertPool, ExpertStore, F16Matrix, Q4Pool,
+    upload_f16_vec, upload_f32_vec, DenseRows, ExpertPool, ExpertStore, F16Matrix, Q4Pool,
 };
 use crate::residency::{HostLayer, HostSource};
 
@@ -113,11 +113,7 @@ impl ModelWeights {
                 cfg,
                 dense,
                 "qkv_proj",
-                &[
-                    (format!("{p}.self_attn.q_proj.weight"), q_dim),
-                    (format!("{p}.self_attn.k_proj.weight"), kv_dim),
-                    (format!("{p}.self_attn.v_proj.weight"), kv_dim),
-                ],
+                &qkv_parts(l, q_dim, kv_dim),
                 h,
             )?;
             let qkv_bias = if cfg.qkv_bias {
@@ -234,7 +230,7 @@ impl ModelWeights {
             ckpt: ckpt.clone(),
             layers: host_layers,
             num_experts: cfg.num_experts,
-            slot_bytes: cfg.q4_slot().bytes,
+            slot_bytes: cfg.q4_slot_bytes(),
         });
         Ok(ModelWeights {
             host,
@@ -258,20 +254,23 @@ impl ModelWeights {
             QkNorm::Projection => Some((q_dim, kv_dim)),
             QkNorm::PerHead => Some((cfg.head_dim, cfg.head_dim)),
         };
-        // A GGUF file's Q4_0/Q4_K dense matrices are affine INT4, as the loader holds them.
-        let held = |name: &str| {
-            if dense == WeightFormat::Q8 && cfg.dense_q4(name) {
-                WeightFormat::Q4A
-            } else {
-                dense
+        // A GGUF file's dense matrices in their own blocks, as the loader holds them.
+        let held = |parts: &[(String, usize)]| -> Vec<(WeightFormat, usize)> {
+            if dense != WeightFormat::Q8 {
+                let rows = parts.iter().map(|p| p.1).sum();
+                return vec![(dense, rows)];
             }
+            cfg.dense_runs(parts)
+                .into_iter()
+                .map(|(k, n)| (k.map_or(WeightFormat::Q8, WeightFormat::int4), n))
+                .collect()
         };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
             let mlp = if cfg.sparse_layers[l] {
                 let router_rows = e + usize::from(cfg.shared_expert_intermediate.is_some());
                 let experts = if int4 {
-                    let layout = cfg.q4_slot();
+                    let layout = cfg.q4_slot(l);
                     ExpertStore::Int4(Q4Pool::new(dev, "experts_int4", e, layout)?)
                 } else {
                     ExpertStore::F16(ExpertPool::new(dev, "experts", e, h, cfg.moe_intermediate)?)
@@ -293,12 +292,11 @@ impl ModelWeights {
             };
             layers.push(LayerWeights {
                 attn_norm: zeros("attn_norm", h)?,
-                qkv: F16Matrix::zeros_in(
+                qkv: F16Matrix::zeros_parts(
                     dev,
                     "qkv_proj",
-                    held(&format!("model.layers.{l}.self_attn.q_proj.weight")),
-                    q_dim + 2 * kv_dim,
                     h,
+                    &held(&qkv_parts(l, q_dim, kv_dim)),
                 )?,
                 qkv_bias: if cfg.qkv_bias {
                     Some(dev.alloc(
@@ -311,12 +309,11 @@ impl ModelWeights {
                 },
                 q_norm: norm_len.map(|(q, _)| zeros("q_norm", q)).transpose()?,
                 k_norm: norm_len.map(|(_, k)| zeros("k_norm", k)).transpose()?,
-                o_proj: F16Matrix::zeros_in(
+                o_proj: F16Matrix::zeros_parts(
                     dev,
                     "o_proj",
-                    held(&format!("model.layers.{l}.self_attn.o_proj.weight")),
-                    h,
                     q_dim,
+                    &held(&[(format!("model.layers.{l}.self_attn.o_proj.weight"), h)]),
                 )?,
                 ffn_norm: zeros("ffn_norm", h)?,
                 mlp,
@@ -330,9 +327,12 @@ impl ModelWeights {
             lm_head: if cfg.tie_word_embeddings && dense == WeightFormat::F16 {
                 None
             } else {
-                let tied = cfg.tie_word_embeddings;
-                let f = if tied { dense } else { held("lm_head.weight") };
-                Some(F16Matrix::zeros_in(dev, "lm_head", f, v, h)?)
+                let parts = if cfg.tie_word_embeddings {
+                    vec![(dense, v)]
+                } else {
+                    held(&[("lm_head.weight".to_string(), v)])
+                };
+                Some(F16Matrix::zeros_parts(dev, "lm_head", h, &parts)?)
             },
         })
     }
@@ -356,6 +356,36 @@ pub fn check_dense_storage(ckpt: &Checkpoint, dense: WeightFormat) -> Result<()>
         ));
     }
     Ok(())
+}
+
+/// Layer `l`'s q, k and v projections, stacked in that order into one matrix (name, rows).
+pub fn qkv_parts(l: usize, q_dim: usize, kv_dim: usize) -> [(String, usize); 3] {
+    let p = format!("model.layers.{l}.self_attn");
+    [
+        (format!("{p}.q_proj.weight"), q_dim),
+        (format!("{p}.k_proj.weight"), kv_dim),
+        (format!("{p}.v_proj.weight"), kv_dim),
+    ]
+}
+
+/// One part of a Q8_0 dense matrix: ggml's blocks as stored, or quantised from the stored
+/// values (a value Q8_0 cannot hold is an error naming its tensor).
+fn q8_rows(ckpt: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<DenseRows> {
+    if stored_q8(ckpt, name)? {
+        return Ok(DenseRows::Q8(
+            stored_q8_blocks(ckpt, name, rows, cols)?.to_vec(),
+        ));
+    }
+    let w = ckpt.read_f32(name, &[rows, cols])?;
+    if let Some((i, x)) = crate::format::q8_0::first_unstorable(&w, cols) {
+        return Err(Error::Other(format!(
+            "{name} in {}: element [{}, {}] = {x} cannot be stored as Q8_0 (a block's scale max|w|/127 must be a finite f16)",
+            ckpt.dir().display(),
+            i / cols,
+            i % cols
+        )));
+    }
+    Ok(DenseRows::q8_from_values(&w, cols))
 }
 
 /// Whether every one of `names` is stored as Q8_0 blocks (a GGUF file may mix types
@@ -430,25 +460,29 @@ fn dense_matrix(
     cols: usize,
 ) -> Result<F16Matrix> {
     let rows: usize = parts.iter().map(|(_, r)| r).sum();
-    // A GGUF file's Q4_0/Q4_K matrices (every part), with quantised dense weights: their
-    // blocks as they are, in affine INT4 (the same rule admission counts by).
-    if format == WeightFormat::Q8 && parts.iter().all(|(n, _)| cfg.dense_q4(n)) {
-        let mut all = Affine4 {
-            nibbles: Vec::new(),
-            blocks: Vec::new(),
-        };
+    // With quantised dense weights, a GGUF file's matrices in a block type the kernels
+    // compute as it is are held in their own blocks, part by part (q, k and v of a layer
+    // may differ), the rest as Q8_0: the runs `ModelConfig::dense_runs` counts.
+    if format == WeightFormat::Q8 && parts.iter().any(|(n, _)| cfg.dense_kind(n).is_some()) {
+        let mut rows_of = Vec::with_capacity(parts.len());
         for (name, r) in parts {
-            let a = ckpt
-                .read_rows_affine4(name, &[*r, cols], 0, *r)?
-                .ok_or_else(|| {
-                    Error::Other(format!(
-                        "{name}: not stored as Q4_0 or Q4_K (its metadata said so)"
-                    ))
-                })?;
-            all.nibbles.extend(a.nibbles);
-            all.blocks.extend(a.blocks);
+            let part = match cfg.dense_kind(name) {
+                Some(kind) => match ckpt.read_rows_native(name, &[*r, cols], 0, *r)? {
+                    Some(Q4Source::Affine(a)) if kind == Q4Kind::Affine32 => DenseRows::Affine(a),
+                    Some(Q4Source::Planes(p)) if p.kind == kind => DenseRows::Planes(p),
+                    _ => {
+                        return Err(Error::Other(format!(
+                            "{name} in {}: not stored in the block type its metadata gave ({})",
+                            ckpt.dir().display(),
+                            kind.name()
+                        )))
+                    }
+                },
+                None => q8_rows(ckpt, name, *r, cols)?,
+            };
+            rows_of.push(part);
         }
-        return F16Matrix::upload_q4a(dev, label, rows, cols, &all);
+        return F16Matrix::upload_rows(dev, label, cols, rows_of);
     }
     if format == WeightFormat::F16 {
         let mut data = Vec::with_capacity(rows * cols);
@@ -501,7 +535,7 @@ fn load_moe(
     let router_rows = router.len() / h;
     let router = F16Matrix::upload(dev, "router", router_rows, h, &router)?;
     let experts = if int4 {
-        let layout = cfg.q4_slot();
+        let layout = cfg.q4_slot(l);
         let packed = packed_layer(ckpt, cfg, l)?;
         match slots {
             None => {

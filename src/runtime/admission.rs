@@ -45,7 +45,7 @@ pub struct AdmissionInput {
 /// Bytes of one routed expert's slot on the device.
 pub fn slot_bytes(cfg: &ModelConfig, int4: bool) -> u64 {
     if int4 {
-        cfg.q4_slot().bytes as u64
+        cfg.q4_slot_bytes() as u64
     } else {
         ExpertPool::slot_bytes(cfg.hidden_size, cfg.moe_intermediate)
     }
@@ -67,23 +67,37 @@ pub fn tensor_gpu_bytes_in(
 ) -> u128 {
     match (dense, shape) {
         (WeightFormat::Q8, [rows, cols]) if is_dense_weight(name) => {
-            // A GGUF file's Q4_0/Q4_K matrices are held as affine INT4 (the loader's rule).
-            let q4a = cfg.dense_q4(name);
-            let q8 = |r: usize| {
-                if q4a {
-                    F16Matrix::chunk_bytes(WeightFormat::Q4A, r, *cols) as u128
-                } else {
-                    Q8Matrix { out: r, inp: *cols }.bytes() as u128
+            // A matrix is held in runs of parts of one kind (a GGUF file's blocks as they
+            // are, the rest Q8_0; the loader's rule): the bytes of the first `r` rows of the
+            // stack `parts`.
+            let upto = |parts: &[(String, usize)], r: usize| -> u128 {
+                let (mut left, mut bytes) = (r, 0u128);
+                for (kind, n) in cfg.dense_runs(parts) {
+                    let take = n.min(left);
+                    let f = kind.map_or(WeightFormat::Q8, WeightFormat::int4);
+                    bytes += F16Matrix::chunk_bytes(f, take, *cols) as u128;
+                    left -= take;
                 }
+                bytes
             };
             let q_dim = cfg.num_heads * cfg.head_dim;
             let kv_dim = cfg.num_kv_heads * cfg.head_dim;
-            if name.ends_with(".k_proj.weight") {
-                q8(q_dim + kv_dim) - q8(q_dim)
-            } else if name.ends_with(".v_proj.weight") {
-                q8(q_dim + 2 * kv_dim) - q8(q_dim + kv_dim)
-            } else {
-                q8(*rows)
+            // q, k and v stack into one matrix: k and v count what they add to it.
+            let stacked = ["q_proj", "k_proj", "v_proj"]
+                .iter()
+                .position(|p| name.ends_with(&format!(".self_attn.{p}.weight")));
+            match stacked {
+                Some(i) => {
+                    let layer = name.split(".self_attn.").next().unwrap_or("");
+                    let parts = [q_dim, kv_dim, kv_dim]
+                        .iter()
+                        .zip(["q_proj", "k_proj", "v_proj"])
+                        .map(|(&n, p)| (format!("{layer}.self_attn.{p}.weight"), n))
+                        .collect::<Vec<_>>();
+                    let before: usize = parts[..i].iter().map(|p| p.1).sum();
+                    upto(&parts, before + parts[i].1) - upto(&parts, before)
+                }
+                None => upto(&[(name.to_string(), *rows)], *rows),
             }
         }
         _ => tensor_gpu_bytes(name, shape),

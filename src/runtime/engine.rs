@@ -22,12 +22,14 @@ use std::sync::Arc;
 #[serde(rename_all = "lowercase")]
 pub enum ExpertPrecision {
     F16,
-    /// INT4 routed experts. A GGUF file's Q4_0/Q4_K experts as they are (affine INT4), and
-    /// any expert matrix it stores wider (Q5_K, Q6_K, Q8_0...) as Q8_0 in every slot.
+    /// INT4 routed experts (block 256, from a safetensors checkpoint). A GGUF file's experts
+    /// are held in their own blocks, layer by layer: Q4_0 as affine INT4, Q4_K, Q5_K, Q6_K
+    /// and Q5_0/Q5_1 as they are, Q8_0 as stored, float experts as Q8_0.
     Int4,
-    /// INT4 experts with every matrix 4-bit: a GGUF file's wider expert matrices rounded
-    /// into affine INT4 (smaller slots, so more experts resident, at a second rounding).
-    /// The same as `int4` for safetensors checkpoints and 4-bit GGUF files.
+    /// INT4 experts with every matrix 4-bit: a GGUF file's wider expert matrices (Q5_K,
+    /// Q6_K, Q5_0/Q5_1, Q8_0, floats) rounded into affine INT4 (smaller slots, so more
+    /// experts resident, at a second rounding); Q4_0 and Q4_K stay as they are. The same as
+    /// `int4` for safetensors checkpoints and 4-bit GGUF files.
     #[value(name = "int4-strict")]
     #[serde(rename = "int4-strict")]
     Int4Strict,
@@ -42,8 +44,9 @@ impl ExpertPrecision {
     /// The config as this precision holds the experts.
     pub fn apply(self, mut cfg: ModelConfig) -> ModelConfig {
         if self == ExpertPrecision::Int4Strict {
-            cfg.expert_q4 = cfg.expert_q4.four_bit();
-            cfg.expert_down_q4 = cfg.expert_down_q4.four_bit();
+            for k in cfg.expert_kinds.iter_mut() {
+                *k = k.four_bit();
+            }
         }
         cfg
     }
@@ -57,8 +60,8 @@ pub enum DensePrecision {
     #[serde(rename = "f16")]
     F16,
     /// ggml's Q8_0 (blocks of 32, one f16 scale; `format::q8_0`), quantised on load; a GGUF
-    /// file's Q8_0 matrices as stored, and its Q4_0/Q4_K ones in their own blocks (affine
-    /// INT4).
+    /// file's Q8_0 matrices as stored, and its Q4_0, Q4_K, Q5_K, Q6_K and Q5_0/Q5_1 ones in
+    /// their own blocks.
     #[value(name = "q8_0")]
     #[serde(rename = "q8_0")]
     Q8_0,
@@ -480,7 +483,7 @@ impl Engine {
                     staging_buffers: r.staging_buffers(&cfg)?,
                     miss,
                     cpu_threads: r.cpu_threads,
-                    layout: cfg.q4_slot(),
+                    layouts: (0..cfg.num_layers).map(|l| cfg.q4_slot(l)).collect(),
                     prefetch: r.prefetch(&cfg)?,
                     prefetch_width: width,
                     fill_threads: r.fill_threads(),

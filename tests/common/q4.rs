@@ -188,7 +188,9 @@ pub fn random_krows(
     let mut side = Vec::new();
     for r in 0..rows * blocks {
         let m = mag(r / blocks);
-        let mut rec: Vec<u32> = (0..record_words(kind)).map(|_| rng.next_u64() as u32).collect();
+        let mut rec: Vec<u32> = (0..record_words(kind))
+            .map(|_| rng.next_u64() as u32)
+            .collect();
         let zero = rng.below(16) == 0;
         match kind {
             Q4Kind::Q4K | Q4Kind::Q5K => {

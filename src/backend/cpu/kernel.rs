@@ -7,8 +7,10 @@
 //! against two contiguous arrays of 128 floats: loops the compiler vectorises. The stored
 //! value is q + 8; `sum(q x) = sum(nibble x) - 8 sum(x)` takes the offset out of the loop,
 //! with the block sums of x computed once per token. Affine slots (`Q4Kind::Affine32`) have
-//! a block per 16 bytes and add the block's offset times the same sum. Q8_0 matrices
-//! (`Q4Kind::Q8`, a GGUF file's wider experts) take the activations in column order.
+//! a block per 16 bytes and add the block's offset times the same sum. The K-plane kinds
+//! (`format::kquant`: a GGUF file's Q4_K, Q5_K, Q6_K, Q5_0/Q5_1 experts) add each
+//! column's high part to its nibble and scale per 16 columns. Q8_0 matrices (`Q4Kind::Q8`)
+//! take the activations in column order.
 
 use half::f16;
 
@@ -90,7 +92,12 @@ impl Interleaved {
         }
         let lo: Vec<f32> = (0..n).map(|i| at(8 * (i / 4) + i % 4)).collect();
         let hi: Vec<f32> = (0..n).map(|i| at(8 * (i / 4) + 4 + i % 4)).collect();
-        let bb = m.kind.block() / 2;
+        // K-plane kinds scale per 16 columns (8 bytes), the others per block.
+        let bb = if m.kind.is_planes() {
+            8
+        } else {
+            m.kind.block() / 2
+        };
         let block_sums = lo
             .chunks(bb)
             .zip(hi.chunks(bb))
@@ -235,6 +242,9 @@ fn row_dot<const SIMD: u8>(q: &[u8], scales: &[u8], x: &Interleaved, kind: Q4Kin
     if kind == Q4Kind::Q8 {
         return q8_row_dot(q, scales, &x.lo);
     }
+    if kind.is_planes() {
+        return planes_row_dot(q, scales, x, kind);
+    }
     let bb = kind.block() / 2;
     let affine = kind == Q4Kind::Affine32;
     let mut acc = 0.0f32;
@@ -250,6 +260,50 @@ fn row_dot<const SIMD: u8>(q: &[u8], scales: &[u8], x: &Interleaved, kind: Q4Kin
         acc += s * (d - 8.0 * bs);
         if affine {
             acc += f16::from_le_bytes([sb[2], sb[3]]).to_f32() * bs;
+        }
+    }
+    acc
+}
+
+/// A row of a K-plane kind (`format::kquant`: nibbles, and side records of scales and
+/// high bits) dot one token's activations: per 16 columns `a sum(q x) + b sum(x)`, q the
+/// nibble plus 16 times its high part, fixed-size lanes the compiler vectorises.
+#[inline(always)]
+fn planes_row_dot(q: &[u8], side: &[u8], x: &Interleaved, kind: Q4Kind) -> f32 {
+    use crate::format::kquant::{high_of, record_words, word_terms};
+    let rw = record_words(kind);
+    let per_rec = kind.block() / 32;
+    let mut rec = [0u32; 21];
+    let mut acc = 0.0f32;
+    for (c, qw) in q.chunks_exact(16).enumerate() {
+        if c % per_rec == 0 {
+            let at = c / per_rec * rw * 4;
+            for (w, b) in rec[..rw]
+                .iter_mut()
+                .zip(side[at..at + 4 * rw].chunks_exact(4))
+            {
+                *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        let (a, b, hi) = word_terms(kind, &rec[..rw], c % per_rec);
+        for h in 0..2 {
+            let o = 16 * c + 8 * h;
+            let mut ql = [0.0f32; 8];
+            let mut qh = [0.0f32; 8];
+            for i in 0..8 {
+                // Byte 8h + i holds column 8 (byte / 4) + byte % 4 low, + 4 high.
+                let byte = 8 * h + i;
+                let col = 8 * (byte / 4) + byte % 4;
+                ql[i] = (u32::from(qw[byte] & 15) + 16 * high_of(kind, hi, col)) as f32;
+                qh[i] = (u32::from(qw[byte] >> 4) + 16 * high_of(kind, hi, col + 4)) as f32;
+            }
+            let mut lanes = [0.0f32; 8];
+            for i in 0..8 {
+                lanes[i] = ql[i] * x.lo[o + i] + qh[i] * x.hi[o + i];
+            }
+            let s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+                + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+            acc += a[h] * s + b[h] * x.block_sums[2 * c + h];
         }
     }
     acc

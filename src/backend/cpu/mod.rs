@@ -36,7 +36,6 @@ type Group<'a> = (&'a [u8], Vec<(usize, f32)>);
 const ROWS_PER_TASK: usize = 32;
 
 pub struct CpuExperts {
-    layout: Q4SlotLayout,
     pool: rayon::ThreadPool,
     isa: Isa,
 }
@@ -53,7 +52,7 @@ pub struct CpuExpertStats {
 
 impl CpuExperts {
     /// `threads`: worker threads (None: one per available core).
-    pub fn new(layout: Q4SlotLayout, threads: Option<usize>) -> Result<Self> {
+    pub fn new(threads: Option<usize>) -> Result<Self> {
         let n = match threads {
             Some(0) => return Err(Error::option("--cpu-threads", "must be at least 1")),
             Some(n) => n,
@@ -65,7 +64,6 @@ impl CpuExperts {
             .build()
             .map_err(|e| Error::Other(format!("CPU expert threads: {e}")))?;
         Ok(CpuExperts {
-            layout,
             pool,
             isa: Isa::detect(),
         })
@@ -94,22 +92,19 @@ impl CpuExperts {
         self.isa.name()
     }
 
-    pub fn layout(&self) -> &Q4SlotLayout {
-        &self.layout
-    }
-
     /// `out[t * hidden ..][..hidden] += w · expert(x_t)` for every pair. `x` holds the
     /// tokens' expert inputs, `[T, hidden]`; `expert(e)` gives expert e's packed slot
-    /// (`layout.bytes` bytes). Returns what was done.
+    /// (`layout.bytes` bytes, in `layout`: a layer's). Returns what was done.
     pub fn run<'a>(
         &self,
+        layout: &Q4SlotLayout,
         expert: &(dyn Fn(u32) -> Result<&'a [u8]> + Sync),
         x: &[f32],
         pairs: &[ExpertPair],
         out: &mut [f32],
     ) -> Result<CpuExpertStats> {
         let t0 = Instant::now();
-        let l = &self.layout;
+        let l = layout;
         let (h, inter) = (l.hidden, l.inter);
         let tokens = x.len() / h.max(1);
         if x.len() != tokens * h || out.len() != x.len() {
