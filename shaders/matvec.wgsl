@@ -1,7 +1,7 @@
 // Matrix-vector products for GPUs (decode, and the last-token lm_head of a prefill):
 //   out[t, row_base + n] (+)= W[n] . x[t] (+ bias[row_base + n])
 // W's rows are 16-byte words in a format piece (f16, ...). A workgroup of 64 lanes serves
-// ROWS consecutive rows; their words are taken as one flat run and lane l reads words
+// ROWS consecutive rows (fewer, p.group_rows, for a matrix of few rows); their words are taken as one flat run and lane l reads words
 // l, l + 64, ...: neighbouring lanes read neighbouring 16-byte words (coalesced) and each
 // weight byte is read once. The rows' partial sums are combined by the reduce piece
 // (subgroups, or workgroup memory). Grid: (row groups, K splits, tokens). With
@@ -16,7 +16,9 @@ const ROWS: u32 = 4u;
 
 @compute @workgroup_size(64)
 fn main(inv: Inv, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let r0 = inv.wid.x * ROWS;
+    // Fewer rows per workgroup for a matrix of few rows, so it still fills a GPU.
+    let gr = select(ROWS, min(p.group_rows, ROWS), p.group_rows != 0u);
+    let r0 = inv.wid.x * gr;
     let split = inv.wid.y;
     let splits = nwg.y;
     var t = inv.wid.z;
@@ -27,7 +29,7 @@ fn main(inv: Inv, @builtin(num_workgroups) nwg: vec3<u32>) {
     }
     // Both conditions are the same for every lane: the reduction's barriers stay uniform.
     if (t >= step.n_tokens || r0 >= p.n_rows) { return; }
-    let nr = min(ROWS, p.n_rows - r0);
+    let nr = min(gr, p.n_rows - r0);
     let per = (p.words_per_row + splits - 1u) / splits;
     let c0 = min(split * per, p.words_per_row);
     let span = min(per, p.words_per_row - c0);

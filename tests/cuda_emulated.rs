@@ -29,6 +29,10 @@ use wgmoe::runtime::engine::KvPrecision;
 #[path = "cuda_emulated/tiled.rs"]
 mod tiled;
 
+// The K-plane kernels (GGUF's K-quant and 5-bit blocks) against lavapipe.
+#[path = "cuda_emulated/kplanes.rs"]
+mod kplanes;
+
 const EMU_H: &str = include_str!("cuda_emu.h");
 
 type Launch = unsafe extern "C" fn(
@@ -326,16 +330,17 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
         return;
     };
     let mut covered: Vec<Kernel> = head_kernels(emu);
+    covered.extend(kplanes::k_plane_kernels(emu));
     let mut longest = 0;
     for name in [
         "olmoe-tiny",
         "qwen2moe-tiny",
         "qwen3moe-tiny",
         "mixtral-tiny",
-        // A GGUF file's Q4_K experts (and, with Q8_0 dense weights, its Q4_K attention)
-        // are affine INT4: the int4-a32 row kernels, matvec and GEMMs, on the GPU plan.
-        // Its Q6_K ffn_down makes every down Q8_0 (the Q8_0 row kernels on slots), and
-        // int4-strict an affine INT4 one (the int4-a32 down kernels).
+        // A GGUF file's Q4_K experts and its Q4_K/Q6_K downs (and, with Q8_0 dense
+        // weights, its Q4_K and Q6_K attention) in their own blocks: the K-plane row
+        // kernels, matvec and GEMMs, on the GPU plan; int4-strict rounds its Q6_K downs into
+        // affine INT4 (the int4-a32 down kernels).
         "gguf/qwen3moe/qwen3moe-Q4_K_M.gguf",
     ] {
         // The GPU plan (a CUDA device's default) in full; of the storage plan, the grouped

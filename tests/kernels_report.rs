@@ -102,10 +102,16 @@ fn decode_meets_the_bar(path: &str, dense: WeightFormat) -> KernelsReport {
         a.kv_bytes
     );
     assert!(a.kv_sector_efficiency.unwrap() >= 0.90);
-    // lm_head streams its f16 (or Q8_0: quants and scales) matrix exactly once.
+    // lm_head streams its f16 (or Q8_0, or a GGUF file's blocks: quants and scales)
+    // matrix exactly once.
     let head = stage(&r, "decode/lm_head");
-    let head_bytes = match dense {
-        WeightFormat::Q8 => Q8Matrix {
+    let head_bytes = match (dense, cfg.dense_kind("lm_head.weight")) {
+        (WeightFormat::Q8, Some(kind)) => wgmoe::model::tensors::F16Matrix::chunk_bytes(
+            WeightFormat::int4(kind),
+            cfg.vocab_size,
+            cfg.hidden_size,
+        ) as usize,
+        (WeightFormat::Q8, None) => Q8Matrix {
             out: cfg.vocab_size,
             inp: cfg.hidden_size,
         }
@@ -145,21 +151,23 @@ fn mixtral_decode_is_coalesced_and_fills_a_gpu() {
     decode_meets_the_bar("models/configs/mixtral-8x7b-v0.1.json", WeightFormat::F16);
 }
 
-/// A Qwen3-30B-A3B Q4_K_M GGUF file, planned from its header as the loader holds it: Q8_0
-/// for the Q6_K/Q8_0-bearing dense matrices, affine INT4 (its own blocks) for the Q4_K
-/// ones, experts in mixed slots (affine INT4 gate/up, Q8_0 down, as its Q6_K downs need).
-/// Every one of those kernels reads its words coalesced and fills a GPU, and the probe's
-/// byte count per token is the plan's.
+/// A Qwen3-30B-A3B Q4_K_M GGUF file, planned from its header as the loader holds it: its
+/// Q4_K and Q6_K attention, lm_head and experts in their own blocks (q and k in Q4_K, v in
+/// Q6_K on the layers llama-quantize gives more bits: runs of their own, the v run with
+/// fewer rows per workgroup so it still fills a GPU). Every one of those kernels reads its
+/// words coalesced and fills a GPU, and the probe's byte count per token is the plan's.
 #[test]
 fn qwen3_gguf_q4_k_m_decode_is_coalesced_and_fills_a_gpu() {
     let path = "models/gguf/headers/Qwen3-30B-A3B-Q4_K_M.gguf";
     let r = decode_meets_the_bar(path, WeightFormat::Q8);
     let kernels = [
-        ("decode/qkv_proj", "q8_0"),
-        ("decode/lm_head", "q8_0"),
-        ("decode/o_proj", "int4-a32"),
-        ("decode/experts_gate_up", "int4-a32"),
-        ("decode/experts_down", "q8_0"),
+        ("decode/qkv_proj", "q4_K"),
+        ("decode/qkv_proj", "q6_K"),
+        ("decode/lm_head", "q6_K"),
+        ("decode/o_proj", "q4_K"),
+        ("decode/experts_gate_up", "q4_K"),
+        ("decode/experts_down", "q4_K"),
+        ("decode/experts_down", "q6_K"),
     ];
     for (s, format) in kernels {
         let k = &stage(&r, s).kernel;

@@ -750,12 +750,14 @@ fn a_gguf_header_plans_as_its_published_config() {
                 "{vram}: {k} of the GGUF header and of the config"
             );
         }
-        // GGUF experts are held as affine INT4 (its Q4_K gate/up blocks as they are) with a
-        // Q8_0 down (Q4_K_M stores some layers' ffn_down_exps as Q6_K), the config's as
-        // wgmoe's block-256 INT4: 5, 5, 8.5 and 4.0625 bits per weight.
+        // GGUF experts are held in their own blocks: Q4_K gate/up (4.5 bits per weight), and
+        // on the 24 layers whose ffn_down_exps is Q6_K a Q6_K down (6.625 bits: its f16 d
+        // in a word of its own), so every slot is as large as those layers' (Q4_K downs,
+        // 4.5 bits, on the other 24); the config's experts are wgmoe's block-256 INT4
+        // (4.0625 bits).
         use wgmoe::format::quant::{Q4Kind, Q4SlotLayout};
-        let gguf_slot = Q4SlotLayout::mixed(2048, 768, Q4Kind::Affine32, Q4Kind::Q8).bytes as u64;
-        assert_eq!(gguf_slot, 2 * 768 * 2048 * 5 / 8 + 2048 * 768 * 17 / 16);
+        let gguf_slot = Q4SlotLayout::mixed(2048, 768, Q4Kind::Q4K, Q4Kind::Q6K).bytes as u64;
+        assert_eq!(gguf_slot, 2 * 768 * 2048 * 9 / 16 + 2048 * 768 * 53 / 64);
         assert_eq!(u(&a, "expert_bytes"), gguf_slot, "{vram}");
         assert_eq!(
             u(&b, "expert_bytes"),
@@ -764,11 +766,12 @@ fn a_gguf_header_plans_as_its_published_config() {
         );
         assert_eq!(u(&a, "routed_expert_bytes"), 48 * 128 * gguf_slot);
         // `--int4-strict` plans every expert matrix 4-bit (the Q6_K downs rounded into
-        // affine INT4), as `run --expert-precision int4-strict` holds them: more resident.
+        // affine INT4, 5 bits), as `run --expert-precision int4-strict` holds them: more
+        // resident.
         let strict = plan(&gguf, &["--int4-strict"]);
         assert_eq!(
             u(&strict, "expert_bytes"),
-            Q4SlotLayout::with_kind(2048, 768, Q4Kind::Affine32).bytes as u64
+            Q4SlotLayout::mixed(2048, 768, Q4Kind::Q4K, Q4Kind::Affine32).bytes as u64
         );
         assert!(
             u(&strict, "resident_experts_per_layer") > u(&a, "resident_experts_per_layer"),
@@ -776,7 +779,7 @@ fn a_gguf_header_plans_as_its_published_config() {
             strict["resident_experts_per_layer"],
             a["resident_experts_per_layer"]
         );
-        // Its Q4_K attention matrices (where q, k and v all are) are affine INT4, not Q8_0.
+        // Its Q4_K and Q6_K attention matrices are held in their own blocks, not as Q8_0.
         assert!(
             u(&a, "non_routed_bytes") < u(&b, "non_routed_bytes"),
             "{vram}: {} vs {}",

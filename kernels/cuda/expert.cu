@@ -202,3 +202,100 @@ extern "C" __global__ void expert_down_q4a_wg(ExpertDownParams p, const Step* st
                                               const u32* ws) {
     down<FmtQ4A, WorkgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
 }
+// The K-plane formats (GGUF's Q4_K, Q5_K, Q6_K, Q5_0/Q5_1 blocks as they are).
+extern "C" __global__ void expert_gate_up_q4k_sg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* ws) {
+    gate_up<FmtQ4K, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q4k_sg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w,
+                                              const u32* ws) {
+    down<FmtQ4K, SubgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gate_up_q4k_wg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* ws) {
+    gate_up<FmtQ4K, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q4k_wg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w,
+                                              const u32* ws) {
+    down<FmtQ4K, WorkgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gate_up_q5k_sg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* ws) {
+    gate_up<FmtQ5K, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q5k_sg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w,
+                                              const u32* ws) {
+    down<FmtQ5K, SubgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gate_up_q5k_wg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* ws) {
+    gate_up<FmtQ5K, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q5k_wg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w,
+                                              const u32* ws) {
+    down<FmtQ5K, WorkgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gate_up_q6k_sg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* ws) {
+    gate_up<FmtQ6K, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q6k_sg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w,
+                                              const u32* ws) {
+    down<FmtQ6K, SubgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gate_up_q6k_wg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* ws) {
+    gate_up<FmtQ6K, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q6k_wg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w,
+                                              const u32* ws) {
+    down<FmtQ6K, WorkgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gate_up_q5a_sg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* ws) {
+    gate_up<FmtQ5A, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q5a_sg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w,
+                                              const u32* ws) {
+    down<FmtQ5A, SubgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gate_up_q5a_wg(ExpertGateUpParams p, const Step* step,
+                                                 const float* x, const float4* x4, const u32* ids,
+                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* ws) {
+    gate_up<FmtQ5A, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+}
+extern "C" __global__ void expert_down_q5a_wg(ExpertDownParams p, const Step* step, const float* h,
+                                              const float4* h4, const u32* ids, const u32* slot_of,
+                                              const float* weights, float* out, const uint4* w,
+                                              const u32* ws) {
+    down<FmtQ5A, WorkgroupSum>(p, step, Act{h, h4}, ids, slot_of, weights, out, Mat{w, ws});
+}

@@ -233,3 +233,44 @@ extern "C" __global__ void gemm_q4a(DenseParams p, const Step* step, const float
                                     const uint4* w, const u32* ws) {
     gemm<FmtQ4A>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
 }
+// The K-plane formats (GGUF's Q4_K, Q5_K, Q6_K, Q5_0/Q5_1 blocks as they are).
+extern "C" __global__ void gemm_q4k(DenseParams p, const Step* step, const float* x,
+                                    const float4* x4, const float* bias, float* out,
+                                    const uint4* w, const u32* ws) {
+    gemm<FmtQ4K>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gemm_q4k(ExpertGemmParams p, const Step* step, const float* x,
+                                           const float4* x4, const u32* pairs, const u32* slot_of,
+                                           float* out, const uint4* w, const u32* ws) {
+    expert_gemm<FmtQ4K>(p, step, Act{x, x4}, pairs, slot_of, out, Mat{w, ws});
+}
+extern "C" __global__ void gemm_q5k(DenseParams p, const Step* step, const float* x,
+                                    const float4* x4, const float* bias, float* out,
+                                    const uint4* w, const u32* ws) {
+    gemm<FmtQ5K>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gemm_q5k(ExpertGemmParams p, const Step* step, const float* x,
+                                           const float4* x4, const u32* pairs, const u32* slot_of,
+                                           float* out, const uint4* w, const u32* ws) {
+    expert_gemm<FmtQ5K>(p, step, Act{x, x4}, pairs, slot_of, out, Mat{w, ws});
+}
+extern "C" __global__ void gemm_q6k(DenseParams p, const Step* step, const float* x,
+                                    const float4* x4, const float* bias, float* out,
+                                    const uint4* w, const u32* ws) {
+    gemm<FmtQ6K>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gemm_q6k(ExpertGemmParams p, const Step* step, const float* x,
+                                           const float4* x4, const u32* pairs, const u32* slot_of,
+                                           float* out, const uint4* w, const u32* ws) {
+    expert_gemm<FmtQ6K>(p, step, Act{x, x4}, pairs, slot_of, out, Mat{w, ws});
+}
+extern "C" __global__ void gemm_q5a(DenseParams p, const Step* step, const float* x,
+                                    const float4* x4, const float* bias, float* out,
+                                    const uint4* w, const u32* ws) {
+    gemm<FmtQ5A>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void expert_gemm_q5a(ExpertGemmParams p, const Step* step, const float* x,
+                                           const float4* x4, const u32* pairs, const u32* slot_of,
+                                           float* out, const uint4* w, const u32* ws) {
+    expert_gemm<FmtQ5A>(p, step, Act{x, x4}, pairs, slot_of, out, Mat{w, ws});
+}

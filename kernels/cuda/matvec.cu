@@ -1,6 +1,6 @@
 // Matrix-vector products for GPUs (shaders/matvec.wgsl; decode, and the last-token
 // lm_head of a prefill): out[t, row_base + n] (+)= W[n] . x[t] (+ bias[row_base + n]).
-// A block of 64 serves ROWS consecutive rows, thread l reading words l, l + 64, ... of their
+// A block of 64 serves ROWS consecutive rows (fewer, p.group_rows, for few rows), thread l reading words l, l + 64, ... of their
 // flat run (rows.cuh). Grid (row groups, K splits, tokens): with S = gridDim.y splits,
 // split s sums its share of each row's words into row s of `out` (one-token steps of
 // matrices with few rows, e.g. the router: router_topk adds the S rows).
@@ -11,7 +11,9 @@ template <class Fmt, class Sum>
 __device__ void matvec(const DenseParams& p, const Step* step, const Act& a, const float* bias,
                        float* out, const Mat& m) {
     u32 li = threadIdx.x;
-    u32 r0 = blockIdx.x * ROWS;
+    // Fewer rows per block for a matrix of few rows, so it still fills a GPU.
+    u32 gr = p.group_rows != 0u ? min(p.group_rows, ROWS) : ROWS;
+    u32 r0 = blockIdx.x * gr;
     u32 split = blockIdx.y;
     u32 splits = gridDim.y;
     u32 n_tokens = step->n_tokens;
@@ -23,7 +25,7 @@ __device__ void matvec(const DenseParams& p, const Step* step, const Act& a, con
     }
     // Both the same for every thread of the block: the reduction's barriers stay uniform.
     if (t >= n_tokens || r0 >= p.n_rows) return;
-    u32 nr = min(ROWS, p.n_rows - r0);
+    u32 nr = min(gr, p.n_rows - r0);
     u32 per = (p.words_per_row + splits - 1u) / splits;
     u32 c0 = min(split * per, p.words_per_row);
     u32 span = min(per, p.words_per_row - c0);
@@ -79,4 +81,45 @@ extern "C" __global__ void matvec_q4a_wg(DenseParams p, const Step* step, const 
                                          const float4* x4, const float* bias, float* out,
                                          const uint4* w, const u32* ws) {
     matvec<FmtQ4A, WorkgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+// The K-plane formats (GGUF's Q4_K, Q5_K, Q6_K, Q5_0/Q5_1 blocks as they are).
+extern "C" __global__ void matvec_q4k_sg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w, const u32* ws) {
+    matvec<FmtQ4K, SubgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void matvec_q4k_wg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w, const u32* ws) {
+    matvec<FmtQ4K, WorkgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void matvec_q5k_sg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w, const u32* ws) {
+    matvec<FmtQ5K, SubgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void matvec_q5k_wg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w, const u32* ws) {
+    matvec<FmtQ5K, WorkgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void matvec_q6k_sg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w, const u32* ws) {
+    matvec<FmtQ6K, SubgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void matvec_q6k_wg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w, const u32* ws) {
+    matvec<FmtQ6K, WorkgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void matvec_q5a_sg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w, const u32* ws) {
+    matvec<FmtQ5A, SubgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
+}
+extern "C" __global__ void matvec_q5a_wg(DenseParams p, const Step* step, const float* x,
+                                         const float4* x4, const float* bias, float* out,
+                                         const uint4* w, const u32* ws) {
+    matvec<FmtQ5A, WorkgroupSum>(p, step, Act{x, x4}, bias, out, Mat{w, ws});
 }

@@ -2,8 +2,8 @@
 // common.cuh for those files by src/backend/cuda/kernels.rs: the CUDA twins of
 // shaders/common/act_x4.wgsl, fmt_f16.wgsl, fmt_q4.wgsl, fmt_q4a.wgsl, fmt_q8.wgsl,
 // q8_unpack.wgsl, scales_staged.wgsl, tile_f16.wgsl, tile_q4.wgsl, tile_q4a.wgsl,
-// tile_q8.wgsl, onehot.wgsl, reduce_sg.wgsl
-// and reduce_wg.wgsl.
+// tile_q8.wgsl, kq_common.wgsl, kq_k4.wgsl, fmt_q4k/q5k/q6k/q5a.wgsl, tile_kq.wgsl,
+// onehot.wgsl, reduce_sg.wgsl and reduce_wg.wgsl.
 //
 // Thread -> data mapping of the row kernels (as the WGSL): a block of 64 threads serves ROWS
 // consecutive weight rows; their 16-byte words are taken as one flat run and thread l reads
@@ -20,7 +20,7 @@
 #define ROWS_BLOCK 64u
 
 // The dense products' params (matvec.cu, gemm.cu; backend::params::DenseParams).
-struct DenseParams { u32 k; u32 n_rows; u32 row_base; u32 words_per_row; u32 x_stride; u32 out_stride; u32 flags; u32 w_row0; u32 s_word0; u32 blocks_per_row; u32 _a; u32 _b; };
+struct DenseParams { u32 k; u32 n_rows; u32 row_base; u32 words_per_row; u32 x_stride; u32 out_stride; u32 flags; u32 w_row0; u32 s_word0; u32 blocks_per_row; u32 group_rows; u32 _b; };
 CHECK_PARAMS(DenseParams);
 
 __device__ __forceinline__ float4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
@@ -152,11 +152,15 @@ struct BlockScales {
         sc.n[mi] = n;
         for (u32 i = threadIdx.x; i < n; i += ROWS_BLOCK) sc.s[mi * SCALE_CAP + i] = m.ws[first + i];
     }
-    // Half `i` of the scales of matrix `mi`: staged, or from device memory past the cap.
-    static __device__ __forceinline__ float w_scale(const Mat& m, const Scales& sc, u32 mi, u32 i) {
+    // u32 word `i` of the scales of matrix `mi`: staged, or from device memory past the cap.
+    static __device__ __forceinline__ u32 w_word(const Mat& m, const Scales& sc, u32 mi, u32 i) {
         // Selected, not indexed by `mi`: the block's registers, not a stack frame.
-        u32 rel = i / 2u - (mi ? sc.first[1] : sc.first[0]);
-        u32 word = rel < (mi ? sc.n[1] : sc.n[0]) ? sc.s[mi * SCALE_CAP + rel] : m.ws[i / 2u];
+        u32 rel = i - (mi ? sc.first[1] : sc.first[0]);
+        return rel < (mi ? sc.n[1] : sc.n[0]) ? sc.s[mi * SCALE_CAP + rel] : m.ws[i];
+    }
+    // Half `i` of the scales of matrix `mi`.
+    static __device__ __forceinline__ float w_scale(const Mat& m, const Scales& sc, u32 mi, u32 i) {
+        u32 word = w_word(m, sc, mi, i / 2u);
         return f16_to_f32((i % 2u) ? (word >> 16) : word);
     }
 };
@@ -264,6 +268,170 @@ struct FmtQ4A : BlockScales {
         }
     }
 };
+
+// The K-plane formats (src/format/kquant.rs: GGUF's Q4_K, Q5_K, Q6_K and Q5_0/Q5_1 blocks
+// as they are; kq_common.wgsl and the record readers fmt_q4k/q5k/q6k/q5a.wgsl): the
+// nibbles of FmtQ4, unsigned, and per row side records in the scale section holding a
+// block's scales and the bits above the nibble. A word's 32 columns have per half (16
+// columns) a and b, the value a q + b with q = nibble + 16 high.
+#define KQ_Q4K 0u
+#define KQ_Q5K 1u
+#define KQ_Q6K 2u
+#define KQ_Q5A 3u
+
+struct KTerms {
+    float a0, a1, b0, b1;
+    // The word's high parts (h1: Q6_K's columns 16..31).
+    u32 h0, h1;
+};
+
+// A record reader: the row kernels read words from device memory, the tiled kernels from
+// the staged scales (BlockScales::w_word).
+struct SideMem {
+    const u32* ws;
+    __device__ __forceinline__ u32 operator()(u32 i) const { return ws[i]; }
+};
+struct SideStaged {
+    const Mat* m;
+    const Scales* sc;
+    u32 mi;
+    __device__ __forceinline__ u32 operator()(u32 i) const {
+        return BlockScales::w_word(*m, *sc, mi, i);
+    }
+};
+
+// The nibbles of a u32 (its low ones, columns 0..3 of its 8; shift by 4 for 4..7), unsigned.
+__device__ __forceinline__ float4 nib4(u32 v) {
+    return make_float4((float)(v & 0xfu), (float)((v >> 8) & 0xfu), (float)((v >> 16) & 0xfu),
+                       (float)((v >> 24) & 0xfu));
+}
+
+template <u32 KIND>
+struct FmtKQ : BlockScales {
+    static constexpr u32 WORD_COLS = 32u;
+    // Words of one record, and the words (of 32 columns) it serves.
+    static constexpr u32 REC = KIND == KQ_Q4K ? 4u : KIND == KQ_Q5K ? 12u : KIND == KQ_Q6K ? 21u : 2u;
+    static constexpr u32 SB = KIND == KQ_Q5A ? 1u : 8u;
+
+    // Byte `i` (0..12) of a Q4_K/Q5_K record's packed scales.
+    template <class R>
+    static __device__ __forceinline__ u32 sbyte(const R& side, u32 r, u32 i) {
+        return (side(r + 1u + i / 4u) >> (8u * (i % 4u))) & 0xffu;
+    }
+
+    // The terms of word `j` of the record at word `r`.
+    template <class R>
+    static __device__ __forceinline__ KTerms terms(const R& side, u32 r, u32 j) {
+        KTerms t;
+        if (KIND == KQ_Q4K || KIND == KQ_Q5K) {
+            u32 sc, mn;
+            if (j < 4u) {
+                sc = sbyte(side, r, j) & 63u;
+                mn = sbyte(side, r, j + 4u) & 63u;
+            } else {
+                sc = (sbyte(side, r, j + 4u) & 15u) | ((sbyte(side, r, j - 4u) >> 6) << 4);
+                mn = (sbyte(side, r, j + 4u) >> 4) | ((sbyte(side, r, j) >> 6) << 4);
+            }
+            float2 dd = unpack2x16(side(r));
+            t.a0 = t.a1 = dd.x * (float)sc;
+            t.b0 = t.b1 = -(dd.y * (float)mn);
+            t.h0 = KIND == KQ_Q5K ? side(r + 4u + j) : 0u;
+            t.h1 = 0u;
+        } else if (KIND == KQ_Q6K) {
+            // Scales 2j and 2j + 1: bytes 2 (j % 2) and 2 (j % 2) + 1 of word j / 2.
+            u32 sw = side(r + j / 2u);
+            u32 k = 16u * (j % 2u);
+            float s0 = (float)((int)(sw << (24u - k)) >> 24);
+            float s1 = (float)((int)(sw << (16u - k)) >> 24);
+            float d = unpack2x16(side(r + 4u)).x;
+            t.a0 = d * s0;
+            t.a1 = d * s1;
+            t.b0 = -32.0f * t.a0;
+            t.b1 = -32.0f * t.a1;
+            t.h0 = side(r + 5u + 2u * j);
+            t.h1 = side(r + 6u + 2u * j);
+        } else {
+            float2 so = unpack2x16(side(r));
+            t.a0 = t.a1 = so.x;
+            t.b0 = t.b1 = so.y;
+            t.h0 = side(r + 1u);
+            t.h1 = 0u;
+        }
+        return t;
+    }
+
+    // Columns 4g .. 4g + 4 of the word's high parts, times 16.
+    static __device__ __forceinline__ float4 hi4(const KTerms& t, u32 g) {
+        if (KIND == KQ_Q5K || KIND == KQ_Q5A) {
+            u32 b = t.h0 >> (4u * g);
+            return make_float4((float)(b & 1u) * 16.0f, (float)((b >> 1) & 1u) * 16.0f,
+                               (float)((b >> 2) & 1u) * 16.0f, (float)((b >> 3) & 1u) * 16.0f);
+        }
+        if (KIND == KQ_Q6K) {
+            u32 b = (g < 4u ? t.h0 : t.h1) >> (8u * (g % 4u));
+            return make_float4((float)(b & 3u) * 16.0f, (float)((b >> 2) & 3u) * 16.0f,
+                               (float)((b >> 4) & 3u) * 16.0f, (float)((b >> 6) & 3u) * 16.0f);
+        }
+        return zero4();
+    }
+
+    // Word `c` of the row at word `row_word` (its records from half `s_half`), dotted with
+    // columns 32c .. 32c + 32 of the activation row at `xb`: per half, a times the q . x
+    // sum plus b times the x sum, summed as the WGSL does.
+    static __device__ __forceinline__ float word_dot(const Mat& m, u32 row_word, u32 c, u32 s_half,
+                                                     const Act& a, u32 xb, u32 len) {
+        uint4 q = m.w[row_word + c];
+        KTerms t = terms(SideMem{m.ws}, s_half / 2u + (c / SB) * REC, c % SB);
+        u32 k0 = c * 32u;
+        float4 a0 = x_quad(a, xb, k0, len), a1 = x_quad(a, xb, k0 + 4u, len);
+        float4 a2 = x_quad(a, xb, k0 + 8u, len), a3 = x_quad(a, xb, k0 + 12u, len);
+        float4 a4 = x_quad(a, xb, k0 + 16u, len), a5 = x_quad(a, xb, k0 + 20u, len);
+        float4 a6 = x_quad(a, xb, k0 + 24u, len), a7 = x_quad(a, xb, k0 + 28u, len);
+        float d0 = dot4(add4(nib4(q.x), hi4(t, 0u)), a0) + dot4(add4(nib4(q.x >> 4), hi4(t, 1u)), a1) +
+                   dot4(add4(nib4(q.y), hi4(t, 2u)), a2) + dot4(add4(nib4(q.y >> 4), hi4(t, 3u)), a3);
+        float d1 = dot4(add4(nib4(q.z), hi4(t, 4u)), a4) + dot4(add4(nib4(q.z >> 4), hi4(t, 5u)), a5) +
+                   dot4(add4(nib4(q.w), hi4(t, 6u)), a6) + dot4(add4(nib4(q.w >> 4), hi4(t, 7u)), a7);
+        float4 one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        float s0 = dot4(add4(add4(a0, a1), add4(a2, a3)), one);
+        float s1 = dot4(add4(add4(a4, a5), add4(a6, a7)), one);
+        return (t.a0 * d0 + t.b0 * s0) + (t.a1 * d1 + t.b1 * s1);
+    }
+    // Tiled kernels (tile_kq.wgsl): word `c` of the row at `row_word` of matrix `mi` as 32
+    // f32 columns a q + b into the shared weight tile `wt` from index `dst`. Zeros when
+    // !valid (columns past the row).
+    static __device__ __forceinline__ void stage_word(const Mat& m, const Scales& sc, u32 mi,
+                                                      u32 row_word, u32 c, u32 s_half, float* wt,
+                                                      u32 dst, bool valid) {
+        if (!valid) {
+            for (u32 i = 0; i < 32u; i++) wt[dst + i] = 0.0f;
+            return;
+        }
+        uint4 q = m.w[row_word + c];
+        KTerms t = terms(SideStaged{&m, &sc, mi}, s_half / 2u + (c / SB) * REC, c % SB);
+        u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (u32 j = 0; j < 4u; j++) {
+            // u32 j holds columns 8j .. 8j + 8: half j / 2 of the word.
+            float a = j < 2u ? t.a0 : t.a1;
+            float b = j < 2u ? t.b0 : t.b1;
+            float4 lo = add4(nib4(words[j]), hi4(t, 2u * j));
+            float4 hi = add4(nib4(words[j] >> 4), hi4(t, 2u * j + 1u));
+            u32 d = dst + j * 8u;
+            wt[d] = lo.x * a + b;
+            wt[d + 1u] = lo.y * a + b;
+            wt[d + 2u] = lo.z * a + b;
+            wt[d + 3u] = lo.w * a + b;
+            wt[d + 4u] = hi.x * a + b;
+            wt[d + 5u] = hi.y * a + b;
+            wt[d + 6u] = hi.z * a + b;
+            wt[d + 7u] = hi.w * a + b;
+        }
+    }
+};
+typedef FmtKQ<KQ_Q4K> FmtQ4K;
+typedef FmtKQ<KQ_Q5K> FmtQ5K;
+typedef FmtKQ<KQ_Q6K> FmtQ6K;
+typedef FmtKQ<KQ_Q5A> FmtQ5A;
 
 // The four int8 of a u32 (byte 0 first) as f32 (WGSL i8x4 of q8_unpack.wgsl): each byte
 // shifted to the top, then an arithmetic shift back sign-extends it.

@@ -11,7 +11,7 @@ struct Params {
     w_row0: u32,          // index of the first row inside the weight binding
     s_word0: u32,         // u32 offset of the scales in their binding (formats with scales)
     blocks_per_row: u32,  // scales per row
-    _a: u32,
+    group_rows: u32,      // matvec: rows per workgroup, 1 to ROWS (0: ROWS)
     _b: u32,
 }
 

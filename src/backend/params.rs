@@ -390,7 +390,9 @@ params! {
         /// u32 offset of the block scales in their binding (formats with scales).
         pub s_word0: u32,
         pub blocks_per_row: u32,
-        pub _a: u32,
+        /// Rows per workgroup of the matvec (1 to 4; 0 reads as 4): fewer for a matrix
+        /// whose rows would leave a dispatch short of GPU_MIN_WORKGROUPS.
+        pub group_rows: u32,
         pub _b: u32,
     }
 

@@ -271,22 +271,26 @@ pub fn software_line(adapter: &str) -> String {
 }
 
 /// For a GGUF model, which of its tensors were decoded and stored anew at load time (the
-/// block types wgmoe does not compute in place), on stderr.
+/// block types wgmoe does not compute as they are), on stderr.
 pub fn gguf_note(model: &Path, experts: ExpertPrecision, dense: DensePrecision) {
     if !wgmoe::gguf::is_gguf_path(model) {
         return;
     }
-    if let Ok(g) = wgmoe::gguf::GgufModel::open_header(model) {
-        eprintln!(
-            "note: {}",
-            wgmoe::insight::inspect::gguf_load_note(
-                &g,
-                experts.int4(),
-                experts == ExpertPrecision::Int4Strict,
-                dense == DensePrecision::Q8_0
-            )
-        );
-    }
+    let Ok(g) = wgmoe::gguf::GgufModel::open_header(model) else {
+        return;
+    };
+    let Ok(cfg) = wgmoe::gguf::model_config(&g) else {
+        return;
+    };
+    eprintln!(
+        "note: {}",
+        wgmoe::insight::inspect::gguf_load_note(
+            &g,
+            &experts.apply(cfg),
+            experts.int4(),
+            dense == DensePrecision::Q8_0
+        )
+    );
 }
 
 /// Say so on stderr when the adapter is a software one (lavapipe, WARP...) that was picked

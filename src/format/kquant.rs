@@ -22,7 +22,7 @@
 
 use half::f16;
 
-use super::quant::Q4Kind;
+use super::kind::Q4Kind;
 
 /// Rows of a matrix in a K-plane kind ([`Q4Kind::is_planes`]): each element's nibble and
 /// each row's side records, as the GGUF blocks hold them.
@@ -38,13 +38,7 @@ pub struct KRows {
 
 /// Words of one side record of `kind` (per [`Q4Kind::block`] columns).
 pub fn record_words(kind: Q4Kind) -> usize {
-    match kind {
-        Q4Kind::Q4K => 4,
-        Q4Kind::Q5K => 12,
-        Q4Kind::Q6K => 21,
-        Q4Kind::Q5A => 2,
-        _ => 0,
-    }
+    kind.record_words()
 }
 
 /// Side words of one row of `cols` columns.
@@ -365,8 +359,7 @@ fn fit_block(kind: Q4Kind, blk: &[f32]) -> (Vec<u32>, Vec<u8>) {
     (rec, q)
 }
 
-/// The largest magnitude a fitted block of a K-plane kind holds: its f16 scales finite.
-pub const MAX_ABS: f32 = 65504.0;
+pub use super::kind::PLANES_MAX_ABS as MAX_ABS;
 
 #[cfg(test)]
 mod tests {

@@ -9,6 +9,7 @@ pub mod block_scale;
 pub mod checkpoint;
 pub mod convert;
 pub mod identity;
+pub mod kind;
 pub mod kquant;
 pub mod manifest;
 pub mod output_dir;

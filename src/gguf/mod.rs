@@ -30,7 +30,7 @@ pub mod source;
 pub mod tokenizer;
 pub mod types;
 
-pub use config::model_config;
+pub use config::{model_config, native_kind};
 pub use file::{GgufFile, TensorInfo};
 pub use meta::{MetaValue, Metadata};
 pub use model::{is_gguf_path, GgufModel, TensorView};

@@ -410,52 +410,26 @@ pub fn gguf_table(i: &GgufInspection) -> String {
 
 /// What loading does with a GGUF model's block types, one line for `run`, `chat` and
 /// `serve` to print: per class, the types of the matrices that change form and the form
-/// they take on the device. wgmoe computes Q8_0 dense blocks as stored (a Q8_0 part of a
-/// matrix fused with other types is quantised again from its values, which gives the
-/// same blocks); other block types are decoded on the CPU at load time (no in-kernel
-/// K-quant or Q4_0 kernels yet) and stored in wgmoe's own formats. Vectors (norms,
+/// they take on the device, as the loader holds them (`cfg` as the expert precision
+/// applies to it: `ModelConfig::expert_kinds`; dense matrices by `gguf::native_kind`).
+/// The kernels compute Q4_0, Q4_K, Q5_K, Q6_K, Q5_0/Q5_1 and Q8_0 blocks as they are;
+/// other types are decoded on the CPU at load time into wgmoe's formats. Vectors (norms,
 /// biases) and the gates (router, shared expert gate) are not listed.
-/// Whether the GGUF dense matrix `name` is held as affine INT4 with Q8_0 dense weights:
-/// an attention projection or the output head stored as Q4_0/Q4_K, q, k and v only when
-/// all three are (they are stacked into one matrix; `ModelConfig::dense_q4`).
-fn gguf_dense_q4(model: &crate::gguf::GgufModel, name: &str) -> bool {
-    let q4 = |n: &str| {
-        model
-            .info(n)
-            .is_some_and(|i| matches!(i.ggml_type, GgmlType::Q4_0 | GgmlType::Q4_K))
-    };
-    for p in ["attn_q", "attn_k", "attn_v"] {
-        if let Some(layer) = name.strip_suffix(&format!(".{p}.weight")) {
-            return ["attn_q", "attn_k", "attn_v"]
-                .iter()
-                .all(|x| q4(&format!("{layer}.{x}.weight")));
-        }
-    }
-    let own = name == "output.weight"
-        || name.ends_with(".attn_output.weight")
-        || name.ends_with(".attn_qkv.weight");
-    own && q4(name)
-}
-
 pub fn gguf_load_note(
     model: &crate::gguf::GgufModel,
+    cfg: &crate::config::ModelConfig,
     int4_experts: bool,
-    four_bit_only: bool,
     q8_dense: bool,
 ) -> String {
-    // As the loader holds experts (`gguf::config`): a projection stored wider than 4 bits
-    // in any layer is Q8_0 in every slot, else affine INT4.
-    let is_q4 = |t: GgmlType| matches!(t, GgmlType::Q4_0 | GgmlType::Q4_K);
-    let wide = |down: bool| {
-        model.names().any(|n| {
-            classify_gguf(n) == TensorClass::RoutedExperts
-                && n.contains("ffn_down") == down
-                && model.info(n).is_some_and(|i| !is_q4(i.ggml_type))
-        })
+    use crate::format::quant::Q4Kind;
+    use crate::gguf::native_kind;
+    let form = |k: Q4Kind| match k {
+        Q4Kind::Q8 => "Q8_0".to_string(),
+        Q4Kind::Affine32 => "INT4 (affine, 32-column blocks)".to_string(),
+        Q4Kind::Sym256 => "INT4 (block 256)".to_string(),
+        k => k.name().to_string(),
     };
-    // `--expert-precision int4-strict` rounds them into affine INT4 instead.
-    let (wide_gate_up, wide_down) = (wide(false) && !four_bit_only, wide(true) && !four_bit_only);
-    let mut changed: BTreeMap<(TensorClass, &str), BTreeMap<String, usize>> = BTreeMap::new();
+    let mut changed: BTreeMap<(TensorClass, String), BTreeMap<String, usize>> = BTreeMap::new();
     for name in model.names() {
         let Some(info) = model.info(name) else {
             continue;
@@ -465,40 +439,40 @@ pub fn gguf_load_note(
         if !matrix || name.contains("ffn_gate_inp") {
             continue;
         }
-        let to_q8 = if name.contains("ffn_down") {
-            wide_down
-        } else {
-            wide_gate_up
-        };
-        let to = match class {
-            TensorClass::RoutedExperts if int4_experts && to_q8 => "Q8_0",
-            TensorClass::RoutedExperts if int4_experts => "INT4 (affine, 32-column blocks)",
-            TensorClass::RoutedExperts
-            | TensorClass::Router
-            | TensorClass::Norms
-            | TensorClass::Embeddings => "f16",
-            _ if q8_dense => "Q8_0",
-            _ => "f16",
-        };
-        let kept = match class {
-            // Q4_0 and Q4_K experts go into the affine INT4 slots as they are, Q8_0 ones
-            // into Q8_0 slot matrices.
-            TensorClass::RoutedExperts if int4_experts && to_q8 => info.ggml_type == GgmlType::Q8_0,
-            TensorClass::RoutedExperts if int4_experts => is_q4(info.ggml_type),
-            TensorClass::RoutedExperts
-            | TensorClass::Router
-            | TensorClass::Norms
-            | TensorClass::Embeddings => info.ggml_type == GgmlType::F16,
-            _ if q8_dense => {
-                info.ggml_type == GgmlType::Q8_0 || (q8_dense && gguf_dense_q4(model, name))
+        let ty = info.ggml_type;
+        let (to, kept) = match class {
+            TensorClass::RoutedExperts if int4_experts => {
+                let layer = name
+                    .strip_prefix("blk.")
+                    .and_then(|r| r.split('.').next())
+                    .and_then(|l| l.parse::<usize>().ok())
+                    .unwrap_or(0);
+                let k = cfg.expert_kinds(layer);
+                let kind = if name.contains("ffn_down") {
+                    k.down
+                } else {
+                    k.gate_up
+                };
+                let as_is =
+                    native_kind(ty) == Some(kind) || (ty == GgmlType::Q8_0 && kind == Q4Kind::Q8);
+                (form(kind), as_is)
             }
-            _ => info.ggml_type == GgmlType::F16,
+            TensorClass::RoutedExperts
+            | TensorClass::Router
+            | TensorClass::Norms
+            | TensorClass::Embeddings => ("f16".to_string(), ty == GgmlType::F16),
+            TensorClass::Attention | TensorClass::LmHead if q8_dense => match native_kind(ty) {
+                Some(k) => (form(k), true),
+                None => ("Q8_0".to_string(), ty == GgmlType::Q8_0),
+            },
+            _ if q8_dense => ("Q8_0".to_string(), ty == GgmlType::Q8_0),
+            _ => ("f16".to_string(), ty == GgmlType::F16),
         };
         if !kept {
             *changed
                 .entry((class, to))
                 .or_default()
-                .entry(info.ggml_type.name().to_string())
+                .entry(ty.name().to_string())
                 .or_default() += 1;
         }
     }
@@ -517,7 +491,7 @@ pub fn gguf_load_note(
         return "GGUF tensors used in their stored types".to_string();
     }
     format!(
-        "GGUF tensors converted at load time: {} (the kernels read Q8_0 blocks as stored, Q4_0 and Q4_K experts and attention as affine INT4 without re-rounding; other block types are decoded on the CPU first, experts wider than 4 bits into Q8_0)",
+        "GGUF tensors converted at load time: {} (the kernels compute Q4_0, Q4_K, Q5_K, Q6_K, Q5_0/Q5_1 and Q8_0 blocks as they are; other types are decoded on the CPU first)",
         parts.join("; ")
     )
 }

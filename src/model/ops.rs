@@ -65,6 +65,16 @@ pub fn k_splits(rows: usize, words: usize) -> usize {
         .max(1)
 }
 
+/// Rows per workgroup of a matvec over `rows` rows: ROWS_PER_WORKGROUP, or fewer where that
+/// would leave the dispatch short of GPU_MIN_WORKGROUPS (a GGUF file's k or v projection
+/// in a block type of its own; a K split would need its partial sums added).
+pub fn matvec_group_rows(rows: usize) -> usize {
+    (1..=ROWS_PER_WORKGROUP)
+        .rev()
+        .find(|&r| rows.div_ceil(r) >= GPU_MIN_WORKGROUPS)
+        .unwrap_or(1)
+}
+
 /// The router's column splits on one-token steps (its f16 rows: one per expert, plus
 /// Qwen's shared-expert gate), as `router_matmul` chooses them; the workspace sizes the
 /// router's logits for them.
@@ -88,7 +98,13 @@ fn matvec_ops(
     splits: usize,
 ) -> Vec<Op> {
     let last = flags & flags::LAST_TOKEN_ONLY != 0;
-    let per_dispatch = MAX_GRID * ROWS_PER_WORKGROUP;
+    // A split matrix (the router) fills the GPU with its splits.
+    let group = if splits > 1 {
+        ROWS_PER_WORKGROUP
+    } else {
+        matvec_group_rows(c.rows)
+    };
+    let per_dispatch = MAX_GRID * group;
     let mut ops = Vec::new();
     let mut r0 = 0;
     while r0 < c.rows {
@@ -106,11 +122,12 @@ fn matvec_ops(
                 w_row0: r0 as u32,
                 s_word0: m.scale_word0(c),
                 blocks_per_row: m.blocks_per_row(c),
+                group_rows: group as u32,
                 ..Default::default()
             },
             dense_binds(c, src, bias, dst),
             [
-                Dim::Const(n.div_ceil(ROWS_PER_WORKGROUP) as u32),
+                Dim::Const(n.div_ceil(group) as u32),
                 Dim::Const(splits as u32),
                 if last { Dim::Const(1) } else { Dim::Tokens },
             ],

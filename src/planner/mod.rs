@@ -332,6 +332,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
     let non_routed: u64 = components.iter().map(|c| c.bytes).sum();
     let (e, k, moe) = (cfg.num_experts, cfg.top_k, cfg.num_sparse_layers());
     let expert = slot_bytes(cfg, true);
+    let expert_read = crate::runtime::admission::expert_read_bytes(cfg, true);
     let expert_f16 = slot_bytes(cfg, false);
     let per_slot = cost.device_layers * cost.slot;
     let routed = per_slot
@@ -380,7 +381,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
             MissPolicy::Auto => &[MissPolicy::Upload, MissPolicy::Cpu],
         };
         for &w in ways {
-            if let Some(p) = predict(cfg, o, bw, &components, kv, expert, n, w)? {
+            if let Some(p) = predict(cfg, o, bw, &components, kv, (expert, expert_read), n, w)? {
                 predictions.push(p);
             }
         }
@@ -414,7 +415,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
         routed_parameters: routed_params,
         dense_precision: o.dense.name().to_string(),
         kv_precision: o.kv.name().to_string(),
-        bytes_per_token: bytes_read_per_token(cfg, &components, kv, expert),
+        bytes_per_token: bytes_read_per_token(cfg, &components, kv, expert_read),
         components,
         non_routed_bytes: non_routed,
         expert_bytes: expert,
@@ -496,18 +497,19 @@ pub fn decode_bytes_per_token(
         cfg,
         &components,
         kv,
-        slot_bytes(cfg, int4),
+        crate::runtime::admission::expert_read_bytes(cfg, int4),
     ))
 }
 
 /// Bytes a decode step reads on the device: every non-routed weight but the embedding
-/// table (one row of it, unless it is also the lm_head), top_k experts per MoE layer, and
-/// the KV cache at the last position of the context.
+/// table (one row of it, unless it is also the lm_head), top_k experts per MoE layer
+/// (`expert`: the bytes the kernels read of one, averaged over the layers), and the KV
+/// cache at the last position of the context.
 pub fn bytes_read_per_token(
     cfg: &ModelConfig,
     components: &[Component],
     kv: u64,
-    expert: u64,
+    expert: f64,
 ) -> u64 {
     let embed = components
         .iter()
@@ -523,12 +525,13 @@ pub fn bytes_read_per_token(
     } else {
         non_routed - embed + crate::model::tensors::F16Matrix::row_bytes(cfg.hidden_size)
     };
-    let experts = (cfg.num_sparse_layers() * cfg.top_k) as u64 * expert;
+    let experts = ((cfg.num_sparse_layers() * cfg.top_k) as f64 * expert).round() as u64;
     dense.saturating_add(experts).saturating_add(kv)
 }
 
 /// The prediction with `n` experts resident per layer, misses served `way` (upload or
-/// cpu); None for cpu without a CPU bandwidth.
+/// cpu); None for cpu without a CPU bandwidth. `expert`: the bytes an upload copies of one
+/// expert (its slot) and the bytes a kernel reads of it.
 #[allow(clippy::too_many_arguments)]
 fn predict(
     cfg: &ModelConfig,
@@ -536,7 +539,7 @@ fn predict(
     bw: &Bandwidths,
     components: &[Component],
     kv: u64,
-    expert: u64,
+    (expert, expert_read): (u64, f64),
     n: usize,
     way: MissPolicy,
 ) -> Result<Option<Prediction>> {
@@ -551,9 +554,9 @@ fn predict(
     };
     let pairs = (cfg.num_sparse_layers() * cfg.top_k) as f64;
     let misses = pairs * (1.0 - hit_rate);
-    let not_resident = misses * expert as f64;
+    let not_resident = misses * expert_read;
     let gb = 1e9;
-    let all = bytes_read_per_token(cfg, components, kv, expert);
+    let all = bytes_read_per_token(cfg, components, kv, expert_read);
     let (read, t_transfer, t_cpu) = match way {
         MissPolicy::Cpu => {
             let Some(cpu) = bw.cpu_expert_gbps else {
@@ -563,7 +566,8 @@ fn predict(
             let read = all.saturating_sub(not_resident.round() as u64);
             (read, 0.0, not_resident / (cpu * gb))
         }
-        _ => (all, not_resident / (bw.h2d_gbps * gb), 0.0),
+        // An upload copies the whole slot.
+        _ => (all, misses * expert as f64 / (bw.h2d_gbps * gb), 0.0),
     };
     let t_compute = read as f64 / (bw.device_read_gbps * gb);
     let syncs = if n < e {

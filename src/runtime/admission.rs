@@ -51,6 +51,26 @@ pub fn slot_bytes(cfg: &ModelConfig, int4: bool) -> u64 {
     }
 }
 
+/// Bytes the expert kernels read of one routed expert, averaged over the MoE layers: its
+/// slot's sections without the padding up to the largest layer's slot (a GGUF file's layers
+/// may hold their experts in different kinds; uploads copy the whole slot).
+pub fn expert_read_bytes(cfg: &ModelConfig, int4: bool) -> f64 {
+    if !int4 {
+        return slot_bytes(cfg, false) as f64;
+    }
+    let layers: Vec<usize> = (0..cfg.num_layers)
+        .filter(|&l| cfg.sparse_layers.get(l).copied().unwrap_or(true))
+        .collect();
+    if layers.is_empty() {
+        return slot_bytes(cfg, true) as f64;
+    }
+    let total: f64 = layers
+        .iter()
+        .map(|&l| cfg.q4_slot(l).used_bytes() as f64)
+        .sum();
+    total / layers.len() as f64
+}
+
 /// Whether a non-routed tensor is a dense weight (the one selection the loader, admission
 /// and `wgmoe quantize --dense-precision q8_0` share).
 pub use crate::format::identity::is_dense_weight;

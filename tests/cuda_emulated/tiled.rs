@@ -161,7 +161,7 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
         let (mut q, mut sc) = (vec![0u8; qm.q_bytes()], vec![0u8; qm.scale_bytes()]);
         qm.pack(&w, &mut q, &mut sc);
         let m = F16Matrix::upload_q8(&g.dev, "w", c.n, c.k, &w).unwrap();
-        assert_eq!(m.format, WeightFormat::Q8);
+        assert_eq!(m.uniform_format(), Some(WeightFormat::Q8));
         assert!(m.chunks.len() > 1, "{} chunks", m.chunks.len());
         let x = f32_buf(&g.dev, &data.xs);
         let has = |f: u32| fl & f != 0;
