@@ -296,10 +296,22 @@ fn experts_run_in_their_own_blocks() {
                 .count();
             assert!(
                 q4_dense > 0,
-                "{file}: no attention matrix held as affine INT4"
+                "{file}: no attention matrix held in its own blocks"
             );
+            // Qwen2-MoE's shared experts too (one slot of the file's kinds).
+            for l in &e.fwd.weights.layers {
+                if let wgmoe::model::weights::Mlp::Moe {
+                    shared: Some(s), ..
+                } = &l.mlp
+                {
+                    assert!(
+                        matches!(s, wgmoe::model::dense_mlp::DenseMlp::Blocks(_)),
+                        "{file}: a shared expert not held in its own blocks"
+                    );
+                }
+            }
             let d = max_diff(&prompt_logits(&mut e.fwd, &seq).unwrap(), &int4);
-            eprintln!("{file}: max |logit q8_0/int4-a32 dense - f16 dense| {d:.2e}");
+            eprintln!("{file}: max |logit own-block dense - f16 dense| {d:.2e}");
             check_file(
                 family,
                 &file,

@@ -315,7 +315,7 @@ pub fn model_config(model: &GgufModel) -> Result<ModelConfig> {
     // The matrices the loader's dense_matrix reads (not the embedding table, whose tied
     // lm_head copy stays Q8_0) stored in a block type the kernels compute as it is.
     let mut kinds: Vec<(String, Q4Kind)> = tensors
-        .into_iter()
+        .iter()
         .filter(|t| {
             t.shape.len() == 2
                 && (t.name == "lm_head.weight"
@@ -323,8 +323,25 @@ pub fn model_config(model: &GgufModel) -> Result<ModelConfig> {
                         .iter()
                         .any(|p| t.name.contains(p) && t.name.contains(".self_attn.")))
         })
-        .filter_map(|t| native_kind(t.ty).map(|k| (t.name, k)))
+        .filter_map(|t| native_kind(t.ty).map(|k| (t.name.clone(), k)))
         .collect();
+    // Shared experts in their own blocks too: gate and up in one kind (as the routed
+    // experts'), down in its own.
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}.mlp.shared_expert");
+        let kind = |proj: &str| ty(&format!("{p}.{proj}.weight")).and_then(native_kind);
+        let gate_up = match (kind("gate_proj"), kind("up_proj")) {
+            (Some(g), Some(u)) => Some(joint_kind(g, u)).filter(|&k| k != Q4Kind::Q8),
+            _ => None,
+        };
+        if let Some(k) = gate_up {
+            kinds.push((format!("{p}.gate_proj.weight"), k));
+            kinds.push((format!("{p}.up_proj.weight"), k));
+        }
+        if let Some(k) = kind("down_proj") {
+            kinds.push((format!("{p}.down_proj.weight"), k));
+        }
+    }
     kinds.sort();
     cfg.gguf_dense_kinds = kinds;
     Ok(cfg)

@@ -415,6 +415,17 @@ pub fn gguf_table(i: &GgufInspection) -> String {
 /// The kernels compute Q4_0, Q4_K, Q5_K, Q6_K, Q5_0/Q5_1 and Q8_0 blocks as they are;
 /// other types are decoded on the CPU at load time into wgmoe's formats. Vectors (norms,
 /// biases) and the gates (router, shared expert gate) are not listed.
+/// The Hugging Face name of a GGUF shared-expert matrix (`blk.L.ffn_{gate,up,down}_shexp`).
+fn shared_expert_hf_name(name: &str) -> Option<String> {
+    let (layer, rest) = name.strip_prefix("blk.")?.split_once('.')?;
+    let proj = ["gate", "up", "down"]
+        .into_iter()
+        .find(|p| rest == format!("ffn_{p}_shexp.weight"))?;
+    Some(format!(
+        "model.layers.{layer}.mlp.shared_expert.{proj}_proj.weight"
+    ))
+}
+
 pub fn gguf_load_note(
     model: &crate::gguf::GgufModel,
     cfg: &crate::config::ModelConfig,
@@ -465,6 +476,15 @@ pub fn gguf_load_note(
                 Some(k) => (form(k), true),
                 None => ("Q8_0".to_string(), ty == GgmlType::Q8_0),
             },
+            // Shared experts in their own blocks (gate and up in one kind), as the loader's
+            // `ModelConfig::dense_kind` says.
+            TensorClass::SharedExperts if q8_dense => {
+                let hf = shared_expert_hf_name(name);
+                match hf.and_then(|n| cfg.dense_kind(&n)) {
+                    Some(k) => (form(k), native_kind(ty) == Some(k)),
+                    None => ("Q8_0".to_string(), ty == GgmlType::Q8_0),
+                }
+            }
             _ if q8_dense => ("Q8_0".to_string(), ty == GgmlType::Q8_0),
             _ => ("f16".to_string(), ty == GgmlType::F16),
         };

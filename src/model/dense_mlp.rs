@@ -1,18 +1,22 @@
 //! The SwiGLU blocks that are not routed: Qwen's shared expert and the dense MLP layers, one
-//! slot each, f16 (a one-slot `ExpertPool`, served by the expert kernels as a fixed slot)
-//! or Q8_0 (one buffer of three Q8_0 matrices, served by the GPU-shaped expert kernels).
+//! slot each, f16 (a one-slot `ExpertPool`, served by the expert kernels as a fixed slot),
+//! Q8_0 (one buffer of three Q8_0 matrices, served by the GPU-shaped expert kernels), or a
+//! GGUF file's own blocks (a one-slot `Q4Pool` of its kinds, served by the same kernels).
 
 use crate::backend::kernel::WeightFormat;
 use crate::backend::{Buffer, Device, Usage};
 use crate::error::{Error, Result};
 use crate::format::q8_0::{self, Q8Matrix};
+use crate::format::quant::{Q4SlotLayout, SlotKinds};
 use crate::model::slot_mats::SlotMats;
-use crate::model::tensors::ExpertPool;
+use crate::model::tensors::{ExpertPool, Q4Pool};
 
 /// A shared expert or dense MLP on the device.
 pub enum DenseMlp {
     F16(ExpertPool),
     Q8(Q8Mlp),
+    /// A GGUF file's blocks as they are (gate/up and down each in its kind).
+    Blocks(Q4Pool),
 }
 
 impl DenseMlp {
@@ -20,6 +24,17 @@ impl DenseMlp {
         match self {
             DenseMlp::F16(p) => p.inter,
             DenseMlp::Q8(q) => q.inter,
+            DenseMlp::Blocks(p) => p.layout.inter,
+        }
+    }
+
+    /// The block as one fixed slot for the GPU-shaped expert kernels (None: f16, served
+    /// by the f16 expert pool's own path).
+    pub fn mats(&self) -> Option<SlotMats> {
+        match self {
+            DenseMlp::F16(_) => None,
+            DenseMlp::Q8(q) => Some(q.mats()),
+            DenseMlp::Blocks(p) => Some(SlotMats::q4(p)),
         }
     }
 
@@ -31,14 +46,19 @@ impl DenseMlp {
         }
     }
 
-    /// A block of zeros (a shape model for the memory-access report).
+    /// A block of zeros (a shape model for the memory-access report); `kinds`: a GGUF
+    /// file's blocks, as the loader holds them with quantised dense weights.
     pub fn zeros(
         dev: &Device,
         label: &str,
         format: WeightFormat,
-        hidden: usize,
-        inter: usize,
+        (hidden, inter): (usize, usize),
+        kinds: Option<SlotKinds>,
     ) -> Result<Self> {
+        if let (WeightFormat::Q8, Some(k)) = (format, kinds) {
+            let layout = Q4SlotLayout::mixed(hidden, inter, k.gate_up, k.down);
+            return Ok(DenseMlp::Blocks(Q4Pool::new(dev, label, 1, layout)?));
+        }
         Ok(match format {
             WeightFormat::Q8 => {
                 let layout = Q8Layout::new(hidden, inter);

@@ -204,20 +204,20 @@ impl MoeDispatch<'_> {
     }
 
     /// A shared expert or dense MLP into `out` [T, H]: f16 as one fixed slot of its pool,
-    /// Q8_0 on the GPU-shaped expert kernels (rows for one-token steps, the tiled GEMM
-    /// otherwise), whatever the plan's f16 kernels are.
+    /// Q8_0 (or a GGUF file's blocks) on the GPU-shaped expert kernels (rows for one-token
+    /// steps, the tiled GEMM otherwise), whatever the plan's f16 kernels are.
     pub fn swiglu_dense(&self, prog: &mut Program, mlp: &DenseMlp, out: &Buffer) {
-        match mlp {
-            DenseMlp::F16(pool) => self.swiglu_f16(prog, pool, None, (0, 1), out),
-            DenseMlp::Q8(q) => {
-                let mats = q.mats();
-                if self.one_token {
-                    self.rows_gate_up(prog, &mats, None, (0, 1));
-                    self.rows_down(prog, &mats, None, Some((0, 1)), out);
-                } else {
-                    self.gemm(prog, &mats, None, out);
-                }
-            }
+        if let DenseMlp::F16(pool) = mlp {
+            return self.swiglu_f16(prog, pool, None, (0, 1), out);
+        }
+        let Some(mats) = mlp.mats() else {
+            return;
+        };
+        if self.one_token {
+            self.rows_gate_up(prog, &mats, None, (0, 1));
+            self.rows_down(prog, &mats, None, Some((0, 1)), out);
+        } else {
+            self.gemm(prog, &mats, None, out);
         }
     }
 

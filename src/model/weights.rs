@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertProj};
 use crate::format::convert::{is_converted, packed_layer, stored_q8_blocks};
 use crate::format::identity::{dense_storage, stored_q8, DenseStorage};
-use crate::format::quant::{Q4Kind, Q4Source};
+use crate::format::quant::{Q4Kind, Q4SlotLayout, Q4Source, SlotKinds};
 use crate::model::dense_mlp::{DenseMlp, Q8Mlp};
 use crate::model::tensors::{
     upload_f16_vec, upload_f32_vec, DenseRows, ExpertPool, ExpertStore, F16Matrix, Q4Pool,
@@ -171,6 +171,7 @@ impl ModelWeights {
                 let mlp = dense_mlp(
                     dev,
                     ckpt,
+                    cfg,
                     dense,
                     "dense_mlp",
                     &format!("{p}.mlp"),
@@ -281,13 +282,25 @@ impl ModelWeights {
                     experts,
                     slot_of: dev.upload("slot_of", bytemuck::cast_slice(&table), Usage::Storage)?,
                     shared: match cfg.shared_expert_intermediate {
-                        Some(si) => Some(DenseMlp::zeros(dev, "shared_expert", dense, h, si)?),
+                        Some(si) => Some(DenseMlp::zeros(
+                            dev,
+                            "shared_expert",
+                            dense,
+                            (h, si),
+                            dense_mlp_kinds(cfg, &format!("model.layers.{l}.mlp.shared_expert")),
+                        )?),
                         None => None,
                     },
                 }
             } else {
                 Mlp::Dense {
-                    mlp: DenseMlp::zeros(dev, "dense_mlp", dense, h, cfg.dense_intermediate)?,
+                    mlp: DenseMlp::zeros(
+                        dev,
+                        "dense_mlp",
+                        dense,
+                        (h, cfg.dense_intermediate),
+                        dense_mlp_kinds(cfg, &format!("model.layers.{l}.mlp")),
+                    )?,
                 }
             };
             layers.push(LayerWeights {
@@ -401,6 +414,7 @@ fn all_stored_q8<'a>(
 fn dense_mlp(
     dev: &Device,
     ckpt: &Checkpoint,
+    cfg: &ModelConfig,
     format: WeightFormat,
     label: &str,
     prefix: &str,
@@ -411,6 +425,11 @@ fn dense_mlp(
         format!("{prefix}.up_proj.weight"),
         format!("{prefix}.down_proj.weight"),
     ];
+    if format == WeightFormat::Q8 {
+        if let Some(kinds) = dense_mlp_kinds(cfg, prefix) {
+            return blocks_mlp(dev, ckpt, label, &names, (h, i), kinds);
+        }
+    }
     if format == WeightFormat::F16 {
         let pool = ExpertPool::new(dev, label, 1, h, i)?;
         let gate = ckpt.read_f16(&names[0], &[i, h])?;
@@ -445,6 +464,63 @@ fn dense_mlp(
         (h, i),
         [&gate, &up, &down],
     )?))
+}
+
+/// The kinds a shared expert or dense MLP (`prefix`.{gate,up,down}_proj.weight) is held in
+/// with quantised dense weights, where a GGUF file stores one of its matrices in a block
+/// type the kernels compute as it is (`ModelConfig::dense_kind`: gate and up share one);
+/// None: Q8_0.
+pub fn dense_mlp_kinds(cfg: &ModelConfig, prefix: &str) -> Option<SlotKinds> {
+    let gate_up = cfg.dense_kind(&format!("{prefix}.gate_proj.weight"));
+    let down = cfg.dense_kind(&format!("{prefix}.down_proj.weight"));
+    (gate_up.is_some() || down.is_some()).then(|| SlotKinds {
+        gate_up: gate_up.unwrap_or(Q4Kind::Q8),
+        down: down.unwrap_or(Q4Kind::Q8),
+    })
+}
+
+/// A shared expert or dense MLP held in a GGUF file's own blocks: one slot of `kinds`
+/// (`Q4SlotLayout`; a matrix of no native kind as Q8_0), served by the expert kernels.
+fn blocks_mlp(
+    dev: &Device,
+    ckpt: &Checkpoint,
+    label: &str,
+    names: &[String; 3],
+    (h, i): (usize, usize),
+    kinds: SlotKinds,
+) -> Result<DenseMlp> {
+    let layout = Q4SlotLayout::mixed(h, i, kinds.gate_up, kinds.down);
+    let read = |name: &str, shape: [usize; 2], kind: Q4Kind| -> Result<Q4Source> {
+        if kind != Q4Kind::Q8 {
+            return match ckpt.read_rows_native(name, &shape, 0, shape[0])? {
+                Some(Q4Source::Affine(a)) if kind == Q4Kind::Affine32 => Ok(Q4Source::Affine(a)),
+                Some(Q4Source::Planes(p)) if p.kind == kind => Ok(Q4Source::Planes(p)),
+                _ => Err(Error::Other(format!(
+                    "{name} in {}: not stored in the block type its metadata gave ({})",
+                    ckpt.dir().display(),
+                    kind.name()
+                ))),
+            };
+        }
+        let w = ckpt.read_f32(name, &shape)?;
+        if let Some((k, x)) = crate::format::q8_0::first_unstorable(&w, shape[1]) {
+            return Err(Error::Other(format!(
+                "{name} in {}: element [{}, {}] = {x} cannot be stored as Q8_0 (a block's scale max|w|/127 must be a finite f16)",
+                ckpt.dir().display(),
+                k / shape[1],
+                k % shape[1]
+            )));
+        }
+        Ok(Q4Source::Values(w))
+    };
+    let gate = read(&names[0], [i, h], kinds.gate_up)?;
+    let up = read(&names[1], [i, h], kinds.gate_up)?;
+    let down = read(&names[2], [h, i], kinds.down)?;
+    let mut slot = vec![0u8; layout.bytes];
+    layout.pack_expert_from(&gate, &up, &down, &mut slot);
+    let pool = Q4Pool::new(dev, label, 1, layout)?;
+    pool.write_slot(dev, 0, &slot)?;
+    Ok(DenseMlp::Blocks(pool))
 }
 
 /// A dense matrix from the checkpoint's tensors `parts` (name, rows) of `cols` columns,
@@ -582,6 +658,7 @@ fn load_moe(
         Some(si) => Some(dense_mlp(
             dev,
             ckpt,
+            cfg,
             dense,
             "shared_expert",
             &format!("{p}.shared_expert"),
