@@ -507,6 +507,7 @@ fn synth_model() -> &'static std::path::Path {
                 seed: 0,
                 format: SynthFormat::Converted,
                 max_shard_bytes: DEFAULT_MAX_SHARD_BYTES,
+                gguf_scheme: wgmoe::synth::GgufScheme::Q4KM,
             },
             dir.path(),
             &mut |_, _| {},

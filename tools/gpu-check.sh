@@ -16,12 +16,14 @@
 #   WGMOE_FAKE_CUDA_OUT=/tmp/fake cargo test --release --features cuda --test cuda_fake_driver
 #   LD_LIBRARY_PATH=/tmp/fake tools/gpu-check.sh /tmp/report   # emulated: slow, not a GPU
 #
-# The checks: devices and `devices --measure`; decode tok/s and a per-kernel wall-time table
-# of the scaled OLMoE and Qwen3 shapes (`wgmoe synth`) on each backend; the Vulkan kernel and parity tests and `wgmoe bench --backend
-# vulkan` where a Vulkan adapter is; on an NVIDIA GPU the CUDA kernel and parity tests
-# (tests/cuda_kernels.rs, tests/cuda_parity.rs with WGMOE_REQUIRE_CUDA=1: a missing device
-# fails them), the NVRTC compile test, the wgpu kernel suites on CUDA
-# (WGMOE_TEST_BACKEND=cuda) and `wgmoe bench --backend cuda`. Each step has its own time
+# The checks, correctness first: devices; the Vulkan kernel, parity and GGUF suites where
+# a Vulkan adapter is; on an NVIDIA GPU the NVRTC compile test, the CUDA kernel and parity
+# tests (tests/cuda_kernels.rs, tests/cuda_parity.rs with WGMOE_REQUIRE_CUDA=1: a missing
+# device fails them) and the wgpu suites on CUDA (WGMOE_TEST_BACKEND=cuda); then
+# `devices --measure`, decode tok/s of the scaled OLMoE shape (`wgmoe synth`, converted
+# INT4) and of Q4_K_M GGUF files of the scaled OLMoE and Qwen3 shapes (`synth --format
+# gguf`) on each backend, with a per-kernel wall-time table of the GGUF ones, and a partial
+# residency bench on CUDA. Each step has its own time
 # limit; a failed step is recorded and the next one runs. Exit status: 0 when every step
 # that ran passed.
 set -uo pipefail
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 # Test binaries of the check (tests/<name>.rs), and which of them also run on CUDA.
-SUITES="kernels_dense kernels_matvec kernels_moe kernels_attention kernels_q4 parity parity_families residency"
+SUITES="kernels_dense kernels_matvec kernels_moe kernels_attention kernels_q4 kernels_dense_gguf kernels_experts_gguf parity parity_families gguf_run residency"
 CUDA_TESTS="cuda_nvrtc cuda_kernels cuda_parity"
 
 build() {
@@ -138,42 +140,23 @@ check() {
   local W="$bin/wgmoe"
   local B="--prompts 2 --blocks 1 -n 32 --warmup 1"
   step devices 30 "$W" devices
-  # The device's read bandwidth (the figure achieved rates are compared with) and the scaled
-  # OLMoE and Qwen3 shapes (random weights, INT4 experts, every expert resident).
-  step devices-measure 60 "$W" devices --measure
-  local SYN="$REPORT/synth"
-  step synth-olmoe 60 "$W" synth --arch olmoe-1b-7b --hidden 1024 --layers 8 --heads 16 --experts 64 \
-    --top-k 8 --expert-intermediate 512 --vocab 50304 -o "$SYN/olmoe-scaled"
-  step synth-qwen3 60 "$W" synth --arch qwen3-30b-a3b --hidden 1024 --layers 8 --heads 16 --kv-heads 2 \
-    --head-dim 64 --experts 128 --top-k 8 --expert-intermediate 384 --vocab 32768 -o "$SYN/qwen3-scaled"
-  # scaled BACKEND: decode tok/s of both shapes, and the wall time of each kernel of a decode
-  # step run one dispatch per submission (WGMOE_PROFILE_KERNELS; the table is in the log).
-  scaled() {
-    local b=$1 m
-    for m in olmoe-scaled qwen3-scaled; do
-      [ -d "$SYN/$m" ] || continue
-      step "$b-bench-$m" 60 "$W" bench "$SYN/$m" --backend "$b" $B --json-out "$REPORT/bench-$b-$m.json"
-      step "$b-profile-$m" 60 env WGMOE_PROFILE_KERNELS=1 "$W" run "$SYN/$m" --backend "$b" -p "The capital of France is" -n 4
-    done
-  }
-  if "$W" devices --backend vulkan >/dev/null 2>&1; then
-    step vulkan-kernels 120 sh -c "for t in $SUITES; do echo \"== \$t\"; '$bin/tests/'\$t --test-threads=4 || exit 1; done"
-    step vulkan-bench 40 "$W" bench models/olmoe-tiny --backend vulkan $B --json-out "$REPORT/bench-vulkan.json"
-    scaled vulkan
+  # Correctness first: the kernel, parity and GGUF suites on Vulkan, then on CUDA.
+  local vk=0 cu=0
+  "$W" devices --backend vulkan >/dev/null 2>&1 && vk=1
+  "$W" devices --backend cuda >"$REPORT/devices-cuda.txt" 2>&1 && cu=1
+  if [ $vk = 1 ]; then
+    step vulkan-suites 200 sh -c "rc=0; for t in $SUITES; do echo \"== \$t\"; '$bin/tests/'\$t --test-threads=4 || rc=1; done; exit \$rc"
   else
     echo "vulkan: not run: no Vulkan adapter" | tee -a "$REPORT/summary.txt"
   fi
-  if "$W" devices --backend cuda >"$REPORT/devices-cuda.txt" 2>&1; then
+  if [ $cu = 1 ]; then
     step cuda-nvrtc 60 "$bin/tests/cuda_nvrtc" --nocapture
     step cuda-kernels 60 env WGMOE_REQUIRE_CUDA=1 "$bin/tests/cuda_kernels" --nocapture
     step cuda-parity 90 env WGMOE_REQUIRE_CUDA=1 "$bin/tests/cuda_parity" --nocapture
     # The wgpu suites on CUDA: tests forcing kernels CUDA has no version of (uniform
     # windows, subgroups) are refused by the plan and fail; the log says which.
-    step cuda-suites 120 sh -c "for t in $SUITES; do echo \"== \$t\"; WGMOE_TEST_BACKEND=cuda '$bin/tests/'\$t --test-threads=4; done; true"
+    step cuda-suites 150 sh -c "for t in $SUITES; do echo \"== \$t\"; WGMOE_TEST_BACKEND=cuda '$bin/tests/'\$t --test-threads=4; done; true"
     grep -h '^test .* FAILED$\|^test result' "$REPORT/cuda-suites.log" >"$REPORT/cuda-suites-failures.txt" 2>/dev/null
-    step cuda-bench 40 "$W" bench models/olmoe-tiny --backend cuda $B --json-out "$REPORT/bench-cuda.json"
-    step cuda-bench-partial 40 "$W" bench models/qwen2moe-tiny --backend cuda $B --resident-experts 3,6 --json-out "$REPORT/bench-cuda-partial.json"
-    scaled cuda
   else
     echo "cuda: not run: $(tail -1 "$REPORT/devices-cuda.txt")" | tee -a "$REPORT/summary.txt"
     # An NVIDIA GPU the CUDA backend cannot open is a failure of the check, not a skip.
@@ -181,6 +164,37 @@ check() {
       echo "cuda: FAILED: nvidia-smi lists a GPU" | tee -a "$REPORT/summary.txt"
       FAILED=1
     fi
+  fi
+  # Then measurements: the device's read bandwidth (the figure achieved rates are compared
+  # with) and the scaled OLMoE and Qwen3 shapes (random weights, every expert resident):
+  # wgmoe's converted INT4, and Q4_K_M GGUF files (the K-quant kernels: Q4_K, and Q6_K on
+  # the layers llama-quantize gives more bits), the Qwen3 one with the real expert width.
+  step devices-measure 60 "$W" devices --measure
+  local SYN="$REPORT/synth"
+  step synth-olmoe 60 "$W" synth --arch olmoe-1b-7b --hidden 1024 --layers 8 --heads 16 --experts 64 \
+    --top-k 8 --expert-intermediate 512 --vocab 50304 -o "$SYN/olmoe-scaled"
+  step synth-olmoe-gguf 60 "$W" synth --arch olmoe-1b-7b --hidden 1024 --layers 8 --heads 16 --experts 64 \
+    --top-k 8 --expert-intermediate 512 --vocab 50304 --format gguf -o "$SYN/olmoe-gguf"
+  step synth-qwen3-gguf 60 "$W" synth --arch qwen3-30b-a3b --hidden 2048 --layers 8 --heads 32 --kv-heads 4 \
+    --head-dim 128 --experts 128 --top-k 8 --expert-intermediate 768 --vocab 32768 --format gguf -o "$SYN/qwen3-gguf"
+  # scaled BACKEND: decode tok/s of each model, and for the GGUF ones the wall time of each
+  # kernel of a decode step run one dispatch per submission (WGMOE_PROFILE_KERNELS; the
+  # table is in the log).
+  scaled() {
+    local b=$1 m
+    for m in olmoe-scaled olmoe-gguf qwen3-gguf; do
+      [ -d "$SYN/$m" ] || continue
+      step "$b-bench-$m" 60 "$W" bench "$SYN/$m" --backend "$b" $B --json-out "$REPORT/bench-$b-$m.json"
+    done
+    for m in olmoe-gguf qwen3-gguf; do
+      [ -d "$SYN/$m" ] || continue
+      step "$b-profile-$m" 60 env WGMOE_PROFILE_KERNELS=1 "$W" run "$SYN/$m" --backend "$b" -p "The capital of France is" -n 4
+    done
+  }
+  [ $vk = 1 ] && scaled vulkan
+  [ $cu = 1 ] && scaled cuda
+  if [ $cu = 1 ]; then
+    step cuda-bench-partial 40 "$W" bench models/qwen2moe-tiny --backend cuda $B --resident-experts 3,6 --json-out "$REPORT/bench-cuda-partial.json"
   fi
   echo "total $(($(date +%s) - START))s" | tee -a "$REPORT/summary.txt"
   rm -rf "$bin" "$SYN"

@@ -21,9 +21,13 @@ pub(crate) struct SynthArgs {
     /// replacing the model files there (other files are kept).
     #[arg(long)]
     pub(crate) force: bool,
-    /// Weights: converted INT4 (f16 non-routed, packed INT4 experts) or a bf16 HF checkpoint.
+    /// Weights: converted INT4 (f16 non-routed, packed INT4 experts), a bf16 HF checkpoint,
+    /// or one GGUF file (model.gguf) in the block types of --gguf-type.
     #[arg(long, value_enum, default_value = "converted")]
     pub(crate) format: wgmoe::synth::SynthFormat,
+    /// --format gguf: the block types, as llama-quantize's scheme of that name chooses them.
+    #[arg(long, value_enum, default_value = "q4_k_m")]
+    pub(crate) gguf_type: wgmoe::synth::GgufScheme,
     /// hidden_size (default: the architecture's).
     #[arg(long)]
     pub(crate) hidden: Option<usize>,

@@ -591,6 +591,7 @@ pub fn synth(a: SynthArgs) -> Result<()> {
         seed: a.seed,
         format: a.format,
         max_shard_bytes: a.max_shard_bytes,
+        gguf_scheme: a.gguf_type,
     };
     let pb =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
@@ -616,8 +617,9 @@ pub fn synth(a: SynthArgs) -> Result<()> {
         s.dir,
         a.arch.name(),
         match a.format {
-            wgmoe::synth::SynthFormat::Converted => "converted INT4",
-            wgmoe::synth::SynthFormat::Hf => "bf16 Hugging Face",
+            wgmoe::synth::SynthFormat::Converted => "converted INT4".to_string(),
+            wgmoe::synth::SynthFormat::Hf => "bf16 Hugging Face".to_string(),
+            wgmoe::synth::SynthFormat::Gguf => format!("GGUF {}", a.gguf_type.name()),
         },
         sh.hidden,
         sh.layers,

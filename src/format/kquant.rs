@@ -166,6 +166,23 @@ pub fn high_of(kind: Q4Kind, hi: [u32; 2], c: usize) -> u32 {
     }
 }
 
+/// The 12 bytes of 6-bit (scale, min) pairs of 8 sub-blocks as ggml packs them
+/// (`quantize_row_q4_K_ref`; [`scale_min`] reads them back).
+pub fn pack_scale_min(scm: &[(u8, u8); 8]) -> [u8; 12] {
+    let mut bytes = [0u8; 12];
+    for (j, &(sc, m)) in scm.iter().enumerate() {
+        if j < 4 {
+            bytes[j] |= sc & 63;
+            bytes[j + 4] |= m & 63;
+        } else {
+            bytes[j + 4] = (sc & 0x0f) | ((m & 0x0f) << 4);
+            bytes[j - 4] |= (sc >> 4) << 6;
+            bytes[j] |= (m >> 4) << 6;
+        }
+    }
+    bytes
+}
+
 impl KRows {
     pub fn rows(&self) -> usize {
         self.nibbles.len() / self.cols.max(1)

@@ -29,6 +29,7 @@ pub mod permute;
 pub mod source;
 pub mod tokenizer;
 pub mod types;
+pub mod writer;
 
 pub use config::{model_config, native_kind};
 pub use file::{GgufFile, TensorInfo};

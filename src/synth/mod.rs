@@ -23,6 +23,7 @@
 //! cache. Real routers are skewed; measure caching on real checkpoints.
 
 mod config;
+mod gguf;
 mod random;
 mod shape;
 mod vocab;
@@ -39,6 +40,7 @@ use vocab::{tokenizer_config_json, tokenizer_json, vocabulary};
 use writer::{write_converted_weights, write_hf_weights};
 
 pub use config::config_json;
+pub use gguf::GgufScheme;
 pub use random::random_q4_slot;
 pub use shape::{preset, ShapeOverrides, SynthArch, SynthFormat, SynthShape};
 
@@ -62,6 +64,8 @@ pub struct SynthOptions {
     /// `hf` only: largest shard before splitting (a tensor larger than this gets a shard of
     /// its own).
     pub max_shard_bytes: u64,
+    /// `gguf` only: the block types.
+    pub gguf_scheme: GgufScheme,
 }
 
 pub const DEFAULT_MAX_SHARD_BYTES: u64 = 2_000_000_000;
@@ -133,6 +137,9 @@ pub fn write_synthetic_to(
         &out_dir.join("config.json"),
     )?;
     let mut out = crate::format::output_dir::OutputDir::prepare(out_dir, None, force)?;
+    if opts.format == SynthFormat::Gguf {
+        return write_gguf_dir(opts, &cfg, out, out_dir, on_progress);
+    }
     out.write("config.json", &cfg_text)?;
     out.write(
         "generation_config.json",
@@ -162,6 +169,7 @@ pub fn write_synthetic_to(
             write_converted_weights(opts, &cfg, dense, &mut out, on_progress)?
         }
         SynthFormat::Hf => write_hf_weights(opts, &cfg, dense, &mut out, on_progress)?,
+        SynthFormat::Gguf => unreachable!("written above"),
     };
     crate::interrupt::check()?;
     let replaced = out.replaces().map(|e| e.describe().to_string());
@@ -174,6 +182,55 @@ pub fn write_synthetic_to(
         seed: opts.seed,
         weight_bytes: files.iter().map(|f| f.bytes).sum(),
         files,
+        dense_bytes,
+        expert_bytes,
+        replaced,
+        params_total: dense_params + params_routed,
+        params_routed,
+        params_active: dense_params + n_sparse * cfg.top_k as u64 * per_expert,
+    })
+}
+
+/// `--format gguf`: the directory holds `model.gguf` alone (a directory holding one GGUF
+/// file is a model wgmoe runs).
+fn write_gguf_dir(
+    opts: &SynthOptions,
+    cfg: &ModelConfig,
+    mut out: crate::format::output_dir::OutputDir,
+    out_dir: &Path,
+    on_progress: &mut dyn FnMut(u64, u64),
+) -> Result<SynthSummary> {
+    let path = out.stage("model.gguf");
+    let (bytes, dense_bytes, expert_bytes) = gguf::write_gguf_model(
+        opts.arch,
+        &opts.shape,
+        cfg,
+        opts.gguf_scheme,
+        opts.seed,
+        &path,
+        on_progress,
+    )?;
+    crate::interrupt::check()?;
+    let replaced = out.replaces().map(|e| e.describe().to_string());
+    out.commit()?;
+    let n_sparse = cfg.num_sparse_layers() as u64;
+    let per_expert = 3 * (cfg.hidden_size * cfg.moe_intermediate) as u64;
+    let params_routed = n_sparse * cfg.num_experts as u64 * per_expert;
+    let dense_params: u64 = crate::format::manifest::expected_tensors(cfg)
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() as u64)
+        .sum();
+    Ok(SynthSummary {
+        dir: out_dir.display().to_string(),
+        arch: opts.arch,
+        format: opts.format,
+        shape: opts.shape.clone(),
+        seed: opts.seed,
+        files: vec![SynthFile {
+            file: "model.gguf".to_string(),
+            bytes,
+        }],
+        weight_bytes: bytes,
         dense_bytes,
         expert_bytes,
         replaced,

@@ -49,6 +49,9 @@ pub enum SynthFormat {
     Converted,
     /// A bf16 Hugging Face checkpoint with per-expert tensors.
     Hf,
+    /// One GGUF file (`model.gguf`) in the block types of a llama-quantize scheme
+    /// (`--gguf-type`), with a byte-level BPE tokenizer in its metadata.
+    Gguf,
 }
 
 /// Every dimension of a synthetic model.
