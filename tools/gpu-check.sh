@@ -17,6 +17,10 @@
 # kept) and the bundle holds the fixture-free suites: WGMOE_GPU_SUITES="kernels_dense
 # kernels_matvec kernels_moe kernels_attention kernels_dense_gguf kernels_experts_gguf"
 # WGMOE_GPU_CUDA_TESTS="cuda_nvrtc cuda_kernels" (about 52 MB with NVRTC, 31 MB of it).
+# Vulkan on the H200 image needs the loader and glvnd carried in (.gl/ with the Debian debs
+# of libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2, unpacked first with
+# `for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig`) and
+# VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json.
 # Without a GPU, the CUDA branch can be tried on the fake driver of the tests:
 #   WGMOE_FAKE_CUDA_OUT=/tmp/fake cargo test --release --features cuda --test cuda_fake_driver
 #   LD_LIBRARY_PATH=/tmp/fake tools/gpu-check.sh /tmp/report   # emulated: slow, not a GPU
