@@ -79,7 +79,7 @@ pub struct OutputDir {
 /// `ModelConfig`, `GenerationConfig` and `Tokenizer` read), so that a stale copy would
 /// change what loads.
 pub fn is_model_file(name: &str) -> bool {
-    const NAMED: [&str; 9] = [
+    const NAMED: [&str; 8] = [
         "config.json",
         "generation_config.json",
         "tokenizer.json",
@@ -88,16 +88,12 @@ pub fn is_model_file(name: &str) -> bool {
         "chat_template.jinja",
         "model.safetensors",
         "model.safetensors.index.json",
-        "model.gguf",
     ];
     NAMED.contains(&name) || is_shard(name)
 }
 
 fn is_weight_file(name: &str) -> bool {
-    name == "model.safetensors"
-        || name == "model.safetensors.index.json"
-        || name == "model.gguf"
-        || is_shard(name)
+    name == "model.safetensors" || name == "model.safetensors.index.json" || is_shard(name)
 }
 
 /// `model-00001-of-00003.safetensors` (the hub's shard names).

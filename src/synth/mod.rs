@@ -169,7 +169,11 @@ pub fn write_synthetic_to(
             write_converted_weights(opts, &cfg, dense, &mut out, on_progress)?
         }
         SynthFormat::Hf => write_hf_weights(opts, &cfg, dense, &mut out, on_progress)?,
-        SynthFormat::Gguf => unreachable!("written above"),
+        SynthFormat::Gguf => {
+            return Err(Error::Other(
+                "internal: a GGUF synthetic model is written by write_gguf_dir".into(),
+            ))
+        }
     };
     crate::interrupt::check()?;
     let replaced = out.replaces().map(|e| e.describe().to_string());
