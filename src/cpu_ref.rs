@@ -479,10 +479,10 @@ fn planes_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
     for k0 in (0..m.inp).step_by(16) {
         let (mut qx, mut xs) = (0.0f64, 0.0f64);
         let (a, b, _) = crate::format::kquant::terms(m.kind, &side, k0, 0);
-        for k in k0..(k0 + 16).min(m.inp) {
+        for (k, &xk) in x.iter().enumerate().take((k0 + 16).min(m.inp)).skip(k0) {
             let (_, _, qk) = crate::format::kquant::terms(m.kind, &side, k, m.nibble(q, n, k));
-            qx += f64::from(qk) * x[k] as f64;
-            xs += x[k] as f64;
+            qx += f64::from(qk) * xk as f64;
+            xs += xk as f64;
         }
         acc += a as f64 * qx + b as f64 * xs;
     }

@@ -292,7 +292,7 @@ impl Q4Matrix {
             Q4Kind::Q8 => crate::format::q8_0::first_unstorable(w, self.inp),
             _ => w
                 .iter()
-                .position(|x| !(x.abs() <= crate::format::kquant::MAX_ABS))
+                .position(|x| !x.is_finite() || x.abs() > crate::format::kquant::MAX_ABS)
                 .map(|i| (i, w[i])),
         }
     }

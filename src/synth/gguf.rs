@@ -72,7 +72,7 @@ impl GgufScheme {
 
 /// llama-quant.cpp's `use_more_bits`: the first and last eighth of `n`, every third between.
 fn more_bits(i: usize, n: usize) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 /// The block type of weight `name` (a GGUF name, `blk.L.` prefixed for layer L) whose rows
@@ -110,7 +110,7 @@ fn block_type(
         }
         _ => base,
     };
-    if cols % 256 == 0 || !matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
+    if cols.is_multiple_of(256) || !matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
         return t;
     }
     match t {
