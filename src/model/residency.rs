@@ -21,7 +21,6 @@ use std::time::Instant;
 use crate::backend::cpu::{CpuExperts, ExpertPair};
 use crate::backend::{Buffer, Device, Staging, Work};
 use crate::error::{Error, Result};
-use crate::format::quant::Q4SlotLayout;
 use crate::model::fills::{FillPool, Ticket};
 use crate::model::tensors::Q4Pool;
 use crate::residency::{
@@ -161,8 +160,6 @@ pub struct Residency {
     pub miss: MissPolicy,
     /// The CPU expert kernel (with CPU experts).
     pub cpu: Option<CpuExperts>,
-    /// Each layer's expert slot layout (what the CPU kernel reads a host copy in).
-    pub layouts: Vec<Q4SlotLayout>,
     /// Measured at start-up (`auto`).
     pub figures: Option<CostFigures>,
     reuse: Reuse,
@@ -196,8 +193,6 @@ pub struct ResidencyConfig<'a> {
     pub miss: MissPolicy,
     /// CPU expert threads (None: one per core).
     pub cpu_threads: Option<usize>,
-    /// Each layer's expert slot layout (by layer index; a GGUF file's layers may differ).
-    pub layouts: Vec<Q4SlotLayout>,
     /// `--prefetch`, its width (prefetch slots per cached layer), `--fill-threads`.
     pub prefetch: Prefetch,
     pub prefetch_width: usize,
@@ -271,7 +266,6 @@ impl Residency {
             placement: rc.placement.to_vec(),
             miss: rc.miss,
             cpu,
-            layouts: rc.layouts.clone(),
             figures: None,
             reuse: Reuse::new(rc.placement.len(), e),
             pending: (0..rc.placement.len()).map(|_| None).collect(),
@@ -542,13 +536,8 @@ impl Residency {
             let computed = if pairs.is_empty() {
                 Ok(Default::default())
             } else {
-                cpu.run(
-                    &self.layouts[layer],
-                    &|e| host.expert(layer, e),
-                    x,
-                    pairs,
-                    out,
-                )
+                host.layout(layer)
+                    .and_then(|l| cpu.run(l, &|e| host.expert(layer, e), x, pairs, out))
             };
             let filled = fills.map(|h| {
                 h.join()
@@ -621,7 +610,7 @@ impl Residency {
         };
         let host = &self.host;
         let st = cpu.run(
-            &self.layouts[layer],
+            host.layout(layer)?,
             &|e| host.expert(layer, e),
             x,
             pairs,

@@ -232,6 +232,7 @@ impl ModelWeights {
             layers: host_layers,
             num_experts: cfg.num_experts,
             slot_bytes: cfg.q4_slot_bytes(),
+            layouts: (0..cfg.num_layers).map(|l| cfg.q4_slot(l)).collect(),
         });
         Ok(ModelWeights {
             host,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
+use crate::format::quant::Q4SlotLayout;
 
 /// Where one layer's packed experts live in host memory. Never written after load.
 pub enum HostLayer {
@@ -21,9 +22,19 @@ pub struct HostSource {
     pub layers: Vec<Option<HostLayer>>,
     pub num_experts: usize,
     pub slot_bytes: usize,
+    /// Per layer: the slot layout its experts are packed in (a GGUF file's layers may hold
+    /// theirs in different kinds; every slot takes `slot_bytes`).
+    pub layouts: Vec<Q4SlotLayout>,
 }
 
 impl HostSource {
+    /// The slot layout of layer `layer`'s experts.
+    pub fn layout(&self, layer: usize) -> Result<&Q4SlotLayout> {
+        self.layouts
+            .get(layer)
+            .ok_or_else(|| Error::Other(format!("layer {layer} has no slot layout")))
+    }
+
     pub fn layer_bytes(&self, layer: usize) -> Result<&[u8]> {
         match self.layers.get(layer).and_then(|l| l.as_ref()) {
             Some(HostLayer::Owned(b)) => Ok(b),

@@ -483,7 +483,6 @@ impl Engine {
                     staging_buffers: r.staging_buffers(&cfg)?,
                     miss,
                     cpu_threads: r.cpu_threads,
-                    layouts: (0..cfg.num_layers).map(|l| cfg.q4_slot(l)).collect(),
                     prefetch: r.prefetch(&cfg)?,
                     prefetch_width: width,
                     fill_threads: r.fill_threads(),
