@@ -122,34 +122,13 @@ fn affine_int4_split_pool_matches_cpu() {
 /// The tiled expert GEMMs (prefill on GPUs) on affine slots.
 #[test]
 fn affine_int4_expert_gemm_matches_cpu() {
-    let tiled = KernelOverrides {
-        prefill: Some(PrefillKernels::Tiled),
-        ..Default::default()
-    };
     let mut cases: Vec<(Case, Option<usize>)> = SHAPES.iter().map(|&c| (c, None)).collect();
     cases.extend([
         (case(257, 300, 5, 6, 4, 33), None),
         (case(300, 65, 7, 10, 4, 9), Some(3)),
     ]);
     for (i, &(c, per_chunk)) in cases.iter().enumerate() {
-        let cap =
-            per_chunk.map(|n| (n * Q4SlotLayout::with_kind(c.hidden, c.inter, A32).bytes) as u64);
-        let g = Gpu::new(cap, tiled);
-        let s = Setup::random_kind(&g, 1500 + i as u64, c, A32);
-        let (h, y) = s.gpu_expert_gemm();
-        let what = s.what();
-        check(
-            &format!("expert_gemm gate_up {what}"),
-            &h,
-            &s.want_gate_up(),
-            AFFINE_TOL,
-        );
-        check(
-            &format!("expert_gemm down {what}"),
-            &y,
-            &s.want_down(&h),
-            AFFINE_TOL,
-        );
+        check_expert_gemm(c, per_chunk, (A32, A32), 1500 + i as u64);
     }
     // The variant assembled for the affine format is the one that ran.
     assert!(Kernel::all().contains(&Kernel::ExpertGemm(WeightFormat::Q4A)));

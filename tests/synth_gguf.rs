@@ -33,7 +33,8 @@ fn types(m: &GgufModel, filter: impl Fn(&str) -> bool) -> BTreeMap<GgmlType, usi
     t
 }
 
-fn run_ids(dir: &Path, n: usize) -> serde_json::Value {
+/// `wgmoe run DIR --prompt-ids 1,2,3 -n N --json`: n tokens generated; the run too.
+fn run_ids(dir: &Path, n: usize) -> (common::cli::Run, serde_json::Value) {
     let r = wgmoe([
         "run",
         dir.to_str().unwrap(),
@@ -46,7 +47,7 @@ fn run_ids(dir: &Path, n: usize) -> serde_json::Value {
     ]);
     let v = json_of(&r);
     assert_eq!(v["generated_ids"].as_array().map(Vec::len), Some(n), "{v}");
-    v
+    (r, v)
 }
 
 /// Q4_K_M on 8 layers of an OLMoE shape: the file reads back as the shape, its ffn_down
@@ -117,24 +118,13 @@ fn a_q4_k_m_file_reads_back_and_runs() {
         .collect::<Vec<_>>(),
         [&GgmlType::F32]
     );
-    let r = wgmoe([
-        "run",
-        dir.to_str().unwrap(),
-        "--prompt-ids",
-        "1,2,3",
-        "-n",
-        "4",
-        "--json",
-        "--ignore-eos",
-    ]);
-    assert_ok(&r);
+    let (r, _) = run_ids(&dir, 4);
     // Only the embedding table changes form (the lookup reads f16 rows).
     assert!(
         r.stderr
             .contains("converted at load time: embeddings q4_K x1 -> f16 ("),
         "{r}"
     );
-    run_ids(&dir, 4);
     // Deterministic in the seed; another seed, other bytes.
     let again = tmp.path().join("again");
     synth("olmoe-1b-7b", &again, &shape);
