@@ -468,6 +468,18 @@ struct GpuArgs {
     /// GPUs, off on CPU adapters).
     #[arg(long, value_enum)]
     f16_arithmetic: Option<Switch>,
+    /// Decode steps kept in flight: step n + 1 is submitted before token n is read, so
+    /// the device never waits on the host (1: each step recorded after the last token
+    /// was read). Sampled tokens, partial residency and routing traces run at 1.
+    #[arg(long, value_name = "N", default_value_t = wgmoe::runtime::generate::DEFAULT_PIPELINE_DEPTH,
+          value_parser = parse_pipeline_depth)]
+    pipeline_depth: usize,
+}
+
+fn parse_pipeline_depth(s: &str) -> std::result::Result<usize, String> {
+    let n: usize = s.parse().map_err(|_| format!("`{s}` is not a whole number"))?;
+    wgmoe::runtime::generate::check_depth(n).map_err(|e| e.to_string())?;
+    Ok(n)
 }
 
 impl GpuArgs {

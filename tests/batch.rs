@@ -101,6 +101,7 @@ fn alone(e: &mut Engine, prompt: &[u32]) -> Vec<u32> {
             eos_ids: vec![],
             ignore_eos: true,
             record_logits: false,
+            pipeline_depth: wgmoe::runtime::generate::DEFAULT_PIPELINE_DEPTH,
         },
         &mut |_| Ok(()),
     )

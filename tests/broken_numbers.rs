@@ -288,6 +288,7 @@ mod runtime {
             eos_ids: vec![],
             ignore_eos: true,
             record_logits: false,
+            pipeline_depth: wgmoe::runtime::generate::DEFAULT_PIPELINE_DEPTH,
         }
     }
 

@@ -22,6 +22,7 @@ fn greedy(n: usize) -> GenerateOptions {
         eos_ids: vec![],
         ignore_eos: true,
         record_logits: false,
+        pipeline_depth: wgmoe::runtime::generate::DEFAULT_PIPELINE_DEPTH,
     }
 }
 

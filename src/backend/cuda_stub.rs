@@ -13,6 +13,7 @@ pub enum CudaDevice {}
 pub enum NativeBuffer {}
 pub enum NativeStaging {}
 pub enum NativePrepared {}
+pub enum PendingCopy {}
 
 fn not_compiled() -> Error {
     Error::option(
@@ -50,6 +51,15 @@ impl Backend for CudaDevice {
         match *self {}
     }
     fn map_read(&self, _: &Buffer, _: u64) -> Result<Vec<u8>> {
+        match *self {}
+    }
+    fn start_read(&self, _: &Buffer, _: u64) -> Result<super::NativePendingRead> {
+        match *self {}
+    }
+    fn read_ready(&self, _: &super::PendingRead) -> bool {
+        match *self {}
+    }
+    fn finish_read(&self, _: super::PendingRead) -> Result<Vec<u8>> {
         match *self {}
     }
     fn prepare(&self, _: &Program, _: &Buffer) -> Result<super::NativePrepared> {

@@ -276,6 +276,34 @@ impl Prepared {
     }
 }
 
+/// A copy of a readback buffer on its way to the host ([`Device::start_read`]): the host
+/// goes on recording while it lands, and [`Device::finish_read`] waits for it. Dropped
+/// unread, the read is abandoned and the buffer may be copied into again (a pipelined
+/// step discarded after a stop).
+pub struct PendingRead {
+    len: u64,
+    pub(crate) native: NativePendingRead,
+}
+
+#[doc(hidden)]
+pub enum NativePendingRead {
+    Wgpu(self::wgpu::PendingMap),
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Cuda(cuda::PendingCopy),
+}
+
+impl PendingRead {
+    pub(crate) fn new(len: u64, native: NativePendingRead) -> Self {
+        PendingRead { len, native }
+    }
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// One item of a submission, executed in order.
 pub enum Work<'a> {
     /// A program's dispatches for a step of `tokens` tokens.
@@ -320,6 +348,13 @@ pub trait Backend {
     /// Map the first `len` bytes of a [`Usage::Readback`] buffer after the copies into it
     /// were submitted (blocks until they complete).
     fn map_read(&self, buf: &Buffer, len: u64) -> Result<Vec<u8>>;
+    /// Start bringing the first `len` bytes of a [`Usage::Readback`] buffer to the host once
+    /// the submissions made so far have run; returns at once.
+    fn start_read(&self, buf: &Buffer, len: u64) -> Result<NativePendingRead>;
+    /// Whether a started read has landed (never blocks).
+    fn read_ready(&self, read: &PendingRead) -> bool;
+    /// The bytes of a started read (blocks until they landed, not for later submissions).
+    fn finish_read(&self, read: PendingRead) -> Result<Vec<u8>>;
     fn prepare(&self, program: &Program, step: &Buffer) -> Result<NativePrepared>;
     fn submit(&self, work: &[Work<'_>]) -> Result<Submitted>;
     fn is_complete(&self, token: u64) -> bool;
@@ -430,6 +465,27 @@ impl Device {
 
     pub fn map_read(&self, buf: &Buffer, len: u64) -> Result<Vec<u8>> {
         with_backend!(self, d => d.map_read(buf, len))
+    }
+
+    /// Start reading a readback buffer whose copies were submitted (see [`PendingRead`]).
+    pub fn start_read(&self, buf: &Buffer, len: u64) -> Result<PendingRead> {
+        if buf.usage() != Usage::Readback || len > buf.size() {
+            return Err(Error::Other(format!(
+                "internal: a read of {len} bytes from {buf:?}"
+            )));
+        }
+        let native = with_backend!(self, d => d.start_read(buf, len))?;
+        Ok(PendingRead::new(len, native))
+    }
+
+    /// Whether a started read has landed (never blocks).
+    pub fn read_ready(&self, read: &PendingRead) -> bool {
+        with_backend!(self, d => d.read_ready(read))
+    }
+
+    /// The bytes of a started read, waiting only for the submissions before it.
+    pub fn finish_read(&self, read: PendingRead) -> Result<Vec<u8>> {
+        with_backend!(self, d => d.finish_read(read))
     }
 
     /// Make `program` ready to run with `step` as its step uniform.

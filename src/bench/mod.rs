@@ -70,6 +70,8 @@ pub struct BenchOptions {
     pub prefetch_width: Option<usize>,
     /// Write each configuration's routing trace (see [`trace_path`]).
     pub trace: Option<PathBuf>,
+    /// `--pipeline-depth` values to sweep (empty: the default).
+    pub pipeline_depths: Vec<usize>,
 }
 
 /// The trace file of configuration `index` of `count`: `base` itself for one
@@ -103,6 +105,8 @@ pub struct BenchConfig {
     /// None: the defaults (next-layer below full residency with uploads; 2 fill threads).
     pub prefetch: Option<crate::residency::Prefetch>,
     pub fill_threads: Option<usize>,
+    /// Decode steps in flight (`--pipeline-depth`).
+    pub pipeline_depth: usize,
 }
 
 /// Every combination of the sweep lists, in the order given (precision outermost).
@@ -133,6 +137,11 @@ pub fn configurations(o: &BenchOptions) -> Vec<BenchConfig> {
     } else {
         o.fill_threads.iter().map(|&n| Some(n)).collect()
     };
+    let depths: Vec<usize> = if o.pipeline_depths.is_empty() {
+        vec![crate::runtime::generate::DEFAULT_PIPELINE_DEPTH]
+    } else {
+        o.pipeline_depths.clone()
+    };
     let pairs: Vec<(DensePrecision, KvPrecision)> = o
         .dense_precisions
         .iter()
@@ -146,17 +155,20 @@ pub fn configurations(o: &BenchOptions) -> Vec<BenchConfig> {
                         for &miss_policy in &misses {
                             for &prefetch in &prefetches {
                                 for &fill_threads in &fills {
-                                    v.push(BenchConfig {
-                                        expert_precision,
-                                        dense_precision,
-                                        kv_precision,
-                                        executor,
-                                        resident_experts,
-                                        cache_policy,
-                                        miss_policy,
-                                        prefetch,
-                                        fill_threads,
-                                    });
+                                    for &pipeline_depth in &depths {
+                                        v.push(BenchConfig {
+                                            expert_precision,
+                                            dense_precision,
+                                            kv_precision,
+                                            executor,
+                                            resident_experts,
+                                            cache_policy,
+                                            miss_policy,
+                                            prefetch,
+                                            fill_threads,
+                                            pipeline_depth,
+                                        });
+                                    }
                                 }
                             }
                         }
@@ -285,9 +297,10 @@ pub(super) fn validate(
 /// "int4/grouped/resident 2/lru".
 pub(super) fn describe(c: &BenchConfig) -> String {
     format!(
-        "--expert-precision {} --executor {}{}",
+        "--expert-precision {} --executor {} --pipeline-depth {}{}",
         name_of(&c.expert_precision),
         name_of(&c.executor),
+        c.pipeline_depth,
         c.resident_experts
             .map(|n| format!(
                 " --resident-experts {n} --cache-policy {}{}",
@@ -318,6 +331,7 @@ pub(super) fn sweep(o: &BenchOptions, cfg: &crate::config::ModelConfig) -> Vec<B
                     && d.dense_precision == c.dense_precision
                     && d.kv_precision == c.kv_precision
                     && d.executor == c.executor
+                    && d.pipeline_depth == c.pipeline_depth
                     && d.resident_experts.is_none_or(|n| n >= cfg.num_experts)
             });
         if !dup {
@@ -338,6 +352,9 @@ pub(super) struct Response {
     pub(super) response_s: f64,
     pub(super) dispatches: u64,
     pub(super) submissions: u64,
+    pub(super) pipeline_depth: usize,
+    pub(super) steps_in_flight_max: usize,
+    pub(super) host_wait_s: f64,
 }
 
 /// Run the whole sweep. `on_record` sees each configuration's record as soon as it is done
@@ -400,6 +417,7 @@ pub fn run_bench(
             eos_ids: engine.eos_ids(),
             ignore_eos: true,
             record_logits: false,
+            pipeline_depth: c.pipeline_depth,
         };
         let total = o.warmup + o.blocks * prompts.len();
         let pb = indicatif::ProgressBar::with_draw_target(
@@ -456,6 +474,9 @@ pub fn run_bench(
                     response_s,
                     dispatches: g.dispatches,
                     submissions: g.submissions,
+                    pipeline_depth: g.pipeline_depth,
+                    steps_in_flight_max: g.decode_steps_in_flight_max,
+                    host_wait_s: g.decode_host_wait_s,
                 };
                 pb.set_message(format!("{:.2} tok/s", g.decode_tokens_per_s()));
                 responses.push(r);

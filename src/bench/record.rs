@@ -54,6 +54,12 @@ pub struct BenchRecord {
     pub decode_tokens: u64,
     pub decode_s: f64,
     pub decode_tokens_per_s: f64,
+    /// The depth decode ran at (`--pipeline-depth`, 1 where the host must see each step),
+    /// the most steps in flight at once, and the host's seconds waiting for tokens per
+    /// decoded token.
+    pub pipeline_depth: usize,
+    pub decode_steps_in_flight_max: usize,
+    pub decode_host_wait_s_per_token: f64,
     /// Bytes a decode step reads at batch 1 at the mean context of the decode steps
     /// (mean prompt + half the new tokens), and bytes_per_token x decode_tokens_per_s.
     pub bytes_per_token: u64,
@@ -119,6 +125,9 @@ pub fn config_label(r: &BenchRecord) -> String {
     }
     if r.kv_precision != "f16" {
         store.push_str(&format!(" {}-kv", r.kv_precision));
+    }
+    if r.pipeline_depth != crate::runtime::generate::DEFAULT_PIPELINE_DEPTH {
+        store.push_str(&format!(" depth {}", r.pipeline_depth));
     }
     format!(
         "{}/{}{res}{store}",
@@ -229,6 +238,10 @@ pub(super) fn record(
         decode_tokens,
         decode_s,
         decode_tokens_per_s: rate(decode_tokens, decode_s),
+        pipeline_depth: rs.iter().map(|r| r.pipeline_depth).max().unwrap_or(c.pipeline_depth),
+        decode_steps_in_flight_max: rs.iter().map(|r| r.steps_in_flight_max).max().unwrap_or(0),
+        decode_host_wait_s_per_token: rs.iter().map(|r| r.host_wait_s).sum::<f64>()
+            / decode_tokens.max(1) as f64,
         bytes_per_token: bpt,
         effective_gb_per_s: bpt as f64 * rate(decode_tokens, decode_s) / 1e9,
         block_decode_tokens_per_s: blocks,

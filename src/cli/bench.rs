@@ -54,6 +54,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         fill_threads: a.fill_threads.clone(),
         prefetch_width: a.prefetch_width,
         trace: a.trace.clone(),
+        pipeline_depths: if a.pipeline_depths.is_empty() {
+            vec![a.gpu.pipeline_depth]
+        } else {
+            a.pipeline_depths.clone()
+        },
     };
     let write = |records: &[BenchRecord]| -> Result<()> {
         if let Some(path) = &a.json_out {

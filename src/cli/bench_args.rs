@@ -155,6 +155,10 @@ pub(crate) struct BenchArgs {
     /// layer's routing back (slower).
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<PathBuf>,
+    /// Pipeline depths to sweep, e.g. 1,2 (side by side in one run; default: the one
+    /// --pipeline-depth gives).
+    #[arg(long, value_delimiter = ',', value_name = "N,...", value_parser = crate::parse_pipeline_depth)]
+    pub(crate) pipeline_depths: Vec<usize>,
     #[command(flatten)]
     pub(crate) gpu: GpuArgs,
 }

@@ -244,6 +244,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             eos_ids: eos_ids.clone(),
             ignore_eos: a.ignore_eos,
             record_logits: false,
+            pipeline_depth: a.load.gpu.pipeline_depth,
         };
         let (g, stats) = answer(&mut session, &tok, &prompt, &opts)?;
         history.push(Message::new(Role::Assistant, tok.decode(&g)?));

@@ -229,6 +229,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         eos_ids: engine.eos_ids(),
         ignore_eos: a.ignore_eos,
         record_logits: false,
+        pipeline_depth: a.gpu.pipeline_depth,
     };
     let mut stream = TextStream::new();
     let stdout = std::io::stdout();
@@ -365,6 +366,11 @@ pub fn run(a: RunArgs) -> Result<()> {
         m["prefetch_wasted_bytes_per_layer"] =
             json!(res.map(|r| &r.prefetch_wasted_bytes_per_layer));
         m["prefetch_accuracy_per_layer"] = json!(res.map(|r| &r.prefetch_accuracy_per_layer));
+        // The pipelined loop: the depth it ran at, steps in flight, the host's waits.
+        m["pipeline_depth"] = json!(g.pipeline_depth);
+        m["decode_steps_in_flight_max"] = json!(g.decode_steps_in_flight_max);
+        m["decode_host_wait_s"] = json!(g.decode_host_wait_s);
+        m["decode_steps_discarded"] = json!(g.decode_steps_discarded);
         out!("{obj}");
     } else if let Some(v) = &live {
         v.finish()?;

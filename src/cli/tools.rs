@@ -477,6 +477,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             eos_ids: vec![],
             ignore_eos: true,
             record_logits: false,
+            pipeline_depth: wgmoe::runtime::generate::DEFAULT_PIPELINE_DEPTH,
         },
         &mut |_| Ok(()),
     )

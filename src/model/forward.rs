@@ -50,6 +50,9 @@ pub struct SoloBuffers {
     pub x0: Buffer,
 }
 
+/// Most decode steps a generation keeps submitted ahead of the host (`--pipeline-depth`).
+pub const MAX_PIPELINE_DEPTH: usize = 8;
+
 /// Dispatch and submission counts since creation (metrics).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Counters {
@@ -66,7 +69,15 @@ pub struct Forward {
     pub(crate) step: Buffer,
     pub(crate) ids: Buffer,
     pub(crate) logits: Buffer,
-    pub(crate) token_readback: Buffer,
+    /// Readback buffers a step's chosen token is copied into, one per step in flight
+    /// (`token_slot` says which the next step uses; slot 0 for unpipelined steps).
+    pub(crate) token_ring: Vec<Buffer>,
+    pub(crate) token_slot: usize,
+    /// With `copy_logits`, the step also copies its last logits row into
+    /// `logits_ring[token_slot]` (allocated on first use: pipelined steps whose logits
+    /// the host reads, for recorded logits or log-probabilities).
+    pub(crate) logits_ring: Vec<Buffer>,
+    pub(crate) copy_logits: bool,
     pub(crate) topk_ids: Buffer,
     pub(crate) topk_weights: Buffer,
     /// The guess of the next MoE layer's experts (`LayerPrograms::predict`).
@@ -276,7 +287,12 @@ impl Forward {
             opts,
             ids: b.get("ids")?.clone(),
             logits: b.get("logits")?.clone(),
-            token_readback: b.get("token_readback")?.clone(),
+            token_ring: (0..MAX_PIPELINE_DEPTH)
+                .map(|i| b.get(&format!("token_ring.{i}")).cloned())
+                .collect::<Result<_>>()?,
+            token_slot: 0,
+            logits_ring: Vec::new(),
+            copy_logits: false,
             topk_ids: b.get("topk_ids")?.clone(),
             topk_weights: b.get("topk_weights")?.clone(),
             predict_ids: b.get("predict_ids")?.clone(),

@@ -14,11 +14,12 @@ pub mod residency;
 pub mod slot_mats;
 pub mod solo;
 mod step;
+pub use step::StepRead;
 pub mod tensors;
 mod trace_hook;
 pub mod weights;
 pub mod workspace;
 
-pub use forward::{Forward, ForwardOptions, Head};
+pub use forward::{Forward, ForwardOptions, Head, MAX_PIPELINE_DEPTH};
 pub use moe::Executor;
 pub use weights::ModelWeights;

@@ -13,6 +13,12 @@ use crate::model::tensors::ExpertStore;
 use crate::model::weights::Mlp;
 use crate::residency::Prefetch;
 
+/// The reads of one step's results on their way to the host (`Forward::start_token_read`).
+pub struct StepRead {
+    token: crate::backend::PendingRead,
+    logits: Option<crate::backend::PendingRead>,
+}
+
 /// The programs after the layers for a head.
 fn heads(f: &Forward, head: Head) -> Result<Vec<&Prepared>> {
     Ok(match head {
@@ -150,6 +156,9 @@ impl Forward {
         if copy_token {
             work.push(self.token_copy());
         }
+        if let Some(c) = self.logits_copy().filter(|_| head != Head::None) {
+            work.push(c);
+        }
         let s = self.dev.submit(&work)?;
         self.counters.dispatches += s.dispatches as u64;
         self.counters.submissions += 1;
@@ -160,10 +169,73 @@ impl Forward {
         Work::Copy {
             src: &self.ids,
             src_offset: 0,
-            dst: &self.token_readback,
+            dst: &self.token_ring[self.token_slot],
             dst_offset: 0,
             bytes: 4,
         }
+    }
+
+    /// The copy of the step's last logits row into its ring slot (`copy_logits`).
+    fn logits_copy(&self) -> Option<Work<'_>> {
+        let dst = self.logits_ring.get(self.token_slot).filter(|_| self.copy_logits)?;
+        Some(Work::Copy {
+            src: &self.logits,
+            src_offset: 0,
+            dst,
+            dst_offset: 0,
+            bytes: (self.cfg.vocab_size * 4) as u64,
+        })
+    }
+
+    /// Use ring slot `slot` for the next steps' token (and logits) copies; with
+    /// `logits`, steps copy their last logits row too (the ring is made on first use).
+    pub fn use_slot(&mut self, slot: usize, logits: bool) -> Result<()> {
+        if slot >= self.token_ring.len() {
+            return Err(Error::Other(format!(
+                "internal: readback slot {slot} of {}",
+                self.token_ring.len()
+            )));
+        }
+        if logits {
+            while self.logits_ring.len() <= slot {
+                let b = self.dev.alloc(
+                    "logits_ring",
+                    (self.cfg.vocab_size * 4) as u64,
+                    crate::backend::Usage::Readback,
+                )?;
+                self.logits_ring.push(b);
+            }
+        }
+        self.token_slot = slot;
+        self.copy_logits = logits;
+        Ok(())
+    }
+
+    /// Start reading the token (and, with `copy_logits`, the logits row) the last
+    /// submitted step copied into its slot; the host goes on while they land.
+    pub fn start_token_read(&self) -> Result<StepRead> {
+        let token = self.dev.start_read(&self.token_ring[self.token_slot], 4)?;
+        let logits = match self.logits_ring.get(self.token_slot) {
+            Some(b) if self.copy_logits => {
+                Some(self.dev.start_read(b, (self.cfg.vocab_size * 4) as u64)?)
+            }
+            _ => None,
+        };
+        Ok(StepRead { token, logits })
+    }
+
+    /// The token and logits of a started read (waits for that step only).
+    pub fn finish_token_read(&self, r: StepRead) -> Result<(u32, Option<Vec<f32>>)> {
+        let b = self.dev.finish_read(r.token)?;
+        let id = match b.as_slice() {
+            [a, b, c, d, ..] => u32::from_le_bytes([*a, *b, *c, *d]),
+            _ => return Err(Error::Gpu("token readback returned no data".into())),
+        };
+        let logits = match r.logits {
+            Some(l) => Some(bytemuck::pod_collect_to_vec(&self.dev.finish_read(l)?)),
+            None => None,
+        };
+        Ok((id, logits))
     }
 
     /// Developer aid (`WGMOE_PROFILE_KERNELS`): every dispatch alone, timed; a table per
@@ -350,6 +422,11 @@ impl Forward {
             }
             if l == layers && copy_token {
                 work.push(self.token_copy());
+            }
+            if l == layers && head != Head::None {
+                if let Some(c) = self.logits_copy() {
+                    work.push(c);
+                }
             }
             let s = dev.submit(&work)?;
             drop(work);
@@ -583,7 +660,7 @@ impl Forward {
 
     /// The token id written by the last argmax (blocks until the step finished).
     pub fn read_token(&self) -> Result<u32> {
-        let b = self.dev.map_read(&self.token_readback, 4)?;
+        let b = self.dev.map_read(&self.token_ring[self.token_slot], 4)?;
         match b.as_slice() {
             [a, b, c, d, ..] => Ok(u32::from_le_bytes([*a, *b, *c, *d])),
             _ => Err(Error::Gpu("token readback returned no data".into())),

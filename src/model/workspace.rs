@@ -172,7 +172,11 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     w.add("x_final", Window, &[t, h])?;
     w.add("logits", Storage, &[logit_rows, v])?;
     w.add("dummy", Storage, &[4])?;
-    w.add("token_readback", Readback, &[4])?;
+    // One readback buffer per step a pipelined generation keeps in flight (each is mapped
+    // on its own while later steps run).
+    for i in 0..crate::model::MAX_PIPELINE_DEPTH {
+        w.add(format!("token_ring.{i}"), Readback, &[4])?;
+    }
     // Per routed layer: the router's ids and weights (the weights used by CPU experts and
     // traces; CPU experts also read the experts' input xn), then the next layer's guess,
     // read back in one copy.

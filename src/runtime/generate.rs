@@ -1,9 +1,10 @@
 //! The generation loop: chunked prefill, then one submission per decoded token.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::model::{Forward, Head};
+use crate::model::{Forward, Head, StepRead, MAX_PIPELINE_DEPTH};
 use crate::runtime::sampling::{sample, Rng, SamplingOptions};
 
 #[derive(Clone, Debug)]
@@ -15,6 +16,25 @@ pub struct GenerateOptions {
     pub ignore_eos: bool,
     /// Keep the logits row each generated token was chosen from (tests, evaluation).
     pub record_logits: bool,
+    /// Decode steps kept in flight ahead of the host (`--pipeline-depth`; 1: the next
+    /// step is recorded after the last token was read).
+    pub pipeline_depth: usize,
+}
+
+/// `--pipeline-depth`'s default: one step recorded while the previous one runs.
+pub const DEFAULT_PIPELINE_DEPTH: usize = 2;
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_new_tokens: 0,
+            sampling: SamplingOptions::greedy(),
+            eos_ids: Vec::new(),
+            ignore_eos: false,
+            record_logits: false,
+            pipeline_depth: DEFAULT_PIPELINE_DEPTH,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -36,6 +56,14 @@ pub struct Generation {
     /// CPU seconds spent recording and submitting the decode steps (after the first token;
     /// None where the backend does not measure it).
     pub decode_encode_s: Option<f64>,
+    /// The depth the decode ran at (see `effective_depth`).
+    pub pipeline_depth: usize,
+    /// Most steps submitted and not yet read at once (the one being read included).
+    pub decode_steps_in_flight_max: usize,
+    /// Seconds the host waited for decode steps' tokens (after the first token).
+    pub decode_host_wait_s: f64,
+    /// Steps in flight when the generation stopped, dropped unread.
+    pub decode_steps_discarded: usize,
 }
 
 impl Generation {
@@ -100,6 +128,13 @@ pub fn generate(
 /// 0..start (an earlier turn's): only `prompt[start..]` is prefilled. `start` must leave at
 /// least one token to run, whose logits choose the first new token. `on_token` may end
 /// the generation early.
+///
+/// Pipelined: decode step k + 1 is submitted before token k is read (its input is the id
+/// step k chose on the device), keeping up to `pipeline_depth` steps in flight, so the
+/// device never idles through a round trip and recording overlaps the device's work. A
+/// stop (EOS, `on_token`, `max_new_tokens`, Ctrl-C) drops the steps still in flight:
+/// they only wrote KV rows past the last kept token, which the next turn overwrites, so
+/// the tokens, the counts and the cache's known contents are those of depth 1.
 pub fn generate_from(
     fwd: &mut Forward,
     prompt: &[u32],
@@ -123,6 +158,7 @@ pub fn generate_from(
             format!("token id {bad} is outside the vocabulary (vocab_size {v})"),
         ));
     }
+    check_depth(opts.pipeline_depth)?;
     let c0 = fwd.counters;
     let greedy = opts.sampling.is_greedy();
     // Greedy decoding keeps the sampled id on the GPU; sampling needs the logits row.
@@ -136,13 +172,17 @@ pub fn generate_from(
     };
     let mut rng = Rng::new(opts.sampling.seed);
     let mut out = Generation::default();
+    let depth = effective_depth(fwd, opts);
+    out.pipeline_depth = depth;
     if opts.max_new_tokens == 0 {
         return Ok(out);
     }
+    let want_logits = opts.record_logits || !greedy;
 
     let t0 = Instant::now();
     let chunk = fwd.opts.prefill_chunk;
     let mut pos = start;
+    fwd.use_slot(0, want_logits)?;
     while pos < prompt.len() {
         let n = chunk.min(prompt.len() - pos);
         let last = pos + n == prompt.len();
@@ -154,70 +194,121 @@ pub fn generate_from(
         )?;
         pos += n;
     }
-    // `step` 0: the token chosen from the prefill's last row; k: the k-th decode step.
-    let mut next = |fwd: &mut Forward, out: &mut Generation, step: usize| -> Result<u32> {
+    // Steps submitted and not yet read, oldest first: (step, its reads). Step 0 is the
+    // prefill's last chunk; step k > 0 runs token k - 1 at position prompt.len() + k - 1.
+    let mut in_flight: VecDeque<(usize, StepRead)> = VecDeque::new();
+    in_flight.push_back((0, fwd.start_token_read()?));
+    let mut submitted = 1;
+    let mut t1 = Instant::now();
+    let mut e1 = None;
+    let mut stop = false;
+    while let Some((step, read)) = in_flight.pop_front() {
+        // Keep the device fed before waiting: the next steps read the id this one chose.
+        while !stop && in_flight.len() + 1 < depth && submitted < opts.max_new_tokens {
+            fwd.use_slot(submitted % depth, want_logits)?;
+            fwd.submit(prompt.len() + submitted - 1, 1, None, head)?;
+            in_flight.push_back((submitted, fwd.start_token_read()?));
+            submitted += 1;
+        }
+        out.decode_steps_in_flight_max = out.decode_steps_in_flight_max.max(in_flight.len() + 1);
+        let waited = Instant::now();
+        let (chosen, logits) = fwd.finish_token_read(read)?;
+        if step > 0 {
+            out.decode_host_wait_s += waited.elapsed().as_secs_f64();
+        }
         let pos = prompt.len() + step - 1;
-        let logits = if opts.record_logits || !greedy {
-            let l = fwd.read_logits(1)?;
+        if let Some(l) = &logits {
             if l.iter().any(|x| !x.is_finite()) {
                 return Err(non_finite_error(step, pos));
             }
-            Some(l)
-        } else {
-            None
-        };
+        }
         let id = if greedy {
-            let id = fwd.read_token()?;
-            if id == NON_FINITE_TOKEN {
+            if chosen == NON_FINITE_TOKEN {
                 return Err(non_finite_error(step, pos));
             }
-            id
+            chosen
         } else {
-            let l = logits.as_deref().unwrap_or(&[]);
-            let id = sample(l, &opts.sampling, &suppress, &mut rng);
+            // Host sampling chose nothing on the device: depth 1, the next step's input is
+            // written here.
+            let id = sample(logits.as_deref().unwrap_or(&[]), &opts.sampling, &suppress, &mut rng);
             fwd.set_token(id)?;
             id
         };
         if opts.record_logits {
             out.step_logits.push(logits.unwrap_or_default());
         }
-        Ok(id)
-    };
-    let mut id = next(fwd, &mut out, 0)?;
-    fwd.dev.check()?;
-    out.ttft_s = t0.elapsed().as_secs_f64();
-    out.prefill_s = out.ttft_s;
-    let t1 = Instant::now();
-    let e1 = fwd.dev.encode_seconds();
-    loop {
+        if step == 0 {
+            fwd.dev.check()?;
+            out.ttft_s = t0.elapsed().as_secs_f64();
+            out.prefill_s = out.ttft_s;
+            t1 = Instant::now();
+            e1 = fwd.dev.encode_seconds();
+        }
         out.generated_ids.push(id);
         let flow = on_token(id)?;
         if !opts.ignore_eos && opts.eos_ids.contains(&id) {
             out.stopped_by_eos = true;
-            break;
-        }
-        if flow == Flow::Stop {
+            stop = true;
+        } else if flow == Flow::Stop {
             out.cancelled = true;
-            break;
-        }
-        if out.generated_ids.len() >= opts.max_new_tokens {
-            break;
-        }
-        if crate::interrupt::requested() {
+            stop = true;
+        } else if out.generated_ids.len() >= opts.max_new_tokens {
+            stop = true;
+        } else if crate::interrupt::requested() {
             out.interrupted = true;
+            stop = true;
+        }
+        if stop {
+            // The steps still in flight are dropped unread (their reads abandoned).
             break;
         }
-        fwd.submit(pos, 1, None, head)?;
-        pos += 1;
-        let step = out.generated_ids.len();
-        id = next(fwd, &mut out, step)?;
+        if in_flight.is_empty() && submitted < opts.max_new_tokens {
+            // Depth 1: the next step is recorded only now.
+            fwd.use_slot(submitted % depth, want_logits)?;
+            fwd.submit(prompt.len() + submitted - 1, 1, None, head)?;
+            in_flight.push_back((submitted, fwd.start_token_read()?));
+            submitted += 1;
+        }
     }
+    out.decode_steps_discarded = in_flight.len();
+    drop(in_flight);
+    fwd.use_slot(0, false)?;
     fwd.dev.check()?;
     out.decode_s = t1.elapsed().as_secs_f64();
     out.decode_encode_s = fwd.dev.encode_seconds().zip(e1).map(|(e, e1)| e - e1);
     out.dispatches = fwd.counters.dispatches - c0.dispatches;
     out.submissions = fwd.counters.submissions - c0.submissions;
     Ok(out)
+}
+
+/// The depth a generation runs at: the one asked for, or 1 where the host must see each
+/// step before the next is recorded (a sampled token chosen on the host; partial
+/// residency, routing traces and profiles, whose steps already wait on the host per
+/// layer and whose counters must not count a discarded step).
+pub fn effective_depth(fwd: &Forward, opts: &GenerateOptions) -> usize {
+    let host_in_loop = !opts.sampling.is_greedy()
+        || fwd.residency.is_some()
+        || fwd.record_routing
+        || fwd.trace.is_some();
+    if host_in_loop {
+        1
+    } else {
+        opts.pipeline_depth.clamp(1, MAX_PIPELINE_DEPTH)
+    }
+}
+
+/// `--pipeline-depth`: 1 (no step ahead) up to [`MAX_PIPELINE_DEPTH`].
+pub fn check_depth(depth: usize) -> Result<()> {
+    if (1..=MAX_PIPELINE_DEPTH).contains(&depth) {
+        Ok(())
+    } else {
+        Err(Error::option(
+            "--pipeline-depth",
+            format!(
+                "{depth}: the depth is the number of decode steps in flight, 1 (none ahead) to {MAX_PIPELINE_DEPTH}"
+            ),
+        ))
+    }
 }
 
 /// Run the prompt and choose no token (`run -n 0`): the prefill, timed up to the device's

@@ -74,6 +74,7 @@ pub fn greedy(e: &mut Engine, prompt: &[u32], n: usize) -> wgmoe::Result<Vec<u32
             eos_ids: vec![],
             ignore_eos: true,
             record_logits: false,
+            pipeline_depth: wgmoe::runtime::generate::DEFAULT_PIPELINE_DEPTH,
         },
         &mut |_| Ok(()),
     )?;

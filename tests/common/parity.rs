@@ -249,6 +249,7 @@ pub fn check_dir(name: &str, dir: &std::path::Path, s: Setup) {
                 eos_ids: vec![],
                 ignore_eos: true,
                 record_logits: true,
+                pipeline_depth: wgmoe::runtime::generate::DEFAULT_PIPELINE_DEPTH,
             },
             &mut |_| Ok(()),
         )

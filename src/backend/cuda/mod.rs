@@ -24,7 +24,8 @@ use cudarc::driver::sys as cu;
 
 use crate::backend::{
     Backend, Buffer, DeviceInfo, DeviceRequest, DeviceType, Kernel, KernelTimes, Limits,
-    MemTracker, NativeBuffer as SeamBuffer, NativePrepared as SeamPrepared,
+    MemTracker, NativeBuffer as SeamBuffer, NativePendingRead as SeamPendingRead,
+    NativePrepared as SeamPrepared,
     NativeStaging as SeamStaging, Prepared, Program, Staging, Submitted, Usage, Work,
 };
 use crate::error::{Error, Result};
@@ -32,22 +33,52 @@ use load::cu_err;
 
 pub use launch::NativePrepared;
 
-/// A device allocation (or, for a staging buffer's accounting, none).
+/// A device allocation (or, for a staging buffer's accounting, none). A readback buffer
+/// also has a pinned host mirror that its asynchronous reads land in.
 pub struct NativeBuffer {
     ptr: cu::CUdeviceptr,
     ctx: Ctx,
+    mirror: *mut u8,
 }
+
+// SAFETY: the device pointer is a number; the pinned mirror is owned by this value and
+// written only by copies a `PendingCopy` waits for before reading it.
+unsafe impl Send for NativeBuffer {}
+unsafe impl Sync for NativeBuffer {}
 
 impl Drop for NativeBuffer {
     fn drop(&mut self) {
-        if self.ptr != 0 && self.ctx.current().is_ok() {
-            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once, after
-            // the context's work (which may still use it) has finished.
+        if (self.ptr != 0 || !self.mirror.is_null()) && self.ctx.current().is_ok() {
+            // SAFETY: `ptr` came from cuMemAlloc and `mirror` from cuMemHostAlloc in this
+            // context; each is freed once, after the context's work (which may still use
+            // them) has finished.
             unsafe {
                 cu::cuCtxSynchronize();
-                cu::cuMemFree_v2(self.ptr);
+                if self.ptr != 0 {
+                    cu::cuMemFree_v2(self.ptr);
+                }
+                if !self.mirror.is_null() {
+                    cu::cuMemFreeHost(self.mirror.cast());
+                }
             }
         }
+    }
+}
+
+/// A readback copy into a buffer's pinned mirror and the event recorded after it.
+pub struct PendingCopy {
+    buffer: Buffer,
+    event: Event,
+}
+
+impl Drop for PendingCopy {
+    fn drop(&mut self) {
+        // Read or abandoned (a pipelined step discarded): the event goes either way. An
+        // abandoned copy may still be running; the mirror lives as long as the buffer,
+        // and a later copy into it is ordered after this one on the stream.
+        // SAFETY: an event created for this copy, destroyed once (the driver defers the
+        // destruction of an event still pending).
+        unsafe { cu::cuEventDestroy_v2(self.event.0) };
     }
 }
 
@@ -547,7 +578,23 @@ impl Backend for CudaDevice {
             )));
         }
         ok(&format!("allocating {label}"), r)?;
-        let native = NativeBuffer { ptr, ctx: self.ctx };
+        let mut mirror = std::ptr::null_mut();
+        if usage == Usage::Readback {
+            // SAFETY: out-pointer to a live pointer; freed with the buffer.
+            let r = unsafe {
+                cu::cuMemHostAlloc(&mut mirror, size as usize, cu::CU_MEMHOSTALLOC_PORTABLE)
+            };
+            if let Err(e) = ok(&format!("pinned mirror of {label}"), r) {
+                // SAFETY: allocated above, not yet shared.
+                unsafe { cu::cuMemFree_v2(ptr) };
+                return Err(e);
+            }
+        }
+        let native = NativeBuffer {
+            ptr,
+            ctx: self.ctx,
+            mirror: mirror.cast(),
+        };
         // Zeroed like wgpu's buffers, in stream order.
         // SAFETY: `size` bytes were just allocated at `ptr`.
         ok("cuMemsetD8Async", unsafe {
@@ -600,6 +647,76 @@ impl Backend for CudaDevice {
 
     fn map_read(&self, buf: &Buffer, len: u64) -> Result<Vec<u8>> {
         self.read(buf, 0, len.min(buf.size()))
+    }
+
+    fn start_read(&self, buf: &Buffer, len: u64) -> Result<SeamPendingRead> {
+        let SeamBuffer::Cuda(n) = buf.native() else {
+            return Err(crate::backend::foreign("buffer", "cuda"));
+        };
+        if n.mirror.is_null() {
+            return Err(Error::Other(format!(
+                "internal: an asynchronous read of {buf:?}, which has no host mirror"
+            )));
+        }
+        bounds("read", 0, len, buf.size())?;
+        let _order = self
+            .submit_lock
+            .lock()
+            .map_err(|_| Error::Gpu("cuda: submit lock poisoned".into()))?;
+        self.ctx.current()?;
+        if len > 0 {
+            // SAFETY: the mirror is pinned and as large as the buffer; the range was
+            // checked above; it is read only after the event below completed.
+            ok("read (cuMemcpyDtoHAsync)", unsafe {
+                cu::cuMemcpyDtoHAsync_v2(n.mirror.cast(), n.ptr, len as usize, self.stream.0)
+            })?;
+        }
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: out-pointer to a live handle; this device's stream.
+        ok("cuEventCreate", unsafe {
+            cu::cuEventCreate(&mut ev, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+        })?;
+        let event = Event(ev);
+        // SAFETY: as above.
+        ok("cuEventRecord", unsafe {
+            cu::cuEventRecord(event.0, self.stream.0)
+        })?;
+        Ok(SeamPendingRead::Cuda(PendingCopy {
+            buffer: buf.clone(),
+            event,
+        }))
+    }
+
+    fn read_ready(&self, read: &crate::backend::PendingRead) -> bool {
+        let SeamPendingRead::Cuda(p) = &read.native else {
+            return false;
+        };
+        if self.ctx.current().is_err() {
+            return false;
+        }
+        // SAFETY: a live event of this device's stream.
+        unsafe { cu::cuEventQuery(p.event.0) } != cu::CUresult::CUDA_ERROR_NOT_READY
+    }
+
+    fn finish_read(&self, read: crate::backend::PendingRead) -> Result<Vec<u8>> {
+        let len = read.len() as usize;
+        let SeamPendingRead::Cuda(p) = read.native else {
+            return Err(crate::backend::foreign("pending read", "cuda"));
+        };
+        self.ctx.current()?;
+        // SAFETY: a live event of this device's stream.
+        ok("readback (cuEventSynchronize)", unsafe {
+            cu::cuEventSynchronize(p.event.0)
+        })?;
+        let SeamBuffer::Cuda(n) = p.buffer.native() else {
+            return Err(crate::backend::foreign("buffer", "cuda"));
+        };
+        let mut out = vec![0u8; len];
+        // SAFETY: the copy into the mirror completed (the event above); `len` was checked
+        // against the buffer's size when the read started.
+        unsafe { std::ptr::copy_nonoverlapping(n.mirror, out.as_mut_ptr(), len) };
+        self.retire(None)?;
+        Ok(out)
     }
 
     fn prepare(&self, program: &Program, step: &Buffer) -> Result<SeamPrepared> {
@@ -717,6 +834,7 @@ impl Backend for CudaDevice {
             SeamBuffer::Cuda(NativeBuffer {
                 ptr: 0,
                 ctx: self.ctx,
+                mirror: std::ptr::null_mut(),
             }),
             self.tracker.clone(),
         );

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::backend::{
     Backend, Buffer, DeviceInfo, DeviceRequest, Kernel, KernelTimes, MemTracker,
-    NativeBuffer as SeamBuffer, NativePrepared as SeamPrepared, NativeStaging as SeamStaging,
+    NativeBuffer as SeamBuffer, NativePendingRead as SeamPendingRead,
+    NativePrepared as SeamPrepared, NativeStaging as SeamStaging,
     Prepared, Program, Staging, Submitted, Usage, Work,
 };
 use crate::error::{Error, Result};
@@ -31,6 +32,27 @@ const MAPPED: u8 = 0;
 const UNMAPPED: u8 = 1;
 const MAPPING: u8 = 2;
 
+/// A readback buffer being mapped for reading (`Device::start_read`): its map callback's
+/// state and the submission it waits for.
+pub struct PendingMap {
+    buffer: ::wgpu::Buffer,
+    /// MAPPING until the callback ran, then MAPPED or UNMAPPED (failed).
+    state: Arc<AtomicU8>,
+    /// The last submission when the read started; None when nothing was submitted yet.
+    index: Option<::wgpu::SubmissionIndex>,
+    done: bool,
+}
+
+impl Drop for PendingMap {
+    fn drop(&mut self) {
+        // An abandoned read: unmapping a pending map cancels it, so the buffer can take
+        // the next copy (a pipelined step discarded after a stop).
+        if !self.done {
+            self.buffer.unmap();
+        }
+    }
+}
+
 /// Every adapter wgpu finds for the request, and the one `open` would pick.
 pub fn list_adapters(req: &DeviceRequest) -> (Vec<DeviceInfo>, Option<usize>) {
     adapter::list(req)
@@ -46,6 +68,8 @@ pub struct WgpuDevice {
     pipelines: Mutex<HashMap<Kernel, ::wgpu::ComputePipeline>>,
     submitted: AtomicU64,
     completed: Arc<AtomicU64>,
+    /// wgpu's index of the latest submission (reads wait for it, not for later work).
+    last_index: Mutex<Option<::wgpu::SubmissionIndex>>,
     /// A probe build (`DeviceRequest::probe`): the probed kernels count their global loads
     /// into this buffer (binding 14; `backend::probe`).
     probe: Option<Buffer>,
@@ -108,6 +132,7 @@ impl WgpuDevice {
             pipelines: Mutex::default(),
             submitted: AtomicU64::new(0),
             completed: Arc::new(AtomicU64::new(0)),
+            last_index: Mutex::new(None),
             probe: None,
             encode_ns: AtomicU64::new(0),
         };
@@ -220,7 +245,10 @@ impl WgpuDevice {
 
     /// Submit recorded commands; the token completes when the GPU has run them.
     fn submit_commands(&self, cmd: ::wgpu::CommandBuffer) -> u64 {
-        self.queue.submit([cmd]);
+        let index = self.queue.submit([cmd]);
+        if let Ok(mut l) = self.last_index.lock() {
+            *l = Some(index);
+        }
         let n = self.submitted.fetch_add(1, Ordering::AcqRel) + 1;
         let done = self.completed.clone();
         self.queue.on_submitted_work_done(move || {
@@ -322,25 +350,75 @@ impl Backend for WgpuDevice {
     }
 
     fn map_read(&self, buf: &Buffer, len: u64) -> Result<Vec<u8>> {
-        let b = self.native(buf)?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        let slice = b.slice(..);
-        slice.map_async(::wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
+        let native = self.start_read(buf, len)?;
+        self.finish_read(crate::backend::PendingRead::new(len, native))
+    }
+
+    fn start_read(&self, buf: &Buffer, _len: u64) -> Result<SeamPendingRead> {
+        let buffer = self.native(buf)?.clone();
+        let state = Arc::new(AtomicU8::new(MAPPING));
+        let flag = state.clone();
+        buffer.slice(..).map_async(::wgpu::MapMode::Read, move |r| {
+            flag.store(if r.is_ok() { MAPPED } else { UNMAPPED }, Ordering::Release);
         });
-        self.poll_wait()?;
+        let index = self.last_index.lock().ok().and_then(|l| l.clone());
+        Ok(SeamPendingRead::Wgpu(PendingMap {
+            buffer,
+            state,
+            index,
+            done: false,
+        }))
+    }
+
+    fn read_ready(&self, read: &crate::backend::PendingRead) -> bool {
+        #[allow(unreachable_patterns)]
+        match &read.native {
+            SeamPendingRead::Wgpu(p) => {
+                // Callbacks run inside poll: a non-blocking one lets a landed map report.
+                if p.state.load(Ordering::Acquire) == MAPPING {
+                    let _ = self.device.poll(::wgpu::PollType::Poll);
+                }
+                p.state.load(Ordering::Acquire) != MAPPING
+            }
+            _ => false,
+        }
+    }
+
+    fn finish_read(&self, read: crate::backend::PendingRead) -> Result<Vec<u8>> {
+        let len = read.len();
+        #[allow(unreachable_patterns)]
+        let mut p = match read.native {
+            SeamPendingRead::Wgpu(p) => p,
+            _ => return Err(crate::backend::foreign("pending read", "wgpu")),
+        };
+        while p.state.load(Ordering::Acquire) == MAPPING {
+            let wait = match &p.index {
+                Some(i) => ::wgpu::PollType::Wait {
+                    submission_index: Some(i.clone()),
+                    timeout: None,
+                },
+                None => ::wgpu::PollType::wait_indefinitely(),
+            };
+            self.device.poll(wait).map_err(poll_error)?;
+            if p.state.load(Ordering::Acquire) == MAPPING {
+                // The submission is done but the callback waits for its map: poll again.
+                self.poll_wait()?;
+            }
+        }
         self.check()?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            _ => return Err(Error::Gpu("mapping a readback buffer failed".into())),
+        if p.state.load(Ordering::Acquire) != MAPPED {
+            return Err(Error::Gpu("mapping a readback buffer failed".into()));
         }
         let out = {
-            let view = slice
+            let view = p
+                .buffer
+                .slice(..)
                 .get_mapped_range()
                 .map_err(|e| Error::Gpu(format!("readback: {e}")))?;
             view[..(len as usize).min(view.len())].to_vec()
         };
-        b.unmap();
+        p.buffer.unmap();
+        p.done = true;
         Ok(out)
     }
 
