@@ -153,6 +153,19 @@ struct KernelsArgs {
     /// Device memory bandwidth for the predicted times, GB/s (default: an RTX 5070's).
     #[arg(long, default_value_t = 672.0)]
     bandwidth: f64,
+    /// What one dependent dispatch costs at least, microseconds (launch, barrier, ramp-up;
+    /// `wgmoe devices --measure` reports an adapter's as dispatch_latency_s). The default
+    /// is an assumption for a discrete GPU under Vulkan, not a measurement.
+    #[arg(long, value_name = "US", default_value_t = 10.0)]
+    dispatch_latency_us: f64,
+    /// A submit-to-readback round trip, microseconds (`devices --measure`'s round_trip_s);
+    /// counted per step at --pipeline-depth 1.
+    #[arg(long, value_name = "US", default_value_t = 50.0)]
+    round_trip_us: f64,
+    /// Decode steps in flight the prediction assumes (as `run --pipeline-depth`).
+    #[arg(long, value_name = "N", default_value_t = wgmoe::runtime::generate::DEFAULT_PIPELINE_DEPTH,
+          value_parser = parse_pipeline_depth)]
+    pipeline_depth: usize,
     /// Routed experts as f16 instead of INT4.
     #[arg(long)]
     f16_experts: bool,
@@ -477,7 +490,9 @@ struct GpuArgs {
 }
 
 fn parse_pipeline_depth(s: &str) -> std::result::Result<usize, String> {
-    let n: usize = s.parse().map_err(|_| format!("`{s}` is not a whole number"))?;
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number"))?;
     wgmoe::runtime::generate::check_depth(n).map_err(|e| e.to_string())?;
     Ok(n)
 }

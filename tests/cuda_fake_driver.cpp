@@ -135,6 +135,13 @@ CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) { LOCKED;
     std::memcpy(d, (const void*)(uintptr_t)s, n);
     return 0;
 }
+CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, CUstream) { LOCKED;
+    // Asynchronous copies to the host must land in pinned memory (a pageable target would
+    // make the real driver copy synchronously, and the pipelined loop would stall).
+    if (!pinned(d)) return 1;
+    g_queue.push_back([=] { std::memcpy(d, (const void*)(uintptr_t)s, n); });
+    return 0;
+}
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream) { LOCKED;
     g_queue.push_back([=] { std::memmove((void*)(uintptr_t)d, (const void*)(uintptr_t)s, n); });
     return 0;

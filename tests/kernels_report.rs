@@ -8,7 +8,9 @@ use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::KernelOverrides;
 use wgmoe::config::ModelConfig;
 use wgmoe::format::q8_0::Q8Matrix;
-use wgmoe::insight::kernel_report::{report, DeviceClass, KernelsOptions, KernelsReport, Stages};
+use wgmoe::insight::kernel_report::{
+    report, DeviceClass, KernelsOptions, KernelsReport, LatencyModel, Stages,
+};
 
 fn options(stages: Stages, context: usize, overrides: KernelOverrides) -> KernelsOptions {
     options_in(stages, context, overrides, WeightFormat::F16)
@@ -29,6 +31,7 @@ fn options_in(
         overrides,
         int4: true,
         dense,
+        latency: LatencyModel::NONE,
     }
 }
 
@@ -128,6 +131,14 @@ fn decode_meets_the_bar(path: &str, dense: WeightFormat) -> KernelsReport {
     );
     let total = r.bytes_per_token.unwrap();
     assert!(r.predicted_decode_tokens_per_s.unwrap() > 0.0);
+    // Latency and the host only ever slow the roofline down.
+    assert!(
+        r.predicted_decode_tokens_per_s.unwrap()
+            <= r.roofline_decode_tokens_per_s.unwrap() * 1.0001,
+        "{path}: predicted {:?} above the roofline {:?}",
+        r.predicted_decode_tokens_per_s,
+        r.roofline_decode_tokens_per_s
+    );
     assert!(r.encode_seconds_per_token.unwrap() > 0.0);
     assert!(r.dispatches_per_token.unwrap() >= cfg.num_layers * 6);
     assert!(r.prefill_bytes_per_token.is_none());

@@ -238,7 +238,11 @@ pub(super) fn record(
         decode_tokens,
         decode_s,
         decode_tokens_per_s: rate(decode_tokens, decode_s),
-        pipeline_depth: rs.iter().map(|r| r.pipeline_depth).max().unwrap_or(c.pipeline_depth),
+        pipeline_depth: rs
+            .iter()
+            .map(|r| r.pipeline_depth)
+            .max()
+            .unwrap_or(c.pipeline_depth),
         decode_steps_in_flight_max: rs.iter().map(|r| r.steps_in_flight_max).max().unwrap_or(0),
         decode_host_wait_s_per_token: rs.iter().map(|r| r.host_wait_s).sum::<f64>()
             / decode_tokens.max(1) as f64,

@@ -231,7 +231,24 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
             },
             int4: !a.f16_experts,
             dense: a.dense_precision.format(),
+            latency: wgmoe::insight::kernel_report::LatencyModel {
+                dispatch_latency_s: finite_us("--dispatch-latency-us", a.dispatch_latency_us)?,
+                round_trip_s: finite_us("--round-trip-us", a.round_trip_us)?,
+                pipeline_depth: a.pipeline_depth,
+            },
         },
     )?;
     super::print_report(a.json, &r, render)
+}
+
+/// Microseconds of an option as seconds (finite, not negative).
+fn finite_us(option: &str, us: f64) -> Result<f64> {
+    if us.is_finite() && us >= 0.0 {
+        Ok(us * 1e-6)
+    } else {
+        Err(Error::option(
+            option,
+            format!("{us} is not a time in microseconds (0 or more)"),
+        ))
+    }
 }

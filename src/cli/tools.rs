@@ -124,6 +124,13 @@ pub fn measure(gpu: &GpuArgs, as_json: bool) -> Result<()> {
         if let Some(us) = m.round_trip_us {
             out!("  round trip:      {us:8.1} us    (submit a small copy, map its readback: one sync point of a MoE layer below full residency)");
         }
+        if let Some(s) = m.dispatch_latency_s {
+            out!(
+                "  dispatch latency:{:8.1} us    (each of a chain of {} dependent tiny dispatches in one submission)",
+                s * 1e6,
+                wgmoe::insight::measure::CHAIN
+            );
+        }
         out!("stored in {} for `wgmoe plan`", path.display());
     }
     if info.device_type == DeviceType::Cpu {

@@ -37,6 +37,13 @@ pub struct Measured {
     /// microseconds. Absent in older files.
     #[serde(default)]
     pub round_trip_us: Option<f64>,
+    /// The same round trip in seconds (`round_trip_s`), and what one dependent dispatch
+    /// adds to a chain of them in one submission (`dispatch_latency_s`). Absent in older
+    /// files.
+    #[serde(default)]
+    pub round_trip_s: Option<f64>,
+    #[serde(default)]
+    pub dispatch_latency_s: Option<f64>,
     /// Bytes of the matrix read, and of one host-to-device transfer.
     pub read_bytes: u64,
     pub h2d_bytes: u64,
@@ -159,6 +166,8 @@ mod tests {
             cpu_threads: Some(2),
             cpu_isa: Some("avx2+fma".into()),
             round_trip_us: Some(50.0),
+            round_trip_s: Some(50e-6),
+            dispatch_latency_s: None,
             read_bytes: 1,
             h2d_bytes: 1,
             repetitions: 1,

@@ -55,6 +55,43 @@ pub struct KernelsOptions {
     pub int4: bool,
     /// The dense weights' format (f16 or Q8_0).
     pub dense: crate::backend::kernel::WeightFormat,
+    /// What a step costs beyond its bytes.
+    pub latency: LatencyModel,
+}
+
+/// The latency side of the prediction: a dispatch takes at least `dispatch_latency_s`
+/// (launch, barrier and ramp-up of a link of the chain, `devices --measure`'s figure),
+/// and a step at pipeline depth 1 also waits for its token's round trip and its own
+/// recording; deeper, recording overlaps the device and a step costs the larger of the two.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct LatencyModel {
+    pub dispatch_latency_s: f64,
+    pub round_trip_s: f64,
+    pub pipeline_depth: usize,
+}
+
+impl LatencyModel {
+    /// No latency: bytes over bandwidth alone.
+    pub const NONE: LatencyModel = LatencyModel {
+        dispatch_latency_s: 0.0,
+        round_trip_s: 0.0,
+        pipeline_depth: 2,
+    };
+
+    /// Seconds of one run of a stage of `dispatches` dispatches reading `bytes`.
+    pub fn stage_s(&self, bytes: f64, dispatches: f64, gbps: f64) -> f64 {
+        (bytes / (gbps * 1e9)).max(dispatches * self.dispatch_latency_s)
+    }
+
+    /// Seconds of a decode step whose stages take `device_s` on the device and whose
+    /// recording and submission take `encode_s` of CPU.
+    pub fn step_s(&self, device_s: f64, encode_s: f64) -> f64 {
+        if self.pipeline_depth <= 1 {
+            device_s + self.round_trip_s + encode_s
+        } else {
+            device_s.max(encode_s)
+        }
+    }
 }
 
 /// One stage of the model: its dispatches in one layer (or once, for the head). Where the
@@ -86,7 +123,8 @@ pub struct StageReport {
     pub sector_efficiency: Option<f64>,
     /// The same for the KV cache.
     pub kv_sector_efficiency: Option<f64>,
-    /// bytes_read at the bandwidth, microseconds.
+    /// One run: the larger of bytes_read at the bandwidth and its dispatches at the
+    /// dispatch latency, microseconds.
     pub predicted_us: f64,
 }
 
@@ -105,7 +143,12 @@ pub struct KernelsReport {
     pub stages: Stages,
     /// Weights and KV cache read per decoded token (null when decode was not measured).
     pub bytes_per_token: Option<u64>,
+    /// Tokens per second by the latency model (`latency`): each stage the larger of its
+    /// bytes over the bandwidth and its dispatches' latency, plus the host where it waits.
     pub predicted_decode_tokens_per_s: Option<f64>,
+    /// The same from bytes alone (the bandwidth roofline).
+    pub roofline_decode_tokens_per_s: Option<f64>,
+    pub latency: LatencyModel,
     /// Weights and KV cache read per prefilled token (null when prefill was not measured).
     pub prefill_bytes_per_token: Option<f64>,
     pub dispatches_per_token: Option<usize>,
@@ -237,7 +280,7 @@ fn push(stages: &mut Vec<Stage>, prefix: &str, per_token: f64, ops: Vec<ProbedOp
     }
 }
 
-fn summarise(s: &Stage, gbps: f64) -> StageReport {
+fn summarise(s: &Stage, gbps: f64, latency: &LatencyModel) -> StageReport {
     let per_token = s.per_token();
     let mut counts = Counts::default();
     let mut kernels: Vec<String> = Vec::new();
@@ -280,7 +323,7 @@ fn summarise(s: &Stage, gbps: f64) -> StageReport {
         other_bytes: counts.site(Site::Other).bytes,
         sector_efficiency: weights.sector_efficiency(),
         kv_sector_efficiency: kv.sector_efficiency(),
-        predicted_us: bytes_read as f64 / (gbps * 1e9) * 1e6,
+        predicted_us: latency.stage_s(bytes_read as f64, dispatches, gbps) * 1e6,
     }
 }
 
@@ -388,7 +431,7 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     dev.sync()?;
     let kernels: Vec<StageReport> = stages
         .iter()
-        .map(|s| summarise(s, o.bandwidth_gbps))
+        .map(|s| summarise(s, o.bandwidth_gbps, &o.latency))
         .collect();
     let total = |prefix: &str| -> f64 {
         kernels
@@ -414,6 +457,12 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     } else {
         None
     };
+    // A decode step on the device: every stage by the latency model.
+    let device_s: f64 = kernels
+        .iter()
+        .filter(|k| k.stage.starts_with("decode/"))
+        .map(|k| k.predicted_us * 1e-6 * k.per_token)
+        .sum();
     Ok(KernelsReport {
         config: config.to_string(),
         device_class: o.class,
@@ -426,8 +475,15 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
         kernels,
         stages: o.stages,
         bytes_per_token: decode.then_some(bytes_per_token),
-        predicted_decode_tokens_per_s: decode
+        predicted_decode_tokens_per_s: decode.then(|| {
+            let step = o
+                .latency
+                .step_s(device_s, encode_seconds_per_token.unwrap_or(0.0));
+            1.0 / step.max(1e-12)
+        }),
+        roofline_decode_tokens_per_s: decode
             .then(|| o.bandwidth_gbps * 1e9 / bytes_per_token.max(1) as f64),
+        latency: o.latency,
         prefill_bytes_per_token: prefill.then_some(prefill_bytes_per_token),
         dispatches_per_token: decode.then_some(dispatches_per_token),
         encode_seconds_per_token,
@@ -552,17 +608,28 @@ pub fn render(r: &KernelsReport) -> String {
         s.push_str(&line(row));
         s.push('\n');
     }
-    if let (Some(b), Some(d), Some(tps), Some(e)) = (
+    if let (Some(b), Some(d), Some(tps), Some(roof), Some(e)) = (
         r.bytes_per_token,
         r.dispatches_per_token,
         r.predicted_decode_tokens_per_s,
+        r.roofline_decode_tokens_per_s,
         r.encode_seconds_per_token,
     ) {
+        let l = &r.latency;
         s.push_str(&format!(
-            "decode: {:.3} GB of weights and KV cache per token, {d} dispatches; at {} GB/s {tps:.1} tok/s; recording and submitting a step takes {:.2} ms of CPU\n",
+            "decode: {:.3} GB of weights and KV cache per token, {d} dispatches; recording and submitting a step takes {:.2} ms of CPU\n",
             b as f64 / 1e9,
-            r.bandwidth_gbps,
             e * 1e3
+        ));
+        s.push_str(&format!(
+            "predicted: {tps:.1} tok/s with {:.1} us per dispatch{} ({roof:.1} tok/s from bytes alone at {} GB/s)\n",
+            l.dispatch_latency_s * 1e6,
+            if l.pipeline_depth <= 1 {
+                format!(", a {:.1} us round trip and the recording per step (pipeline depth 1)", l.round_trip_s * 1e6)
+            } else {
+                format!(", recording overlapped (pipeline depth {})", l.pipeline_depth)
+            },
+            r.bandwidth_gbps,
         ));
     }
     if let Some(b) = r.prefill_bytes_per_token {
@@ -573,4 +640,37 @@ pub fn render(r: &KernelsReport) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LatencyModel;
+
+    #[test]
+    fn a_stage_costs_the_larger_of_its_bytes_and_its_dispatches_latency() {
+        let l = LatencyModel {
+            dispatch_latency_s: 10e-6,
+            round_trip_s: 50e-6,
+            pipeline_depth: 2,
+        };
+        // 1 MB at 100 GB/s is 10 us; 3 dispatches at 10 us are 30 us.
+        assert!((l.stage_s(1e6, 3.0, 100.0) - 30e-6).abs() < 1e-12);
+        // 10 MB is 100 us of bytes: the bytes decide.
+        assert!((l.stage_s(1e7, 3.0, 100.0) - 100e-6).abs() < 1e-12);
+        assert!((LatencyModel::NONE.stage_s(1e6, 3.0, 100.0) - 10e-6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn depth_one_adds_the_round_trip_and_recording_deeper_overlaps_them() {
+        let mut l = LatencyModel {
+            dispatch_latency_s: 0.0,
+            round_trip_s: 50e-6,
+            pipeline_depth: 1,
+        };
+        assert!((l.step_s(1e-3, 2e-4) - 1.25e-3).abs() < 1e-12);
+        l.pipeline_depth = 2;
+        assert!((l.step_s(1e-3, 2e-4) - 1e-3).abs() < 1e-12);
+        // A host slower than the device sets the pace.
+        assert!((l.step_s(1e-4, 2e-4) - 2e-4).abs() < 1e-12);
+    }
 }

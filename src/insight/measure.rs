@@ -13,6 +13,10 @@
 //! - The round trip of a segmented step's sync point: a submission of a small copy, then
 //!   its readback mapped (what each MoE layer below full residency waits for).
 //!
+//! - The latency of a dependent dispatch: a chain of [`CHAIN`] tiny matmuls each writing
+//!   what the next reads, in one submission, against a chain of one; the difference per
+//!   dispatch is what each link of a decode step's chain costs when its bytes are few.
+//!
 //! Each figure is the median of [`REPETITIONS`] timed repetitions after one untimed.
 
 use std::time::Instant;
@@ -39,6 +43,8 @@ pub const CPU_EXPERTS: usize = 8;
 pub const CPU_POOL: usize = 64;
 /// Timed round trips (the median is kept).
 pub const ROUND_TRIPS: usize = 21;
+/// Dispatches of the dependent chain `dispatch_latency_s` times.
+pub const CHAIN: usize = 128;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -179,12 +185,71 @@ pub fn round_trip_s(dev: &Device) -> Result<f64> {
     Ok(median(v))
 }
 
+/// Seconds one dependent dispatch adds to a chain: [`CHAIN`] one-token matmuls of a 64 x 64
+/// f16 matrix ping-ponging between two vectors (each reads what the last wrote), one
+/// submission, against the same with one matmul; (t_chain - t_one) / (CHAIN - 1), each the
+/// median of [`ROUND_TRIPS`] after one untimed.
+pub fn dispatch_latency_s(dev: &Device, overrides: &KernelOverrides) -> Result<f64> {
+    let n = 64usize;
+    let data: Vec<f16> = (0..n * n)
+        .map(|i| f16::from_f32(if i % (n + 1) == 0 { 1.0 } else { 0.0 }))
+        .collect();
+    let m = F16Matrix::upload(dev, "latency_matrix", n, n, &data)?;
+    let plan = KernelPlan::decide(dev.info(), overrides)?;
+    let vec = |label: &str| {
+        dev.alloc(
+            label,
+            (n * 4 + crate::backend::params::UNIFORM_WINDOW_BYTES) as u64,
+            Usage::Window,
+        )
+    };
+    let (a, b) = (vec("latency_a")?, vec("latency_b")?);
+    dev.write(&a, 0, bytemuck::cast_slice(&vec![1.0f32; n]))?;
+    let dummy = dev.alloc("latency_dummy", 16, Usage::Storage)?;
+    let step = dev.step_buffer(0, 1)?;
+    let env = OpEnv {
+        plan: &plan,
+        chunk: 1,
+        dummy: &dummy,
+    };
+    let chain = |len: usize| -> Result<crate::backend::Prepared> {
+        let mut prog = Program::default();
+        for i in 0..len {
+            let (x, out) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
+            matmul(&mut prog, &env, &m, x, None, out, n, 0);
+        }
+        dev.prepare(prog, &step)
+    };
+    let time = |p: &crate::backend::Prepared| -> Result<f64> {
+        let once = || -> Result<()> {
+            dev.submit(&[Work::Run {
+                program: p,
+                tokens: 1,
+            }])?;
+            dev.sync()
+        };
+        once()?;
+        let mut v = Vec::with_capacity(ROUND_TRIPS);
+        for _ in 0..ROUND_TRIPS {
+            let t = Instant::now();
+            once()?;
+            v.push(t.elapsed().as_secs_f64());
+        }
+        Ok(median(v))
+    };
+    let (one, long) = (chain(1)?, chain(CHAIN)?);
+    let t1 = time(&one)?;
+    let tn = time(&long)?;
+    Ok(((tn - t1) / (CHAIN - 1) as f64).max(0.0))
+}
+
 /// Every measurement on `dev` (and this machine's CPU), as the bandwidth file stores them.
 pub fn measure(dev: &Device, overrides: &KernelOverrides, date_utc: String) -> Result<Measured> {
     let read = device_read_gbps(dev, overrides)?;
     let (h2d, write) = h2d_gbps(dev)?;
     let (cpu, cpu_threads, cpu_isa) = cpu_expert_gbps(None)?;
     let round_trip = round_trip_s(dev)?;
+    let latency = dispatch_latency_s(dev, overrides)?;
     let info = dev.info();
     Ok(Measured {
         adapter: info.name.clone(),
@@ -198,6 +263,8 @@ pub fn measure(dev: &Device, overrides: &KernelOverrides, date_utc: String) -> R
         cpu_threads: Some(cpu_threads),
         cpu_isa: Some(cpu_isa.to_string()),
         round_trip_us: Some(round_trip * 1e6),
+        round_trip_s: Some(round_trip),
+        dispatch_latency_s: Some(latency),
         read_bytes: READ_BYTES,
         h2d_bytes: H2D_BYTES,
         repetitions: REPETITIONS,

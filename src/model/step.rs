@@ -177,7 +177,10 @@ impl Forward {
 
     /// The copy of the step's last logits row into its ring slot (`copy_logits`).
     fn logits_copy(&self) -> Option<Work<'_>> {
-        let dst = self.logits_ring.get(self.token_slot).filter(|_| self.copy_logits)?;
+        let dst = self
+            .logits_ring
+            .get(self.token_slot)
+            .filter(|_| self.copy_logits)?;
         Some(Work::Copy {
             src: &self.logits,
             src_offset: 0,

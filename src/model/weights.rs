@@ -19,6 +19,8 @@ use crate::model::tensors::{
 };
 use crate::residency::{HostLayer, HostSource};
 
+// One per layer: the size of the larger variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Mlp {
     Moe {
         /// Router rows (one per expert), plus Qwen's shared_expert_gate as the last row.

@@ -230,7 +230,12 @@ pub fn generate_from(
         } else {
             // Host sampling chose nothing on the device: depth 1, the next step's input is
             // written here.
-            let id = sample(logits.as_deref().unwrap_or(&[]), &opts.sampling, &suppress, &mut rng);
+            let id = sample(
+                logits.as_deref().unwrap_or(&[]),
+                &opts.sampling,
+                &suppress,
+                &mut rng,
+            );
             fwd.set_token(id)?;
             id
         };

@@ -25,8 +25,8 @@ use cudarc::driver::sys as cu;
 use crate::backend::{
     Backend, Buffer, DeviceInfo, DeviceRequest, DeviceType, Kernel, KernelTimes, Limits,
     MemTracker, NativeBuffer as SeamBuffer, NativePendingRead as SeamPendingRead,
-    NativePrepared as SeamPrepared,
-    NativeStaging as SeamStaging, Prepared, Program, Staging, Submitted, Usage, Work,
+    NativePrepared as SeamPrepared, NativeStaging as SeamStaging, Prepared, Program, Staging,
+    Submitted, Usage, Work,
 };
 use crate::error::{Error, Result};
 use load::cu_err;
@@ -73,12 +73,14 @@ pub struct PendingCopy {
 
 impl Drop for PendingCopy {
     fn drop(&mut self) {
-        // Read or abandoned (a pipelined step discarded): the event goes either way. An
-        // abandoned copy may still be running; the mirror lives as long as the buffer,
-        // and a later copy into it is ordered after this one on the stream.
-        // SAFETY: an event created for this copy, destroyed once (the driver defers the
-        // destruction of an event still pending).
-        unsafe { cu::cuEventDestroy_v2(self.event.0) };
+        // Read or abandoned (a pipelined step discarded): an abandoned copy may still be
+        // running, so it is waited for (at most the steps in flight) before its event goes;
+        // the mirror it writes then holds no copy in flight when the buffer is freed.
+        // SAFETY: an event created for this copy, waited for and destroyed once.
+        unsafe {
+            cu::cuEventSynchronize(self.event.0);
+            cu::cuEventDestroy_v2(self.event.0);
+        }
     }
 }
 
@@ -695,7 +697,8 @@ impl Backend for CudaDevice {
             return false;
         }
         // SAFETY: a live event of this device's stream.
-        unsafe { cu::cuEventQuery(p.event.0) } != cu::CUresult::CUDA_ERROR_NOT_READY
+        let r = unsafe { cu::cuEventQuery(p.event.0) };
+        r != cu::CUresult::CUDA_ERROR_NOT_READY
     }
 
     fn finish_read(&self, read: crate::backend::PendingRead) -> Result<Vec<u8>> {

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use crate::backend::{
     Backend, Buffer, DeviceInfo, DeviceRequest, Kernel, KernelTimes, MemTracker,
     NativeBuffer as SeamBuffer, NativePendingRead as SeamPendingRead,
-    NativePrepared as SeamPrepared, NativeStaging as SeamStaging,
-    Prepared, Program, Staging, Submitted, Usage, Work,
+    NativePrepared as SeamPrepared, NativeStaging as SeamStaging, Prepared, Program, Staging,
+    Submitted, Usage, Work,
 };
 use crate::error::{Error, Result};
 
