@@ -321,23 +321,36 @@ mod runtime {
                     && err.contains("position 2"),
                 "sampled {sampled}: {err}"
             );
-            // Broken after the second token: decode step 2 (the third token).
-            dev.write(&norm, 0, &good).unwrap();
-            let mut seen = Vec::new();
-            let err = generate(&mut e.fwd, &prompt, &opts(sampled), &mut |id| {
-                seen.push(id);
-                if seen.len() == 2 {
-                    dev.write(&norm, 0, &nan).unwrap();
-                }
-                Ok(())
-            })
-            .expect_err("NaN logits must not give a token")
-            .to_string();
-            assert_eq!(seen.len(), 2, "sampled {sampled}: no token after the NaNs");
-            assert!(
-                err.contains("decode step 2") && err.contains("position 4"),
-                "sampled {sampled}: {err}"
-            );
+            // Broken after the second token is read. The steps already in flight then ran
+            // on good weights (a sampled run is at depth 1): at depth d the first broken
+            // step is decode step d + 1, and no token comes from it or after it.
+            for depth in [1usize, 2, 4] {
+                dev.write(&norm, 0, &good).unwrap();
+                let mut o = opts(sampled);
+                o.pipeline_depth = depth;
+                let d = if sampled { 1 } else { depth };
+                let mut seen = Vec::new();
+                let err = generate(&mut e.fwd, &prompt, &o, &mut |id| {
+                    seen.push(id);
+                    if seen.len() == 2 {
+                        dev.write(&norm, 0, &nan).unwrap();
+                    }
+                    Ok(())
+                })
+                .expect_err("NaN logits must not give a token")
+                .to_string();
+                assert_eq!(
+                    seen.len(),
+                    d + 1,
+                    "sampled {sampled}, depth {depth}: no token after the NaNs"
+                );
+                let (step, pos) = (d + 1, prompt.len() + d);
+                assert!(
+                    err.contains(&format!("decode step {step}"))
+                        && err.contains(&format!("position {pos}")),
+                    "sampled {sampled}, depth {depth}: {err}"
+                );
+            }
             // And the teacher-forced logits `eval` reads.
             let err = prompt_logits(&mut e.fwd, &prompt)
                 .expect_err("NaN rows")
