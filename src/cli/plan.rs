@@ -231,6 +231,7 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
             },
             int4: !a.f16_experts,
             dense: a.dense_precision.format(),
+            kv: a.kv_precision.format(),
         },
     )?;
     super::print_report(a.json, &r, render)
