@@ -64,7 +64,8 @@ enum Cmd {
         out: PathBuf,
         /// Write into a non-empty output directory that holds no earlier wgmoe output,
         /// replacing the model files there (weights, config and tokenizer files; other
-        /// files are kept).
+        /// files are kept). A directory holding a GGUF file wgmoe did not write is refused
+        /// even so.
         #[arg(long)]
         force: bool,
         /// Storage of the dense weights (attention q/k/v/o, shared experts, dense MLP
@@ -172,6 +173,9 @@ struct KernelsArgs {
     /// Dense weights as f16 or q8_0 (as `run --dense-precision`).
     #[arg(long, value_enum, default_value = "q8_0")]
     dense_precision: DensePrecision,
+    /// Storage of the KV cache the attention kernels read (as `run --kv-precision`).
+    #[arg(long, value_enum, default_value = "f16")]
+    kv_precision: KvPrecision,
     /// Use the portable kernels even where subgroup operations exist.
     #[arg(long)]
     portable_kernels: bool,

@@ -219,3 +219,30 @@ fn run_n_0_runs_the_prompt_only() {
     let help = wgmoe(["run", "--help"]).stdout;
     assert!(help.contains("0 runs the prompt only"), "{help}");
 }
+
+/// Issue 39, defect 4: `kernels` takes `--kv-precision` (docs/models.md lists it among the
+/// commands that do) and counts `run`'s default f16 cache unless told otherwise.
+#[test]
+fn kernels_takes_the_kv_precision() {
+    let dir = s(&fixture(OLMOE));
+    let kv_of = |extra: &[&str]| {
+        let mut args = vec!["kernels", &dir, "--stages", "decode", "-c", "64", "--json"];
+        args.extend_from_slice(extra);
+        let v = json_of(&wgmoe(&args));
+        let attention = v["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["stage"] == "decode/attention")
+            .unwrap_or_else(|| panic!("no attention stage: {v}"))["kv_bytes"]
+            .as_u64()
+            .unwrap();
+        (v["kv_precision"].as_str().unwrap().to_string(), attention)
+    };
+    let (default, f16) = kv_of(&[]);
+    assert_eq!(default, "f16");
+    let (name, f32) = kv_of(&["--kv-precision", "f32"]);
+    assert_eq!(name, "f32");
+    assert_eq!(f32, 2 * f16, "f32 {f32} against f16 {f16}");
+    assert_eq!(kv_of(&["--kv-precision", "q8_0"]).0, "q8_0");
+}

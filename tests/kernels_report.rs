@@ -3,7 +3,7 @@
 //! so a kernel that goes back to strided loads, or a dispatch too small to fill a large GPU,
 //! fails here.
 
-use wgmoe::backend::kernel::WeightFormat;
+use wgmoe::backend::kernel::{KvFormat, WeightFormat};
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::KernelOverrides;
 use wgmoe::config::ModelConfig;
@@ -32,6 +32,8 @@ fn options_in(
         int4: true,
         dense,
         latency: LatencyModel::NONE,
+        // `run`'s default cache.
+        kv: KvFormat::F16,
     }
 }
 
@@ -91,9 +93,9 @@ fn decode_meets_the_bar(path: &str, dense: WeightFormat) -> KernelsReport {
     }
     // Projections, router, both expert kernels, lm_head (and any shared or dense MLP).
     assert!(weighted >= 6, "{path}: only {weighted} stages read weights");
-    // Attention reads each KV head's cache once, over enough workgroups.
+    // Attention reads each KV head's (f16) cache once, over enough workgroups.
     let a = stage(&r, "decode/attention");
-    let cache = 2 * cfg.num_kv_heads * cfg.head_dim * context * 4;
+    let cache = 2 * cfg.num_kv_heads * cfg.head_dim * context * 2;
     assert!(
         a.workgroups >= 128,
         "{path}: attention in {} workgroups",
@@ -189,7 +191,7 @@ fn qwen3_gguf_q4_k_m_decode_is_coalesced_and_fills_a_gpu() {
         &cfg,
         WeightFormat::Q8,
         true,
-        wgmoe::backend::kernel::KvFormat::F32,
+        KvFormat::F16,
         4096,
     )
     .unwrap() as f64;
@@ -219,7 +221,7 @@ fn the_probe_tells_strided_from_coalesced_loads() {
         "storage matvec: {qkv:?}"
     );
     assert_eq!(qkv.kernel, "matmul");
-    assert_eq!(stage(&r, "decode/attention").kernel, "attention");
+    assert_eq!(stage(&r, "decode/attention").kernel, "attention[f16 kv]");
     assert!(!stage(&r, "decode/experts_gate_up").kernel.contains("gemm"));
     for name in ["prefill/qkv_proj", "prefill/experts_gate_up"] {
         let k = stage(&r, name);
@@ -227,4 +229,42 @@ fn the_probe_tells_strided_from_coalesced_loads() {
         assert!(k.sector_efficiency.unwrap() >= 0.90, "{name}: {k:?}");
     }
     assert!(r.prefill_bytes_per_token.unwrap() > 0.0);
+}
+
+/// The attention stage reads the cache in the storage asked for: f16 by default (as
+/// `run`'s), half of f32's bytes, q8_0 fewer still; the report says which.
+#[test]
+fn attention_reads_the_kv_cache_in_its_precision() {
+    let path = "models/olmoe-tiny/config.json";
+    let cfg = config(path);
+    let context = 256;
+    let kv_bytes = |kv: KvFormat| {
+        let mut o = options(Stages::Decode, context, KernelOverrides::default());
+        o.kv = kv;
+        let r = report(path, &cfg, &o).unwrap();
+        assert_eq!(r.kv_precision, kv);
+        assert_eq!(r.plan.kv, kv);
+        (
+            stage(&r, "decode/attention").kv_bytes,
+            r.bytes_per_token.unwrap(),
+        )
+    };
+    let (f32_kv, f32_total) = kv_bytes(KvFormat::F32);
+    let (f16_kv, f16_total) = kv_bytes(KvFormat::F16);
+    let (q8_kv, _) = kv_bytes(KvFormat::Q8);
+    let per_pos = |kv: KvFormat| 2 * kv.row_bytes(cfg.num_kv_heads * cfg.head_dim, cfg.head_dim);
+    // (q8_0's scales are read apart from its values: fewer bytes still, checked below.)
+    for (kv, got) in [(KvFormat::F32, f32_kv), (KvFormat::F16, f16_kv)] {
+        let want = (per_pos(kv) * context) as f64;
+        assert!(
+            got as f64 >= want && got as f64 <= 1.1 * want,
+            "{kv:?}: attention reads {got} bytes of a {want}-byte cache"
+        );
+    }
+    assert!(q8_kv < f16_kv && f16_kv < f32_kv);
+    // The per-token total moves by every layer's difference.
+    assert_eq!(
+        f32_total - f16_total,
+        (f32_kv - f16_kv) * cfg.num_layers as u64
+    );
 }

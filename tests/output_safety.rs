@@ -266,3 +266,52 @@ fn force_replaces_the_model_files_and_keeps_the_rest() {
     assert_eq!(std::fs::read(b.join("notes.txt")).unwrap(), b"mine");
     assert_eq!(generated(&b), generated(&a));
 }
+
+/// A user's GGUF is never replaced or removed, `--force` or not, by `synth` in any format
+/// or by `quantize`; synth's own GGUF output is recognised and replaced without `--force`,
+/// and a later output of another format leaves no stale `model.gguf`.
+#[test]
+fn a_users_gguf_is_never_replaced_and_synths_own_is() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("mine");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::copy(
+        common::repo().join("models/gguf/qwen3moe/qwen3moe-Q8_0.gguf"),
+        d.join("model.gguf"),
+    )
+    .unwrap();
+    let (_ta, a) = copy_fixture(OLMOE);
+    for force in [false, true] {
+        let f: &[&str] = if force { &["--force"] } else { &[] };
+        for format in ["gguf", "converted", "hf"] {
+            let mut extra = vec!["--format", format];
+            extra.extend_from_slice(f);
+            let r = run_untouched(&d, &synth_args(&d, &extra));
+            assert_error(&r, &["-o/--out", "model.gguf", "never replaces"]);
+        }
+        let mut q = vec!["quantize".to_string(), s(&a), "-o".into(), s(&d)];
+        q.extend(f.iter().map(|x| x.to_string()));
+        let r = run_untouched(&d, &q);
+        assert_error(&r, &["-o/--out", "model.gguf", "never replaces"]);
+    }
+
+    // synth's own GGUF: rewritten without --force, then replaced by another format.
+    let c = t.path().join("synth");
+    assert_ok(&wgmoe(synth_args(&c, &["--format", "gguf"])));
+    let r = wgmoe(synth_args(&c, &["--format", "gguf", "--seed", "5"]));
+    assert_ok(&r);
+    assert!(
+        r.stderr
+            .contains("replaced an earlier `wgmoe synth --format gguf` model"),
+        "{r}"
+    );
+    assert_eq!(names(&c), ["model.gguf"], "{r}");
+    let r = wgmoe(synth_args(&c, &[]));
+    assert_ok(&r);
+    assert!(
+        !names(&c).contains(&"model.gguf".to_string()),
+        "a stale model.gguf is left: {:?}",
+        names(&c)
+    );
+    assert_eq!(generated(&c).len(), 3);
+}

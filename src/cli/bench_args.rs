@@ -18,7 +18,8 @@ pub(crate) struct SynthArgs {
     #[arg(short, long)]
     pub(crate) out: PathBuf,
     /// Write into a non-empty output directory that holds no earlier wgmoe output,
-    /// replacing the model files there (other files are kept).
+    /// replacing the model files there (other files are kept). A directory holding a GGUF
+    /// file wgmoe did not write is refused even so.
     #[arg(long)]
     pub(crate) force: bool,
     /// Weights: converted INT4 (f16 non-routed, packed INT4 experts), a bf16 HF checkpoint,

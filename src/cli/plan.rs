@@ -236,6 +236,7 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
                 round_trip_s: finite_us("--round-trip-us", a.round_trip_us)?,
                 pipeline_depth: a.pipeline_depth,
             },
+            kv: a.kv_precision.format(),
         },
     )?;
     super::print_report(a.json, &r, render)

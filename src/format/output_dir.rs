@@ -5,8 +5,11 @@
 //!   ancestor); the same directory, or one inside the other, is refused.
 //! - An existing, non-empty output directory is refused unless it holds an earlier wgmoe
 //!   output (recognised from what wgmoe writes: the `wgmoe.format` metadata of a converted
-//!   `model.safetensors`, `wgmoe.synthetic` / `"wgmoe_synthetic": true` of `synth`), or
-//!   `--force` is given.
+//!   `model.safetensors`, `wgmoe.synthetic` / `"wgmoe_synthetic": true` of `synth`, the
+//!   `wgmoe.synthetic` key of a `synth --format gguf` file), or `--force` is given.
+//! - A GGUF file that wgmoe did not write is never replaced or removed, `--force` or not:
+//!   a directory holding one is refused (a model written next to it would make the
+//!   directory hold two models).
 //! - Every file is written under a temporary name in the output directory
 //!   (`.NAME.wgmoe-tmp-PID`) and renamed into place only when every file is complete
 //!   ([`OutputDir::commit`]); model files of an earlier output that the new one does not
@@ -33,6 +36,8 @@ pub enum Earlier {
     SynthConverted,
     /// `wgmoe synth --format hf`: `config.json` with `"wgmoe_synthetic": true`.
     SynthHf,
+    /// `wgmoe synth --format gguf`: `model.gguf` with the `wgmoe.synthetic` key.
+    SynthGguf,
 }
 
 impl Earlier {
@@ -47,6 +52,9 @@ impl Earlier {
             Earlier::SynthHf => {
                 "an earlier `wgmoe synth --format hf` model (config.json has \"wgmoe_synthetic\": true)"
             }
+            Earlier::SynthGguf => {
+                "an earlier `wgmoe synth --format gguf` model (model.gguf has wgmoe.synthetic metadata)"
+            }
         }
     }
 }
@@ -58,6 +66,8 @@ pub enum Contents {
     Earlier(Earlier),
     /// Anything else: what it holds, in words.
     Foreign(String),
+    /// GGUF files wgmoe did not write (their names): refused even with `--force`.
+    UserGguf(Vec<String>),
 }
 
 struct Staged {
@@ -99,6 +109,27 @@ fn is_weight_file(name: &str) -> bool {
 /// `model-00001-of-00003.safetensors` (the hub's shard names).
 fn is_shard(name: &str) -> bool {
     name.starts_with("model-") && name.ends_with(".safetensors") && name.contains("-of-")
+}
+
+fn is_gguf(name: &str) -> bool {
+    Path::new(name)
+        .extension()
+        .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
+}
+
+/// The GGUF metadata key `wgmoe synth --format gguf` writes (the seed, as a u64).
+pub const GGUF_SYNTHETIC_KEY: &str = "wgmoe.synthetic";
+
+/// Whether `path` is a GGUF file `wgmoe synth` wrote: its header has the
+/// [`GGUF_SYNTHETIC_KEY`] key, or (files written before that key) a `general.name` of
+/// `wgmoe synth ...`. Anything unreadable is not.
+pub fn is_synth_gguf(path: &Path) -> bool {
+    let Ok(f) = crate::gguf::GgufFile::open_header(path) else {
+        return false;
+    };
+    let m = f.metadata();
+    m.get(GGUF_SYNTHETIC_KEY).is_some()
+        || matches!(m.get("general.name"), Some(crate::gguf::MetaValue::Str(s)) if s.starts_with("wgmoe synth "))
 }
 
 /// Temporaries of a wgmoe writer (this module's, and the `.partial` files of the stream
@@ -182,6 +213,24 @@ pub fn contents(dir: &Path) -> Result<Contents> {
     names.sort();
     if names.is_empty() {
         return Ok(Contents::Empty);
+    }
+    let ggufs: Vec<&String> = names.iter().filter(|n| is_gguf(n)).collect();
+    if !ggufs.is_empty() {
+        let users: Vec<&String> = ggufs
+            .iter()
+            .copied()
+            .filter(|n| !is_synth_gguf(&dir.join(n)))
+            .collect();
+        if !users.is_empty() {
+            return Ok(Contents::UserGguf(
+                users.iter().map(|n| n.to_string()).collect(),
+            ));
+        }
+        // Only synth's own `model.gguf`, alone with no other model next to it.
+        if ggufs.len() == 1 && *ggufs[0] == "model.gguf" && !names.iter().any(|n| is_weight_file(n))
+        {
+            return Ok(Contents::Earlier(Earlier::SynthGguf));
+        }
     }
     let foreign = |names: Vec<String>| {
         let weights: Vec<&String> = names.iter().filter(|n| is_weight_file(n)).collect();
@@ -292,6 +341,16 @@ impl OutputDir {
             }
             Err(e) => return Err(Error::io(&dir, e)),
         };
+        if let Contents::UserGguf(files) = &contents {
+            return Err(Error::option(
+                OPTION,
+                format!(
+                    "{} holds a GGUF model that wgmoe did not write ({}); wgmoe never replaces or removes a GGUF file, even with --force: choose a new or empty directory, or move the file",
+                    out.display(),
+                    files.join(", ")
+                ),
+            ));
+        }
         if let Contents::Foreign(what) = &contents {
             if !force {
                 return Err(Error::option(
@@ -383,8 +442,11 @@ impl OutputDir {
         let rd = std::fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            let stale =
-                (is_model_file(&name) && !new.contains(&name.as_str())) || is_temporary(&name);
+            let replaced = !new.contains(&name.as_str());
+            // A GGUF only when synth wrote it (prepare refused any other; checked again).
+            let stale = (replaced && is_model_file(&name))
+                || (replaced && is_gguf(&name) && is_synth_gguf(&e.path()))
+                || is_temporary(&name);
             if stale && e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()) {
                 std::fs::remove_file(e.path()).map_err(|err| Error::io(e.path(), err))?;
             }

@@ -57,6 +57,8 @@ pub struct KernelsOptions {
     pub dense: crate::backend::kernel::WeightFormat,
     /// What a step costs beyond its bytes.
     pub latency: LatencyModel,
+    /// The KV cache's storage (`--kv-precision`; f16 by default, as `run`'s).
+    pub kv: crate::backend::kernel::KvFormat,
 }
 
 /// The latency side of the prediction: a dispatch takes at least `dispatch_latency_s`
@@ -136,6 +138,9 @@ pub struct KernelsReport {
     pub measured_on: String,
     pub subgroup_size: u32,
     pub context: usize,
+    /// The KV cache's storage the attention stages read (by `--kv-precision`'s name).
+    #[serde(serialize_with = "kv_name")]
+    pub kv_precision: crate::backend::kernel::KvFormat,
     pub prefill_chunk: usize,
     pub bandwidth_gbps: f64,
     pub plan: KernelPlan,
@@ -154,6 +159,13 @@ pub struct KernelsReport {
     pub dispatches_per_token: Option<usize>,
     /// CPU seconds to record and submit one decode step of the real layer count.
     pub encode_seconds_per_token: Option<f64>,
+}
+
+fn kv_name<S: serde::Serializer>(
+    kv: &crate::backend::kernel::KvFormat,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(kv.name())
 }
 
 /// The device the plan is decided for: the class's GPU traits on the probe adapter's
@@ -361,7 +373,10 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
         ..Default::default()
     })?;
     let real = dev.info().clone();
-    let plan = KernelPlan::decide(&class_info(o.class, &real), &o.overrides)?;
+    let mut plan = KernelPlan::decide(&class_info(o.class, &real), &o.overrides)?;
+    // The engine sets the cache's storage after deciding the plan; so does this report.
+    crate::runtime::engine::check_kv_format(cfg, o.kv)?;
+    plan.kv = o.kv;
     let (shape, kinds, layer_kind) = shape_model(cfg);
     let fwd = |dev: &Device, shape: &ModelConfig| -> Result<Forward> {
         let weights = ModelWeights::zeros(dev, shape, o.int4, o.dense)?;
@@ -469,6 +484,7 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
         measured_on: format!("{} ({}, {})", real.name, real.backend, real.driver_string()),
         subgroup_size: real.subgroup_max_size,
         context: o.context,
+        kv_precision: o.kv,
         prefill_chunk: t,
         bandwidth_gbps: o.bandwidth_gbps,
         plan,
@@ -540,10 +556,11 @@ fn encode_seconds(f: &Forward, layer_kind: &[usize]) -> Result<f64> {
 /// The report as a table.
 pub fn render(r: &KernelsReport) -> String {
     let mut s = format!(
-        "{}: kernels of the {} plan, context {}, prefill chunk {}, measured on {} (subgroups of {})\n",
+        "{}: kernels of the {} plan, context {} ({} KV cache), prefill chunk {}, measured on {} (subgroups of {})\n",
         r.config,
         class_name(r.device_class),
         r.context,
+        r.kv_precision.name(),
         r.prefill_chunk,
         r.measured_on,
         r.subgroup_size

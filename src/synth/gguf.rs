@@ -218,6 +218,11 @@ fn metadata(
             "general.file_type".to_string(),
             MetaValue::U32(scheme.file_type()),
         ),
+        // How `synth` recognises its own output when asked to write over it.
+        (
+            crate::format::output_dir::GGUF_SYNTHETIC_KEY.to_string(),
+            MetaValue::U64(seed),
+        ),
         (k("block_count"), u(cfg.num_layers)),
         (k("context_length"), u(cfg.max_position_embeddings)),
         (k("embedding_length"), u(cfg.hidden_size)),
