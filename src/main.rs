@@ -587,6 +587,10 @@ struct RunArgs {
     /// --cache-policy profile).
     #[arg(long, value_name = "FILE")]
     write_profile: Option<PathBuf>,
+    /// Replay every step's dispatches timed by GPU timestamps (wall clock where the adapter
+    /// has none; slows the run, decode at depth 1): GPU time per stage and kernel per token.
+    #[arg(long)]
+    profile_kernels: bool,
     /// Write the routing to FILE (JSONL: one line per token and MoE layer with the expert
     /// ids, router weights, hits and the experts computed on the CPU); reads each layer's
     /// routing back (slower).

@@ -187,14 +187,9 @@ fn qwen3_gguf_q4_k_m_decode_is_coalesced_and_fills_a_gpu() {
         assert!(k.contains(format), "{s}: {k}, not {format}");
     }
     let cfg = config(path);
-    let plan = wgmoe::planner::decode_bytes_per_token(
-        &cfg,
-        WeightFormat::Q8,
-        true,
-        KvFormat::F16,
-        4096,
-    )
-    .unwrap() as f64;
+    let plan =
+        wgmoe::planner::decode_bytes_per_token(&cfg, WeightFormat::Q8, true, KvFormat::F16, 4096)
+            .unwrap() as f64;
     let got = r.bytes_per_token.unwrap() as f64;
     assert!(
         (got - plan).abs() <= 0.01 * plan,

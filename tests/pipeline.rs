@@ -230,3 +230,191 @@ fn a_stop_from_on_token_mid_flight_keeps_exactly_the_tokens_seen() {
         );
     }
 }
+
+mod cli {
+    //! The command line: `run --json`'s pipeline metrics, `--profile-kernels` (the GPU time
+    //! of each stage and kernel, the tokens unchanged) and `bench`'s depth sweep.
+    use super::common::cli::{
+        assert_error, assert_ok, ids, json_of, wgmoe, MIXTRAL, OLMOE, QWEN, QWEN3,
+    };
+
+    fn run_json(model: &str, extra: &[&str]) -> serde_json::Value {
+        let dir = super::common::fixture(model);
+        let mut args = vec![
+            "run".to_string(),
+            dir.display().to_string(),
+            "--prompt-ids".into(),
+            "3,17,101,7,42,9,5".into(),
+            "-n".into(),
+            "6".into(),
+            "--json".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let r = wgmoe(&args);
+        assert_ok(&r);
+        json_of(&r)
+    }
+
+    #[test]
+    fn run_json_reports_the_steps_in_flight() {
+        let v = run_json(OLMOE, &[]);
+        let m = &v["metrics"];
+        assert_eq!(m["pipeline_depth"], 2, "{m}");
+        assert_eq!(m["decode_steps_in_flight_max"], 2, "{m}");
+        assert!(
+            m["decode_host_wait_s"].as_f64().is_some_and(|s| s >= 0.0),
+            "{m}"
+        );
+        assert_eq!(m["decode_steps_discarded"], 0, "{m}");
+        assert!(m["profile"].is_null(), "{m}");
+        let one = run_json(OLMOE, &["--pipeline-depth", "1"]);
+        assert_eq!(one["metrics"]["decode_steps_in_flight_max"], 1);
+        assert_eq!(ids(&one, "generated_ids"), ids(&v, "generated_ids"));
+    }
+
+    #[test]
+    fn profile_kernels_times_every_stage_on_the_gpu_and_changes_no_token() {
+        for model in [OLMOE, QWEN, QWEN3, MIXTRAL] {
+            // Prefill chunks of 3 tokens: the replays of several chunks and of decode steps.
+            let plain = run_json(model, &["--prefill-chunk", "3"]);
+            let v = run_json(model, &["--prefill-chunk", "3", "--profile-kernels"]);
+            assert_eq!(
+                ids(&v, "generated_ids"),
+                ids(&plain, "generated_ids"),
+                "{model}: the replays changed the tokens"
+            );
+            let m = &v["metrics"];
+            // lavapipe has timestamp queries (as NVIDIA's and AMD's drivers do).
+            assert_eq!(m["profile_clock"], "gpu-timestamps", "{model}: {m}");
+            assert_eq!(m["pipeline_depth"], 1, "{model}");
+            let rows = m["profile"].as_array().expect("profile rows");
+            let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+            // Every dispatch of a decode step is in the table, once.
+            let dispatches: f64 = rows.iter().map(|r| f(r, "dispatches_per_token")).sum();
+            assert_eq!(
+                dispatches,
+                m["dispatches_per_decode_step"].as_f64().unwrap(),
+                "{model}: {m}"
+            );
+            let share: f64 = rows.iter().map(|r| f(r, "share")).sum();
+            assert!((share - 1.0).abs() < 1e-9, "{model}: shares sum to {share}");
+            let gpu: f64 = rows.iter().map(|r| f(r, "gpu_s_per_token")).sum();
+            assert!(
+                rows.iter().all(|r| f(r, "gpu_s_per_token") >= 0.0),
+                "{model}"
+            );
+            assert!(
+                (gpu - f(m, "gpu_s_per_token")).abs() < 1e-12 && gpu > 0.0,
+                "{model}: {m}"
+            );
+            for stage in ["attention", "lm_head", "argmax"] {
+                assert!(
+                    rows.iter().any(|r| r["stage"] == stage),
+                    "{model}: no {stage} row in {m}"
+                );
+            }
+            assert!(f(m, "gpu_busy_fraction") > 0.0, "{model}: {m}");
+            assert!(f(m, "host_s_per_token") > 0.0, "{model}: {m}");
+            assert!(
+                !m["prefill_profile"].as_array().unwrap().is_empty(),
+                "{model}"
+            );
+        }
+        // The per-layer path of partial residency is not profiled: refused, not ignored.
+        let dir = super::common::fixture(QWEN);
+        let r = wgmoe([
+            "run",
+            &dir.display().to_string(),
+            "--prompt-ids",
+            "3,17",
+            "-n",
+            "2",
+            "--resident-experts",
+            "3",
+            "--profile-kernels",
+        ]);
+        assert_error(&r, &["--profile-kernels", "every expert resident"]);
+    }
+
+    #[test]
+    fn bench_sweeps_depths_side_by_side_and_profiles() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("b.json");
+        let dir = super::common::fixture(QWEN3);
+        let r = wgmoe([
+            "bench",
+            &dir.display().to_string(),
+            "--prompts",
+            "1",
+            "--blocks",
+            "1",
+            "-n",
+            "5",
+            "--warmup",
+            "1",
+            "--pipeline-depths",
+            "1,2",
+            "--profile-kernels",
+            "--json-out",
+            &out.display().to_string(),
+        ]);
+        assert_ok(&r);
+        let recs: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let recs = recs.as_array().unwrap();
+        assert_eq!(recs.len(), 2, "{r}");
+        // Profiling decodes at depth 1 whatever the sweep asks: said in the record.
+        for rec in recs {
+            assert_eq!(rec["pipeline_depth"], 1, "{rec}");
+            assert_eq!(rec["profile_clock"], "gpu-timestamps", "{rec}");
+            let rows = rec["profile"].as_array().unwrap();
+            let d: f64 = rows
+                .iter()
+                .map(|r| r["dispatches_per_token"].as_f64().unwrap())
+                .sum();
+            assert_eq!(
+                d,
+                rec["dispatches_per_decode_step"].as_f64().unwrap(),
+                "{rec}"
+            );
+            assert!(rec["gpu_busy_fraction"].as_f64().is_some_and(|b| b > 0.0));
+        }
+        // Without it, depth 2 keeps two steps in flight.
+        let r = wgmoe([
+            "bench",
+            &dir.display().to_string(),
+            "--prompts",
+            "1",
+            "--blocks",
+            "1",
+            "-n",
+            "5",
+            "--warmup",
+            "0",
+            "--pipeline-depths",
+            "1,2",
+            "--json-out",
+            &out.display().to_string(),
+        ]);
+        assert_ok(&r);
+        let recs: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let depths: Vec<_> = recs
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["pipeline_depth"].clone(),
+                    r["decode_steps_in_flight_max"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            depths,
+            vec![(1.into(), 1.into()), (2.into(), 2.into())],
+            "{r}"
+        );
+        assert!(recs[0]["profile"].is_null());
+    }
+}

@@ -31,8 +31,9 @@
 # device fails them) and the wgpu suites on CUDA (WGMOE_TEST_BACKEND=cuda); then
 # `devices --measure`, decode tok/s of the scaled OLMoE shape (`wgmoe synth`, converted
 # INT4) and of Q4_K_M GGUF files of the scaled OLMoE and Qwen3 shapes (`synth --format
-# gguf`) on each backend, with a per-kernel wall-time table of the GGUF ones, and a partial
-# residency bench on CUDA. Each step has its own time
+# gguf`) on each backend at pipeline depth 1 and 2, `kernels`' latency-aware prediction
+# beside them, a per-kernel GPU-time table of the GGUF ones, and a partial residency
+# bench on CUDA. Each step has its own time
 # limit; a failed step is recorded and the next one runs. Exit status: 0 when every step
 # that ran passed.
 set -uo pipefail
@@ -190,7 +191,10 @@ check() {
   # with) and the scaled OLMoE and Qwen3 shapes (random weights, every expert resident):
   # wgmoe's converted INT4, and Q4_K_M GGUF files (the K-quant kernels: Q4_K, and Q6_K on
   # the layers llama-quantize gives more bits), the Qwen3 one with the real expert width.
-  step devices-measure 60 "$W" devices --measure
+  # Per backend: the read bandwidth, the latency of a chain of dependent dispatches and the
+  # submit-to-readback round trip (`kernels` below predicts from them).
+  [ $vk = 1 ] && step vulkan-devices-measure 60 sh -c "'$W' devices --measure --backend vulkan --json >'$REPORT/measure-vulkan.json'"
+  [ $cu = 1 ] && step cuda-devices-measure 60 sh -c "'$W' devices --measure --backend cuda --json >'$REPORT/measure-cuda.json'"
   local SYN="$REPORT/synth"
   step synth-olmoe 60 "$W" synth --arch olmoe-1b-7b --hidden 1024 --layers 8 --heads 16 --experts 64 \
     --top-k 8 --expert-intermediate 512 --vocab 50304 -o "$SYN/olmoe-scaled"
@@ -198,18 +202,37 @@ check() {
     --top-k 8 --expert-intermediate 512 --vocab 50304 --format gguf -o "$SYN/olmoe-gguf"
   step synth-qwen3-gguf 60 "$W" synth --arch qwen3-30b-a3b --hidden 2048 --layers 8 --heads 32 --kv-heads 4 \
     --head-dim 128 --experts 128 --top-k 8 --expert-intermediate 768 --vocab 32768 --format gguf -o "$SYN/qwen3-gguf"
-  # scaled BACKEND: decode tok/s of each model, and for the GGUF ones the wall time of each
-  # kernel of a decode step run one dispatch per submission (WGMOE_PROFILE_KERNELS; the
-  # table is in the log).
+  # scaled BACKEND: decode tok/s of each model at pipeline depth 1 (the host reads each
+  # token before the next step is recorded) and 2 (the default), side by side in one
+  # bench; `kernels`' prediction of the Qwen3 shape from this backend's measured bandwidth,
+  # dispatch latency and round trip (its probe build needs lavapipe: where the image has
+  # none the step fails and says so); and for the GGUF ones the GPU time of each stage and
+  # kernel of a decode step and the GPU's busy fraction (`run --profile-kernels`: GPU
+  # timestamps where the adapter has them, CUDA by the wall clock; the table is in the log).
   scaled() {
     local b=$1 m
     for m in olmoe-scaled olmoe-gguf qwen3-gguf; do
       [ -d "$SYN/$m" ] || continue
-      step "$b-bench-$m" 60 "$W" bench "$SYN/$m" --backend "$b" $B --json-out "$REPORT/bench-$b-$m.json"
+      step "$b-bench-$m" 90 "$W" bench "$SYN/$m" --backend "$b" $B --pipeline-depths 1,2 --json-out "$REPORT/bench-$b-$m.json"
     done
+    if [ -f "$REPORT/measure-$b.json" ] && [ -d "$SYN/qwen3-gguf" ]; then
+      local fig
+      fig=$(python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+lat = m.get("dispatch_latency_s") or 10e-6
+rt = m.get("round_trip_s") or 50e-6
+bw = m["device_read_gbps"]
+print(f"--bandwidth {bw:.1f} --dispatch-latency-us {lat * 1e6:.2f} --round-trip-us {rt * 1e6:.2f}")
+' "$REPORT/measure-$b.json")
+      for d in 1 2; do
+        step "$b-kernels-qwen3-depth$d" 120 "$W" kernels "$SYN/qwen3-gguf/model.gguf" --stages decode \
+          -c 256 $fig --pipeline-depth $d --json
+      done
+    fi
     for m in olmoe-gguf qwen3-gguf; do
       [ -d "$SYN/$m" ] || continue
-      step "$b-profile-$m" 60 env WGMOE_PROFILE_KERNELS=1 "$W" run "$SYN/$m" --backend "$b" -p "The capital of France is" -n 4
+      step "$b-profile-$m" 60 sh -c "'$W' run '$SYN/$m' --backend $b -p 'The capital of France is' -n 8 --profile-kernels --json >'$REPORT/profile-$b-$m.json'"
     done
   }
   [ $vk = 1 ] && scaled vulkan

@@ -11,6 +11,7 @@
 
 pub mod cpu;
 pub mod kernel;
+pub mod kernel_profile;
 pub mod params;
 pub mod plan;
 pub mod probe;
@@ -333,8 +334,32 @@ pub struct Submitted {
     pub dispatches: usize,
 }
 
-/// Wall time per kernel name: (seconds, dispatches), from [`Device::profile`].
-pub type KernelTimes = BTreeMap<String, (f64, usize)>;
+/// Time per (stage, kernel name) of profiled dispatches: (seconds, dispatches), from
+/// [`Device::profile`].
+pub type KernelTimes = BTreeMap<(String, String), (f64, usize)>;
+
+/// What [`Device::profile`] timed the dispatches with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProfileClock {
+    /// GPU timestamps written at the start and the end of each dispatch's compute pass, all
+    /// of a program's dispatches in one submission: kernel time, no submission or wait.
+    GpuTimestamps,
+    /// The wall time of each dispatch submitted alone and waited for (the adapter has no
+    /// timestamp queries): submission and wait included.
+    WallClock,
+}
+
+impl ProfileClock {
+    pub fn describe(self) -> &'static str {
+        match self {
+            ProfileClock::GpuTimestamps => "GPU timestamps",
+            ProfileClock::WallClock => {
+                "wall clock, one dispatch per submission (the adapter has no timestamp queries)"
+            }
+        }
+    }
+}
 
 /// What every backend implements.
 pub trait Backend {
@@ -368,8 +393,14 @@ pub trait Backend {
     fn fill_staging(&self, staging: &Staging, data: &[u8]) -> Result<()>;
     /// Make a filled staging buffer whose copy was never submitted writable again.
     fn unstage(&self, staging: &Staging);
-    /// Run each dispatch of a step alone, timed, adding wall time per kernel to `times`.
-    fn profile(&self, program: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()>;
+    /// Run each dispatch of a step once more, timed, adding its time per stage and kernel
+    /// to `times`; says which clock timed it.
+    fn profile(
+        &self,
+        program: &Prepared,
+        tokens: u32,
+        times: &mut KernelTimes,
+    ) -> Result<ProfileClock>;
 }
 
 /// A compute device of one of the backends. Cheap to clone (shared).
@@ -522,7 +553,12 @@ impl Device {
         with_backend!(self, d => d.unstage(staging))
     }
 
-    pub fn profile(&self, program: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
+    pub fn profile(
+        &self,
+        program: &Prepared,
+        tokens: u32,
+        times: &mut KernelTimes,
+    ) -> Result<ProfileClock> {
         with_backend!(self, d => d.profile(program, tokens, times))
     }
 

@@ -72,6 +72,8 @@ pub struct BenchOptions {
     pub trace: Option<PathBuf>,
     /// `--pipeline-depth` values to sweep (empty: the default).
     pub pipeline_depths: Vec<usize>,
+    /// `--profile-kernels`: GPU time per stage and kernel in each record.
+    pub profile_kernels: bool,
 }
 
 /// The trace file of configuration `index` of `count`: `base` itself for one
@@ -355,6 +357,7 @@ pub(super) struct Response {
     pub(super) pipeline_depth: usize,
     pub(super) steps_in_flight_max: usize,
     pub(super) host_wait_s: f64,
+    pub(super) encode_s: Option<f64>,
 }
 
 /// Run the whole sweep. `on_record` sees each configuration's record as soon as it is done
@@ -410,6 +413,18 @@ pub fn run_bench(
             if let Some(t) = engine.fwd.trace.as_mut() {
                 t.set_warmup(o.warmup > 0);
             }
+        }
+        if o.profile_kernels {
+            if engine.fwd.residency.is_some() || engine.fwd.trace.is_some() {
+                return Err(Error::option(
+                    "--profile-kernels",
+                    format!(
+                        "configuration {}: profiles steps with every expert resident and no --trace",
+                        describe(c)
+                    ),
+                ));
+            }
+            engine.fwd.kernel_profile = Some(Default::default());
         }
         let gen_opts = GenerateOptions {
             max_new_tokens: o.new_tokens,
@@ -477,6 +492,7 @@ pub fn run_bench(
                     pipeline_depth: g.pipeline_depth,
                     steps_in_flight_max: g.decode_steps_in_flight_max,
                     host_wait_s: g.decode_host_wait_s,
+                    encode_s: g.decode_encode_s,
                 };
                 pb.set_message(format!("{:.2} tok/s", g.decode_tokens_per_s()));
                 responses.push(r);
@@ -502,6 +518,9 @@ pub fn run_bench(
                 }
                 if let Some(t) = engine.fwd.trace.as_mut() {
                     t.set_warmup(false);
+                }
+                if let Some(p) = engine.fwd.kernel_profile.as_mut() {
+                    *p = Default::default();
                 }
             }
             pb.inc(1);

@@ -101,6 +101,12 @@ pub struct BenchRecord {
     pub prefetch_wasted_bytes: Option<u64>,
     pub prefetch_accuracy: Option<f64>,
     pub prefetch_accuracy_per_layer: Option<Vec<Option<f64>>>,
+    // `--profile-kernels` (null without it).
+    pub profile_clock: Option<crate::backend::ProfileClock>,
+    pub profile: Option<Vec<crate::insight::kernel_profile::ProfileRow>>,
+    pub gpu_s_per_token: Option<f64>,
+    pub gpu_busy_fraction: Option<f64>,
+    pub host_s_per_token: Option<f64>,
 }
 
 /// "int4/grouped": a configuration's label in tables and logs.
@@ -199,7 +205,16 @@ pub(super) fn record(
         mean_prompt + o.new_tokens / 2,
     )
     .unwrap_or(0);
+    let profile = engine.fwd.kernel_profile.as_ref().and_then(|p| {
+        let encode = rs.iter().map(|r| r.encode_s).sum::<Option<f64>>();
+        crate::insight::kernel_profile::report(p, decode_s, encode)
+    });
     BenchRecord {
+        profile_clock: profile.as_ref().map(|p| p.clock),
+        gpu_s_per_token: profile.as_ref().map(|p| p.gpu_s_per_token),
+        gpu_busy_fraction: profile.as_ref().and_then(|p| p.gpu_busy_fraction),
+        host_s_per_token: profile.as_ref().and_then(|p| p.host_s_per_token),
+        profile: profile.map(|p| p.profile),
         wgmoe_version: env!("CARGO_PKG_VERSION").to_string(),
         git_revision: x.git.to_string(),
         date_utc: rfc3339_utc(std::time::SystemTime::now()),

@@ -54,6 +54,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         fill_threads: a.fill_threads.clone(),
         prefetch_width: a.prefetch_width,
         trace: a.trace.clone(),
+        profile_kernels: a.profile_kernels,
         pipeline_depths: if a.pipeline_depths.is_empty() {
             vec![a.gpu.pipeline_depth]
         } else {

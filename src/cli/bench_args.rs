@@ -160,6 +160,12 @@ pub(crate) struct BenchArgs {
     /// --pipeline-depth gives).
     #[arg(long, value_delimiter = ',', value_name = "N,...", value_parser = crate::parse_pipeline_depth)]
     pub(crate) pipeline_depths: Vec<usize>,
+    /// Replay every step's dispatches timed by GPU timestamps (wall clock where the adapter
+    /// has none): GPU time per stage and kernel per token in each record (`profile`,
+    /// `gpu_busy_fraction`, `host_s_per_token`). Slows the run; decode at depth 1; every
+    /// expert resident only.
+    #[arg(long)]
+    pub(crate) profile_kernels: bool,
     #[command(flatten)]
     pub(crate) gpu: GpuArgs,
 }

@@ -223,6 +223,15 @@ pub fn run(a: RunArgs) -> Result<()> {
             live.iter().map(|v| v.sink()).collect(),
         )?;
     }
+    if a.profile_kernels {
+        if engine.fwd.residency.is_some() || engine.fwd.trace.is_some() {
+            return Err(Error::option(
+                "--profile-kernels",
+                "profiles steps with every expert resident and no routing trace (partial residency and --trace/--live submit a step per layer)",
+            ));
+        }
+        engine.fwd.kernel_profile = Some(Default::default());
+    }
     let opts = GenerateOptions {
         max_new_tokens: max_new,
         sampling,
@@ -277,6 +286,11 @@ pub fn run(a: RunArgs) -> Result<()> {
         None => (Default::default(), None),
     };
     engine.finish_trace()?;
+    let profile = engine
+        .fwd
+        .kernel_profile
+        .as_ref()
+        .and_then(|p| wgmoe::insight::kernel_profile::report(p, g.decode_s, g.decode_encode_s));
     if let Some(p) = &a.trace {
         eprintln!("wrote routing trace {}", p.display());
     }
@@ -371,6 +385,14 @@ pub fn run(a: RunArgs) -> Result<()> {
         m["decode_steps_in_flight_max"] = json!(g.decode_steps_in_flight_max);
         m["decode_host_wait_s"] = json!(g.decode_host_wait_s);
         m["decode_steps_discarded"] = json!(g.decode_steps_discarded);
+        // --profile-kernels (null without it).
+        let p = profile.as_ref();
+        m["profile_clock"] = json!(p.map(|p| p.clock));
+        m["profile"] = json!(p.map(|p| &p.profile));
+        m["prefill_profile"] = json!(p.map(|p| &p.prefill_profile));
+        m["gpu_s_per_token"] = json!(p.map(|p| p.gpu_s_per_token));
+        m["gpu_busy_fraction"] = json!(p.and_then(|p| p.gpu_busy_fraction));
+        m["host_s_per_token"] = json!(p.and_then(|p| p.host_s_per_token));
         out!("{obj}");
     } else if let Some(v) = &live {
         v.finish()?;
@@ -404,6 +426,9 @@ pub fn run(a: RunArgs) -> Result<()> {
                 format!("; seed {seed} (--seed {seed} repeats this run)")
             }
         );
+    }
+    if let Some(r) = &profile {
+        eprint!("{}", wgmoe::insight::kernel_profile::render(r));
     }
     if g.interrupted {
         return Err(Error::Interrupted);

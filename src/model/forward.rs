@@ -106,6 +106,8 @@ pub struct Forward {
     /// Routing traces (`--trace`, `--live`): reads each layer's routing back, like
     /// `record_routing`, with the router's weights (`model::trace_hook`).
     pub trace: Option<Tracer>,
+    /// `--profile-kernels`: every step's dispatches replayed and timed, gathered here.
+    pub kernel_profile: Option<crate::backend::kernel_profile::KernelProfile>,
     pub counters: Counters,
     /// The step being submitted is batched (one token of each of several sequences).
     pub(crate) batched: bool,
@@ -310,6 +312,8 @@ impl Forward {
             record_routing: false,
             profile: None,
             trace: None,
+            // The developer's switch of old, as --profile-kernels.
+            kernel_profile: std::env::var_os("WGMOE_PROFILE_KERNELS").map(|_| Default::default()),
             counters: Counters::default(),
             batched: false,
             solo,

@@ -126,9 +126,10 @@ impl Forward {
         }
         let heads = heads(self, head)?;
         let copy_token = matches!(head, Head::LastArgmax | Head::All);
-        if std::env::var_os("WGMOE_PROFILE_KERNELS").is_some() {
-            self.profile_step(n, &heads)?;
-        }
+        let profiled = match self.kernel_profile.is_some() {
+            true => Some(self.profile_step(n, &heads)?),
+            false => None,
+        };
         // Every expert resident: the whole step is one submission.
         let t = n as u32;
         let solo = self.solo_mlp(n);
@@ -162,6 +163,9 @@ impl Forward {
         let s = self.dev.submit(&work)?;
         self.counters.dispatches += s.dispatches as u64;
         self.counters.submissions += 1;
+        if let (Some(p), Some((times, clock, wall_s))) = (self.kernel_profile.as_mut(), profiled) {
+            p.add(!new_ids, n, times, clock, wall_s);
+        }
         Ok(())
     }
 
@@ -241,33 +245,31 @@ impl Forward {
         Ok((id, logits))
     }
 
-    /// Developer aid (`WGMOE_PROFILE_KERNELS`): every dispatch alone, timed; a table per
-    /// step on stderr.
-    fn profile_step(&self, n: usize, heads: &[&Prepared]) -> Result<()> {
+    /// `--profile-kernels`: every dispatch of the step run once more, timed, before the
+    /// step itself; its times, the clock, and the replay's wall seconds.
+    fn profile_step(
+        &self,
+        n: usize,
+        heads: &[&Prepared],
+    ) -> Result<(KernelTimes, crate::backend::ProfileClock, f64)> {
+        let t0 = std::time::Instant::now();
+        // The replay is the step itself (every buffer it reads it writes first, or writes
+        // again with the same values: the KV rows of its positions), except the token ids
+        // its embedding reads and its argmax overwrites: kept and put back.
+        let ids = self.dev.read(&self.ids, 0, self.ids.size())?;
         let mut times = KernelTimes::new();
         let t = n as u32;
-        for l in &self.layers {
-            self.dev.profile(l.pre_for(self.batched), t, &mut times)?;
-            self.dev.profile(l.post_for(n), t, &mut times)?;
+        let mut clock = crate::backend::ProfileClock::GpuTimestamps;
+        let programs = self
+            .layers
+            .iter()
+            .flat_map(|l| [l.pre_for(self.batched), l.post_for(n)])
+            .chain(heads.iter().copied());
+        for p in programs {
+            clock = self.dev.profile(p, t, &mut times)?;
         }
-        for p in heads {
-            self.dev.profile(p, t, &mut times)?;
-        }
-        let total: f64 = times.values().map(|v| v.0).sum();
-        eprintln!(
-            "profile: step of {n} tokens, {:.1} ms in {} dispatches",
-            total * 1e3,
-            times.values().map(|v| v.1).sum::<usize>()
-        );
-        for (k, (s, c)) in &times {
-            eprintln!(
-                "  {k:<34} {:>9.2} ms {:>5} dispatches {:>5.1}%",
-                s * 1e3,
-                c,
-                100.0 * s / total.max(1e-12)
-            );
-        }
-        Ok(())
+        self.dev.write(&self.ids, 0, &ids)?;
+        Ok((times, clock, t0.elapsed().as_secs_f64()))
     }
 
     /// One step with the routing of every layer brought to the host: submission l holds

@@ -294,7 +294,8 @@ pub fn effective_depth(fwd: &Forward, opts: &GenerateOptions) -> usize {
     let host_in_loop = !opts.sampling.is_greedy()
         || fwd.residency.is_some()
         || fwd.record_routing
-        || fwd.trace.is_some();
+        || fwd.trace.is_some()
+        || fwd.kernel_profile.is_some();
     if host_in_loop {
         1
     } else {

@@ -134,8 +134,14 @@ pub fn run(dev: &CudaDevice, p: &Prepared, tokens: u32) -> Result<usize> {
     Ok(n)
 }
 
-/// Every launch of a step alone, waited for and timed (`WGMOE_PROFILE_KERNELS`).
-pub fn profile(dev: &CudaDevice, p: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
+/// Every launch of a step alone, waited for and timed by the wall clock (`--profile-kernels`;
+/// CUDA events are not used yet).
+pub fn profile(
+    dev: &CudaDevice,
+    p: &Prepared,
+    tokens: u32,
+    times: &mut KernelTimes,
+) -> Result<crate::backend::ProfileClock> {
     let native = native_of(p)?;
     for (op, nop) in p.program().ops.iter().zip(&native.ops) {
         let Some((kernel, grid, decode)) = op.dispatch(tokens) else {
@@ -151,9 +157,11 @@ pub fn profile(dev: &CudaDevice, p: &Prepared, tokens: u32, times: &mut KernelTi
         ok("cuStreamSynchronize", unsafe {
             cu::cuStreamSynchronize(dev.stream.0)
         })?;
-        let e = times.entry(kernel.name()).or_default();
+        let e = times
+            .entry((op.for_tokens(tokens).0.stage.to_string(), kernel.name()))
+            .or_default();
         e.0 += t.elapsed().as_secs_f64();
         e.1 += 1;
     }
-    Ok(())
+    Ok(crate::backend::ProfileClock::WallClock)
 }

@@ -871,7 +871,12 @@ impl Backend for CudaDevice {
         // Nothing to undo: a filled buffer whose copy was never submitted is writable.
     }
 
-    fn profile(&self, program: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
+    fn profile(
+        &self,
+        program: &Prepared,
+        tokens: u32,
+        times: &mut KernelTimes,
+    ) -> Result<crate::backend::ProfileClock> {
         let _order = self
             .submit_lock
             .lock()

@@ -3,6 +3,7 @@
 pub mod adapter;
 mod record;
 pub mod shaders;
+mod timestamps;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -466,8 +467,19 @@ impl Backend for WgpuDevice {
         self.unfill(staging)
     }
 
-    fn profile(&self, program: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
-        record::profile(self, program, tokens, times)
+    fn profile(
+        &self,
+        program: &Prepared,
+        tokens: u32,
+        times: &mut KernelTimes,
+    ) -> Result<crate::backend::ProfileClock> {
+        if self.info.timestamp_query {
+            timestamps::profile(self, program, tokens, times)?;
+            Ok(crate::backend::ProfileClock::GpuTimestamps)
+        } else {
+            record::profile_wall(self, program, tokens, times)?;
+            Ok(crate::backend::ProfileClock::WallClock)
+        }
     }
 }
 

@@ -208,28 +208,58 @@ pub fn probe_ops(
     Ok(out)
 }
 
-/// Every dispatch of a step alone, one submission each, timed (`WGMOE_PROFILE_KERNELS`).
-pub fn profile(dev: &WgpuDevice, p: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
+/// One dispatch of a prepared program: its stage, kernel name, pipeline, bind group, grid.
+pub(super) type Dispatch<'a> = (
+    &'static str,
+    String,
+    &'a ::wgpu::ComputePipeline,
+    &'a ::wgpu::BindGroup,
+    [u32; 3],
+);
+
+/// A prepared program's dispatches for `tokens`, in order.
+pub(super) fn dispatches(p: &Prepared, tokens: u32) -> Result<Vec<Dispatch<'_>>> {
     let native = native_of(p)?;
+    let mut out = Vec::new();
     for (op, nop) in p.program().ops.iter().zip(&native.ops) {
-        let Some((kernel, [x, y, z], decode)) = op.dispatch(tokens) else {
+        let Some((kernel, grid, decode)) = op.dispatch(tokens) else {
             continue;
         };
         let b = match (&nop.decode, decode) {
             (Some(d), true) => &d.main,
             _ => &nop.main,
         };
+        out.push((
+            op.for_tokens(tokens).0.stage,
+            kernel.name(),
+            &b.pipeline,
+            &b.bind_group,
+            grid,
+        ));
+    }
+    Ok(out)
+}
+
+/// Every dispatch of a step alone, one submission each, timed by the wall clock (an adapter
+/// without timestamp queries).
+pub fn profile_wall(
+    dev: &WgpuDevice,
+    p: &Prepared,
+    tokens: u32,
+    times: &mut KernelTimes,
+) -> Result<()> {
+    for (stage, kernel, pipeline, bind_group, [x, y, z]) in dispatches(p, tokens)? {
         let t = std::time::Instant::now();
         let mut enc = dev.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&b.pipeline);
-            pass.set_bind_group(0, &b.bind_group, &[]);
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, bind_group, &[]);
             pass.dispatch_workgroups(x, y, z);
         }
         let token = dev.submit_commands(enc.finish());
         dev.wait(token)?;
-        let e = times.entry(kernel.name()).or_default();
+        let e = times.entry((stage.to_string(), kernel)).or_default();
         e.0 += t.elapsed().as_secs_f64();
         e.1 += 1;
     }
