@@ -9,6 +9,7 @@
 // memory takes the bytes at once (as the real driver stages them). It lets the real backend
 // code (buffers, offsets, copies, staging, fences, argument packing, grids) run end to end
 // without a GPU; it is no model of the GPU's memory or timing.
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -55,7 +56,7 @@ static bool pinned(const void* p) {
     --it;
     return a < it->first + it->second;
 }
-struct Event { bool done = false; bool queried = false; };
+struct Event { bool done = false; bool queried = false; bool timing = true; std::chrono::steady_clock::time_point at; };
 
 extern "C" void wgmoe_emu_enqueue(void (*run)(void*), void* job) {
     LOCKED;
@@ -170,11 +171,25 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         if (wgmoe_emu_dispatchers[i](f->name, gx, gy, gz, bx, args) == 0) return 0;
     return 500;  // not found
 }
-CUresult cuEventCreate(CUevent* e, unsigned) { LOCKED; *e = new Event(); return 0; }
+CUresult cuEventCreate(CUevent* e, unsigned flags) { LOCKED;
+    Event* ev = new Event();
+    ev->timing = (flags & 2) == 0;  // CU_EVENT_DISABLE_TIMING
+    *e = ev;
+    return 0;
+}
 CUresult cuEventRecord(CUevent e, CUstream) { LOCKED;
     Event* ev = (Event*)e;
     ev->done = false;
-    g_queue.push_back([ev] { ev->done = true; });
+    g_queue.push_back([ev] { ev->done = true; ev->at = std::chrono::steady_clock::now(); });
+    return 0;
+}
+// As the driver: both events completed and made for timing, else an error.
+CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) { LOCKED;
+    Event* s = (Event*)a;
+    Event* e = (Event*)b;
+    if (!s->timing || !e->timing) return 400;  // CUDA_ERROR_INVALID_HANDLE
+    if (!s->done || !e->done) return 600;      // CUDA_ERROR_NOT_READY
+    *ms = std::chrono::duration<float, std::milli>(e->at - s->at).count();
     return 0;
 }
 CUresult cuEventQuery(CUevent e) { LOCKED;

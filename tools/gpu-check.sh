@@ -208,7 +208,7 @@ check() {
   # dispatch latency and round trip (its probe build needs lavapipe: where the image has
   # none the step fails and says so); and for the GGUF ones the GPU time of each stage and
   # kernel of a decode step and the GPU's busy fraction (`run --profile-kernels`: GPU
-  # timestamps where the adapter has them, CUDA by the wall clock; the table is in the log).
+  # timestamps where the adapter has them, timing events on CUDA; the table is in the log).
   scaled() {
     local b=$1 m
     for m in olmoe-scaled olmoe-gguf qwen3-gguf; do

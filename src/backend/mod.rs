@@ -342,7 +342,8 @@ pub type KernelTimes = BTreeMap<(String, String), (f64, usize)>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ProfileClock {
-    /// GPU timestamps written at the start and the end of each dispatch's compute pass, all
+    /// GPU timestamps at the start and the end of each dispatch (wgpu: timestamp queries
+    /// around each dispatch's compute pass; CUDA: timing events around each launch), all
     /// of a program's dispatches in one submission: kernel time, no submission or wait.
     GpuTimestamps,
     /// The wall time of each dispatch submitted alone and waited for (the adapter has no

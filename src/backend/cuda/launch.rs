@@ -134,8 +134,9 @@ pub fn run(dev: &CudaDevice, p: &Prepared, tokens: u32) -> Result<usize> {
     Ok(n)
 }
 
-/// Every launch of a step alone, waited for and timed by the wall clock (`--profile-kernels`;
-/// CUDA events are not used yet).
+/// Every launch of a step timed on the GPU (`--profile-kernels`): a timing event recorded
+/// on the stream before and after each, all launches enqueued at once, the stream waited
+/// for once, then each pair's elapsed time.
 pub fn profile(
     dev: &CudaDevice,
     p: &Prepared,
@@ -143,25 +144,65 @@ pub fn profile(
     times: &mut KernelTimes,
 ) -> Result<crate::backend::ProfileClock> {
     let native = native_of(p)?;
-    for (op, nop) in p.program().ops.iter().zip(&native.ops) {
-        let Some((kernel, grid, decode)) = op.dispatch(tokens) else {
-            continue;
-        };
-        let nop = match (&nop.decode, decode) {
-            (Some(d), true) => d,
-            _ => nop,
-        };
-        let t = std::time::Instant::now();
-        launch(dev, nop.main, nop, native.step, grid)?;
+    // (stage, kernel, start, end): events made so far, destroyed whatever happens.
+    let mut marks: Vec<(&'static str, String, cu::CUevent, cu::CUevent)> = Vec::new();
+    let timing_event = || -> Result<cu::CUevent> {
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: out-pointer to a live handle; flags 0: a timing event.
+        ok("cuEventCreate", unsafe { cu::cuEventCreate(&mut ev, 0) })?;
+        Ok(ev)
+    };
+    let mut run = || -> Result<()> {
+        for (op, nop) in p.program().ops.iter().zip(&native.ops) {
+            let Some((kernel, grid, decode)) = op.dispatch(tokens) else {
+                continue;
+            };
+            let nop = match (&nop.decode, decode) {
+                (Some(d), true) => d,
+                _ => nop,
+            };
+            let (a, b) = (timing_event()?, timing_event()?);
+            marks.push((op.for_tokens(tokens).0.stage, kernel.name(), a, b));
+            // SAFETY: live events and this device's stream.
+            ok("cuEventRecord", unsafe {
+                cu::cuEventRecord(a, dev.stream.0)
+            })?;
+            launch(dev, nop.main, nop, native.step, grid)?;
+            // SAFETY: as above.
+            ok("cuEventRecord", unsafe {
+                cu::cuEventRecord(b, dev.stream.0)
+            })?;
+        }
         // SAFETY: this device's stream.
         ok("cuStreamSynchronize", unsafe {
             cu::cuStreamSynchronize(dev.stream.0)
         })?;
-        let e = times
-            .entry((op.for_tokens(tokens).0.stage.to_string(), kernel.name()))
-            .or_default();
-        e.0 += t.elapsed().as_secs_f64();
-        e.1 += 1;
+        for (stage, kernel, a, b) in &marks {
+            let mut ms = 0f32;
+            // SAFETY: two completed timing events of this context.
+            ok("cuEventElapsedTime", unsafe {
+                cu::cuEventElapsedTime(&mut ms, *a, *b)
+            })?;
+            let e = times
+                .entry((stage.to_string(), kernel.clone()))
+                .or_default();
+            e.0 += f64::from(ms.max(0.0)) * 1e-3;
+            e.1 += 1;
+        }
+        Ok(())
+    };
+    let r = run();
+    if r.is_err() {
+        // Nothing may still be pending on an event destroyed below.
+        // SAFETY: this device's stream.
+        unsafe { cu::cuStreamSynchronize(dev.stream.0) };
     }
-    Ok(crate::backend::ProfileClock::WallClock)
+    for (_, _, a, b) in marks {
+        // SAFETY: events made above, their work complete.
+        unsafe {
+            cu::cuEventDestroy_v2(a);
+            cu::cuEventDestroy_v2(b);
+        }
+    }
+    r.map(|_| crate::backend::ProfileClock::GpuTimestamps)
 }
