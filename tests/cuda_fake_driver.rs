@@ -8,7 +8,8 @@
 //! run on a GPU (no real memory spaces or timing). Needs a C++ compiler (`CXX`, default
 //! g++) and NVRTC (`WGMOE_NVRTC_LIB`); without them it prints "not run". With
 //! `WGMOE_FAKE_CUDA_OUT=DIR` the fake `libcuda.so` is also copied to DIR.
-#![cfg(feature = "cuda")]
+// The fake driver is an ELF shared library built with g++ and loaded RTLD_GLOBAL: Unix only.
+#![cfg(all(feature = "cuda", unix))]
 
 mod common;
 

@@ -130,7 +130,7 @@ fn runs_here(l: &Line, written: &[String]) -> bool {
 fn workdir() -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();
     for d in ["models", "tests", "bench"] {
-        std::os::unix::fs::symlink(repo().join(d), t.path().join(d)).unwrap();
+        common::symlink_dir(&repo().join(d), &t.path().join(d)).unwrap();
     }
     let docs = t.path().join("docs");
     std::fs::create_dir(&docs).unwrap();

@@ -124,7 +124,7 @@ fn concurrent_clients_get_exact_answers_and_the_server_stays_up() {
             .as_object()
             .unwrap()
             .keys()
-            .map(|s| s.parse().unwrap())
+            .map(|s| s.parse::<u16>().unwrap())
             .collect();
         assert!(
             statuses.iter().all(|s| (400..500).contains(s)),

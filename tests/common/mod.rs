@@ -15,7 +15,7 @@ pub mod server;
 pub mod st;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 
@@ -150,4 +150,13 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
         }
     }
     m
+}
+
+/// A symbolic link to a directory. On Windows a directory symlink needs Developer Mode or
+/// the privilege to make one; the tests that use it are written for Unix and build there.
+pub fn symlink_dir(target: &Path, link: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    return std::os::unix::fs::symlink(target, link);
+    #[cfg(windows)]
+    return std::os::windows::fs::symlink_dir(target, link);
 }
