@@ -12,6 +12,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod cache_dir;
 pub mod config;
 pub mod cpu_ref;
 pub mod error;

@@ -714,3 +714,87 @@ fn closed_stdout_does_not_panic() {
         failures.join("\n")
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// The on-disk pipeline cache
+// ---------------------------------------------------------------------------------------
+
+/// `run --json` with the cache directory at `cache`: its generated ids and metrics.
+fn run_cached(cache: &std::path::Path, extra: &[&str]) -> (Value, Run) {
+    let dir = common::fixture(QWEN3);
+    let mut c = command();
+    c.env("XDG_CACHE_HOME", cache)
+        .args([
+            "run",
+            &dir.display().to_string(),
+            "--prompt-ids",
+            "3,17,101",
+            "-n",
+            "4",
+            "--json",
+        ])
+        .args(extra);
+    let out = c.output().unwrap();
+    let r = Run {
+        cmd: format!("run {QWEN3} {extra:?}"),
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert_ok(&r);
+    (json_of(&r), r)
+}
+
+#[test]
+fn the_pipeline_cache_is_written_loaded_and_a_damaged_one_ignored() {
+    let t = tempfile::tempdir().unwrap();
+    let files = |t: &std::path::Path| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(t.join("wgmoe/pipelines"))
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default()
+    };
+    // --no-pipeline-cache: nothing read, nothing written.
+    let (off, _) = run_cached(t.path(), &["--no-pipeline-cache"]);
+    assert_eq!(off["metrics"]["pipeline_cache"], "off");
+    assert!(files(t.path()).is_empty());
+    // First start: compiled and written; second: the driver takes the file's pipelines.
+    let (first, _) = run_cached(t.path(), &[]);
+    assert_eq!(first["metrics"]["pipeline_cache"], "created", "{first}");
+    assert!(first["metrics"]["pipeline_compile_s"].as_f64().unwrap() > 0.0);
+    let written = files(t.path());
+    assert_eq!(written.len(), 1, "{written:?}");
+    let name = written[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        name.contains("vulkan") && name.contains(env!("CARGO_PKG_VERSION")),
+        "{name}"
+    );
+    let (second, _) = run_cached(t.path(), &[]);
+    assert_eq!(second["metrics"]["pipeline_cache"], "loaded", "{second}");
+    // A damaged file is never handed to the driver: ignored with a note naming it,
+    // rewritten, and the tokens are the same throughout.
+    let mut bytes = std::fs::read(&written[0]).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x5a;
+    std::fs::write(&written[0], &bytes).unwrap();
+    let (damaged, r) = run_cached(t.path(), &[]);
+    assert_eq!(
+        damaged["metrics"]["pipeline_cache"], "replaced",
+        "{damaged}"
+    );
+    assert!(
+        r.stderr.contains("ignored the pipeline cache") && r.stderr.contains(&name),
+        "{r}"
+    );
+    std::fs::write(&written[0], b"not a cache").unwrap();
+    let (garbage, _) = run_cached(t.path(), &[]);
+    assert_eq!(garbage["metrics"]["pipeline_cache"], "replaced");
+    let (again, _) = run_cached(t.path(), &[]);
+    assert_eq!(again["metrics"]["pipeline_cache"], "loaded", "{again}");
+    for v in [&first, &second, &damaged, &garbage, &again] {
+        assert_eq!(ids(v, "generated_ids"), ids(&off, "generated_ids"));
+    }
+}

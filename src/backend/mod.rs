@@ -82,6 +82,22 @@ pub struct DeviceRequest {
     /// A probe build: the kernels count their global loads (`backend::probe`; wgpu with
     /// subgroups only).
     pub probe: bool,
+    /// `--no-pipeline-cache`: compile every pipeline, read and write no cache file.
+    pub no_pipeline_cache: bool,
+}
+
+/// Pipeline compilation of a device so far (`run --json`'s `pipeline_compile_s`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PipelineReport {
+    /// Seconds spent creating shader modules and pipelines (on drivers that compile at
+    /// first dispatch, such as llvmpipe, part of the compilation comes later).
+    pub compile_s: f64,
+    /// The on-disk cache: `loaded`, `created`, `replaced` (a damaged or refused file
+    /// ignored), `off` (`--no-pipeline-cache`) or `unsupported`.
+    pub cache: &'static str,
+    pub cache_file: Option<String>,
+    /// Why a file was ignored.
+    pub cache_note: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -586,6 +602,28 @@ impl Device {
         match self {
             Device::Wgpu(d) => d.probe_program(p, tokens),
             Device::Cuda(_) => Err(probe::not_here()),
+        }
+    }
+
+    /// Pipeline compilation so far and the pipeline cache (CUDA: NVRTC's work is cached
+    /// per process; reported as unsupported).
+    pub fn pipeline_report(&self) -> PipelineReport {
+        match self {
+            Device::Wgpu(d) => d.pipeline_report(),
+            Device::Cuda(_) => PipelineReport {
+                compile_s: 0.0,
+                cache: "unsupported",
+                cache_file: None,
+                cache_note: None,
+            },
+        }
+    }
+
+    /// Write the compiled pipelines to the pipeline cache file, where there is one.
+    pub fn save_pipeline_cache(&self) -> Result<()> {
+        match self {
+            Device::Wgpu(d) => d.save_pipeline_cache(),
+            Device::Cuda(_) => Ok(()),
         }
     }
 

@@ -101,6 +101,10 @@ pub struct BenchRecord {
     pub prefetch_wasted_bytes: Option<u64>,
     pub prefetch_accuracy: Option<f64>,
     pub prefetch_accuracy_per_layer: Option<Vec<Option<f64>>>,
+    /// Seconds compiling pipelines while this configuration loaded, and the pipeline cache
+    /// (`loaded`, `created`, `replaced`, `off`, `unsupported`).
+    pub pipeline_compile_s: f64,
+    pub pipeline_cache: String,
     // `--profile-kernels` (null without it).
     pub profile_clock: Option<crate::backend::ProfileClock>,
     pub profile: Option<Vec<crate::insight::kernel_profile::ProfileRow>>,
@@ -209,7 +213,10 @@ pub(super) fn record(
         let encode = rs.iter().map(|r| r.encode_s).sum::<Option<f64>>();
         crate::insight::kernel_profile::report(p, decode_s, encode)
     });
+    let pipelines = engine.dev.pipeline_report();
     BenchRecord {
+        pipeline_compile_s: pipelines.compile_s,
+        pipeline_cache: pipelines.cache.to_string(),
         profile_clock: profile.as_ref().map(|p| p.clock),
         gpu_s_per_token: profile.as_ref().map(|p| p.gpu_s_per_token),
         gpu_busy_fraction: profile.as_ref().and_then(|p| p.gpu_busy_fraction),

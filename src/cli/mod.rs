@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod bench_args;
 pub mod chat;
+pub mod gpu_args;
 pub mod insight;
 pub mod loadtest;
 pub mod plan;

@@ -385,6 +385,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         m["decode_steps_in_flight_max"] = json!(g.decode_steps_in_flight_max);
         m["decode_host_wait_s"] = json!(g.decode_host_wait_s);
         m["decode_steps_discarded"] = json!(g.decode_steps_discarded);
+        // Pipelines: compile time at load and the on-disk cache.
+        let pr = engine.dev.pipeline_report();
+        m["pipeline_compile_s"] = json!(pr.compile_s);
+        m["pipeline_cache"] = json!(pr.cache);
         // --profile-kernels (null without it).
         let p = profile.as_ref();
         m["profile_clock"] = json!(p.map(|p| p.clock));

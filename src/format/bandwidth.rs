@@ -66,15 +66,7 @@ pub struct Store {
 
 /// Where the store lives (None without `XDG_CACHE_HOME` and `HOME`).
 pub fn store_path() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".cache"))
-        })?;
-    Some(base.join("wgmoe").join("bandwidth.json"))
+    Some(crate::cache_dir::cache_dir()?.join("bandwidth.json"))
 }
 
 impl Store {

@@ -469,6 +469,18 @@ impl Engine {
             },
         )?;
         warm_up(&mut fwd)?;
+        // The warm-up compiled every pipeline a step uses: keep them for the next start. A
+        // cache that cannot be written costs only that start's time.
+        let pr = dev.pipeline_report();
+        if let Some(why) = &pr.cache_note {
+            eprintln!(
+                "note: ignored the pipeline cache {} ({why}); it is rewritten",
+                pr.cache_file.as_deref().unwrap_or("")
+            );
+        }
+        if let Err(e) = dev.save_pipeline_cache() {
+            eprintln!("note: {e}");
+        }
         if let Some(host) = host {
             let policy = build_policy(r.policy, r.decay, profile.as_ref(), capacity.max(1))
                 .map_err(|e| Error::option("--cache-policy", e.0))?;

@@ -89,7 +89,8 @@ pub fn wanted_features(adapter: &::wgpu::Adapter) -> ::wgpu::Features {
     adapter.features()
         & (::wgpu::Features::SHADER_F16
             | ::wgpu::Features::SUBGROUP
-            | ::wgpu::Features::TIMESTAMP_QUERY)
+            | ::wgpu::Features::TIMESTAMP_QUERY
+            | ::wgpu::Features::PIPELINE_CACHE)
 }
 
 fn adapters(req: &DeviceRequest) -> Vec<::wgpu::Adapter> {

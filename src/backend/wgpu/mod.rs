@@ -1,6 +1,7 @@
 //! The wgpu backend (Vulkan, DX12, Metal; lavapipe in CI): the only place that speaks wgpu.
 
 pub mod adapter;
+mod pipeline_cache;
 mod record;
 pub mod shaders;
 mod timestamps;
@@ -76,6 +77,11 @@ pub struct WgpuDevice {
     probe: Option<Buffer>,
     /// CPU time spent recording and submitting work, in nanoseconds.
     encode_ns: AtomicU64,
+    /// Compiled pipelines kept on disk (`pipeline_cache`), and what became of its file.
+    disk_cache: Option<pipeline_cache::DiskCache>,
+    cache_state: pipeline_cache::CacheState,
+    /// Time spent creating shader modules and pipelines, in nanoseconds.
+    compile_ns: AtomicU64,
 }
 
 fn no_probe() -> Error {
@@ -117,6 +123,12 @@ impl WgpuDevice {
                 v.push(msg);
             }
         }));
+        let (disk_cache, cache_state) = pipeline_cache::open(
+            &device,
+            &adapter.get_info(),
+            features,
+            req.no_pipeline_cache || req.probe,
+        );
         if req.probe && !info.subgroup {
             return Err(Error::Gpu(format!(
                 "the memory-access probe counts loads with subgroup operations, which `{}` does not offer",
@@ -136,6 +148,9 @@ impl WgpuDevice {
             last_index: Mutex::new(None),
             probe: None,
             encode_ns: AtomicU64::new(0),
+            disk_cache,
+            cache_state,
+            compile_ns: AtomicU64::new(0),
         };
         if req.probe {
             let bytes = (crate::backend::probe::SITES * 16) as u64;
@@ -175,6 +190,36 @@ impl WgpuDevice {
     ) -> Result<Vec<crate::backend::probe::ProbedOp>> {
         self.probe.as_ref().ok_or_else(no_probe)?;
         record::probe_ops(self, p, tokens)
+    }
+
+    /// Seconds spent compiling shader modules and pipelines, and the pipeline cache's
+    /// state and file.
+    pub fn pipeline_report(&self) -> crate::backend::PipelineReport {
+        crate::backend::PipelineReport {
+            compile_s: self.compile_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            cache: self.cache_state.name(),
+            cache_file: self
+                .disk_cache
+                .as_ref()
+                .map(|c| c.path.display().to_string()),
+            cache_note: match &self.cache_state {
+                pipeline_cache::CacheState::Replaced(why) => Some(why.clone()),
+                _ => None,
+            },
+        }
+    }
+
+    /// Write the compiled pipelines to the cache file (nothing without a cache).
+    pub fn save_pipeline_cache(&self) -> Result<()> {
+        match &self.disk_cache {
+            Some(c) => pipeline_cache::save(c).map_err(|e| {
+                Error::Other(format!(
+                    "writing the pipeline cache {}: {e}",
+                    c.path.display()
+                ))
+            }),
+            None => Ok(()),
+        }
     }
 
     /// CPU seconds spent recording and submitting work since the device opened.
@@ -222,6 +267,7 @@ impl WgpuDevice {
             return Ok(p.clone());
         }
         let label = k.name();
+        let t0 = std::time::Instant::now();
         let module = self
             .device
             .create_shader_module(::wgpu::ShaderModuleDescriptor {
@@ -238,8 +284,10 @@ impl WgpuDevice {
                 module: &module,
                 entry_point: Some("main"),
                 compilation_options: Default::default(),
-                cache: None,
+                cache: self.disk_cache.as_ref().map(|c| &c.cache),
             });
+        self.compile_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         cache.insert(k, pipeline.clone());
         Ok(pipeline)
     }
