@@ -460,7 +460,7 @@ struct RunArgs {
     model: PathBuf,
     /// A tokenizer.json to use instead of the model's own (a GGUF's metadata, a
     /// checkpoint's tokenizer.json); a tokenizer_config.json beside it gives its specials
-    /// and chat template.
+    /// and chat template. A GGUF file gives its own tokenizer (a vocab-only one will do).
     #[arg(long, value_name = "FILE")]
     tokenizer: Option<PathBuf>,
     /// Prompt text (`-` reads it from stdin).
@@ -573,7 +573,8 @@ struct LoadArgs {
     /// model's; without one, plain User:/Assistant: lines).
     #[arg(long, value_name = "FILE|NAME")]
     chat_template: Option<String>,
-    /// A tokenizer.json to use instead of the model's own (as `run --tokenizer`).
+    /// A tokenizer.json, or a GGUF file's tokenizer, to use instead of the model's own (as
+    /// `run --tokenizer`).
     #[arg(long, value_name = "FILE")]
     tokenizer: Option<PathBuf>,
     /// Storage of routed expert weights: int4 (W4A16: block-256 INT4 for a safetensors

@@ -475,3 +475,98 @@ fn a_template_refusal_names_the_message_and_the_rule() {
         "{e}"
     );
 }
+
+/// Issue 39, defect 10: after /reset, /stats counts the new conversation only (no last
+/// turn, no turns, no positions of its own), and then its first turn.
+#[test]
+fn reset_starts_the_stats_over() {
+    let m = s(&fixture(OLMOE));
+    let r = chat(
+        &strings(&[&m, "-n", "3", "--ignore-eos"]),
+        "first\nsecond\n/reset\n/stats\nfirst\n/stats\n",
+    );
+    assert_ok(&r);
+    let t = turns(&r);
+    assert_eq!(t.len(), 3, "{r}");
+    let after_reset = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("last turn:"))
+        .unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(after_reset, "last turn: none yet", "{r}");
+    let sessions: Vec<&str> = r
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("session:"))
+        .collect();
+    assert_eq!(sessions.len(), 2, "{r}");
+    assert!(
+        sessions[0].starts_with("session: 0 turns, 0 prompt tokens")
+            && sessions[0].contains("the conversation holds 0 of 512 positions"),
+        "{r}"
+    );
+    // The first turn after /reset, alone: its prompt and answer are what the cache holds.
+    let [p, cached, _, n] = t[2];
+    assert!(
+        sessions[1].starts_with(&format!(
+            "session: 1 turn, {p} prompt tokens ({cached} cached"
+        )),
+        "{r}"
+    );
+    assert!(
+        sessions[1].contains(&format!("the cache holds {} of 512", p + n - 1)),
+        "{r}"
+    );
+}
+
+/// Issue 39, defects 11 and 13: a message that fits without --context-shift fits with it
+/// (the answer is cut where the context ends, as without); a message alone too long is
+/// not told that --context-shift would help.
+#[test]
+fn context_shift_never_refuses_what_fits_without_it() {
+    let dir = fixture(OLMOE);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let ctx = 48;
+    // A message whose prompt leaves fewer positions than the shift's reserve (half the
+    // context), but some.
+    let mut words = String::new();
+    let mut len = 0;
+    for w in [
+        "one", "two", "three", "four", "five", "six", "seven", "eight",
+    ]
+    .iter()
+    .cycle()
+    {
+        words.push_str(w);
+        words.push(' ');
+        len = chat_prompt(&tok, &[Message::new(Role::User, words.trim_end())])
+            .unwrap()
+            .len();
+        if len + ctx / 2 > ctx {
+            break;
+        }
+    }
+    assert!(len < ctx - 1, "{len}");
+    let line = format!("{}\n", words.trim_end());
+    for shift in [false, true] {
+        let mut args = strings(&[&s(&dir), "-n", "40", "--ignore-eos", "--ctx-size", "48"]);
+        if shift {
+            args.push("--context-shift".into());
+        }
+        let r = chat(&args, &line);
+        assert_ok(&r);
+        let t = turns(&r);
+        assert_eq!(t.len(), 1, "shift {shift}:\n{r}");
+        assert_eq!(t[0][0], len, "{r}");
+        assert!(t[0][0] + t[0][3] <= ctx, "{r}");
+    }
+    // Too long alone: no --context-shift advice.
+    let long = format!("{}\n", words.repeat(4));
+    let r = chat(&strings(&[&s(&dir), "-n", "4", "--ctx-size", "48"]), &long);
+    assert_ok(&r);
+    assert!(
+        r.stderr.contains("exceed the context of 48 positions"),
+        "{r}"
+    );
+    assert!(!r.stderr.contains("--context-shift"), "{r}");
+}

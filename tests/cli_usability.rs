@@ -407,8 +407,14 @@ fn bench_checks_everything_before_measuring() {
             ],
             vec!["profile.json"],
         ),
+        // Issue 39, defect 6: the range of the miss policy below full residency (auto
+        // by default: 2 runs), not full residency's upload.
         (
-            vec!["--resident-experts", "5,99"],
+            vec!["--resident-experts", "2,5,99"],
+            vec!["--resident-experts", "99", "0..=7", "7 experts"],
+        ),
+        (
+            vec!["--resident-experts", "99", "--miss-policy", "upload"],
             vec!["--resident-experts", "99", "3..=7", "7 experts"],
         ),
         (

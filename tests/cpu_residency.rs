@@ -164,6 +164,30 @@ fn cpu_policy_uploads_only_in_prefill() {
     }
 }
 
+/// Issue 39, defect 5: the per-layer misses count what the total counts, uploads and
+/// CPU-computed misses alike, under every miss policy.
+#[test]
+fn misses_per_layer_add_up_to_the_total() {
+    let name = "olmoe-tiny";
+    let cfg = wgmoe::config::ModelConfig::from_dir(&fixture(name)).unwrap();
+    for miss in [MissPolicy::Cpu, MissPolicy::Auto, MissPolicy::Upload] {
+        let mut eng = load(name, 64, options(cfg.top_k, miss), Executor::Grouped).unwrap();
+        greedy(&mut eng, &[464, 1711, 8886, 13, 2000, 40], 8).unwrap();
+        let s = eng.fwd.residency.as_ref().unwrap().stats();
+        assert_eq!(s.misses_per_layer.len(), cfg.num_layers, "{miss:?}");
+        assert!(s.expert_misses > 0, "{miss:?}: {s:?}");
+        assert_eq!(
+            s.misses_per_layer.iter().sum::<u64>(),
+            s.expert_misses,
+            "{miss:?}: {:?}",
+            s.misses_per_layer
+        );
+        if miss == MissPolicy::Cpu {
+            assert!(s.cpu_misses > 0 && s.cpu_misses <= s.expert_misses, "{s:?}");
+        }
+    }
+}
+
 /// `--n-cpu-moe N`: the first N layers' experts on the CPU, the others fully resident (or
 /// cached); the same tokens.
 #[test]

@@ -526,3 +526,44 @@ fn tokenizer_override_replaces_the_files_tokenizer() {
         &["--tokenizer", "no such file"],
     );
 }
+
+/// Issue 39, defect 9: `--tokenizer FILE.gguf` takes the GGUF's own tokenizer (a vocab-only
+/// file will do), for a checkpoint directory and for a GGUF model: llama-tokenize's ids.
+#[test]
+fn tokenizer_override_takes_a_gguf_file() {
+    use common::cli::{ids as json_ids, json_of, s, wgmoe};
+    let tokenizers = common::repo().join("models/gguf/tokenizers");
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tokenizers.join("olmo.json")).unwrap())
+            .unwrap();
+    let case = &want["cases"][0];
+    let text = case["text"].as_str().unwrap();
+    let expected: Vec<u64> = case["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let olmo = s(&tokenizers.join("olmo.gguf"));
+    let r = wgmoe([
+        "run",
+        &s(&fixture("olmoe-tiny")),
+        "-p",
+        text,
+        "-n",
+        "1",
+        "--tokenizer",
+        &olmo,
+        "--json",
+    ]);
+    assert_eq!(json_ids(&json_of(&r), "prompt_ids"), expected, "{r}");
+    // A GGUF model with another GGUF's tokenizer: the Q8_0 file's own, read from the F16.
+    let q8 = s(&dir("qwen3moe").join("qwen3moe-Q8_0.gguf"));
+    let f16 = s(&dir("qwen3moe").join("qwen3moe-F16.gguf"));
+    let prompt = |extra: &[&str]| {
+        let mut a = vec!["run", &q8, "-p", "Hello world", "-n", "1", "--json"];
+        a.extend_from_slice(extra);
+        json_ids(&json_of(&wgmoe(&a)), "prompt_ids")
+    };
+    assert_eq!(prompt(&["--tokenizer", &f16]), prompt(&[]));
+}

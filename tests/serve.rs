@@ -35,7 +35,7 @@ fn strings(v: &[&str]) -> Vec<String> {
 }
 
 fn chat_body(msgs: Value, n: usize) -> Value {
-    json!({"model": "x", "messages": msgs, "max_tokens": n, "ignore_eos": true})
+    json!({"model": "olmoe-tiny", "messages": msgs, "max_tokens": n, "ignore_eos": true})
 }
 
 fn content(v: &Value) -> String {
@@ -455,6 +455,24 @@ fn a_conversation_beyond_the_context_is_refused_or_shifted() {
     let (st, v) = srv.post("/v1/chat/completions", &body);
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    // Older turns are there: context shift would help, and the message says so.
+    let advice = |v: &Value| v["error"]["message"].as_str().unwrap().to_string();
+    assert!(advice(&v).contains("--context-shift"), "{v}");
+    // Issue 39, defect 13: a prompt alone cannot be helped by context shift; it is not
+    // offered.
+    let mut alone =
+        json!({"messages": [{"role": "user", "content": old.repeat(4)}], "max_tokens": n});
+    let (st, v) = srv.post("/v1/chat/completions", &alone);
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (400, Some("context_length_exceeded")),
+        "{v}"
+    );
+    assert!(!advice(&v).contains("--context-shift"), "{v}");
+    alone = json!({"prompt": old.repeat(4), "max_tokens": n});
+    let (st, v) = srv.post("/v1/completions", &alone);
+    assert_eq!(st, 400, "{v}");
+    assert!(!advice(&v).contains("--context-shift"), "{v}");
     drop(srv);
     let srv = Server::start(
         &dir,
@@ -483,6 +501,13 @@ fn a_conversation_beyond_the_context_is_refused_or_shifted() {
     let (st, v) = srv.post("/v1/chat/completions", &body);
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    assert!(
+        !v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--context-shift"),
+        "the server has it on already: {v}"
+    );
 }
 
 #[test]
@@ -597,4 +622,86 @@ fn concurrent_requests_are_batched_and_each_equals_run() {
         .and_then(|v| v.parse().ok())
         .expect("wgmoe_batched_steps_total");
     assert!(batched > 0, "{metrics}");
+}
+
+/// Issue 39, defects 2, 3 and 14: the Completions API's `echo`, `best_of` and `suffix` are
+/// refused naming the field, its integer `logprobs` is "not supported yet"; a `model` the
+/// server does not serve is a 404 `model_not_found` (the served name and no `model` are
+/// answered); `GET /v1/models/{id}` retrieves the model; and every error answer counts
+/// in `wgmoe_requests_failed_total`, whatever refused it.
+#[test]
+fn completion_fields_models_and_failures_are_answered() {
+    let srv = Server::start(&fixture(OLMOE), &["--api-key", "k"]);
+    let key = Some("k");
+    let post = |path: &str, body: Value| srv.post_key(path, &body, key);
+    let mut errors = 0;
+    for (extra, param, words) in [
+        (json!({"echo": true}), "echo", "not supported"),
+        (json!({"best_of": 3}), "best_of", "only one"),
+        (json!({"suffix": "end"}), "suffix", "not supported"),
+        (json!({"logprobs": 2}), "logprobs", "not supported yet"),
+    ] {
+        let mut body = json!({"prompt": "hi", "max_tokens": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (st, v) = post("/v1/completions", body.clone());
+        errors += 1;
+        assert_eq!(st, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(words) && !msg.contains("boolean"), "{v}");
+    }
+    // The model: another name is a 404, the served one and none are answered.
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        let body = |model: Option<&str>| {
+            let mut b = json!({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+            if let Some(m) = model {
+                b["model"] = json!(m);
+            }
+            b
+        };
+        let (st, v) = post(path, body(Some("gpt-4o")));
+        errors += 1;
+        assert_eq!(st, 404, "{v}");
+        assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+        assert_eq!(v["error"]["param"], "model", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("gpt-4o") && msg.contains("olmoe-tiny"), "{v}");
+        for m in [Some("olmoe-tiny"), None] {
+            let (st, v) = post(path, body(m));
+            assert_eq!(st, 200, "{path} {m:?}: {v}");
+            assert_eq!(v["model"], "olmoe-tiny");
+        }
+    }
+    // models.retrieve.
+    let (st, v) = srv.call("GET", "/v1/models/olmoe-tiny", key);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["id"].as_str(), v["object"].as_str()),
+        (Some("olmoe-tiny"), Some("model"))
+    );
+    let (_, list) = srv.call("GET", "/v1/models", key);
+    assert_eq!(list["data"][0], v);
+    let (st, v) = srv.call("GET", "/v1/models/gpt-4o", key);
+    errors += 1;
+    assert_eq!(st, 404, "{v}");
+    assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+    // Refusals before parsing: the key, bad JSON, an unknown path, a wrong method.
+    assert_eq!(srv.call("GET", "/v1/models", None).0, 401);
+    assert_eq!(srv.post_raw("/v1/completions", "{", key).0, 400);
+    assert_eq!(srv.call("GET", "/v1/nothing", key).0, 404);
+    assert_eq!(srv.call("GET", "/v1/completions", key).0, 405);
+    errors += 4;
+    // A refusal by the worker (the prompt beyond the context) counts once.
+    let (st, _) = post(
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 100000}),
+    );
+    assert_eq!(st, 400);
+    errors += 1;
+    let (_, stats) = srv.call("GET", "/stats", key);
+    assert_eq!(stats["requests"]["failed"], errors, "{stats}");
+    let (_, stats) = srv.call("GET", "/stats", key);
+    assert_eq!(stats["requests"]["served"], 4, "{stats}");
 }

@@ -191,26 +191,43 @@ fn context_shift_drops_the_oldest_turns_and_keeps_the_system_message() {
     let minimal = chat_prompt(&tok, &last_two).unwrap().len();
     let (reserve, ctx) = (4, full - 1);
     // Without shift: refused, naming the numbers.
-    let too = fit(&tok, &conv, ctx, reserve, false).unwrap().unwrap_err();
+    let too = fit(&tok, &conv, ctx, (reserve, reserve), false)
+        .unwrap()
+        .unwrap_err();
     assert_eq!(
         (too.prompt_tokens, too.reserve, too.context),
         (full, reserve, ctx)
     );
     // With it: whole turns go, oldest first, until it fits.
-    let f = fit(&tok, &conv, ctx, reserve, true).unwrap().unwrap();
+    let f = fit(&tok, &conv, ctx, (reserve, reserve), true)
+        .unwrap()
+        .unwrap();
     assert_eq!(f.dropped, 2);
     assert_eq!(f.messages[0], conv[0]);
     assert_eq!(f.messages[1..], conv[3..]);
     assert!(f.prompt.len() + reserve <= ctx);
     assert_eq!(f.prompt, chat_prompt(&tok, &f.messages).unwrap());
-    let f = fit(&tok, &conv, minimal + reserve, reserve, true)
+    let f = fit(&tok, &conv, minimal + reserve, (reserve, reserve), true)
         .unwrap()
         .unwrap();
     assert_eq!(f.messages, last_two);
     assert_eq!(f.dropped, 4);
     // Not even the system message and the last message fit: refused.
-    let too = fit(&tok, &conv, minimal + reserve - 1, reserve, true)
+    let too = fit(&tok, &conv, minimal + reserve - 1, (reserve, reserve), true)
         .unwrap()
         .unwrap_err();
     assert_eq!(too.prompt_tokens, minimal);
+    assert!(!too.droppable, "every older turn was dropped");
+    // Room wanted for the answer, one position needed (chat): what is left runs once
+    // nothing more can be dropped, as without shift.
+    let f = fit(&tok, &conv, minimal + 1, (reserve, 1), true)
+        .unwrap()
+        .unwrap();
+    assert_eq!(f.messages, last_two);
+    assert!(
+        fit(&tok, &conv, ctx, (reserve, 1), false)
+            .unwrap()
+            .unwrap_err()
+            .droppable
+    );
 }

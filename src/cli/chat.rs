@@ -108,23 +108,36 @@ fn turn_line(s: &TurnStats) -> String {
     )
 }
 
-fn print_stats(session: &Session) -> Result<()> {
+/// The last turn and the conversation's totals (since the start or the last /reset);
+/// `cleared`: /reset came after the last turn.
+fn print_stats(session: &Session, cleared: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let t = &session.totals;
     let last = match &session.last {
         Some(s) => format!("last turn: {}", turn_line(s)),
         None => "last turn: none yet".into(),
     };
+    let held = session.cached().len();
+    let cache = if cleared {
+        format!(
+            "the conversation holds 0 of {} positions ({} cached from before /reset, reused where the next prompt starts the same)",
+            session.max_context(),
+            wgmoe::units::count(held, "token")
+        )
+    } else {
+        format!(
+            "the cache holds {held} of {} positions",
+            session.max_context()
+        )
+    };
     writeln!(
         out,
-        "{last}\nsession: {}, {} prompt tokens ({} cached, {} prefilled), {} generated; the cache holds {} of {} positions",
+        "{last}\nsession: {}, {} prompt tokens ({} cached, {} prefilled), {} generated; {cache}",
         wgmoe::units::count(t.requests, "turn"),
         t.prompt_tokens,
         t.cached_tokens,
         t.prefilled_tokens,
         t.generated_tokens,
-        session.cached().len(),
-        session.max_context()
     )
     .and_then(|_| out.flush())
     .map_err(stdout_error)
@@ -170,6 +183,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         eprintln!("{HELP}");
     }
     let eos_ids = session.engine.eos_ids();
+    // Since /reset, with no turn yet: the cache holds only earlier tokens.
+    let mut cleared = false;
     loop {
         wgmoe::interrupt::clear();
         wgmoe::interrupt::set_at_prompt(true);
@@ -185,11 +200,15 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             "/exit" | "/quit" => return Ok(()),
             "/reset" => {
                 history.retain(|m| m.role == Role::System);
+                // The new conversation's numbers start from zero; the cache keeps its
+                // tokens, reused where the next prompt starts the same.
+                session.reset_stats();
+                cleared = true;
                 eprintln!("(conversation cleared)");
                 continue;
             }
             "/stats" => {
-                print_stats(&session)?;
+                print_stats(&session, cleared)?;
                 continue;
             }
             "/help" => {
@@ -210,15 +229,16 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         } else {
             1
         };
-        let fitted = match fit(&tok, &history, ctx, reserve, shift) {
+        let fitted = match fit(&tok, &history, ctx, (reserve, 1), shift) {
             Ok(Ok(f)) => f,
             Ok(Err(too_long)) => {
+                // Context shift drops earlier turns: no help for a message alone.
                 eprintln!(
-                    "error: {too_long}: /reset to start over{}",
-                    if shift {
-                        ""
+                    "error: {too_long}: {}",
+                    if too_long.droppable {
+                        "/reset to start over, or restart with --context-shift"
                     } else {
-                        ", or restart with --context-shift"
+                        "shorten the message (or restart with a larger --ctx-size)"
                     }
                 );
                 history.pop();
@@ -247,6 +267,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             pipeline_depth: a.load.gpu.pipeline_depth,
         };
         let (g, stats) = answer(&mut session, &tok, &prompt, &opts)?;
+        cleared = false;
         history.push(Message::new(Role::Assistant, tok.decode(&g)?));
         eprintln!(
             "[{}{}]",

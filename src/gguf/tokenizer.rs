@@ -305,9 +305,13 @@ pub fn with_override(model: &GgufModel, file: &Path) -> Result<Tokenizer> {
     Ok(sp.with(inner))
 }
 
-/// `--tokenizer FILE` for the model at `model`: `with_override` for a GGUF model, the
+/// `--tokenizer FILE` for the model at `model`: a GGUF file's own tokenizer (its
+/// metadata: a vocab-only file is enough), else `with_override` for a GGUF model, the
 /// file (and a tokenizer_config.json beside it) for a checkpoint directory.
 pub fn override_for(model: &Path, file: &Path) -> Result<Tokenizer> {
+    if file.is_file() && super::is_gguf_path(file) {
+        return tokenizer(&GgufModel::open_header(file)?);
+    }
     if super::is_gguf_path(model) {
         return with_override(&GgufModel::open_header(model)?, file);
     }

@@ -169,7 +169,7 @@ pub struct Residency {
     admitted: u64,
     cpu_pairs: u64,
     cpu_seconds: f64,
-    cpu_misses: u64,
+    cpu_misses: Vec<u64>,
     pub policy: Box<dyn Policy>,
     pub host: Arc<HostSource>,
     pub(crate) staging: StagingPool<Device>,
@@ -272,7 +272,7 @@ impl Residency {
             admitted: 0,
             cpu_pairs: 0,
             cpu_seconds: 0.0,
-            cpu_misses: 0,
+            cpu_misses: vec![0; rc.placement.len()],
             policy,
             host,
             staging,
@@ -380,7 +380,7 @@ impl Residency {
                 });
             }
         }
-        self.cpu_misses += counts.keys().filter(|e| !step.device.contains(e)).count() as u64;
+        self.cpu_misses[layer] += counts.keys().filter(|e| !step.device.contains(e)).count() as u64;
         Ok(step)
     }
 
@@ -630,7 +630,7 @@ impl Residency {
             miss_policy: self.miss,
             cpu_expert_pairs: self.cpu_pairs,
             cpu_expert_seconds: self.cpu_seconds,
-            cpu_misses: self.cpu_misses,
+            cpu_misses: self.cpu_misses.iter().sum(),
             cost_figures: self.figures,
             cpu_threads: self.cpu.as_ref().map_or(0, |c| c.threads()),
             cpu_isa: self.cpu.as_ref().map(|c| c.isa()),
@@ -645,10 +645,8 @@ impl Residency {
         for (l, c) in self.caches.iter().enumerate() {
             let st = c.as_ref().map(|c| c.stats()).unwrap_or_default();
             s.expert_hits += st.hits;
-            s.expert_misses += st.misses;
             s.expert_evictions += st.evictions;
             s.hits_per_layer.push(st.hits);
-            s.misses_per_layer.push(st.misses);
             s.evictions_per_layer.push(st.evictions);
             s.prefetch_issued += st.prefetch_issued;
             s.prefetch_used += st.prefetch_used;
@@ -661,18 +659,20 @@ impl Residency {
             s.prefetch_accuracy_per_layer.push(share(p, g));
         }
         s.prefetch_accuracy = share(self.predicted.iter().sum(), self.guessed.iter().sum());
-        // Misses: uploaded ones in caches without CPU experts (counted at publication),
-        // and every expert that had no slot when routed beside CPU experts (those the
-        // policy admitted were computed on the CPU that step too).
+        // Misses, per layer and in total: uploaded ones in caches without CPU experts
+        // (counted at publication), and every expert that had no slot when routed beside
+        // CPU experts (those the policy admitted were computed on the CPU that step too).
         s.uploaded_misses = self.admitted;
-        s.expert_misses = self.cpu_misses;
-        for (c, p) in self.caches.iter().zip(&self.placement) {
-            if let (Some(c), ExpertPlacement::Cached) = (c, p) {
+        for (l, c) in self.caches.iter().enumerate() {
+            let mut m = self.cpu_misses[l];
+            if let (Some(c), Some(ExpertPlacement::Cached)) = (c, self.placement.get(l)) {
                 let st = c.stats();
                 s.uploaded_misses += st.uploads;
-                s.expert_misses += st.misses;
+                m += st.misses;
             }
+            s.misses_per_layer.push(m);
         }
+        s.expert_misses = s.misses_per_layer.iter().sum();
         s
     }
 
@@ -685,7 +685,7 @@ impl Residency {
         self.upload_seconds = 0.0;
         self.cpu_pairs = 0;
         self.cpu_seconds = 0.0;
-        self.cpu_misses = 0;
+        self.cpu_misses.iter_mut().for_each(|m| *m = 0);
         self.admitted = 0;
         self.stall_seconds = 0.0;
         self.guessed.iter_mut().for_each(|x| *x = 0);

@@ -652,6 +652,21 @@ pub fn check_host(
             ),
         ));
     }
+    if let Some(n) = r.resident_experts.filter(|&n| n > cfg.num_experts) {
+        // The range of the partial residency the user asks for: the miss policy below
+        // full residency (auto unless given), not the upload policy of full residency.
+        let lo = match r.miss_policy.unwrap_or(MissPolicy::Auto) {
+            MissPolicy::Upload => cfg.top_k,
+            _ => 0,
+        };
+        return Err(Error::option(
+            "--resident-experts",
+            format!(
+                "{n} is outside the valid range {lo}..={e}: the model has {e} experts per layer",
+                e = cfg.num_experts
+            ),
+        ));
+    }
     let capacity = admit(
         cfg,
         &AdmissionInput {

@@ -61,6 +61,19 @@ impl ApiError {
 
 type ApiResult<T> = std::result::Result<T, ApiError>;
 
+/// 404 `model_not_found` (OpenAI's answer to a model it does not have): `asked` is not the
+/// model this server serves.
+pub fn model_not_found(asked: &str, served: &str) -> ApiError {
+    let mut e = ApiError::status(
+        404,
+        "invalid_request_error",
+        "model_not_found",
+        format!("The model `{asked}` does not exist: this server serves `{served}` (GET /v1/models lists it; leave `model` out to use it)"),
+    );
+    e.param = Some("model".to_string());
+    e
+}
+
 /// What to generate from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PromptInput {
@@ -94,6 +107,8 @@ pub struct Request {
     pub include_usage: bool,
     /// llama-server's extension: do not stop at EOS (it is never chosen).
     pub ignore_eos: bool,
+    /// The model the request names (checked against the served one by the HTTP side).
+    pub model: Option<String>,
 }
 
 fn kind_of(v: &Value) -> &'static str {
@@ -234,11 +249,11 @@ fn common(o: &Map<String, Value>, prompt: PromptInput) -> ApiResult<Request> {
             ));
         }
     }
-    if let Some(m) = field(o, "model") {
-        if !m.is_string() {
-            return Err(wrong_type("model", "a string", m));
-        }
-    }
+    let model = match field(o, "model") {
+        None => None,
+        Some(Value::String(m)) => Some(m.clone()),
+        Some(m) => return Err(wrong_type("model", "a string", m)),
+    };
     for unsupported in ["tools", "functions"] {
         if let Some(v) = field(o, unsupported) {
             if v.as_array().is_none_or(|a| !a.is_empty()) {
@@ -248,9 +263,6 @@ fn common(o: &Map<String, Value>, prompt: PromptInput) -> ApiResult<Request> {
                 ));
             }
         }
-    }
-    if opt_bool(o, "logprobs")? == Some(true) {
-        return Err(ApiError::invalid("logprobs", "`logprobs` is not supported"));
     }
     // Options that change the tokens are refused rather than ignored; their neutral
     // values (which many clients send) are accepted.
@@ -306,6 +318,7 @@ fn common(o: &Map<String, Value>, prompt: PromptInput) -> ApiResult<Request> {
         stream: opt_bool(o, "stream")?.unwrap_or(false),
         include_usage,
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
+        model,
     })
 }
 
@@ -404,6 +417,13 @@ pub fn chat_request(body: &Value) -> ApiResult<Request> {
         let text = content(i, role, field(mo, "content"))?;
         out.push(Message::new(role, text));
     }
+    // Chat's `logprobs` is a boolean (`top_logprobs` the count).
+    if opt_bool(o, "logprobs")? == Some(true) {
+        return Err(ApiError::invalid(
+            "logprobs",
+            "`logprobs` is not supported yet (leave it out or send false)",
+        ));
+    }
     common(o, PromptInput::Chat(out))
 }
 
@@ -449,7 +469,50 @@ pub fn completion_request(body: &Value) -> ApiResult<Request> {
     if matches!(&prompt, PromptInput::Ids(v) if v.is_empty()) {
         return Err(ApiError::invalid("prompt", "`prompt` is empty"));
     }
+    completion_only(o)?;
     common(o, prompt)
+}
+
+/// The Completions API's own fields: refused rather than ignored (their neutral values
+/// accepted), as the shared ones.
+fn completion_only(o: &Map<String, Value>) -> ApiResult<()> {
+    // An integer here (the count of most likely tokens), not chat's boolean.
+    match field(o, "logprobs") {
+        None => {}
+        Some(v) if v.is_u64() => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("`logprobs` {v}: log probabilities are not supported yet (leave it out or send null)"),
+            ))
+        }
+        Some(v) => return Err(wrong_type("logprobs", "an integer (0..=5) or null", v)),
+    }
+    if opt_bool(o, "echo")? == Some(true) {
+        return Err(ApiError::invalid(
+            "echo",
+            "`echo`: returning the prompt with the completion is not supported (leave it out or send false)",
+        ));
+    }
+    if let Some(n) = opt_uint(o, "best_of")? {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "best_of",
+                format!("`best_of` {n}: only one candidate per request is generated (1 or leave it out)"),
+            ));
+        }
+    }
+    match field(o, "suffix") {
+        None => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(Value::String(_)) => {
+            return Err(ApiError::invalid(
+                "suffix",
+                "`suffix`: insertion (text after the completion) is not supported (leave it out)",
+            ))
+        }
+        Some(v) => return Err(wrong_type("suffix", "a string or null", v)),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -596,6 +659,50 @@ mod tests {
             let e = p(bad.clone()).unwrap_err();
             assert_eq!(e.param.as_deref(), Some("prompt"), "{bad}");
         }
+    }
+
+    /// Issue 39, defects 2 and 3: the Completions API's own fields are refused, naming
+    /// the field; `logprobs` there is an integer; neutral values pass.
+    #[test]
+    fn completion_fields_are_refused_not_ignored() {
+        let c = |extra: Value| {
+            let mut b = json!({"prompt": "hi"});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            completion_request(&b)
+        };
+        for (extra, param, words) in [
+            (json!({"echo": true}), "echo", "not supported"),
+            (json!({"best_of": 3}), "best_of", "only one"),
+            (json!({"suffix": "end"}), "suffix", "not supported"),
+            (json!({"logprobs": 2}), "logprobs", "not supported yet"),
+            (json!({"logprobs": 0}), "logprobs", "not supported yet"),
+            (json!({"logprobs": true}), "logprobs", "an integer"),
+            (json!({"echo": "yes"}), "echo", "a boolean"),
+            (json!({"suffix": 1}), "suffix", "a string"),
+        ] {
+            let e = c(extra.clone()).unwrap_err();
+            assert_eq!(e.status, 400, "{extra}");
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}: {e:?}");
+            assert!(
+                e.message.contains(param) && e.message.contains(words),
+                "{extra}: {e:?}"
+            );
+            assert!(!e.message.contains("boolean, not 2"), "{e:?}");
+        }
+        for ok in [
+            json!({"echo": false, "best_of": 1, "suffix": null, "logprobs": null}),
+            json!({"suffix": ""}),
+        ] {
+            assert!(c(ok.clone()).is_ok(), "{ok}");
+        }
+        // Chat's logprobs stays a boolean.
+        let e = chat(json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}))
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logprobs"));
+        let r = c(json!({"model": "m"})).unwrap();
+        assert_eq!(r.model.as_deref(), Some("m"));
     }
 
     #[test]

@@ -47,12 +47,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/stats", get(stats))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_failures,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             close_when_draining,
@@ -70,6 +75,29 @@ impl IntoResponse for ApiError {
         }
         r
     }
+}
+
+/// On an error response counted already (by the worker that refused the request, as a
+/// queue-full rejection) or that is no failed request (`/health` while draining).
+#[derive(Clone, Copy)]
+struct Tallied;
+
+fn tallied(r: impl IntoResponse) -> Response {
+    let mut r = r.into_response();
+    r.extensions_mut().insert(Tallied);
+    r
+}
+
+/// Every error answer counts in `failed` (`wgmoe_requests_failed_total`): the refusals
+/// before a request reaches the worker (bad JSON or fields, the API key, unknown paths,
+/// the body limit, draining) as well as the worker's.
+async fn count_failures(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let r = next.run(req).await;
+    let error = r.status().is_client_error() || r.status().is_server_error();
+    if error && r.extensions().get::<Tallied>().is_none() {
+        st.shared.stats().failed += 1;
+    }
+    r
 }
 
 /// Equal in time independent of where the strings first differ.
@@ -130,7 +158,7 @@ async fn not_found(req: Request) -> ApiError {
         "invalid_request_error",
         "not_found",
         format!(
-            "no such endpoint: {} {} (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics, GET /stats)",
+            "no such endpoint: {} {} (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/ID, GET /health, GET /metrics, GET /stats)",
             req.method(),
             req.uri().path()
         ),
@@ -169,7 +197,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     } else {
         StatusCode::OK
     };
-    (code, Json(body)).into_response()
+    tallied((code, Json(body)))
 }
 
 /// Prometheus text: slots, queue and request and token counters.
@@ -212,7 +240,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         (
             "wgmoe_requests_failed_total",
             "counter",
-            "Requests answered with an error.",
+            "Requests answered with an error (every 4xx and 5xx but queue-full rejections).",
             s.failed,
         ),
         (
@@ -274,11 +302,26 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
-async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{
+fn model_object(st: &AppState) -> Value {
+    json!({
         "id": st.model, "object": "model", "created": st.started, "owned_by": "wgmoe",
         "context_length": st.context,
-    }]}))
+    })
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&st)]}))
+}
+
+/// `GET /v1/models/{id}` (the OpenAI client's `models.retrieve`).
+async fn model(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if id != st.model {
+        return Err(api::model_not_found(&id, &st.model));
+    }
+    Ok(Json(model_object(&st)))
 }
 
 async fn stats(State(st): State<Arc<AppState>>) -> Json<Value> {
@@ -479,6 +522,9 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
         Kind::Chat => api::chat_request(&body)?,
         Kind::Completion => api::completion_request(&body)?,
     };
+    if let Some(m) = request.model.as_deref().filter(|m| *m != st.model) {
+        return Err(api::model_not_found(m, &st.model));
+    }
     let id = st.next_id.fetch_add(1, Ordering::SeqCst);
     let fmt = Format {
         kind,
@@ -528,27 +574,27 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
     }
     if before >= st.max_queue + st.slots {
         st.shared.pending.fetch_sub(1, Ordering::SeqCst);
-        return Err(queue_full());
+        return Ok(tallied(queue_full()));
     }
     st.shared.waiting.fetch_add(1, Ordering::SeqCst);
     if let Err(e) = st.jobs.try_send(job) {
         st.shared.waiting.fetch_sub(1, Ordering::SeqCst);
         st.shared.pending.fetch_sub(1, Ordering::SeqCst);
-        return Err(match e {
-            TrySendError::Full(_) => queue_full(),
-            TrySendError::Disconnected(_) => ApiError::status(
+        return match e {
+            TrySendError::Full(_) => Ok(tallied(queue_full())),
+            TrySendError::Disconnected(_) => Err(ApiError::status(
                 500,
                 "server_error",
                 "worker_gone",
                 "the model worker has stopped",
-            ),
-        });
+            )),
+        };
     }
     // The first event says whether the request can run (a context error is a 400 even
     // for a stream).
     match rx.recv().await {
         Some(Event::Started) => {}
-        Some(Event::Error(e)) => return Err(e),
+        Some(Event::Error(e)) => return Ok(tallied(e)),
         _ => {
             return Err(ApiError::status(
                 500,
@@ -566,7 +612,7 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
             Some(Event::Done(d)) => return Ok(Json(fmt.complete(text, &d)).into_response()),
-            Some(Event::Error(e)) => return Err(e),
+            Some(Event::Error(e)) => return Ok(tallied(e)),
             Some(Event::Started) => {}
             None => {
                 return Err(ApiError::status(

@@ -159,17 +159,29 @@ pub fn sampling(d: &Defaults, r: &SamplingRequest) -> SamplingOptions {
     s
 }
 
-fn context_error(prompt: usize, reserve: usize, ctx: usize, explicit: bool) -> ApiError {
+/// `shift_helps`: older turns are there that `--context-shift` (not on) would drop; it
+/// cannot help a prompt alone.
+fn context_error(
+    prompt: usize,
+    reserve: usize,
+    ctx: usize,
+    explicit: bool,
+    shift_helps: bool,
+) -> ApiError {
     let param = if explicit && prompt < ctx {
         "max_tokens"
     } else {
         "messages"
     };
+    let advice = match (explicit, shift_helps) {
+        (true, true) => "shorten the conversation, lower max_tokens, or start the server with --context-shift to drop its oldest turns",
+        (false, true) => "shorten the conversation, or start the server with --context-shift to drop its oldest turns",
+        (true, false) => "shorten the prompt or lower max_tokens",
+        (false, false) => "shorten the prompt",
+    };
     ApiError::invalid(
         param,
-        format!(
-            "the context is {ctx} positions: {prompt} prompt tokens + {reserve} new tokens do not fit (shorten the conversation, lower max_tokens, or start the server with --context-shift)"
-        ),
+        format!("the context is {ctx} positions: {prompt} prompt tokens + {reserve} new tokens do not fit ({advice})"),
     )
     .with_code("context_length_exceeded")
 }
@@ -187,9 +199,18 @@ pub fn prompt_of(
     let (prompt, dropped) = match &req.prompt {
         PromptInput::Chat(msgs) => {
             let reserve = req.max_tokens.unwrap_or(1);
-            match fit(tok, msgs, ctx, reserve, defaults.context_shift) {
+            match fit(tok, msgs, ctx, (reserve, reserve), defaults.context_shift) {
                 Ok(Ok(f)) => (f.prompt, f.dropped),
-                Ok(Err(t)) => return Err(context_error(t.prompt_tokens, t.reserve, ctx, explicit)),
+                Ok(Err(t)) => {
+                    let helps = t.droppable && !defaults.context_shift;
+                    return Err(context_error(
+                        t.prompt_tokens,
+                        t.reserve,
+                        ctx,
+                        explicit,
+                        helps,
+                    ));
+                }
                 Err(e) => return Err(ApiError::invalid("messages", e.to_string())),
             }
         }
@@ -219,14 +240,14 @@ pub fn prompt_of(
     let room = ctx.saturating_sub(prompt.len());
     let max_new = match req.max_tokens {
         Some(n) if n > room => {
-            return Err(context_error(prompt.len(), n, ctx, true).with_param(&req.prompt))
+            return Err(context_error(prompt.len(), n, ctx, true, false).with_param(&req.prompt))
         }
         Some(n) => n,
         None if matches!(req.prompt, PromptInput::Chat(_)) => room,
         None => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
     };
     if max_new == 0 {
-        return Err(context_error(prompt.len(), 1, ctx, false).with_param(&req.prompt));
+        return Err(context_error(prompt.len(), 1, ctx, false, false).with_param(&req.prompt));
     }
     Ok((prompt, dropped, max_new))
 }

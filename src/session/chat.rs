@@ -154,6 +154,9 @@ pub struct TooLong {
     /// Positions that had to stay free for new tokens.
     pub reserve: usize,
     pub context: usize,
+    /// Whether older turns were left that context shift would drop (so turning it on
+    /// could help; it cannot for a single message).
+    pub droppable: bool,
 }
 
 impl std::fmt::Display for TooLong {
@@ -182,28 +185,34 @@ fn oldest_turn(messages: &[Message]) -> Option<std::ops::Range<usize>> {
     Some(first..end)
 }
 
-/// The prompt of `messages` with `reserve` positions left free in a context of `context`.
-/// Without `shift` a conversation that does not fit is `TooLong`; with it, the oldest
-/// turns are dropped until it fits. Template and tokenizer errors are the outer error.
+/// The prompt of `messages` in a context of `context` positions, `need` of them left free
+/// for new tokens. Without `shift` a conversation that does not fit is `TooLong`; with it,
+/// the oldest turns are dropped while fewer than `reserve` (>= `need`) positions are left,
+/// and what is left once none can be dropped is accepted as long as `need` fit, as it is
+/// without shift (so shift never refuses what fits without it). Template and tokenizer
+/// errors are the outer error.
 pub fn fit(
     tok: &Tokenizer,
     messages: &[Message],
     context: usize,
-    reserve: usize,
+    (reserve, need): (usize, usize),
     shift: bool,
 ) -> Result<std::result::Result<Fitted, TooLong>> {
     let mut kept = messages.to_vec();
     let mut dropped = 0;
+    let want = if shift { reserve.max(need) } else { need };
     loop {
         let prompt = chat_prompt(tok, &kept)?;
-        if prompt.len() + reserve <= context {
+        let turn = oldest_turn(&kept);
+        let fits = |room: usize| prompt.len() + room <= context;
+        if fits(want) || (fits(need) && (!shift || turn.is_none())) {
             return Ok(Ok(Fitted {
                 messages: kept,
                 prompt,
                 dropped,
             }));
         }
-        match oldest_turn(&kept).filter(|_| shift) {
+        match turn.clone().filter(|_| shift) {
             Some(r) => {
                 dropped += r.len();
                 kept.drain(r);
@@ -211,8 +220,9 @@ pub fn fit(
             None => {
                 return Ok(Err(TooLong {
                     prompt_tokens: prompt.len(),
-                    reserve,
+                    reserve: need,
                     context,
+                    droppable: turn.is_some(),
                 }))
             }
         }

@@ -75,6 +75,13 @@ impl Session {
         &self.cached
     }
 
+    /// Start the numbers over (chat's /reset): no last turn, zero totals. The cache is
+    /// kept (its prefix is reused where the next prompt starts the same).
+    pub fn reset_stats(&mut self) {
+        self.last = None;
+        self.totals = SessionTotals::default();
+    }
+
     /// Forget the cache contents (the next request prefills everything).
     pub fn clear_cache(&mut self) {
         self.cached.clear();
