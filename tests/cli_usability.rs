@@ -147,6 +147,64 @@ fn a_file_or_an_empty_directory_is_explained() {
     }
 }
 
+/// Issue 39, 15: a checkpoint directory that also holds a GGUF file loads the checkpoint
+/// and says so, naming the GGUF file and how to load it; without one, no such note.
+#[test]
+fn a_checkpoint_beside_a_gguf_says_which_it_loads() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let args = |d: &Path| {
+        vec![
+            "run".to_string(),
+            s(d),
+            "-p".into(),
+            "hi".into(),
+            "-n".into(),
+            "1".into(),
+        ]
+    };
+    let r = wgmoe(args(&dir));
+    assert_eq!(r.code, Some(0), "{r}");
+    assert!(!r.stderr.contains("GGUF file"), "{r}");
+    std::fs::copy(
+        fixture("gguf/olmoe/olmoe-Q8_0.gguf"),
+        dir.join("model.gguf"),
+    )
+    .unwrap();
+    let r = wgmoe(args(&dir));
+    assert_eq!(r.code, Some(0), "{r}");
+    for want in [
+        "holds a Hugging Face checkpoint",
+        "GGUF file (model.gguf)",
+        "loading the checkpoint",
+        "give a .gguf file's path",
+    ] {
+        assert!(r.stderr.contains(want), "{want:?} not in {r}");
+    }
+}
+
+/// Issue 39, 12: a bad `--decay` is blamed on `--decay`, not on `--cache-policy`.
+#[test]
+fn a_bad_decay_names_decay() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    for d in ["0", "1.5", "-0.2"] {
+        let r = wgmoe([
+            "run",
+            &s(&dir),
+            "-p",
+            "hi",
+            "-n",
+            "1",
+            "--resident-experts",
+            "4",
+            "--cache-policy",
+            "lfu-decay",
+            &format!("--decay={d}"),
+        ]);
+        assert_error(&r, &["--decay", "(0, 1]"]);
+        assert!(!r.stderr.contains("--cache-policy"), "{r}");
+    }
+}
+
 fn run_json(dir: &Path, extra: &[&str]) -> Value {
     let mut args = vec!["run".to_string(), s(dir), "--json".into()];
     args.extend(extra.iter().map(|a| a.to_string()));

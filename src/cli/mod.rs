@@ -275,6 +275,7 @@ pub fn software_line(adapter: &str) -> String {
 /// block types wgmoe does not compute as they are), on stderr.
 pub fn gguf_note(model: &Path, experts: ExpertPrecision, dense: DensePrecision) {
     if !wgmoe::gguf::is_gguf_path(model) {
+        checkpoint_beside_gguf_note(model);
         return;
     }
     let Ok(g) = wgmoe::gguf::GgufModel::open_header(model) else {
@@ -291,6 +292,38 @@ pub fn gguf_note(model: &Path, experts: ExpertPrecision, dense: DensePrecision) 
             experts.int4(),
             dense == DensePrecision::Q8_0
         )
+    );
+}
+
+/// A checkpoint directory that also holds GGUF files loads the checkpoint (config.json
+/// wins, as `is_gguf_path` says): said on stderr, with how to load a GGUF instead, so the
+/// choice is never silent (issue 39, 15).
+fn checkpoint_beside_gguf_note(dir: &Path) {
+    if !dir.is_dir() {
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut ggufs: Vec<String> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
+        })
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    if ggufs.is_empty() {
+        return;
+    }
+    ggufs.sort();
+    eprintln!(
+        "note: {} holds a Hugging Face checkpoint (config.json) and GGUF {} ({}): loading the checkpoint; give a .gguf file's path to load it instead",
+        dir.display(),
+        if ggufs.len() == 1 { "file" } else { "files" },
+        ggufs.join(", ")
     );
 }
 

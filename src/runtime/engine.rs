@@ -483,7 +483,7 @@ impl Engine {
         }
         if let Some(host) = host {
             let policy = build_policy(r.policy, r.decay, profile.as_ref(), capacity.max(1))
-                .map_err(|e| Error::option("--cache-policy", e.0))?;
+                .map_err(|e| Error::option(policy_option(r.policy), e.0))?;
             let miss = r.miss_policy(&cfg);
             let res = Residency::new(
                 &dev,
@@ -704,6 +704,15 @@ pub fn check_host(
         ));
     }
     build_policy(r.policy, r.decay, profile.as_ref(), capacity)
-        .map_err(|e| Error::option("--cache-policy", e.0))?;
+        .map_err(|e| Error::option(policy_option(r.policy), e.0))?;
     Ok((capacity, profile))
+}
+
+/// The option a policy's construction error is about: LFU's only parameter is `--decay`
+/// (issue 39, 12); the profile policy's is its file, named by `--cache-policy profile`.
+fn policy_option(kind: PolicyKind) -> &'static str {
+    match kind {
+        PolicyKind::LfuDecay => "--decay",
+        _ => "--cache-policy",
+    }
 }
