@@ -173,7 +173,7 @@ fn context_and_token_counts_do_not_wrap() {
         ),
         (
             vec!["run", &d, "-p", "hi", "--resident-experts", MAX],
-            vec!["--resident-experts", "3..=7"],
+            vec!["--resident-experts", "0..=7"],
         ),
         (
             vec![

@@ -820,3 +820,48 @@ fn a_gguf_header_plans_as_its_published_config() {
     assert_eq!(experts["types"]["q6_K"], 24, "{v}");
     assert_eq!(experts["types"]["q4_K"], 48 * 2 + 24, "{v}");
 }
+
+/// Mixtral at 12 GiB: the prefetch slots are what keep n = 1 off the card, and the plan says
+/// so with the bytes n = 1 needs and what `--prefetch off` gives; the claim holds when taken.
+/// At full residency the heading speaks of no misses (issue 39, 7 and 8).
+#[test]
+fn prefetch_slots_that_block_a_resident_expert_are_named() {
+    let cfg = config("mixtral-8x7b-v0.1.json");
+    let args = [cfg.as_str(), "--vram", "12GiB", "--device-gbps", "400"];
+    let p = plan_json(&[&args[..], &["--json"]].concat());
+    let n = u(&p, "resident_experts_per_layer");
+    let m = u(&p, "resident_experts_without_prefetch");
+    let next = u(&p, "next_resident_bytes");
+    assert!(m > n, "{p}");
+    assert!(next > 12 * GIB, "n + 1 needs more than the card: {p}");
+    let text = wgmoe([&["plan"][..], &args[..]].concat());
+    assert_ok(&text);
+    for want in [
+        format!("+ {} prefetch slots", u(&p, "prefetch_width")),
+        format!("n = {} needs", n + 1),
+        format!("with --prefetch off, n = {m} fits"),
+    ] {
+        assert!(text.stdout.contains(&want), "missing `{want}`:\n{text}");
+    }
+    // Taking the advice gives the residency it promised, and nothing more to say.
+    let off = plan_json(&[&args[..], &["--prefetch", "off", "--json"]].concat());
+    assert_eq!(u(&off, "resident_experts_per_layer"), m, "{off}");
+    assert!(off["resident_experts_without_prefetch"].is_null(), "{off}");
+    // Every expert resident: no misses in the heading.
+    let full = wgmoe([
+        "plan",
+        &cfg,
+        "--vram",
+        "80GiB",
+        "--device-gbps",
+        "400",
+        "--h2d-gbps",
+        "25",
+    ]);
+    assert_ok(&full);
+    assert!(
+        full.stdout.contains("misses none: every expert resident"),
+        "{full}"
+    );
+    assert!(!full.stdout.contains("uploaded from host RAM"), "{full}");
+}

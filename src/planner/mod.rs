@@ -158,6 +158,11 @@ pub struct PlanReport {
     pub prefetch_slots_per_layer: usize,
     pub prefetch_accuracy: Option<f64>,
     pub prefetch_accuracy_source: Option<String>,
+    /// Below full residency with prefetch on: the bytes one more resident expert per layer
+    /// would need (its prefetch slots included), and the residency `--prefetch off` would
+    /// give where it is higher (the prefetch slots are what block it).
+    pub next_resident_bytes: Option<u64>,
+    pub resident_experts_without_prefetch: Option<usize>,
     pub staging_buffers: usize,
     pub staging_bytes: u64,
     /// Bytes that must be on the card at any residency: non-routed weights, KV cache and
@@ -300,7 +305,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
             ),
         ));
     }
-    let admission = |miss: MissPolicy| {
+    let admission_with = |miss: MissPolicy, prefetch_width: usize| {
         let input = AdmissionInput {
             int4: true,
             dense: o.dense,
@@ -315,13 +320,15 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
             prefetch_width: if miss == MissPolicy::Cpu {
                 0
             } else {
-                o.prefetch_width
+                prefetch_width
             },
         };
         AdmissionCost::new(cfg, &input).map_err(|e| Error::option("--ctx-size", e.to_string()))
     };
+    let admission = |miss: MissPolicy| admission_with(miss, o.prefetch_width);
     let cost = admission(o.miss_policy)?;
     let upload = admission(MissPolicy::Upload)?;
+    let no_prefetch = admission_with(o.miss_policy, 0)?;
     let shape = WorkspaceShape {
         kv: o.kv,
         ..planned_shape(cfg, o.context, o.prefill_chunk, false, false)
@@ -451,6 +458,17 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
         },
         prefetch_accuracy: o.prefetch_accuracy.as_ref().map(|a| a.0),
         prefetch_accuracy_source: o.prefetch_accuracy.as_ref().map(|a| a.1.clone()),
+        next_resident_bytes: match n {
+            Some(n) if n < e && cost.prefetch > 0 => Some(cost.bytes(n + 1)),
+            _ => None,
+        },
+        resident_experts_without_prefetch: match n {
+            Some(n) if n < e && cost.prefetch > 0 => {
+                no_prefetch.most_within(o.vram).filter(|&m| m > n)
+            }
+            None if cost.prefetch > 0 => no_prefetch.most_within(o.vram),
+            _ => None,
+        },
         staging_buffers: o.staging_buffers,
         staging_bytes: staging,
         hot_bytes: hot,

@@ -206,8 +206,8 @@ pub fn render(r: &PlanReport) -> String {
                 let _ = writeln!(
                     o,
                     "  n resident + min({k}, n) spare slots{} per layer, + {} staging buffers once n > 0: the most within {} is n = {n} of {e} ({:.0}%), {} + {} slots x {} B{}",
-                    if r.prefetch_slots_per_layer > 0 {
-                        format!(" + {} prefetch slots", r.prefetch_slots_per_layer)
+                    if r.prefetch_width > 0 {
+                        format!(" + {} prefetch slots", r.prefetch_width)
                     } else {
                         String::new()
                     },
@@ -223,6 +223,7 @@ pub fn render(r: &PlanReport) -> String {
                         String::new()
                     }
                 );
+                prefetch_blocks(&mut o, r, n);
             }
         }
         None => {
@@ -387,12 +388,16 @@ fn prediction(o: &mut String, r: &PlanReport) {
     );
     for p in &r.predictions {
         let (l, k) = (r.moe_layers, r.top_k);
+        // Every expert resident: no miss to describe (issue 39, 8).
+        let misses = if r.resident_experts_per_layer == Some(r.num_experts) {
+            "none: every expert resident".to_string()
+        } else {
+            describe(p.miss_policy).to_string()
+        };
         let _ = writeln!(
             o,
-            "Predicted decode (misses {}; hit rate {:.3}, {}):",
-            describe(p.miss_policy),
-            p.hit_rate,
-            p.hit_rate_source
+            "Predicted decode (misses {misses}; hit rate {:.3}, {}):",
+            p.hit_rate, p.hit_rate_source
         );
         let cpu = p.miss_policy == MissPolicy::Cpu;
         let _ = writeln!(
@@ -506,4 +511,20 @@ fn sync_line(o: &mut String, bw: &super::Bandwidths, p: &super::Prediction) {
             p.sync_points_per_token
         ),
     };
+}
+
+/// Below full residency with prefetch on: what one more resident expert per layer would
+/// need with its prefetch slots, and the residency `--prefetch off` gives where those
+/// slots are what stand in the way (issue 39, 7).
+fn prefetch_blocks(o: &mut String, r: &PlanReport, n: usize) {
+    if let (Some(next), Some(m)) = (r.next_resident_bytes, r.resident_experts_without_prefetch) {
+        let _ = writeln!(
+            o,
+            "  n = {} needs {} with {} prefetch slots per layer (--prefetch-width {}); with --prefetch off, n = {m} fits",
+            n + 1,
+            b(next),
+            r.prefetch_width,
+            r.prefetch_width
+        );
+    }
 }
