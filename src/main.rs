@@ -13,6 +13,7 @@ use wgmoe::runtime::engine::{DensePrecision, ExpertPrecision, KvPrecision};
 use cli::bench_args::{BenchArgs, SynthArgs};
 use cli::gpu_args::{parse_pipeline_depth, GpuArgs};
 use cli::loadtest::LoadtestArgs;
+use cli::residency_args::ResidencyArgs;
 
 #[derive(Parser)]
 #[command(
@@ -53,8 +54,9 @@ enum Cmd {
     /// Load a running server with concurrent clients and check every answer: exact usage,
     /// one answer per request, malformed requests refused; tok/s, TTFT and latency.
     Loadtest(LoadtestArgs),
-    /// Convert a Hugging Face checkpoint to wgmoe's INT4 format (FP16 non-routed tensors,
-    /// packed INT4 routed experts), for a memory-mapped, conversion-free start.
+    /// Convert a Hugging Face checkpoint to wgmoe's INT4 format (dense weights q8_0 unless
+    /// --dense-precision f16, router, norms and embeddings f16, packed INT4 routed experts),
+    /// for a memory-mapped, conversion-free start.
     Quantize {
         /// Hugging Face checkpoint directory.
         model: PathBuf,
@@ -107,7 +109,7 @@ enum Cmd {
     /// KL divergence and top-1 agreement of next-token distributions over a greedy decode.
     Eval(EvalArgs),
     /// Write a random-weight model with the exact shapes of a real checkpoint (converted
-    /// INT4 format, or a bf16 Hugging Face checkpoint), streaming.
+    /// INT4 format, a bf16 Hugging Face checkpoint, or a GGUF file), streaming.
     Synth(SynthArgs),
     /// The measurement contract: a fixed prompt set in blocks, fixed new tokens, greedy,
     /// EOS suppressed, warm-up excluded; comma-separated lists sweep configurations.
@@ -146,7 +148,13 @@ struct KernelsArgs {
     #[arg(long, value_enum, default_value = "all")]
     stages: wgmoe::insight::kernel_report::Stages,
     /// KV cache positions (decode attends over all of them).
-    #[arg(long, short = 'c', visible_alias = "ctx-size", default_value_t = 4096)]
+    #[arg(
+        short = 'c',
+        long = "ctx-size",
+        value_name = "N",
+        alias = "context",
+        default_value_t = 4096
+    )]
     context: usize,
     /// Tokens of the prefill chunk measured.
     #[arg(long, default_value_t = 64)]
@@ -167,8 +175,12 @@ struct KernelsArgs {
     #[arg(long, value_name = "N", default_value_t = wgmoe::runtime::generate::DEFAULT_PIPELINE_DEPTH,
           value_parser = parse_pipeline_depth)]
     pipeline_depth: usize,
-    /// Routed experts as f16 instead of INT4.
-    #[arg(long)]
+    /// Routed experts as INT4 (int4 and int4-strict count the same here) or f16 (as
+    /// `run --expert-precision`).
+    #[arg(long, value_enum, default_value = "int4")]
+    expert_precision: ExpertPrecision,
+    /// The old name of `--expert-precision f16`.
+    #[arg(long, hide = true, conflicts_with = "expert_precision")]
     f16_experts: bool,
     /// Dense weights as f16 or q8_0 (as `run --dense-precision`).
     #[arg(long, value_enum, default_value = "q8_0")]
@@ -282,9 +294,13 @@ struct PlanArgs {
     /// Use the stored measurements of the adapter whose name contains this text.
     #[arg(long)]
     adapter: Option<String>,
-    /// Plan a GGUF file's experts as `run --expert-precision int4-strict` holds them: every
-    /// matrix 4-bit (its wider expert types rounded into affine INT4, not held as they are).
-    #[arg(long)]
+    /// The experts' precision planned, as `run --expert-precision`: int4 (a GGUF file's
+    /// types held as they are), or int4-strict (a GGUF file's wider expert types rounded
+    /// into affine INT4). The plan counts INT4 experts; f16 is only shown for comparison.
+    #[arg(long, value_enum, default_value = "int4")]
+    expert_precision: ExpertPrecision,
+    /// The old name of `--expert-precision int4-strict`.
+    #[arg(long, hide = true, conflicts_with = "expert_precision")]
     int4_strict: bool,
     /// Print the plan as one JSON object.
     #[arg(long)]
@@ -307,7 +323,7 @@ struct EvalArgs {
     prompt_ids: Option<Vec<u32>>,
     /// Tokens decoded (greedy, by the reference: f16 experts, f16 dense weights, f32 KV
     /// cache) and compared.
-    #[arg(short = 'n', long, default_value_t = 24)]
+    #[arg(short = 'n', long, default_value_t = 24, allow_negative_numbers = true)]
     max_new_tokens: usize,
     /// Compare one candidate only: these routed experts (the reference's f16 where not
     /// given, as for the other two precisions).
@@ -330,100 +346,6 @@ struct EvalArgs {
 }
 
 /// Expert residency options (partial residency needs INT4 experts).
-#[derive(Args, Clone)]
-struct ResidencyArgs {
-    /// Expert slots per layer on the GPU (default all; with --miss-policy upload at least
-    /// top_k; 0 = every routed expert on the CPU).
-    #[arg(long)]
-    resident_experts: Option<usize>,
-    /// Every routed expert computed on the CPU (as --resident-experts 0): attention,
-    /// norms, router, shared experts and lm_head stay on the GPU.
-    #[arg(long, conflicts_with = "resident_experts")]
-    cpu_experts: bool,
-    /// The first N layers' routed experts all computed on the CPU (llama.cpp's
-    /// --n-cpu-moe); the other layers as --resident-experts says.
-    #[arg(long, default_value_t = 0)]
-    n_cpu_moe: usize,
-    /// Where an expert with no GPU slot runs: uploaded, computed on the CPU, or chosen per
-    /// miss by a cost model measured at start-up (default: auto below full residency).
-    #[arg(long, value_enum)]
-    miss_policy: Option<wgmoe::residency::MissPolicy>,
-    /// Threads of the CPU expert kernel (default: one per core).
-    #[arg(long)]
-    cpu_threads: Option<usize>,
-    /// GPU memory the runtime may allocate (e.g. 6GiB, 512MiB); derives --resident-experts.
-    #[arg(long = "vram", value_name = "SIZE", value_parser = parse_size, alias = "vram-budget")]
-    vram_budget: Option<u64>,
-    /// Which expert a full cache evicts.
-    #[arg(long, value_parser = ["lru", "lfu-decay", "profile"], default_value = "lru")]
-    cache_policy: String,
-    /// Per-step decay of the LFU access counter (0, 1].
-    #[arg(long, default_value_t = wgmoe::residency::LfuDecay::DEFAULT_DECAY)]
-    decay: f64,
-    /// Expert-frequency profile for --cache-policy profile (written by a calibration
-    /// `wgmoe run`).
-    #[arg(long)]
-    profile: Option<PathBuf>,
-    /// Mapped staging buffers for expert uploads (default: top_k, plus the prefetch
-    /// width with --prefetch next-layer).
-    #[arg(long)]
-    staging_buffers: Option<usize>,
-    /// Copy the experts the next layer's router predicts from this layer's hidden state
-    /// while this layer computes (default: next-layer below full residency, unless
-    /// --miss-policy cpu).
-    #[arg(long, value_enum)]
-    prefetch: Option<wgmoe::residency::Prefetch>,
-    /// Experts guessed and prefetched per layer and step (default: top_k).
-    #[arg(long, value_name = "N")]
-    prefetch_width: Option<usize>,
-    /// Threads filling staging buffers while the GPU computes (default 2, at most one per
-    /// core; 0: the submitting thread fills them, the GPU waiting).
-    #[arg(long, value_name = "N")]
-    fill_threads: Option<usize>,
-}
-
-/// `--staging-buffers` as given (0 is refused, as admission would), or 0 for the default.
-fn staging_buffers(n: Option<usize>) -> Result<usize> {
-    match n {
-        Some(0) => Err(Error::option(
-            "--staging-buffers",
-            format!(
-                "0 is outside 1..={}",
-                wgmoe::runtime::admission::MAX_STAGING_BUFFERS
-            ),
-        )),
-        Some(n) => Ok(n),
-        None => Ok(0),
-    }
-}
-
-impl ResidencyArgs {
-    fn options(&self) -> Result<wgmoe::runtime::engine::ResidencyOptions> {
-        let policy: wgmoe::residency::PolicyKind = self
-            .cache_policy
-            .parse()
-            .map_err(|e: wgmoe::residency::ConfigError| Error::option("--cache-policy", e.0))?;
-        Ok(wgmoe::runtime::engine::ResidencyOptions {
-            resident_experts: if self.cpu_experts {
-                Some(0)
-            } else {
-                self.resident_experts
-            },
-            vram_budget: self.vram_budget,
-            policy,
-            decay: self.decay,
-            profile: self.profile.clone(),
-            staging_buffers: staging_buffers(self.staging_buffers)?,
-            record_profile: false,
-            miss_policy: self.miss_policy,
-            n_cpu_moe: self.n_cpu_moe,
-            cpu_threads: self.cpu_threads,
-            prefetch: self.prefetch,
-            prefetch_width: self.prefetch_width,
-            fill_threads: self.fill_threads,
-        })
-    }
-}
 
 /// "6GiB", "512MiB", "1.5GB", "1000000" (bytes).
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
@@ -481,7 +403,12 @@ struct RunArgs {
     #[arg(long, value_name = "FILE|NAME", requires = "chat")]
     chat_template: Option<String>,
     /// Most tokens to generate; 0 runs the prompt only and reports the prefill rate.
-    #[arg(short = 'n', long, default_value_t = 128)]
+    #[arg(
+        short = 'n',
+        long,
+        default_value_t = 128,
+        allow_negative_numbers = true
+    )]
     max_new_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
@@ -612,7 +539,12 @@ struct ChatArgs {
     #[arg(long, value_name = "TEXT")]
     system: Option<String>,
     /// Most tokens per answer.
-    #[arg(short = 'n', long, default_value_t = 512)]
+    #[arg(
+        short = 'n',
+        long,
+        default_value_t = 512,
+        allow_negative_numbers = true
+    )]
     max_new_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
@@ -652,7 +584,8 @@ struct ServeArgs {
     /// Largest request body (e.g. 4MiB, 65536); beyond that, 413.
     #[arg(long, value_parser = parse_size, default_value = "4MiB")]
     max_body: u64,
-    /// Model name in /v1/models and responses (default: the directory's name).
+    /// Model name in /v1/models and responses (default: the directory's name, or a GGUF
+    /// file's name, `.gguf` included).
     #[arg(long)]
     alias: Option<String>,
     /// On SIGTERM or Ctrl-C: refuse new requests (503), let those admitted finish for up

@@ -303,6 +303,15 @@ fn bench_residency_sweep_reports_cache_counters() {
             );
             assert!(r["cache_policy"].is_string());
             assert!(num(r, "upload_seconds_per_miss") > 0.0);
+            // Misses per decode token: the decode steps' own, at most top_k of the 7
+            // experts in each layer (the prompt's chunks are not divided by decode tokens).
+            let per_tok = num(r, "expert_misses_per_token");
+            let cap = num(r, "top_k") * num(r, "num_layers");
+            assert!(per_tok > 0.0 && per_tok <= cap, "{per_tok} > {cap}: {r:#}");
+            assert!(
+                per_tok * num(r, "decode_tokens") <= misses as f64 + 1e-6,
+                "{r:#}"
+            );
         } else {
             assert_eq!(n, 7);
             assert_eq!(misses, 0);

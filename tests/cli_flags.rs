@@ -54,6 +54,17 @@ fn one_flag_name_per_concept() {
         ("inspect", "-c, --ctx-size <N>", "--max-context"),
         ("chat", "-c, --ctx-size <N>", "--context "),
         ("serve", "-c, --ctx-size <N>", "--context "),
+        ("kernels", "-c, --ctx-size <N>", "--context "),
+        (
+            "kernels",
+            "--expert-precision <EXPERT_PRECISION>",
+            "--f16-experts",
+        ),
+        (
+            "plan",
+            "--expert-precision <EXPERT_PRECISION>",
+            "--int4-strict",
+        ),
         ("plan", "--vram <VRAM>", "--vram-budget"),
         ("run", "--vram <SIZE>", "--vram-budget"),
         ("chat", "--vram <SIZE>", "--vram-budget"),
@@ -245,4 +256,71 @@ fn kernels_takes_the_kv_precision() {
     assert_eq!(name, "f32");
     assert_eq!(f32, 2 * f16, "f32 {f32} against f16 {f16}");
     assert_eq!(kv_of(&["--kv-precision", "q8_0"]).0, "q8_0");
+}
+
+/// Issue 39 (friction): `kernels` runs for minutes on a software adapter and says on stderr
+/// what it is doing, stage by stage, while stdout stays the report.
+#[test]
+fn kernels_reports_progress_on_stderr() {
+    let dir = s(&fixture(OLMOE));
+    let r = wgmoe(["kernels", &dir, "-c", "64", "--json"]);
+    assert_ok(&r);
+    json_of(&r);
+    let progress: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("kernels: "))
+        .collect();
+    for want in [
+        "building",
+        "probing decode",
+        "probing a prefill chunk",
+        "timing",
+    ] {
+        assert!(
+            progress.iter().any(|l| l.contains(want)),
+            "no `{want}` progress line: {progress:?}\n{r}"
+        );
+    }
+}
+
+/// Issue 39 (friction): `-n -1` is a bad count for `-n`, not clap's tip to write `-- -1`
+/// (which would pass -1 as the model).
+#[test]
+fn a_negative_count_is_a_bad_value_of_its_option() {
+    let dir = s(&fixture(OLMOE));
+    for sub in [
+        vec!["run", &dir, "-p", "hi", "-n", "-1"],
+        vec!["bench", &dir, "-n", "-1"],
+        vec!["chat", &dir, "-n", "-1"],
+        vec!["eval", &dir, "--prompt-ids", "1,2", "-n", "-1"],
+    ] {
+        let r = wgmoe(&sub);
+        assert_eq!(r.code, Some(2), "{r}");
+        assert!(
+            r.stderr.contains("invalid value '-1'") && r.stderr.contains("--max-new-tokens"),
+            "{r}"
+        );
+        assert!(!r.stderr.contains("'-- -1'"), "{r}");
+    }
+}
+
+/// `kernels --expert-precision f16` (the name every command uses) counts f16 experts, as
+/// the old `--f16-experts` still does; int4 reads fewer bytes.
+#[test]
+fn kernels_takes_the_expert_precision() {
+    let dir = s(&fixture(OLMOE));
+    let bytes = |extra: &[&str]| {
+        let mut args = vec!["kernels", &dir, "--stages", "decode", "-c", "64", "--json"];
+        args.extend_from_slice(extra);
+        let v = json_of(&wgmoe(&args));
+        v["bytes_per_token"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{v}"))
+    };
+    let f16 = bytes(&["--expert-precision", "f16"]);
+    assert_eq!(bytes(&["--f16-experts"]), f16);
+    assert!(bytes(&[]) < f16);
+    let r = wgmoe(["plan", &dir, "--vram", "1GiB", "--expert-precision", "f16"]);
+    assert_error(&r, &["--expert-precision", "INT4"]);
 }

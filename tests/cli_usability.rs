@@ -126,6 +126,12 @@ fn a_file_or_an_empty_directory_is_explained() {
                 "pass the directory that holds it",
             ],
         );
+        // The commands that run GGUF files say so (issue 39, friction); quantize does not.
+        assert_eq!(
+            r.stderr.contains("or a GGUF file (*.gguf)"),
+            sub != "quantize",
+            "{r}"
+        );
         let r = wgmoe(args(&gguf));
         if sub != "quantize" {
             // run, bench and inspect read GGUF files (quantize does not): this one is cut short after
@@ -203,6 +209,47 @@ fn a_bad_decay_names_decay() {
         assert_error(&r, &["--decay", "(0, 1]"]);
         assert!(!r.stderr.contains("--cache-policy"), "{r}");
     }
+}
+
+/// Issue 39 (friction): an option given that the engine does not use gets a note, not
+/// silence: `--decay` without the LFU policy, `--cache-policy` with every expert resident.
+#[test]
+fn options_the_engine_does_not_use_get_a_note() {
+    let (_t, dir) = copy_fixture(OLMOE);
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run".to_string(),
+            s(&dir),
+            "-p".into(),
+            "hi".into(),
+            "-n".into(),
+            "1".into(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let r = wgmoe(&args);
+        assert_ok(&r);
+        r
+    };
+    let r = run(&["--cache-policy", "lfu-decay"]);
+    assert!(
+        r.stderr
+            .contains("note: --cache-policy lfu-decay is unused: every expert is resident"),
+        "{r}"
+    );
+    let r = run(&["--resident-experts", "4", "--decay", "0.5"]);
+    assert!(
+        r.stderr.contains("note: --decay 0.5 is unused") && r.stderr.contains("lru (the default)"),
+        "{r}"
+    );
+    let r = run(&[
+        "--resident-experts",
+        "4",
+        "--cache-policy",
+        "lfu-decay",
+        "--decay",
+        "0.5",
+    ]);
+    assert!(!r.stderr.contains("unused"), "{r}");
 }
 
 fn run_json(dir: &Path, extra: &[&str]) -> Value {

@@ -567,3 +567,19 @@ fn tokenizer_override_takes_a_gguf_file() {
     };
     assert_eq!(prompt(&["--tokenizer", &f16]), prompt(&[]));
 }
+
+/// Issue 39 (friction): a vocabulary-only GGUF (llama.cpp's tokenizer files) run or planned
+/// as a model is named as what it is, with what to do with it, not a missing tensor.
+#[test]
+fn a_vocabulary_only_gguf_is_named_as_such() {
+    use common::cli::{assert_error, s, wgmoe};
+    let vocab = s(&common::repo().join("models/gguf/tokenizers/olmo.gguf"));
+    for args in [
+        vec!["run", &vocab, "-p", "hi"],
+        vec!["plan", &vocab, "--vram", "8GiB"],
+    ] {
+        let r = wgmoe(&args);
+        assert_error(&r, &["olmo.gguf", "vocabulary-only", "--tokenizer"]);
+        assert!(!r.stderr.contains("token_embd.weight"), "{r}");
+    }
+}

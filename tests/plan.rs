@@ -765,10 +765,12 @@ fn a_gguf_header_plans_as_its_published_config() {
             "{vram}"
         );
         assert_eq!(u(&a, "routed_expert_bytes"), 48 * 128 * gguf_slot);
-        // `--int4-strict` plans every expert matrix 4-bit (the Q6_K downs rounded into
+        // `--expert-precision int4-strict` plans every expert matrix 4-bit (the Q6_K downs rounded into
         // affine INT4, 5 bits), as `run --expert-precision int4-strict` holds them: more
         // resident.
-        let strict = plan(&gguf, &["--int4-strict"]);
+        let strict = plan(&gguf, &["--expert-precision", "int4-strict"]);
+        // The old flag plans the same.
+        assert_eq!(plan(&gguf, &["--int4-strict"]), strict, "{vram}");
         assert_eq!(
             u(&strict, "expert_bytes"),
             Q4SlotLayout::mixed(2048, 768, Q4Kind::Q4K, Q4Kind::Affine32).bytes as u64
@@ -864,4 +866,34 @@ fn prefetch_slots_that_block_a_resident_expert_are_named() {
         "{full}"
     );
     assert!(!full.stdout.contains("uploaded from host RAM"), "{full}");
+}
+
+/// A header-only GGUF plans, and the plan says after its "Run it" line that the file cannot
+/// run as it is; a whole GGUF gets no such warning (issue 39, friction).
+#[test]
+fn a_header_only_gguf_plan_warns_that_it_cannot_run() {
+    let header = s(&fixture("gguf/headers/Qwen3-30B-A3B-Q4_K_M.gguf"));
+    let whole = s(&fixture("gguf/qwen3moe/qwen3moe-Q8_0.gguf"));
+    let r = wgmoe(["plan", &header, "--vram", "12GiB", "--ram", "32GiB"]);
+    assert_ok(&r);
+    assert!(r.stdout.contains("Run it:"), "{r}");
+    // Its weights are named by the blocks they are held in: Q4_K_M holds Q4_K gate/up, and
+    // Q6_K downs on some layers (the Q6_K attention and lm_head in their own blocks too).
+    for want in [
+        "routed experts as the GGUF file's blocks: gate/up q4_K, down ",
+        "down q6_K on ",
+        "dense weights as the GGUF file's blocks where the kernels compute them (",
+        "routed experts, GGUF:",
+    ] {
+        assert!(r.stdout.contains(want), "missing `{want}`:\n{r}");
+    }
+    assert!(!r.stdout.contains("routed experts INT4"), "{r}");
+    assert!(
+        r.stderr
+            .contains("warning: the plan is of the file's header; the file cannot run as it is"),
+        "{r}"
+    );
+    let r = wgmoe(["plan", &whole, "--vram", "12GiB", "--ram", "32GiB"]);
+    assert_ok(&r);
+    assert!(!r.stderr.contains("warning"), "{r}");
 }

@@ -4,7 +4,10 @@
 //! must succeed. `cargo run --release -- ARGS` is `wgmoe ARGS`; `printf '...' | wgmoe ...`
 //! feeds the text to stdin; `wgmoe serve` starts on a free port and the guide's `curl`
 //! bodies are posted to it. Each file runs in its own directory, with `models`, `tests` and
-//! `bench` linked and `docs` copied, so what the commands write stays there.
+//! `bench` linked and `docs` copied, so what the commands write stays there. An output
+//! excerpt (a `text` block opening with `$ wgmoe ...`) is what that command prints: its
+//! lines, in order, are lines of the command's output (lines may be left out, marked `...`
+//! or not; none changed).
 
 mod common;
 
@@ -271,6 +274,121 @@ fn the_guides_commands_run_on_the_fixtures() {
     let readme = ran.iter().filter(|a| a.starts_with("README.md:")).count();
     assert!(readme >= 6, "only {readme} README commands ran: {ran:?}");
     assert!(ran.len() >= 15, "{ran:?}");
+}
+
+/// An output excerpt: a `text` block that opens with `$ wgmoe ...`, and the lines it shows.
+#[derive(Debug)]
+struct Excerpt {
+    line: Line,
+    shown: Vec<String>,
+}
+
+fn excerpts(name: &str, text: &str) -> Vec<Excerpt> {
+    let lines: Vec<&str> = text.lines().collect();
+    let fence = |j: usize| lines[j].trim_start().starts_with("```");
+    let (mut out, mut inside, mut i) = (Vec::new(), false, 0);
+    while i < lines.len() {
+        if !fence(i) {
+            i += 1;
+            continue;
+        }
+        let text_block = lines[i].trim_start().trim_start_matches('`').trim() == "text";
+        match lines.get(i + 1).and_then(|c| c.strip_prefix("$ wgmoe ")) {
+            Some(cmd) if !inside && text_block => {
+                let mut cmd = cmd.to_string();
+                let mut j = i + 2;
+                while cmd.ends_with('\\') && j < lines.len() {
+                    cmd.pop();
+                    cmd.push_str(lines[j].trim_start());
+                    j += 1;
+                }
+                let end = (j..lines.len()).find(|&k| fence(k)).unwrap_or(lines.len());
+                let at = format!("{name}:{}", i + 2);
+                out.push(Excerpt {
+                    line: Line {
+                        args: split(&at, &cmd),
+                        at,
+                        stdin: None,
+                        next: None,
+                    },
+                    shown: lines[j..end]
+                        .iter()
+                        .map(|l| l.trim_end().to_string())
+                        .collect(),
+                });
+                i = end + 1;
+            }
+            _ => {
+                inside = !inside;
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The first line of `shown` that is not found, in order, among the lines of `printed`
+/// (a line `...` marks lines left out).
+fn first_line_not_printed<'a>(shown: &'a [String], printed: &str) -> Option<&'a str> {
+    let mut printed = printed.lines().map(str::trim_end);
+    shown
+        .iter()
+        .filter(|s| s.as_str() != "...")
+        .find(|s| !printed.any(|p| p == s.as_str()))
+        .map(String::as_str)
+}
+
+#[test]
+fn the_guides_excerpts_are_what_the_commands_print() {
+    let mut checked = Vec::new();
+    for guide in guides() {
+        let name = guide.file_name().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&guide).unwrap();
+        let dir = workdir();
+        let cache = tempfile::tempdir().unwrap();
+        for e in excerpts(&name, &text) {
+            if !runs_here(&e.line, &[]) {
+                continue;
+            }
+            assert!(
+                !["serve", "chat"].contains(&e.line.args[0].as_str()),
+                "{}: an excerpt of a server or chat cannot be checked",
+                e.line.at
+            );
+            let r = run_in(dir.path(), &e.line, cache.path());
+            assert_ok(&r);
+            if let Some(l) = first_line_not_printed(&e.shown, &r.stdout) {
+                panic!("{}: the excerpt shows a line the command does not print (in that order):\n  {l}\n{r}", e.line.at);
+            }
+            checked.push(e.line.at);
+        }
+    }
+    println!("checked: {checked:?}");
+    // The README's plan excerpt and the planning guide's are among them.
+    assert!(
+        checked.iter().any(|a| a.starts_with("README.md:")),
+        "{checked:?}"
+    );
+    assert!(
+        checked
+            .iter()
+            .filter(|a| a.starts_with("planning.md:"))
+            .count()
+            >= 3,
+        "{checked:?}"
+    );
+}
+
+#[test]
+fn excerpts_are_read_in_order_and_a_changed_line_is_caught() {
+    let text = "```sh\n$ wgmoe run models/a\n```\n```text\n$ wgmoe plan models/b \\\n  --vram 1GiB\nA\n...\nC\n```\n```text\nplain\n```\n";
+    let e = excerpts("t.md", text);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(e[0].line.args, ["plan", "models/b", "--vram", "1GiB"]);
+    assert_eq!(e[0].shown, ["A", "...", "C"]);
+    assert_eq!(first_line_not_printed(&e[0].shown, "A\nB\nC  \n"), None);
+    assert_eq!(first_line_not_printed(&e[0].shown, "C\nA\n"), Some("C"));
+    assert_eq!(first_line_not_printed(&e[0].shown, "A\nB\n"), Some("C"));
 }
 
 #[test]

@@ -202,7 +202,7 @@ fn ctrl_c_ends_a_non_streamed_answer_with_abort_and_the_text_so_far() {
         drop(sock);
         srv.stats_until(|v| v["requests"]["cancelled"] == 1 && v["queue"]["waiting"] == 0);
         srv.signal("INT");
-        srv.log_until(|l| l.contains("shutting down: 1 requests in flight, draining up to 1s"));
+        srv.log_until(|l| l.contains("shutting down: 1 request in flight, draining up to 1s"));
         let (st, v) = answer.join().unwrap();
         assert_eq!(st, 200, "{v}");
         assert_eq!(v["choices"][0]["finish_reason"], "abort", "{v}");
@@ -224,7 +224,7 @@ fn a_second_signal_exits_at_once_with_130() {
     let events = srv.stream_events("/v1/chat/completions", &chat(4000, true));
     next(&events);
     srv.signal("TERM");
-    srv.log_until(|l| l.contains("shutting down: 1 requests in flight"));
+    srv.log_until(|l| l.contains("shutting down: 1 request in flight"));
     srv.signal("TERM");
     let status = srv.wait();
     let log = srv.stderr();

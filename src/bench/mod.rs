@@ -358,6 +358,7 @@ pub(super) struct Response {
     pub(super) steps_in_flight_max: usize,
     pub(super) host_wait_s: f64,
     pub(super) encode_s: Option<f64>,
+    pub(super) decode_misses: u64,
 }
 
 /// Run the whole sweep. `on_record` sees each configuration's record as soon as it is done
@@ -493,6 +494,7 @@ pub fn run_bench(
                     steps_in_flight_max: g.decode_steps_in_flight_max,
                     host_wait_s: g.decode_host_wait_s,
                     encode_s: g.decode_encode_s,
+                    decode_misses: g.decode_expert_misses,
                 };
                 pb.set_message(format!("{:.2} tok/s", g.decode_tokens_per_s()));
                 responses.push(r);

@@ -83,6 +83,7 @@ pub struct BenchRecord {
     pub expert_misses: Option<u64>,
     pub expert_evictions: Option<u64>,
     pub upload_seconds_per_miss: Option<f64>,
+    /// Decode misses per decode token (the prompt's misses are in `expert_misses` only).
     pub expert_misses_per_token: f64,
     // CPU experts (null without a residency runtime).
     pub miss_policy: Option<crate::residency::MissPolicy>,
@@ -289,7 +290,10 @@ pub(super) fn record(
         expert_evictions: Some(res.expert_evictions),
         upload_seconds_per_miss: (res.expert_misses > 0)
             .then(|| res.upload_seconds / res.expert_misses as f64),
-        expert_misses_per_token: res.expert_misses as f64 / generated.max(1) as f64,
+        // The decode steps' misses over the decode tokens: the prompt's chunks miss too, but
+        // not per token (issue 39).
+        expert_misses_per_token: rs.iter().map(|r| r.decode_misses).sum::<u64>() as f64
+            / decode_tokens.max(1) as f64,
         miss_policy: engine.fwd.residency.as_ref().map(|r| r.miss),
         uploaded_misses: engine.fwd.residency.as_ref().map(|_| res.uploaded_misses),
         cpu_expert_pairs: engine.fwd.residency.as_ref().map(|_| res.cpu_expert_pairs),

@@ -46,7 +46,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .collect::<Result<Vec<_>>>()?,
         decay: a.decay,
         profile: a.profile.clone(),
-        staging_buffers: crate::staging_buffers(a.staging_buffers)?,
+        staging_buffers: super::residency_args::staging_buffers(a.staging_buffers)?,
         miss_policies: a.miss_policy.clone(),
         n_cpu_moe: a.n_cpu_moe,
         cpu_threads: a.cpu_threads,

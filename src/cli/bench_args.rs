@@ -85,7 +85,12 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub(crate) blocks: usize,
     /// New tokens per response (EOS suppressed: always this many).
-    #[arg(short = 'n', long, default_value_t = 128)]
+    #[arg(
+        short = 'n',
+        long,
+        default_value_t = 128,
+        allow_negative_numbers = true
+    )]
     pub(crate) max_new_tokens: usize,
     /// Responses run first and excluded, per configuration.
     #[arg(long, default_value_t = 1)]

@@ -10,6 +10,7 @@ pub mod gpu_args;
 pub mod insight;
 pub mod loadtest;
 pub mod plan;
+pub mod residency_args;
 pub mod run;
 pub mod serve;
 pub mod tools;
@@ -132,6 +133,12 @@ pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize, batch: usize) -> R
     );
     software_note(&engine.dev, &adapter);
     gguf_note(model, load.expert_precision, load.dense_precision);
+    for n in load
+        .residency
+        .unused_notes(engine.resident_experts, engine.cfg.num_experts)
+    {
+        eprintln!("note: {n}");
+    }
     Ok(engine)
 }
 

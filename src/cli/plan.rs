@@ -6,6 +6,7 @@ use wgmoe::config::ModelConfig;
 use wgmoe::error::{Error, Result};
 use wgmoe::format::bandwidth::{store_path, Store};
 use wgmoe::planner::{plan as make_plan, render, Bandwidths, PlanOptions};
+use wgmoe::runtime::engine::ExpertPrecision;
 
 use crate::{KernelsArgs, PlanArgs};
 
@@ -148,7 +149,16 @@ fn bandwidths(a: &PlanArgs) -> Result<Option<Bandwidths>> {
 
 pub fn plan(a: PlanArgs) -> Result<()> {
     let (cfg, dir) = model_config(&a.model)?;
-    let cfg = if a.int4_strict {
+    let strict = match a.expert_precision {
+        ExpertPrecision::F16 => {
+            return Err(Error::option(
+                "--expert-precision",
+                "f16: plan counts INT4 experts (partial residency needs them); the f16 bytes are in its table for comparison",
+            ))
+        }
+        p => a.int4_strict || p == ExpertPrecision::Int4Strict,
+    };
+    let cfg = if strict {
         wgmoe::runtime::engine::ExpertPrecision::Int4Strict.apply(cfg)
     } else {
         cfg
@@ -161,7 +171,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     // resolve as they do there.
     let res = wgmoe::runtime::engine::ResidencyOptions {
         miss_policy: Some(a.miss_policy),
-        staging_buffers: crate::staging_buffers(a.staging_buffers)?,
+        staging_buffers: super::residency_args::staging_buffers(a.staging_buffers)?,
         prefetch: a.prefetch,
         prefetch_width: a.prefetch_width,
         ..Default::default()
@@ -204,17 +214,28 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             kv: a.kv_precision.format(),
         },
     )?;
-    super::print_report(a.json, &report, render)
+    super::print_report(a.json, &report, render)?;
+    // A header-only GGUF (an interrupted download) plans as its header says, but cannot
+    // run: say so after the "Run it" line (issue 39, friction), as `inspect` does.
+    if wgmoe::gguf::is_gguf_path(&a.model) {
+        if let Err(e) = wgmoe::gguf::GgufModel::open(&a.model) {
+            eprintln!(
+                "warning: the plan is of the file's header; the file cannot run as it is: {e}"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `wgmoe kernels`.
 pub fn kernels(a: KernelsArgs) -> Result<()> {
-    use wgmoe::insight::kernel_report::{render, report, KernelsOptions};
+    use wgmoe::insight::kernel_report::{render, report_with_progress, KernelsOptions};
     let (cfg, _) = model_config(&a.model)?;
     // lavapipe with 32-lane subgroups: a warp's width, so its sector counts are a GPU's.
     // Set before any Vulkan instance exists (it configures llvmpipe only).
     std::env::set_var("LP_NATIVE_VECTOR_WIDTH", "1024");
-    let r = report(
+    let t0 = std::time::Instant::now();
+    let r = report_with_progress(
         &a.model.display().to_string(),
         &cfg,
         &KernelsOptions {
@@ -229,7 +250,7 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
                 prefill: a.prefill_kernels,
                 f16_arithmetic: None,
             },
-            int4: !a.f16_experts,
+            int4: !(a.f16_experts || a.expert_precision == ExpertPrecision::F16),
             dense: a.dense_precision.format(),
             latency: wgmoe::insight::kernel_report::LatencyModel {
                 dispatch_latency_s: finite_us("--dispatch-latency-us", a.dispatch_latency_us)?,
@@ -238,6 +259,8 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
             },
             kv: a.kv_precision.format(),
         },
+        // Minutes on a software adapter: say what is running (stderr, so --json stays clean).
+        &mut |m| eprintln!("kernels: {m} ({:.1} s)", t0.elapsed().as_secs_f64()),
     )?;
     super::print_report(a.json, &r, render)
 }

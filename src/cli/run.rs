@@ -89,7 +89,7 @@ fn live_view(a: &RunArgs, engine: &Engine) -> Option<wgmoe::insight::live::LiveV
         engine.resident_experts,
         cfg.num_experts,
         if partial {
-            format!(", {}", a.residency.cache_policy)
+            format!(", {}", a.residency.policy_name())
         } else {
             String::new()
         }
@@ -214,12 +214,18 @@ pub fn run(a: RunArgs) -> Result<()> {
     );
     software_note(&engine.dev, &adapter);
     super::gguf_note(&a.model, a.expert_precision, a.dense_precision);
+    for n in a
+        .residency
+        .unused_notes(engine.resident_experts, cfg.num_experts)
+    {
+        eprintln!("note: {n}");
+    }
     let live = live_view(&a, &engine);
     if a.trace.is_some() || live.is_some() {
         engine.start_trace(
             a.trace.as_deref(),
-            &a.residency.cache_policy,
-            a.residency.decay,
+            a.residency.policy_name(),
+            a.residency.decay_value(),
             live.iter().map(|v| v.sink()).collect(),
         )?;
     }
@@ -328,7 +334,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "peak_gpu_bytes": engine.dev.tracker().peak(),
                 "peak_rss_bytes": peak_rss_bytes(),
                 "resident_experts_per_layer": engine.resident_experts,
-                "cache_policy": if engine.resident_experts < engine.cfg.num_experts { Some(a.residency.cache_policy.as_str()) } else { None },
+                "cache_policy": if engine.resident_experts < engine.cfg.num_experts { Some(a.residency.policy_name()) } else { None },
                 "expert_hits": rs.expert_hits,
                 "expert_misses": rs.expert_misses,
                 "expert_evictions": rs.expert_evictions,

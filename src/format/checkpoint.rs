@@ -672,7 +672,17 @@ fn shard_entries(shard: &Shard, id: usize) -> Result<Vec<(String, Entry)>> {
 
 /// A model path must be a directory with a config.json; say plainly what it is instead.
 pub fn check_model_dir(dir: &Path) -> Result<()> {
-    const WHAT: &str = "wgmoe takes a Hugging Face model directory (config.json, tokenizer.json and *.safetensors weights)";
+    check_model_path(dir, false)
+}
+
+/// [`check_model_dir`] for a command that also runs GGUF files (a `.gguf` path never
+/// reaches here): the message names both.
+pub fn check_model_path(dir: &Path, gguf_too: bool) -> Result<()> {
+    let what = if gguf_too {
+        "wgmoe takes a Hugging Face model directory (config.json, tokenizer.json and *.safetensors weights) or a GGUF file (*.gguf)"
+    } else {
+        "wgmoe takes a Hugging Face model directory (config.json, tokenizer.json and *.safetensors weights)"
+    };
     match std::fs::metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             Err(Error::bad_file(dir, "model directory not found"))
@@ -689,7 +699,7 @@ pub fn check_model_dir(dir: &Path) -> Result<()> {
                     Some(p) if p.join("config.json").is_file() => {
                         return Err(Error::bad_file(
                             dir,
-                            format!("is a file, not a model directory: {WHAT}; pass the directory that holds it, {}", p.display()),
+                            format!("is a file, not a model directory: {what}; pass the directory that holds it, {}", p.display()),
                         ))
                     }
                     _ => "",
@@ -697,7 +707,7 @@ pub fn check_model_dir(dir: &Path) -> Result<()> {
             };
             Err(Error::bad_file(
                 dir,
-                format!("is a file, not a model directory: {WHAT}{hint}"),
+                format!("is a file, not a model directory: {what}{hint}"),
             ))
         }
         Ok(_) => {
@@ -711,7 +721,7 @@ pub fn check_model_dir(dir: &Path) -> Result<()> {
             Err(Error::bad_file(
                 cfg,
                 format!(
-                    "missing: {}{WHAT}",
+                    "missing: {}{what}",
                     if empty {
                         "the directory is empty; "
                     } else {

@@ -82,6 +82,13 @@ const KNOWN_KEYS: &[&str] = &[
 
 /// The `ModelConfig` of `model`, from its metadata, checked against its tensors' shapes.
 pub fn model_config(model: &GgufModel) -> Result<ModelConfig> {
+    if model.names().next().is_none() {
+        // llama.cpp's vocabulary files (`--vocab-only`): a tokenizer, not a model.
+        return Err(Error::bad_file(
+            model.path(),
+            "holds no tensors: a vocabulary-only GGUF (tokenizer metadata only) is not a model; give it as `--tokenizer FILE` beside a model",
+        ));
+    }
     let meta = model.metadata();
     let (arch, a) = arch_of(meta)?;
     let key = |k: &str| format!("{a}.{k}");

@@ -350,9 +350,20 @@ fn step_programs(f: &Forward, tokens: usize) -> Vec<(usize, &Prepared)> {
 }
 
 pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<KernelsReport> {
+    report_with_progress(config, cfg, o, &mut |_| {})
+}
+
+/// [`report`], telling `progress` what it is doing (building the shape, probing each stage's
+/// programs, timing the encode): it runs for minutes on a software adapter.
+pub fn report_with_progress(
+    config: &str,
+    cfg: &ModelConfig,
+    o: &KernelsOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<KernelsReport> {
     if o.context == 0 || o.context > cfg.max_position_embeddings {
         return Err(Error::option(
-            "--context",
+            "--ctx-size",
             format!(
                 "{} positions: must be in 1..={} (max_position_embeddings)",
                 o.context, cfg.max_position_embeddings
@@ -378,6 +389,10 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     crate::runtime::engine::check_kv_format(cfg, o.kv)?;
     plan.kv = o.kv;
     let (shape, kinds, layer_kind) = shape_model(cfg);
+    progress(&format!(
+        "building {} layer shapes on {} (zero weights)",
+        shape.num_layers, real.name
+    ));
     let fwd = |dev: &Device, shape: &ModelConfig| -> Result<Forward> {
         let weights = ModelWeights::zeros(dev, shape, o.int4, o.dense)?;
         Forward::new(
@@ -404,7 +419,13 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     // Decode: one token at the context's last position (attention over every key).
     if o.stages != Stages::Prefill {
         dev.write_step(&f.step, o.context - 1, 1)?;
-        for (l, p) in step_programs(&f, 1) {
+        let programs = step_programs(&f, 1);
+        progress(&format!(
+            "probing decode at position {}: {} layer programs",
+            o.context - 1,
+            programs.len()
+        ));
+        for (l, p) in programs {
             let ops = dev.probe_program(p, 1)?;
             let (embed, rest): (Vec<_>, Vec<_>) =
                 ops.into_iter().partition(|op| op.stage == "embed");
@@ -429,7 +450,12 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     if t > 1 && o.stages != Stages::Decode {
         dev.write_step(&f.step, 0, t)?;
         let per = 1.0 / t as f64;
-        for (l, p) in step_programs(&f, t) {
+        let programs = step_programs(&f, t);
+        progress(&format!(
+            "probing a prefill chunk of {t} tokens: {} layer programs",
+            programs.len()
+        ));
+        for (l, p) in programs {
             let ops = dev.probe_program(p, t as u32)?;
             let (embed, rest): (Vec<_>, Vec<_>) =
                 ops.into_iter().partition(|op| op.stage == "embed");
@@ -467,6 +493,7 @@ pub fn report(config: &str, cfg: &ModelConfig, o: &KernelsOptions) -> Result<Ker
     let decode = o.stages != Stages::Prefill;
     let prefill = o.stages != Stages::Decode && t > 1;
     let encode_seconds_per_token = if decode {
+        progress("timing the host's encode of a decode step");
         let plain = Device::open(&DeviceRequest::default())?;
         Some(encode_seconds(&fwd(&plain, &narrow(&shape))?, &layer_kind)?)
     } else {

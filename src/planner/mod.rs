@@ -129,6 +129,12 @@ pub struct PlanReport {
     /// cache ("f32" or "f16", `--kv-precision`).
     pub dense_precision: String,
     pub kv_precision: String,
+    /// How the routed experts are held, in words: "INT4" (wgmoe's block 256), or a GGUF file's
+    /// block types by layer count (`gate/up q4_K, down q6_K on 24 layers; ...`).
+    pub expert_storage: String,
+    /// A GGUF file's dense matrices held in their own block types (by type, with counts);
+    /// empty for a safetensors checkpoint.
+    pub gguf_dense_storage: String,
     /// Bytes a decode step reads at batch 1 at `context` positions: the non-routed
     /// weights (one row of the embedding table), top_k experts per MoE layer, the KV cache.
     pub bytes_per_token: u64,
@@ -421,6 +427,8 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
         parameters: dense_params.saturating_add(routed_params),
         routed_parameters: routed_params,
         dense_precision: o.dense.name().to_string(),
+        expert_storage: expert_storage(cfg),
+        gguf_dense_storage: gguf_dense_storage(cfg),
         kv_precision: o.kv.name().to_string(),
         bytes_per_token: bytes_read_per_token(cfg, &components, kv, expert_read),
         components,
@@ -639,4 +647,42 @@ pub fn grouped(n: u64) -> String {
         out.push(c);
     }
     out
+}
+
+/// The routed experts' storage in words (issue 39: a GGUF file's experts are not "INT4").
+fn expert_storage(cfg: &ModelConfig) -> String {
+    if cfg.expert_kinds.is_empty() {
+        return "INT4".to_string();
+    }
+    let mut by_kinds: Vec<((&str, &str), usize)> = Vec::new();
+    for k in &cfg.expert_kinds {
+        let key = (k.gate_up.name(), k.down.name());
+        match by_kinds.iter_mut().find(|(x, _)| *x == key) {
+            Some((_, n)) => *n += 1,
+            None => by_kinds.push((key, 1)),
+        }
+    }
+    let parts: Vec<String> = by_kinds
+        .iter()
+        .map(|((g, d), n)| {
+            format!(
+                "gate/up {g}, down {d} on {}",
+                crate::units::count(*n, "layer")
+            )
+        })
+        .collect();
+    format!("as the GGUF file's blocks: {}", parts.join("; "))
+}
+
+/// A GGUF file's dense matrices held in their own block types: `q4_K x97, q6_K x48`.
+fn gguf_dense_storage(cfg: &ModelConfig) -> String {
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (_, k) in &cfg.gguf_dense_kinds {
+        *counts.entry(k.name()).or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(k, n)| format!("{k} x{n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

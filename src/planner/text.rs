@@ -49,12 +49,16 @@ pub fn render(r: &PlanReport) -> String {
         params(r.routed_parameters)
     );
     let _ = writeln!(o);
-    let dense = if r.dense_precision == "q8_0" {
-        "dense weights q8_0 (blocks of 32, an f16 scale each), router, norms and embeddings f16"
-    } else {
-        "f16, rows padded to 8 halves"
+    let dense = match (r.dense_precision.as_str(), r.gguf_dense_storage.as_str()) {
+        ("q8_0", "") => "dense weights q8_0 (blocks of 32, an f16 scale each), router, norms and embeddings f16".to_string(),
+        ("q8_0", own) => format!("dense weights as the GGUF file's blocks where the kernels compute them ({own}), the others q8_0; router, norms and embeddings f16"),
+        _ => "f16, rows padded to 8 halves".to_string(),
     };
-    let _ = writeln!(o, "Weights on the GPU ({dense}; routed experts INT4)");
+    let _ = writeln!(
+        o,
+        "Weights on the GPU ({dense}; routed experts {})",
+        r.expert_storage
+    );
     let _ = writeln!(
         o,
         "  {:<22} {:>8} {:>12} {:>30}",
@@ -80,7 +84,12 @@ pub fn render(r: &PlanReport) -> String {
     );
     let _ = writeln!(
         o,
-        "  routed experts, INT4:  {l} layers x {e} experts x {} B = {}",
+        "  routed experts, {}:  {l} layers x {e} experts x {} B = {}",
+        if r.expert_storage.starts_with("INT4") {
+            "INT4"
+        } else {
+            "GGUF"
+        },
         grouped(r.expert_bytes),
         b(r.routed_expert_bytes)
     );
@@ -500,15 +509,15 @@ fn sync_line(o: &mut String, bw: &super::Bandwidths, p: &super::Prediction) {
     let _ = match bw.round_trip_s {
         Some(r) => writeln!(
             o,
-            "  t_sync     = {} sync points x {:.1} us = {}",
-            p.sync_points_per_token,
+            "  t_sync     = {} x {:.1} us = {}",
+            crate::units::count(p.sync_points_per_token, "sync point"),
             r * 1e6,
             secs(p.t_sync_s)
         ),
         None => writeln!(
             o,
-            "  t_sync     = not counted ({} sync points per token; no round trip measured, --round-trip-us)",
-            p.sync_points_per_token
+            "  t_sync     = not counted ({} per token; no round trip measured, --round-trip-us)",
+            crate::units::count(p.sync_points_per_token, "sync point")
         ),
     };
 }

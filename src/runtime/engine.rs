@@ -340,7 +340,7 @@ impl Engine {
         if crate::gguf::is_gguf_path(dir) {
             return gguf_config(dir);
         }
-        crate::format::checkpoint::check_model_dir(dir)?;
+        crate::format::checkpoint::check_model_path(dir, true)?;
         let cfg = ModelConfig::from_dir(dir)?;
         let generation = GenerationConfig::from_dir(dir)?;
         if let Some(g) = &generation {

@@ -64,6 +64,9 @@ pub struct Generation {
     pub decode_host_wait_s: f64,
     /// Steps in flight when the generation stopped, dropped unread.
     pub decode_steps_discarded: usize,
+    /// Expert misses of the decode steps (after the first token; the prompt's are not
+    /// counted); 0 without a residency runtime.
+    pub decode_expert_misses: u64,
 }
 
 impl Generation {
@@ -201,6 +204,12 @@ pub fn generate_from(
     let mut submitted = 1;
     let mut t1 = Instant::now();
     let mut e1 = None;
+    let misses = |fwd: &Forward| {
+        fwd.residency
+            .as_ref()
+            .map_or(0, |r| r.stats().expert_misses)
+    };
+    let mut m1 = 0;
     let mut stop = false;
     while let Some((step, read)) = in_flight.pop_front() {
         // Keep the device fed before waiting: the next steps read the id this one chose.
@@ -248,6 +257,7 @@ pub fn generate_from(
             out.prefill_s = out.ttft_s;
             t1 = Instant::now();
             e1 = fwd.dev.encode_seconds();
+            m1 = misses(fwd);
         }
         out.generated_ids.push(id);
         let flow = on_token(id)?;
@@ -280,6 +290,7 @@ pub fn generate_from(
     fwd.use_slot(0, false)?;
     fwd.dev.check()?;
     out.decode_s = t1.elapsed().as_secs_f64();
+    out.decode_expert_misses = misses(fwd).saturating_sub(m1);
     out.decode_encode_s = fwd.dev.encode_seconds().zip(e1).map(|(e, e1)| e - e1);
     out.dispatches = fwd.counters.dispatches - c0.dispatches;
     out.submissions = fwd.counters.submissions - c0.submissions;

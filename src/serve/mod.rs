@@ -81,7 +81,8 @@ async fn drain(shared: Arc<worker::Shared>, timeout: Duration, signal: Arc<Notif
     let t0 = Instant::now();
     let n = shared.pending.load(Ordering::SeqCst);
     eprintln!(
-        "shutting down: {n} requests in flight, draining up to {}s",
+        "shutting down: {} in flight, draining up to {}s",
+        crate::units::count(n, "request"),
         timeout.as_secs_f64()
     );
     if idle_within(&shared, timeout).await {
