@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
-use wgmoe::error::{Error, Result};
+use wgmoe::error::Error;
 use wgmoe::model::Executor;
 use wgmoe::runtime::engine::{DensePrecision, ExpertPrecision, KvPrecision};
 
@@ -344,8 +344,6 @@ struct EvalArgs {
     #[command(flatten)]
     gpu: GpuArgs,
 }
-
-/// Expert residency options (partial residency needs INT4 experts).
 
 /// "6GiB", "512MiB", "1.5GB", "1000000" (bytes).
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
