@@ -11,6 +11,9 @@
 
 // Params, p, bias (4) and out (5): the dense_params piece.
 // binding 2 and 3: x, from the activation piece; 10 (and 11): W, from the format piece.
+// matvec_norm (the same body with act_cols_norm.wgsl): x is the residual stream, normalised
+// on load with the RMSNorm weight at binding 6; with MATVEC_NORM_WRITE the first workgroup
+// also writes the normalised row to binding 7.
 
 const ROWS: u32 = 4u;
 
@@ -34,6 +37,8 @@ fn main(inv: Inv, @builtin(num_workgroups) nwg: vec3<u32>) {
     let c0 = min(split * per, p.words_per_row);
     let span = min(per, p.words_per_row - c0);
     let xb = t * p.x_stride;
+    // matvec_norm: the row's RMSNorm scale (and, for one workgroup, the normalised row).
+    act_prepare(xb, p.k, inv.li, p.eps, (p.flags & MATVEC_NORM_WRITE) != 0u && inv.wid.x == 0u && split == 0u);
     let s0 = p.s_word0 * 2u + (p.w_row0 + r0) * p.blocks_per_row;
     stage_scales(0u, s0, s0 + nr * p.blocks_per_row, inv.li);
     workgroupBarrier();

@@ -20,7 +20,7 @@
 #define ROWS_BLOCK 64u
 
 // The dense products' params (matvec.cu, gemm.cu; backend::params::DenseParams).
-struct DenseParams { u32 k; u32 n_rows; u32 row_base; u32 words_per_row; u32 x_stride; u32 out_stride; u32 flags; u32 w_row0; u32 s_word0; u32 blocks_per_row; u32 group_rows; u32 _b; };
+struct DenseParams { u32 k; u32 n_rows; u32 row_base; u32 words_per_row; u32 x_stride; u32 out_stride; u32 flags; u32 w_row0; u32 s_word0; u32 blocks_per_row; u32 group_rows; float eps; };
 CHECK_PARAMS(DenseParams);
 
 __device__ __forceinline__ float4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
@@ -55,17 +55,27 @@ __device__ __forceinline__ float4 onehot4(u32 r) {
 struct Act {
     const float* x;
     const float4* x4;
+    // matvec_norm (shaders/common/act_cols_norm.wgsl): the RMSNorm's weight (f16 pairs)
+    // and the row's scale, applied on load as w[k] * (x[k] * s); null: x as stored.
+    const u32* nw = nullptr;
+    float s = 0.0f;
 };
 
-// Column k of the row at float `base`, 0 at and past `len` (neither padding nor the next
-// row may contribute: 0 * NaN would).
+// Column k of the row at float `base` (normalised when the Act says so), 0 at and past
+// `len` (neither padding nor the next row may contribute: 0 * NaN would).
 __device__ __forceinline__ float x_at(const Act& a, u32 base, u32 k, u32 len) {
-    return k < len ? a.x[base + k] : 0.0f;
+    if (k >= len) return 0.0f;
+    return a.nw ? half_at(a.nw, k) * (a.x[base + k] * a.s) : a.x[base + k];
 }
 
 // Columns k0 .. k0 + 4 of the row at `base`: one 16-byte load when aligned and whole.
 __device__ __forceinline__ float4 x_quad(const Act& a, u32 base, u32 k0, u32 len) {
-    if (k0 + 4u <= len && (base + k0) % 4u == 0u) return a.x4[(base + k0) / 4u];
+    if (k0 + 4u <= len && (base + k0) % 4u == 0u) {
+        float4 v = a.x4[(base + k0) / 4u];
+        if (!a.nw) return v;
+        return make_float4(half_at(a.nw, k0) * (v.x * a.s), half_at(a.nw, k0 + 1u) * (v.y * a.s),
+                           half_at(a.nw, k0 + 2u) * (v.z * a.s), half_at(a.nw, k0 + 3u) * (v.w * a.s));
+    }
     return make_float4(x_at(a, base, k0, len), x_at(a, base, k0 + 1u, len),
                        x_at(a, base, k0 + 2u, len), x_at(a, base, k0 + 3u, len));
 }

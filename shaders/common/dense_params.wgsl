@@ -12,7 +12,7 @@ struct Params {
     s_word0: u32,         // u32 offset of the scales in their binding (formats with scales)
     blocks_per_row: u32,  // scales per row
     group_rows: u32,      // matvec: rows per workgroup, 1 to ROWS (0: ROWS)
-    _b: u32,
+    eps: f32,             // matvec_norm: the RMSNorm's epsilon
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -14,4 +14,5 @@ const EXPERT_GEMM_DOWN: u32 = 4u;     // expert_gemm: the down projection (else 
 const ROPE_QK_NORM: u32 = 1u;         // rope_kv: RMSNorm of q and k first
 const ROPE_CLIP: u32 = 2u;            // rope_kv: clamp q, k, v to [-clip, clip]
 const ROPE_QK_NORM_PER_HEAD: u32 = 4u; // rope_kv: RMSNorm of each q / k head over head_dim
+const MATVEC_NORM_WRITE: u32 = 8u;   // matvec_norm: one workgroup writes the normalised row
 const ARGMAX_LAST_ROW: u32 = 1u;      // argmax: the step's last row of [T, n] logits

@@ -277,6 +277,9 @@ pub enum Kernel {
     Argmax,
     /// GPU-shaped matrix-vector product: a workgroup per 4 rows, lanes along K.
     Matvec(RowsVariant),
+    /// The matvec with the RMSNorm of its input applied on load (one-token steps: the
+    /// norm folded into its consumer, no norm dispatch).
+    MatvecNorm(RowsVariant),
     /// GPU-shaped SwiGLU halves over an expert pool (or one fixed slot).
     ExpertGateUp(RowsVariant),
     ExpertDown(RowsVariant),
@@ -329,6 +332,7 @@ impl Kernel {
         for r in RowsVariant::all() {
             if r.format.dense() {
                 v.push(Kernel::Matvec(r));
+                v.push(Kernel::MatvecNorm(r));
             }
             // Every format: Q8_0 for shared experts and dense MLPs.
             v.push(Kernel::ExpertGateUp(r));
@@ -370,7 +374,7 @@ impl Kernel {
             Kernel::MoeGather => "moe_gather",
             Kernel::MoeCombine => "moe_combine",
             Kernel::Argmax => "argmax",
-            Kernel::Matvec(_) => "matvec",
+            Kernel::Matvec(_) | Kernel::MatvecNorm(_) => "matvec",
             Kernel::ExpertGateUp(_) => "expert_gate_up",
             Kernel::ExpertDown(_) => "expert_down",
             Kernel::AttnFlash(_) => "attn_flash",
@@ -399,9 +403,16 @@ impl Kernel {
                     Arith::F16 => "f16",
                 }
             ),
-            Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => format!(
+            Kernel::Matvec(r)
+            | Kernel::MatvecNorm(r)
+            | Kernel::ExpertGateUp(r)
+            | Kernel::ExpertDown(r) => format!(
                 "{}[{},{}]",
-                self.family(),
+                if matches!(self, Kernel::MatvecNorm(_)) {
+                    "matvec_norm"
+                } else {
+                    self.family()
+                },
                 r.format.name(),
                 match r.reduce {
                     Reduce::Subgroup => "subgroup",
@@ -423,7 +434,10 @@ impl Kernel {
     /// The weight format of a kernel that reads weights through a format piece.
     pub fn weight_format(self) -> Option<WeightFormat> {
         match self {
-            Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => Some(r.format),
+            Kernel::Matvec(r)
+            | Kernel::MatvecNorm(r)
+            | Kernel::ExpertGateUp(r)
+            | Kernel::ExpertDown(r) => Some(r.format),
             Kernel::Gemm(f) | Kernel::ExpertGemm(f) => Some(f),
             _ => None,
         }
@@ -431,7 +445,10 @@ impl Kernel {
 
     pub fn rows_variant(self) -> Option<RowsVariant> {
         match self {
-            Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => Some(r),
+            Kernel::Matvec(r)
+            | Kernel::MatvecNorm(r)
+            | Kernel::ExpertGateUp(r)
+            | Kernel::ExpertDown(r) => Some(r),
             _ => None,
         }
     }
@@ -454,9 +471,10 @@ impl Kernel {
             Kernel::Q4GateUp(q) | Kernel::Q4Down(q) | Kernel::Q4DownCombine(q) => {
                 q.lanes == Lanes::Eight
             }
-            Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => {
-                r.reduce == Reduce::Subgroup
-            }
+            Kernel::Matvec(r)
+            | Kernel::MatvecNorm(r)
+            | Kernel::ExpertGateUp(r)
+            | Kernel::ExpertDown(r) => r.reduce == Reduce::Subgroup,
             _ => false,
         }
     }
@@ -495,6 +513,7 @@ impl Kernel {
                 | Kernel::Q4GateUpSorted
                 | Kernel::Q4DownSorted
                 | Kernel::Matvec(_)
+                | Kernel::MatvecNorm(_)
                 | Kernel::ExpertGateUp(_)
                 | Kernel::ExpertDown(_)
                 | Kernel::AttnFlash(_)
@@ -509,7 +528,10 @@ impl Kernel {
     /// kernels, whose reduction works at any subgroup size.
     pub fn min_subgroup_size(self) -> u32 {
         match self {
-            Kernel::Matvec(_) | Kernel::ExpertGateUp(_) | Kernel::ExpertDown(_) => 1,
+            Kernel::Matvec(_)
+            | Kernel::MatvecNorm(_)
+            | Kernel::ExpertGateUp(_)
+            | Kernel::ExpertDown(_) => 1,
             _ => 8,
         }
     }
@@ -557,7 +579,10 @@ impl Kernel {
             Kernel::MoeGather => of::<MoeGatherParams>(),
             Kernel::MoeCombine => of::<MoeCombineParams>(),
             Kernel::Argmax => of::<ArgmaxParams>(),
-            Kernel::Matvec(_) | Kernel::MatmulQ8 | Kernel::MatmulQ8Uniform => of::<DenseParams>(),
+            Kernel::Matvec(_)
+            | Kernel::MatvecNorm(_)
+            | Kernel::MatmulQ8
+            | Kernel::MatmulQ8Uniform => of::<DenseParams>(),
             Kernel::ExpertGateUp(_) => of::<ExpertGateUpParams>(),
             Kernel::ExpertDown(_) => of::<ExpertDownParams>(),
             Kernel::AttnFlash(_) | Kernel::AttnCombine => of::<FlashParams>(),

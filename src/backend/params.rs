@@ -65,6 +65,9 @@ pub mod flags {
     /// rope_kv: RMSNorm of each q and k head over head_dim (one weight vector per side).
     pub const ROPE_QK_NORM_PER_HEAD: u32 = 4;
     pub const ARGMAX_LAST_ROW: u32 = 1;
+    /// matvec_norm: its first workgroup also writes the normalised row (binding 7), for
+    /// the step's later consumers of the norm.
+    pub const MATVEC_NORM_WRITE: u32 = 8;
 
     /// Every flag with its WGSL name, for the cross-check.
     pub const ALL: &[(&str, u32)] = &[
@@ -83,6 +86,7 @@ pub mod flags {
         ("ROPE_CLIP", ROPE_CLIP),
         ("ROPE_QK_NORM_PER_HEAD", ROPE_QK_NORM_PER_HEAD),
         ("ARGMAX_LAST_ROW", ARGMAX_LAST_ROW),
+        ("MATVEC_NORM_WRITE", MATVEC_NORM_WRITE),
     ];
 }
 
@@ -393,7 +397,8 @@ params! {
         /// Rows per workgroup of the matvec (1 to 4; 0 reads as 4): fewer for a matrix
         /// whose rows would leave a dispatch short of GPU_MIN_WORKGROUPS.
         pub group_rows: u32,
-        pub _b: u32,
+        /// matvec_norm: the RMSNorm's epsilon.
+        pub eps: f32,
     }
 
     /// expert_gate_up.wgsl: offsets inside one slot, weights in 16-byte words, scales in

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use crate::backend::params::*;
-use crate::backend::{Buffer, Device, KernelPlan, Prepared, Usage};
+use crate::backend::{Buffer, Device, Kernel, KernelPlan, Prepared, Usage};
 use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::format::trace::Tracer;
@@ -332,11 +332,24 @@ impl Forward {
 
     /// Dispatches of one decode step (greedy, full residency).
     pub fn dispatches_per_decode_step(&self) -> usize {
-        self.layers
+        self.decode_step_kernels().len()
+    }
+
+    /// The (stage, kernel) of each dispatch of one decode step (greedy, full residency),
+    /// in order: the layers' attention and router, their MLP blocks, the head, the argmax.
+    pub fn decode_step_kernels(&self) -> Vec<(&'static str, Kernel)> {
+        let progs = self
+            .layers
             .iter()
-            .map(|l| l.pre.dispatches(1) + l.post_for(1).dispatches(1))
-            .sum::<usize>()
-            + self.head_last.dispatches(1)
-            + self.argmax_last.dispatches(1)
+            .flat_map(|l| [&l.pre, l.post_for(1)])
+            .chain([&self.head_last, &self.argmax_last]);
+        progs
+            .flat_map(|p| {
+                p.program().ops.iter().filter_map(|o| {
+                    let (op, _) = o.for_tokens(1);
+                    o.dispatch(1).map(|(k, _, _)| (op.stage, k))
+                })
+            })
+            .collect()
     }
 }

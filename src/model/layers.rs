@@ -11,6 +11,7 @@ use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::model::dense_mlp::DenseMlp;
 use crate::model::moe::{Executor, MoeDispatch, MoePairs, MoeSorted};
+use crate::model::norm_fold::{self, NormInput};
 use crate::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
 use crate::model::residency::ExpertPlacement;
 use crate::model::tensors::{ExpertStore, F16Matrix};
@@ -331,14 +332,22 @@ pub(super) fn build_layers(
             part: b.get("attn_part")?,
             out: b.get("attn_out")?,
         };
-        pre.stage("attn_norm");
-        ops::rmsnorm(&mut pre, &lw.attn_norm, x, xn, h, eps);
+        // The norm folds into the qkv matvecs of one-token steps on the GPU plan.
         pre.stage("qkv_proj");
-        ops::matmul(
+        let attn_norm = NormInput {
+            weight: &lw.attn_norm,
+            x,
+            xn,
+            n: h,
+            eps,
+            write: false,
+            stage: "attn_norm",
+        };
+        norm_fold::normed_matmul(
             &mut pre,
             env,
+            &attn_norm,
             &lw.qkv,
-            xn,
             lw.qkv_bias.as_ref(),
             ab.qkv,
             qkv_dim,
@@ -383,8 +392,21 @@ pub(super) fn build_layers(
             h,
             flags::MATMUL_ACCUMULATE,
         );
-        pre.stage("ffn_norm");
-        ops::rmsnorm(&mut pre, &lw.ffn_norm, x, xn, h, eps);
+        // MoE layers fold the norm into the router's matvecs (which write xn for the
+        // experts); a dense layer's MLP reads xn from the norm dispatch.
+        let ffn_norm = NormInput {
+            weight: &lw.ffn_norm,
+            x,
+            xn,
+            n: h,
+            eps,
+            write: true,
+            stage: "ffn_norm",
+        };
+        if !matches!(lw.mlp, Mlp::Moe { .. }) {
+            pre.stage("ffn_norm");
+            ops::rmsnorm(&mut pre, &lw.ffn_norm, x, xn, h, eps);
+        }
         let mut hits_decode = None;
         let (post, post_decode, routed_only, routed_only_decode, host_term) = match &lw.mlp {
             Mlp::Moe {
@@ -395,7 +417,14 @@ pub(super) fn build_layers(
             } => {
                 let logits = b.get("router_logits")?;
                 pre.stage("router");
-                ops::router_matmul(&mut pre, env, router, xn, logits, router_stride);
+                norm_fold::normed_router_matmul(
+                    &mut pre,
+                    env,
+                    &ffn_norm,
+                    router,
+                    logits,
+                    router_stride,
+                );
                 pre.stage("router_topk");
                 ops::router_topk(
                     &mut pre,
@@ -583,10 +612,17 @@ pub(super) fn build_head(
     };
     let head = |fl: u32| -> Result<Prepared> {
         let mut p = Program::default();
-        p.stage("final_norm");
-        ops::rmsnorm(&mut p, &w.final_norm, x, xf, h, eps);
         p.stage("lm_head");
-        ops::matmul(&mut p, env, lm, xf, None, logits, v, fl);
+        let norm = NormInput {
+            weight: &w.final_norm,
+            x,
+            xn: xf,
+            n: h,
+            eps,
+            write: false,
+            stage: "final_norm",
+        };
+        norm_fold::normed_matmul(&mut p, env, &norm, lm, None, logits, v, fl);
         dev.prepare(p, step)
     };
     // Batched steps need every row's logits too.

@@ -8,6 +8,7 @@ pub mod forward;
 mod layers;
 mod matmul_q8;
 pub mod moe;
+pub mod norm_fold;
 mod op_env;
 pub mod ops;
 pub mod residency;

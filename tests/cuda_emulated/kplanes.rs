@@ -1,7 +1,7 @@
 //! The K-plane kernels of a CUDA device (GGUF's Q4_K, Q5_K, Q6_K and Q5_0/Q5_1 blocks as
 //! they are: `FmtKQ` in kernels/cuda/rows.cuh) emulated against the WGSL kernels on
-//! lavapipe, from the same buffers, with the harness of cuda_emulated.rs: the matvec and the
-//! dense GEMM over a matrix in chunks, the expert row kernels (gate/up, down fused into x)
+//! lavapipe, from the same buffers, with the harness of cuda_emulated.rs: the matvec (and
+//! with the norm folded in) and the dense GEMM over a matrix in chunks, the expert row kernels (gate/up, down fused into x)
 //! and the tiled expert GEMMs over a pool in chunks, with either reduction. The WGSL
 //! kernels are checked against the CPU reference in tests/kernels_dense_gguf.rs and
 //! tests/kernels_experts_gguf.rs.
@@ -64,6 +64,40 @@ pub(super) fn k_plane_kernels(emu: &Emulator) -> Vec<Kernel> {
                 assert!(
                     ks.iter()
                         .all(|k| k.weight_format() == Some(WeightFormat::int4(kind))),
+                    "{what}: {ks:?}"
+                );
+                seen.extend(ks);
+            }
+            // The norm folded into the matvec (matvec_norm): one token, writing the
+            // normalised row, and the last token of a multi-token step.
+            let nw = common::gpu::u32_buf(
+                &g.dev,
+                &(0..cols / 2)
+                    .map(|i| 0x3c00_3800 + (i as u32 % 7) * 0x0100_0100)
+                    .collect::<Vec<u32>>(),
+            );
+            let xn = f32_buf(&g.dev, &vec![f32::NAN; t * cols]);
+            for (fl, tokens) in [(0, 1), (flags::LAST_TOKEN_ONLY, t)] {
+                let norm = wgmoe::model::norm_fold::NormInput {
+                    weight: &nw,
+                    x: &x,
+                    xn: &xn,
+                    n: cols,
+                    eps: 1e-5,
+                    write: fl == 0,
+                    stage: "norm",
+                };
+                let mut prog = Program::default();
+                wgmoe::model::norm_fold::normed_matmul(
+                    &mut prog, &env, &norm, &m, None, &dst, rows, fl,
+                );
+                let what = format!(
+                    "{} folded norm flags {fl:#b} T {tokens} portable {portable}",
+                    kind.name()
+                );
+                let ks = compare(emu, &g.dev, &what, &prog, 0, tokens);
+                assert!(
+                    ks.iter().all(|k| matches!(k, Kernel::MatvecNorm(_))),
                     "{what}: {ks:?}"
                 );
                 seen.extend(ks);

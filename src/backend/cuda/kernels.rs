@@ -212,6 +212,46 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
             },
             64,
         ),
+        Kernel::MatvecNorm(r) => c(
+            "matvec.cu",
+            rows_entry(
+                r,
+                &[
+                    (
+                        WeightFormat::F16,
+                        ["matvec_norm_f16_sg", "matvec_norm_f16_wg"],
+                    ),
+                    (WeightFormat::Q8, ["matvec_norm_q8_sg", "matvec_norm_q8_wg"]),
+                    (
+                        WeightFormat::Q4A,
+                        ["matvec_norm_q4a_sg", "matvec_norm_q4a_wg"],
+                    ),
+                    (
+                        WeightFormat::Q4K,
+                        ["matvec_norm_q4k_sg", "matvec_norm_q4k_wg"],
+                    ),
+                    (
+                        WeightFormat::Q5K,
+                        ["matvec_norm_q5k_sg", "matvec_norm_q5k_wg"],
+                    ),
+                    (
+                        WeightFormat::Q6K,
+                        ["matvec_norm_q6k_sg", "matvec_norm_q6k_wg"],
+                    ),
+                    (
+                        WeightFormat::Q5A,
+                        ["matvec_norm_q5a_sg", "matvec_norm_q5a_wg"],
+                    ),
+                ],
+            )?,
+            "DenseParams",
+            if r.format.has_scales() {
+                &[2, 3, 4, 5, 6, 7, 10, 11]
+            } else {
+                &[2, 3, 4, 5, 6, 7, 10]
+            },
+            64,
+        ),
         Kernel::ExpertGateUp(r) => c(
             "expert.cu",
             rows_entry(

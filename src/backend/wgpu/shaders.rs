@@ -173,6 +173,14 @@ pub const PIECES: &[(&str, &str)] = &[
         include_str!("../../../shaders/common/act_x4.wgsl"),
     ),
     (
+        "act_cols.wgsl",
+        include_str!("../../../shaders/common/act_cols.wgsl"),
+    ),
+    (
+        "act_cols_norm.wgsl",
+        include_str!("../../../shaders/common/act_cols_norm.wgsl"),
+    ),
+    (
         "onehot.wgsl",
         include_str!("../../../shaders/common/onehot.wgsl"),
     ),
@@ -367,6 +375,7 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
             "tokens_storage.wgsl",
             "store_rows.wgsl",
             "act_x4.wgsl",
+            "act_cols.wgsl",
             "q8_unpack.wgsl",
             "q8_row.wgsl",
         ]),
@@ -434,11 +443,19 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
                 v.push("q4_down_row.wgsl");
             }
         }
-        Kernel::Matvec(r) | Kernel::ExpertGateUp(r) | Kernel::ExpertDown(r) => {
-            if matches!(k, Kernel::Matvec(_)) {
+        Kernel::Matvec(r)
+        | Kernel::MatvecNorm(r)
+        | Kernel::ExpertGateUp(r)
+        | Kernel::ExpertDown(r) => {
+            if matches!(k, Kernel::Matvec(_) | Kernel::MatvecNorm(_)) {
                 v.push("dense_params.wgsl");
             }
             v.push("act_x4.wgsl");
+            v.push(if matches!(k, Kernel::MatvecNorm(_)) {
+                "act_cols_norm.wgsl"
+            } else {
+                "act_cols.wgsl"
+            });
             match r.format {
                 WeightFormat::F16 => v.extend(["f16_halves.wgsl", "fmt_f16.wgsl"]),
                 WeightFormat::Q4 => {
@@ -462,7 +479,7 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
             if matches!(k, Kernel::Gemm(_)) {
                 v.push("dense_params.wgsl");
             }
-            v.push("act_x4.wgsl");
+            v.extend(["act_x4.wgsl", "act_cols.wgsl"]);
             match f {
                 WeightFormat::F16 => v.extend(["f16_halves.wgsl", "fmt_f16.wgsl", "tile_f16.wgsl"]),
                 WeightFormat::Q4 => v.extend([
