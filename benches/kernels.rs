@@ -17,7 +17,7 @@ use half::f16;
 use wgmoe::backend::params::*;
 use wgmoe::backend::plan::PrefillKernels;
 use wgmoe::backend::{Buffer, Device, KernelOverrides, Prepared, Program, Usage, Work};
-use wgmoe::format::quant::Q4SlotLayout;
+use wgmoe::blocks::quant::Q4SlotLayout;
 use wgmoe::model::moe::{Executor, MoeDispatch};
 use wgmoe::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
 use wgmoe::model::tensors::{ExpertStore, F16Matrix, Q4Pool};
@@ -117,12 +117,14 @@ fn prepare(prog: Program, pos0: usize) -> Prepared {
     dev().prepare(prog, &step).expect("prepare")
 }
 
-/// One submission of a one-token step of the program, and a wait.
+/// One submission of a one-token step of the program, and a wait (position-sized grids at
+/// their largest: the benchmark's attention walks its whole context).
 fn run(p: &Prepared) {
     dev()
         .submit(&[Work::Run {
             program: p,
             tokens: 1,
+            pos0: wgmoe::backend::LONGEST,
         }])
         .expect("submit");
     dev().sync().expect("gpu error");

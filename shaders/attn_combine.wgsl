@@ -13,7 +13,7 @@ struct Params {
     min_chunk: u32,
     splits: u32,
     scale: f32,
-    _a: u32,
+    flags: u32,
     _b: u32,
     _c: u32,
 }
@@ -35,15 +35,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let d = p.head_dim;
     let rec = d + 2u;
     let base = (t * p.n_heads + h) * p.splits * rec;
+    // A one-token step sized by its position launched `live` splits (attn_flash wrote it).
+    var live = p.splits;
+    if ((p.flags & ATTN_LIVE_SPLITS) != 0u) {
+        live = min(p.splits, u32(part_at(p.n_heads * p.splits * rec)));
+    }
     var mx = -3.0e38;
-    for (var s = 0u; s < p.splits; s++) { mx = max(mx, part_at(base + s * rec + d)); }
+    for (var s = 0u; s < live; s++) { mx = max(mx, part_at(base + s * rec + d)); }
     var l = 0.0;
-    for (var s = 0u; s < p.splits; s++) {
+    for (var s = 0u; s < live; s++) {
         l += exp(part_at(base + s * rec + d) - mx) * part_at(base + s * rec + d + 1u);
     }
     for (var c = li; c < d; c += 64u) {
         var acc = 0.0;
-        for (var s = 0u; s < p.splits; s++) {
+        for (var s = 0u; s < live; s++) {
             acc += exp(part_at(base + s * rec + d) - mx) * part_at(base + s * rec + c);
         }
         out[(t * p.n_heads + h) * d + c] = acc / l;

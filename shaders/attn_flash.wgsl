@@ -21,7 +21,7 @@ struct Params {
     min_chunk: u32,    // fewest keys per split
     splits: u32,       // S, the grid's y
     scale: f32,
-    _a: u32,
+    flags: u32,        // ATTN_LIVE_SPLITS
     _b: u32,
     _c: u32,
 }
@@ -50,7 +50,8 @@ var<workgroup> l_s: array<f32, 32>;
 var<workgroup> a_s: array<f32, 32>;
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
     let d = p.head_dim;
     let group = p.n_heads / p.n_kv;
     let tiles = (group + p.g_tile - 1u) / p.g_tile;
@@ -69,7 +70,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let n_keys = tok_pos(t0) + tn;
     let r0 = tok_kv0(t0);  // the sequence's first row in the cache
     let s = wid.y;
-    var chunk = max(p.min_chunk, (n_keys + p.splits - 1u) / p.splits);
+    // The splits launched: p.splits, or fewer for a one-token step sized by its position
+    // (ATTN_LIVE_SPLITS); `part` keeps p.splits records a head either way.
+    let live = nwg.y;
+    var chunk = max(p.min_chunk, (n_keys + live - 1u) / live);
     chunk = (chunk + tk - 1u) / tk * tk;
     let k0 = min(s * chunk, n_keys);
     let k1 = min(k0 + chunk, n_keys);
@@ -139,17 +143,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let r = e / d;
         let t = t0 + r / gn;
         let h = kvh * group + g0 + r % gn;
-        if (p.splits == 1u) {
+        if (live == 1u) {
             out[t * q_dim + h * d + e % d] = o_s[e] / l_s[r];
         } else {
             part[((t * p.n_heads + h) * p.splits + s) * (d + 2u) + e % d] = o_s[e];
         }
     }
-    if (p.splits > 1u && li < rows) {
+    if (live > 1u && li < rows) {
         let t = t0 + li / gn;
         let h = kvh * group + g0 + li % gn;
         let b = ((t * p.n_heads + h) * p.splits + s) * (d + 2u) + d;
         part[b] = m_s[li];
         part[b + 1u] = l_s[li];
+    }
+    // The combine merges as many splits as were launched (it does not know the grid).
+    if ((p.flags & ATTN_LIVE_SPLITS) != 0u && wid.x == 0u && wid.y == 0u && li == 0u) {
+        part[p.n_heads * p.splits * (d + 2u)] = f32(live);
     }
 }

@@ -1,4 +1,4 @@
-// W4A16 SwiGLU second half for INT4 experts (layout in src/format/quant.rs), per slot:
+// W4A16 SwiGLU second half for INT4 experts (layout in src/blocks/quant.rs), per slot:
 //   y[t, j, m] = down_e[m] . h[t, j, :]   for the top-k indices j_base .. j_base + grid y
 // (the per-expert executor, and batches of experts under partial residency; the weighted
 // combine follows in moe_combine.wgsl). ffn_down_q4_combine.wgsl is the fused variant.

@@ -1,4 +1,4 @@
-// W4A16 SwiGLU first half for routed experts held as INT4 (layout in src/format/quant.rs):
+// W4A16 SwiGLU first half for routed experts held as INT4 (layout in src/blocks/quant.rs):
 //   h[t, j, n] = silu(gate_e[n] . x_t) * (up_e[n] . x_t)
 // Nibbles are converted inside the kernel and multiplied with the activations; every sum
 // is f32. No expanded copy of an expert exists anywhere. Each lane sums its columns of a

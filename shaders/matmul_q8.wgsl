@@ -1,5 +1,5 @@
 // Q8_0 matrix products for CPU adapters (llvmpipe; the storage plan): the twin of
-// matmul.wgsl for Q8_0 weights (layout in src/format/q8_0.rs),
+// matmul.wgsl for Q8_0 weights (layout in src/blocks/q8_0.rs),
 //   out[t, row_base + n] (+)= W[n] . x[t] (+ bias[row_base + n]).
 // One invocation owns one weight row and TT tokens, so a prefill chunk reads each weight
 // row once per TT tokens and decode is a plain matvec: on a CPU a lane streaming its own

@@ -1,5 +1,5 @@
 // Q8_0 matrix-vector product of ONE token with x in a uniform window, for CPU adapters
-// (the twin of matmul_u.wgsl for Q8_0 weights; layout in src/format/q8_0.rs): every
+// (the twin of matmul_u.wgsl for Q8_0 weights; layout in src/blocks/q8_0.rs): every
 // invocation reads the same activation address, which llvmpipe loads once for all lanes,
 // while each lane streams its own weight row; the storage variant (matmul_q8.wgsl) serves
 // multi-token steps. Each block of 32 columns is summed in f32, then scaled by its f16

@@ -2,7 +2,7 @@
 // matmul_w.wgsl (which says why: a 64 KiB uniform window of up to `tw` token rows of x,
 // lane l of each subgroup loading token l's activations and subgroupBroadcast handing
 // them to the others, each lane streaming its own weight row, every weight load serving
-// 8 tokens). Q8_0 layout in src/format/q8_0.rs: each block of 32 columns (two 16-byte
+// 8 tokens). Q8_0 layout in src/blocks/q8_0.rs: each block of 32 columns (two 16-byte
 // words of int8) is summed in f32, then scaled by its f16 scale. Needs subgroups of at
 // least 8 lanes; every lane stays active (lanes past the last row compute a copy of it and
 // do not store). k % 4 == 0.

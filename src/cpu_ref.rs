@@ -8,9 +8,9 @@
 
 use half::f16;
 
+use crate::blocks::q8_0::Q8Matrix;
+use crate::blocks::quant::{Q4Matrix, Q4SlotLayout};
 use crate::error::{Error, Result};
-use crate::format::q8_0::Q8Matrix;
-use crate::format::quant::{Q4Matrix, Q4SlotLayout};
 
 fn need(what: &str, got: usize, want: usize) -> Result<()> {
     if got == want {
@@ -117,7 +117,7 @@ pub fn matmul<W: Copy + Into<f32>>(
     Ok(out)
 }
 
-/// `matmul` with a packed Q8_0 weight (`format::q8_0`: quants `q`, scales `s`): the W8A16
+/// `matmul` with a packed Q8_0 weight (`blocks::q8_0`: quants `q`, scales `s`): the W8A16
 /// kernels' reference, over the dequantised values q * f32(d).
 pub fn matmul_q8(
     x: &[f32],
@@ -436,7 +436,7 @@ pub fn argmax(logits: &[f32], suppress: &[u32]) -> u32 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// W4A16 routed experts: INT4 weights in the packed layout of `crate::format::quant`
+// W4A16 routed experts: INT4 weights in the packed layout of `crate::blocks::quant`
 
 /// Row `n` of a packed INT4 matrix dotted with `x` (`m.inp` values), read element by
 /// element through `Q4Matrix::nibble` and `Q4Matrix::scale`. Per-block scaling, as the
@@ -452,7 +452,7 @@ fn q4_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
     let block = m.kind.block();
     let row = m.vec4_per_row() * 16;
     let quant = |k: usize| match m.kind {
-        crate::format::quant::Q4Kind::Q8 => q[n * row + k] as i8 as i32,
+        crate::blocks::quant::Q4Kind::Q8 => q[n * row + k] as i8 as i32,
         _ => m.nibble(q, n, k) as i32 - 8,
     };
     let mut acc = 0.0f64;
@@ -469,7 +469,7 @@ fn q4_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
     acc
 }
 
-/// Row `n` of a K-plane matrix (`format::kquant`) dotted with `x`: per 16 columns,
+/// Row `n` of a K-plane matrix (`blocks::kquant`) dotted with `x`: per 16 columns,
 /// `a sum(q x) + b sum(x)` with the record's (a, b) for them, in f64.
 fn planes_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
     let side: Vec<u32> = (0..m.halves_per_row() / 2)
@@ -478,9 +478,9 @@ fn planes_row_dot(m: Q4Matrix, q: &[u8], s: &[u8], n: usize, x: &[f32]) -> f64 {
     let mut acc = 0.0f64;
     for k0 in (0..m.inp).step_by(16) {
         let (mut qx, mut xs) = (0.0f64, 0.0f64);
-        let (a, b, _) = crate::format::kquant::terms(m.kind, &side, k0, 0);
+        let (a, b, _) = crate::blocks::kquant::terms(m.kind, &side, k0, 0);
         for (k, &xk) in x.iter().enumerate().take((k0 + 16).min(m.inp)).skip(k0) {
-            let (_, _, qk) = crate::format::kquant::terms(m.kind, &side, k, m.nibble(q, n, k));
+            let (_, _, qk) = crate::blocks::kquant::terms(m.kind, &side, k, m.nibble(q, n, k));
             qx += f64::from(qk) * xk as f64;
             xs += xk as f64;
         }

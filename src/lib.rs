@@ -1,8 +1,10 @@
 //! wgmoe: Mixture-of-Experts inference on wgpu compute shaders.
 //!
-//! The modules read bottom-up, as ARCHITECTURE.md's layer table: formats and configs
-//! (`config`, `gguf`, `format`: checkpoints, tokenizers, the INT4 layout, the converted
-//! format, manifests, routing traces, pictures; `limits`, `units`, `interrupt`), the
+//! The modules read bottom-up, as ARCHITECTURE.md's layer table (`tests/layering.rs`
+//! pins it): foundations (`error`, `limits`, `units`, `interrupt`), the quantised block
+//! formats (`blocks`) and the tokenizer, `config`, GGUF files (`gguf`), checkpoints and
+//! formats (`format`: checkpoints, the converted format, manifests, routing traces,
+//! pictures), the
 //! device-independent residency state machine (`residency`), the backend seam (`backend`,
 //! with the wgpu implementation), the model on a device (`model`), then `runtime`
 //! (admission, opening a model, the generation loop, sampling) and the commands' helpers
@@ -12,6 +14,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod blocks;
 pub mod cache_dir;
 pub mod config;
 pub mod cpu_ref;
@@ -29,6 +32,7 @@ pub mod runtime;
 pub mod serve;
 pub mod session;
 pub mod synth;
+pub mod tokenizer;
 pub mod units;
 
 pub use error::{Error, Result};

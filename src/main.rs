@@ -586,6 +586,11 @@ struct ServeArgs {
     /// file's name, `.gguf` included).
     #[arg(long)]
     alias: Option<String>,
+    /// Answer a request whose `model` is neither the loaded model's name nor its --alias
+    /// with 404 model_not_found (by default any name is answered by the loaded model, as
+    /// llama-server does: many clients send a fixed name).
+    #[arg(long)]
+    strict_model: bool,
     /// On SIGTERM or Ctrl-C: refuse new requests (503), let those admitted finish for up
     /// to this many seconds, then end them (finish_reason "abort"; queued ones get 503) and
     /// exit 0. A second signal exits at once (status 130).

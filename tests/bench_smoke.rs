@@ -284,7 +284,7 @@ fn bench_residency_sweep_reports_cache_counters() {
         "N = 3 with 2 policies; N = 7 (all resident) once"
     );
     // olmoe-tiny: hidden 64, expert intermediate 96 -> one packed expert is 9728 bytes.
-    let slot = wgmoe::format::quant::Q4SlotLayout::new(64, 96).bytes as u64;
+    let slot = wgmoe::blocks::quant::Q4SlotLayout::new(64, 96).bytes as u64;
     for r in recs {
         let n = r["resident_experts_per_layer"].as_u64().unwrap();
         let misses = r["expert_misses"].as_u64().unwrap();
@@ -352,7 +352,7 @@ fn bench_miss_policy_sweep_reports_cpu_experts() {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
     let recs = v.as_array().unwrap();
     assert_eq!(recs.len(), 4, "N = 0 and 3, each with cpu and auto");
-    let slot = wgmoe::format::quant::Q4SlotLayout::new(64, 96).bytes as u64;
+    let slot = wgmoe::blocks::quant::Q4SlotLayout::new(64, 96).bytes as u64;
     for r in recs {
         let n = r["resident_experts_per_layer"].as_u64().unwrap();
         assert!(r["miss_policy"].is_string(), "{r:#}");
@@ -461,7 +461,7 @@ fn synthetic_models_load_and_run() {
     assert!(wgmoe::format::convert::is_converted(&ckpt));
     wgmoe::format::convert::validate_converted(&ckpt, &cfg).unwrap();
     drop(ckpt);
-    let tok = wgmoe::format::tokenizer::Tokenizer::from_dir(&conv).unwrap();
+    let tok = wgmoe::tokenizer::Tokenizer::from_dir(&conv).unwrap();
     assert_eq!(tok.vocab_size(), 512);
     let ids = tok
         .encode("The old clockmaker walked along the river", true)
@@ -633,7 +633,7 @@ fn synthetic_qwen3_and_mixtral_load_and_run() {
     assert!(ckpt.contains("model.layers.0.block_sparse_moe.gate.weight"));
     drop(ckpt);
     run_json(&mx_hf, 3);
-    let tok = wgmoe::format::tokenizer::Tokenizer::from_dir(&mx_hf).unwrap();
+    let tok = wgmoe::tokenizer::Tokenizer::from_dir(&mx_hf).unwrap();
     assert_eq!(
         tok.apply_chat_template(&[("user".into(), "Hi".into())], true)
             .unwrap(),

@@ -202,7 +202,7 @@ fn converted_models_with_broken_numbers_are_refused() {
         "--dense-precision",
         "f16",
     ]));
-    let layout = wgmoe::format::quant::Q4SlotLayout::new(64, 96);
+    let layout = wgmoe::blocks::quant::Q4SlotLayout::new(64, 96);
     let file = conv.join("model.safetensors");
     let good = std::fs::read(&file).unwrap();
     // An infinite scale of expert 1 of layer 1 (with a checksum that matches).

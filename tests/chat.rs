@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use common::cli::*;
 use common::fixture;
-use wgmoe::format::tokenizer::Tokenizer;
 use wgmoe::session::chat::{chat_prompt, Message, Role};
 use wgmoe::session::common_prefix;
+use wgmoe::tokenizer::Tokenizer;
 
 const LIMIT: Duration = Duration::from_secs(120);
 

@@ -11,8 +11,8 @@ use common::gpu::*;
 use common::q4::*;
 use common::rng::Rng;
 use wgmoe::backend::cpu::{CpuExperts, ExpertPair};
+use wgmoe::blocks::quant::{Q4Kind, Q4SlotLayout};
 use wgmoe::cpu_ref;
-use wgmoe::format::quant::{Q4Kind, Q4SlotLayout};
 
 /// The kernel sums in f32 (16 running sums per 256-input block, FMA where the CPU has it,
 /// one scale multiply per block) what the reference sums in f64, gate/up and down; as the

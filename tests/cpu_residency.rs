@@ -51,7 +51,7 @@ fn cpu_misses_give_the_int4_golden_at_every_capacity() {
     for name in FIXTURES {
         let cfg = wgmoe::config::ModelConfig::from_dir(&fixture(name)).unwrap();
         let (e, k) = (cfg.num_experts, cfg.top_k);
-        let slot = wgmoe::format::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate)
+        let slot = wgmoe::blocks::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate)
             .bytes as u64;
         for miss in [MissPolicy::Cpu, MissPolicy::Auto] {
             for n in [0, 1, k, (k + e) / 2] {

@@ -192,7 +192,7 @@ fn emulate(
 ) {
     let mut step = step;
     for op in &p.ops {
-        let Some((kernel, grid, _)) = op.dispatch(tokens) else {
+        let Some((kernel, grid, _)) = op.dispatch(tokens, step.pos0) else {
             continue;
         };
         let (op, _) = op.for_tokens(tokens);
@@ -271,6 +271,7 @@ fn compare(
     dev.submit(&[Work::Run {
         program: &p,
         tokens: tokens as u32,
+        pos0: pos0 as u32,
     }])
     .unwrap();
     dev.sync().unwrap();
@@ -289,7 +290,7 @@ fn compare(
     let mut kernels: Vec<Kernel> = program
         .ops
         .iter()
-        .filter_map(|o| o.dispatch(tokens as u32).map(|d| d.0))
+        .filter_map(|o| o.dispatch(tokens as u32, pos0 as u32).map(|d| d.0))
         .collect();
     kernels.sort();
     kernels.dedup();
@@ -584,7 +585,10 @@ fn head_kernels(emu: &Emulator) -> Vec<Kernel> {
             .upload("logits", bytemuck::cast_slice(&logits), Usage::Storage)
             .unwrap();
         let token = dev.upload("token", &[0u8; 16], Usage::Storage).unwrap();
-        for (fl, suppress) in [(0, [0u32; 4]), (flags::ARGMAX_LAST_ROW, [1, 2, 0, 0])] {
+        let part_bytes = vec![0u8; 16 * ops::argmax_parts(n)];
+        let part = dev.upload("part", &part_bytes, Usage::Storage).unwrap();
+        let cases = [(0, [0u32; 4]), (flags::ARGMAX_LAST_ROW, [1, 2, 0, 0])];
+        for ((fl, suppress), split) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
             let mut prog = Program::default();
             ops::argmax(
                 &mut prog,
@@ -597,12 +601,14 @@ fn head_kernels(emu: &Emulator) -> Vec<Kernel> {
                 },
                 &lb,
                 &token,
+                &part,
+                split,
             );
             for rows in [1, 2, 3] {
                 out.extend(compare(
                     emu,
                     &dev,
-                    &format!("argmax n {n} rows {rows}"),
+                    &format!("argmax n {n} rows {rows} split {split}"),
                     &prog,
                     0,
                     rows,

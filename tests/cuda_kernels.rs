@@ -229,50 +229,60 @@ fn cuda_argmax_matches_cpu() {
             let row = if last_row { &logits[n..] } else { &logits[..n] };
             let want = cpu_ref::argmax(row, &suppress);
             let lb = f32_buf(dev, &logits);
-            let token = u32_buf(dev, &[u32::MAX - 1; 4]);
             let mut sup = [0u32; 4];
             sup[..suppress.len()].copy_from_slice(&suppress);
+            for split in [false, true] {
+                let token = u32_buf(dev, &[u32::MAX - 1; 4]);
+                let part = u32_buf(dev, &vec![7; 4 * ops::argmax_parts(n)]);
+                let mut prog = Program::default();
+                ops::argmax(
+                    &mut prog,
+                    &ArgmaxParams {
+                        n: n as u32,
+                        n_suppress: suppress.len() as u32,
+                        row_stride: n as u32,
+                        flags: if last_row { flags::ARGMAX_LAST_ROW } else { 0 },
+                        suppress: sup,
+                    },
+                    &lb,
+                    &token,
+                    &part,
+                    split,
+                );
+                run(dev, prog, &step, 2);
+                assert_eq!(
+                    read_u32(dev, &token, 1)[0],
+                    want,
+                    "cuda argmax n {n} last_row {last_row} suppress {suppress:?} split {split}"
+                );
+            }
+        }
+        // A non-finite value flags the row.
+        logits[n / 2] = f32::NAN;
+        let lb = f32_buf(dev, &logits);
+        for split in [false, true] {
+            let token = u32_buf(dev, &[0; 4]);
+            let part = u32_buf(dev, &vec![0; 4 * ops::argmax_parts(n)]);
             let mut prog = Program::default();
             ops::argmax(
                 &mut prog,
                 &ArgmaxParams {
                     n: n as u32,
-                    n_suppress: suppress.len() as u32,
                     row_stride: n as u32,
-                    flags: if last_row { flags::ARGMAX_LAST_ROW } else { 0 },
-                    suppress: sup,
+                    ..Default::default()
                 },
                 &lb,
                 &token,
+                &part,
+                split,
             );
             run(dev, prog, &step, 2);
             assert_eq!(
                 read_u32(dev, &token, 1)[0],
-                want,
-                "cuda argmax n {n} last_row {last_row} suppress {suppress:?}"
+                u32::MAX,
+                "cuda argmax NaN n {n} split {split}"
             );
         }
-        // A non-finite value flags the row.
-        logits[n / 2] = f32::NAN;
-        let lb = f32_buf(dev, &logits);
-        let token = u32_buf(dev, &[0; 4]);
-        let mut prog = Program::default();
-        ops::argmax(
-            &mut prog,
-            &ArgmaxParams {
-                n: n as u32,
-                row_stride: n as u32,
-                ..Default::default()
-            },
-            &lb,
-            &token,
-        );
-        run(dev, prog, &step, 2);
-        assert_eq!(
-            read_u32(dev, &token, 1)[0],
-            u32::MAX,
-            "cuda argmax NaN n {n}"
-        );
     }
 }
 

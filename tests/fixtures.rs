@@ -13,7 +13,7 @@ use safetensors::Dtype;
 use tempfile::TempDir;
 use wgmoe::config::{Arch, GenerationConfig, ModelConfig, QkNorm};
 use wgmoe::format::checkpoint::{Checkpoint, DType, ExpertLayout, ExpertProj};
-use wgmoe::format::tokenizer::{TextStream, Tokenizer};
+use wgmoe::tokenizer::{TextStream, Tokenizer};
 
 fn fixture(name: &str) -> PathBuf {
     common::fixture(name)

@@ -49,7 +49,7 @@ fn every_supported_type_dequantises_as_gguf_py_does() {
 /// within the f16 rounding of its scale and offset (Q4_0 exactly: s = d, o = 0).
 #[test]
 fn four_bit_types_pack_into_affine_int4_as_they_are() {
-    use wgmoe::format::quant::{Q4Kind, Q4Matrix};
+    use wgmoe::blocks::quant::{Q4Kind, Q4Matrix};
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gguf/dequant.gguf");
     let m = GgufModel::open(&path).unwrap();
     for t in [GgmlType::Q4_0, GgmlType::Q4_K] {
@@ -96,12 +96,12 @@ fn four_bit_types_pack_into_affine_int4_as_they_are() {
 }
 
 /// Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 in wgmoe's K-plane kinds (nibbles and side records,
-/// src/format/kquant.rs): every value read back from the planes, and from the matrix
+/// src/blocks/kquant.rs): every value read back from the planes, and from the matrix
 /// packed from them (the bytes the kernels read), is gguf-py's value bit for bit.
 #[test]
 fn k_quants_and_5_bit_types_pack_into_planes_as_they_are() {
-    use wgmoe::format::kquant;
-    use wgmoe::format::quant::{Q4Kind, Q4Matrix};
+    use wgmoe::blocks::kquant;
+    use wgmoe::blocks::quant::{Q4Kind, Q4Matrix};
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gguf/dequant.gguf");
     let m = GgufModel::open(&path).unwrap();
     for (t, kind) in [

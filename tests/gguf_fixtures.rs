@@ -63,7 +63,7 @@ fn every_fixture_gives_the_config_of_its_hf_model() {
             // Experts in their own blocks, layer by layer: Q4_0 as affine INT4, the K-quants
             // as they are, Q8_0 and F16 as Q8_0; a Q4_K_M file's ffn_down is Q6_K on the
             // layers llama-quantize gives more bits, Q4_K on the others.
-            use wgmoe::format::quant::Q4Kind::{Affine32, Q4K, Q5K, Q6K, Q8};
+            use wgmoe::blocks::quant::Q4Kind::{Affine32, Q4K, Q5K, Q6K, Q8};
             let name = f.file_name().unwrap().to_string_lossy().to_string();
             for l in 0..cfg.num_layers {
                 let down = m
@@ -207,13 +207,7 @@ fn qk_rows_are_in_the_order_the_converter_wrote() {
     }
 }
 
-fn check_ids(
-    tok: &wgmoe::format::tokenizer::Tokenizer,
-    text: &str,
-    want: &Value,
-    bos: bool,
-    what: &str,
-) {
+fn check_ids(tok: &wgmoe::tokenizer::Tokenizer, text: &str, want: &Value, bos: bool, what: &str) {
     let want: Vec<u32> = want
         .as_array()
         .unwrap()

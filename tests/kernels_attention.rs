@@ -12,9 +12,9 @@ use common::rng::Rng;
 use wgmoe::backend::kernel::KvFormat;
 use wgmoe::backend::params::*;
 use wgmoe::backend::plan::PrefillKernels;
-use wgmoe::backend::{Buffer, Device, Kernel, KernelOverrides, KernelPlan, Program};
+use wgmoe::backend::{Buffer, Device, Kernel, KernelOverrides, KernelPlan, Program, LONGEST};
+use wgmoe::blocks::q8_0::kv as q8_kv;
 use wgmoe::cpu_ref::{self, Heads, QkNorm};
-use wgmoe::format::q8_0::kv as q8_kv;
 use wgmoe::model::ops::{self, rope_table, AttentionBuffers, OpEnv};
 use wgmoe::model::tensors::upload_f16_vec;
 
@@ -633,11 +633,48 @@ fn flash_case_kv(dev: &Device, seed: u64, c: &AttnCase, max_context: usize, kv: 
     let cv = kv_buf(dev, &cache_v, kv, rows);
     let (cache_k, cache_v) = (kv_held(&cache_k, kv, rows), kv_held(&cache_v, kv, rows));
     let part_floats = ops::flash_part_floats(heads.n_heads, heads.n_kv, hd, max_context, t);
-    let part = f32_buf(dev, &vec![f32::NAN; part_floats]);
-    let out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);
+    // Splits sized by the step's position (a real step's grid), and at their most (as
+    // static analyses count them): both give the same attention.
+    for at in [pos0 as u32, LONGEST] {
+        // Garbage in the partial outputs: a split record the step did not write is never read.
+        let part = f32_buf(dev, &vec![f32::NAN; part_floats]);
+        let out = f32_buf(dev, &vec![f32::NAN; t * q_dim]);
+        flash_run(
+            dev,
+            c,
+            max_context,
+            kv,
+            &plan,
+            [&step, &qb, &ck, &cv, &part, &out],
+            at,
+        );
+        let visible = (pos0 + t) * kv_dim;
+        let want =
+            cpu_ref::attention(&q, heads, &cache_k[..visible], &cache_v[..visible], pos0).unwrap();
+        let what = format!(
+            "flash[{kv:?} kv] heads {}/{} dim {hd} T {t} pos0 {pos0} context {max_context} grid at {at} ({shape:?})",
+            heads.n_heads, heads.n_kv
+        );
+        check(&what, &read_f32(dev, &out, t * q_dim), &want, ATTENTION_TOL);
+    }
+}
+
+/// The GPU plan's attention ops for case `c`, run for a step at position `at`.
+fn flash_run(
+    dev: &Device,
+    c: &AttnCase,
+    max_context: usize,
+    kv: KvFormat,
+    plan: &KernelPlan,
+    [step, qb, ck, cv, part, out]: [&Buffer; 6],
+    at: u32,
+) {
+    let AttnCase { heads, t, .. } = *c;
+    let hd = heads.head_dim;
+    let shape = ops::flash_shape(heads.n_heads, heads.n_kv, hd, max_context);
     let d = dummy(dev);
     let env = OpEnv {
-        plan: &plan,
+        plan,
         chunk: t.max(2),
         dummy: &d,
     };
@@ -651,12 +688,12 @@ fn flash_case_kv(dev: &Device, seed: u64, c: &AttnCase, max_context: usize, kv: 
             q_norm: None,
             k_norm: None,
             rope: &d,
-            q: &qb,
-            cache_k: &ck,
-            cache_v: &cv,
+            q: qb,
+            cache_k: ck,
+            cache_v: cv,
             scratch: &d,
-            part: &part,
-            out: &out,
+            part,
+            out,
         },
         max_context,
     );
@@ -671,15 +708,66 @@ fn flash_case_kv(dev: &Device, seed: u64, c: &AttnCase, max_context: usize, kv: 
         1 + usize::from(shape.splits > 1) + usize::from(shape.prefill_splits > 1),
         "a combine after split keys"
     );
-    run(dev, prog, &step, t);
-    let visible = (pos0 + t) * kv_dim;
-    let want =
-        cpu_ref::attention(&q, heads, &cache_k[..visible], &cache_v[..visible], pos0).unwrap();
-    let what = format!(
-        "flash[{kv:?} kv] heads {}/{} dim {hd} T {t} pos0 {pos0} context {max_context} ({shape:?})",
-        heads.n_heads, heads.n_kv
+    run_at(dev, prog, step, t, at);
+}
+
+/// One-token steps launch the key splits their position fills, and their combine only
+/// when there are several: at Qwen3-30B-A3B's attention (32 query heads over 4 KV heads of
+/// 128, a 40,960-position cache) positions 10, 1000 and 4000 launch 1, 32 and 64 splits
+/// of the 4 KV heads; the combine runs from the 33rd key on.
+#[test]
+fn flash_decode_workgroups_follow_the_position() {
+    let dev = device(None);
+    let plan = gpu_plan(&dev);
+    let d = dummy(&dev);
+    let env = OpEnv {
+        plan: &plan,
+        chunk: 64,
+        dummy: &d,
+    };
+    let heads = Heads {
+        n_heads: 32,
+        n_kv: 4,
+        head_dim: 128,
+    };
+    let ctx = 40_960;
+    let mut prog = Program::default();
+    ops::attention(
+        &mut prog,
+        &env,
+        &attention_params(heads, ctx),
+        &AttentionBuffers {
+            qkv: &d,
+            q_norm: None,
+            k_norm: None,
+            rope: &d,
+            q: &d,
+            cache_k: &d,
+            cache_v: &d,
+            scratch: &d,
+            part: &d,
+            out: &d,
+        },
+        ctx,
     );
-    check(&what, &read_f32(dev, &out, t * q_dim), &want, ATTENTION_TOL);
+    let shape = ops::flash_shape(32, 4, 128, ctx);
+    assert_eq!(shape.splits, 64, "{shape:?}");
+    let launched = |pos: u32| -> Vec<(Kernel, u32)> {
+        prog.ops
+            .iter()
+            .filter_map(|o| o.dispatch(1, pos))
+            .map(|(k, g, _)| (k, g.iter().product()))
+            .collect()
+    };
+    let flash = Kernel::AttnFlash(plan.kv);
+    let comb = |n| (Kernel::AttnCombine, n);
+    assert_eq!(launched(0), [(flash, 4)]);
+    assert_eq!(launched(10), [(flash, 4)]);
+    assert_eq!(launched(31), [(flash, 4)]);
+    assert_eq!(launched(32), [(flash, 8), comb(32)]);
+    assert_eq!(launched(1000), [(flash, 4 * 32), comb(32)]);
+    assert_eq!(launched(4000), [(flash, 4 * 64), comb(32)]);
+    assert_eq!(launched(LONGEST), [(flash, 4 * 64), comb(32)]);
 }
 
 #[test]
@@ -702,6 +790,10 @@ fn flash_attention_decode_matches_cpu() {
         (h(2, 1, 512), 45, 90),
         (h(3, 3, 2), 600, 700),
         (h(8, 8, 130), 5, 4096),
+        // Qwen3-30B-A3B's attention at positions where 1, 32 and 64 splits run.
+        (h(32, 4, 128), 10, 4096),
+        (h(32, 4, 128), 1000, 4096),
+        (h(32, 4, 128), 4000, 4096),
     ]
     .into_iter()
     .enumerate()

@@ -590,7 +590,6 @@ fn argmax_case(
     let rows = logits.len() / n;
     let step = dev.step_buffer(0, rows).unwrap();
     let lb = f32_buf(dev, logits);
-    let token = u32_buf(dev, &[u32::MAX - 1; 4]);
     let mut sup = [0u32; 4];
     sup[..suppress.len()].copy_from_slice(suppress);
     // Entries past n_suppress must be ignored: fill them with the row's true argmax.
@@ -603,33 +602,42 @@ fn argmax_case(
     for s in sup.iter_mut().skip(suppress.len()) {
         *s = unsuppressed;
     }
-    let mut prog = Program::default();
-    ops::argmax(
-        &mut prog,
-        &ArgmaxParams {
-            n: n as u32,
-            n_suppress: suppress.len() as u32,
-            row_stride: n as u32,
-            flags: if last_row { flags::ARGMAX_LAST_ROW } else { 0 },
-            suppress: sup,
-        },
-        &lb,
-        &token,
-    );
-    run(dev, prog, &step, rows);
-    let got = read_u32(dev, &token, 1)[0];
-    // A row holding NaN or ±inf is flagged with u32::MAX (the host reports the step).
+    // A NaN or ±inf anywhere in the row is flagged with u32::MAX (the host reports the step).
     let want = if row.iter().any(|x| !x.is_finite()) {
         u32::MAX
     } else {
         cpu_ref::argmax(row, suppress)
     };
-    eprintln!("argmax {what}: gpu {got} cpu {want}");
-    assert_eq!(
-        got, want,
-        "argmax {what}: n {n} rows {rows} last_row {last_row} suppress {suppress:?}"
-    );
-    got
+    // Both plans' forms: one workgroup over the row, and the GPU plan's parts then their
+    // reduction (its parts buffer starts as garbage, which every part must overwrite).
+    let part = u32_buf(dev, &vec![0x7f7f_7f7f; ops::argmax_parts(n) * 4]);
+    for split in [false, true] {
+        let token = u32_buf(dev, &[u32::MAX - 1; 4]);
+        let mut prog = Program::default();
+        ops::argmax(
+            &mut prog,
+            &ArgmaxParams {
+                n: n as u32,
+                n_suppress: suppress.len() as u32,
+                row_stride: n as u32,
+                flags: if last_row { flags::ARGMAX_LAST_ROW } else { 0 },
+                suppress: sup,
+            },
+            &lb,
+            &token,
+            &part,
+            split,
+        );
+        assert_eq!(prog.ops.len(), if split { 2 } else { 1 });
+        run(dev, prog, &step, rows);
+        let got = read_u32(dev, &token, 1)[0];
+        eprintln!("argmax {what} split {split}: gpu {got} cpu {want}");
+        assert_eq!(
+            got, want,
+            "argmax {what}: n {n} rows {rows} last_row {last_row} suppress {suppress:?} split {split}"
+        );
+    }
+    want
 }
 
 #[test]
@@ -642,6 +650,51 @@ fn argmax_matches_cpu() {
     }
     let logits = rng.vec(5 * 700, 10.0);
     argmax_case(&dev, "last of 5 rows", &logits, 700, true, &[]);
+}
+
+/// The split argmax's part boundaries (512 values a part, at most 1024 parts): ties and
+/// suppression across them, a NaN in a late part, a row longer than 1024 parts hold.
+#[test]
+fn argmax_across_parts() {
+    let dev = device(None);
+    let mut rng = Rng::new(1002);
+    for &n in &[511usize, 512, 513, 1025, 50_304, 151_936, 1024 * 512 + 3] {
+        let mut logits = rng.vec(n, 10.0);
+        argmax_case(&dev, &format!("parts n {n}"), &logits, n, false, &[]);
+        if n > 1024 {
+            // Equal maxima on both sides of the first boundary and in the last part.
+            for i in [n - 1, 512, 511] {
+                logits[i] = 30.0;
+            }
+            assert_eq!(
+                argmax_case(&dev, "tie at a boundary", &logits, n, false, &[]),
+                511
+            );
+            assert_eq!(
+                argmax_case(
+                    &dev,
+                    "boundary tie, first suppressed",
+                    &logits,
+                    n,
+                    false,
+                    &[511]
+                ),
+                512
+            );
+            assert_eq!(
+                argmax_case(&dev, "only the last part's", &logits, n, false, &[511, 512]),
+                (n - 1) as u32
+            );
+            logits[n - 2] = f32::NAN;
+            assert_eq!(
+                argmax_case(&dev, "NaN in the last part", &logits, n, false, &[]),
+                u32::MAX
+            );
+        }
+    }
+    // Fewer values than parts' lanes: most lanes of every part see nothing.
+    let rows = rng.vec(2 * 700, 1.0);
+    argmax_case(&dev, "last of 2 rows, parts", &rows, 700, true, &[3]);
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Dense matrices in a GGUF file's block kinds, held as they are (affine INT4 for Q4_0,
-//! nibble planes with side records for Q4_K, Q5_K, Q6_K and Q5_0/Q5_1: `format/kquant.rs`),
+//! nibble planes with side records for Q4_K, Q5_K, Q6_K and Q5_0/Q5_1: `blocks/kquant.rs`),
 //! and stacks of parts of different kinds (a file's q, k and v), through `ops::matmul` as
 //! the forward pass records it: one-token steps (and the last token alone) on the matvec,
 //! multi-token steps on the tiled GEMM, on every plan (these kinds have no storage
@@ -17,8 +17,8 @@ use wgmoe::backend::kernel::{Kernel, WeightFormat};
 use wgmoe::backend::params::*;
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::{Device, KernelOverrides, KernelPlan, Program};
+use wgmoe::blocks::quant::{Affine4, Q4Kind, Q4Matrix};
 use wgmoe::cpu_ref;
-use wgmoe::format::quant::{Affine4, Q4Kind, Q4Matrix};
 use wgmoe::model::ops::OpEnv;
 use wgmoe::model::tensors::{DenseRows, F16Matrix};
 

@@ -16,7 +16,7 @@ use common::q4::*;
 use wgmoe::backend::kernel::WeightFormat;
 use wgmoe::backend::plan::PrefillKernels;
 use wgmoe::backend::{Kernel, KernelOverrides};
-use wgmoe::format::quant::{Q4Kind, Q4SlotLayout};
+use wgmoe::blocks::quant::{Q4Kind, Q4SlotLayout};
 
 const A32: Q4Kind = Q4Kind::Affine32;
 

@@ -18,8 +18,8 @@ use wgmoe::backend::kernel::{Kernel, WeightFormat};
 use wgmoe::backend::params::*;
 use wgmoe::backend::plan::DecodeKernels;
 use wgmoe::backend::{Device, KernelOverrides, KernelPlan, Program};
+use wgmoe::blocks::q8_0::Q8Matrix;
 use wgmoe::cpu_ref;
-use wgmoe::format::q8_0::Q8Matrix;
 use wgmoe::model::ops::{self, OpEnv};
 use wgmoe::model::tensors::F16Matrix;
 
@@ -339,7 +339,7 @@ fn gemm_matches_cpu() {
 /// A Q8_0 matrix through `ops::matmul` under `plan`: one-token steps (and the last token
 /// alone) run the Q8_0 matvec, multi-token steps the Q8_0 GEMM, except under the storage
 /// plan (CPU adapters), where the Q8_0 storage matmul serves every step. Against
-/// `cpu_ref::matmul_q8` over the same packed weights (quantised here by `format::q8_0`, as
+/// `cpu_ref::matmul_q8` over the same packed weights (quantised here by `blocks::q8_0`, as
 /// on load).
 fn q8_case(dev: &Device, plan: &KernelPlan, seed: u64, c: MatmulCase, min_chunks: usize) {
     let data = MatmulData::new(seed, &c);
@@ -575,7 +575,7 @@ fn q8_swiglu_blocks_match_cpu() {
                 assert!(want, "T {t}: {}", op.kernel);
             }
             run(&dev, prog, &dev.step_buffer(0, t).unwrap(), t);
-            let rt = |w: &[f32], rows, cols| wgmoe::format::q8_0::round_trip(w, rows, cols);
+            let rt = |w: &[f32], rows, cols| wgmoe::blocks::q8_0::round_trip(w, rows, cols);
             let want = cpu_ref::swiglu_expert(
                 &xs,
                 hid,

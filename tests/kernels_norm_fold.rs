@@ -18,9 +18,9 @@ use half::f16;
 use wgmoe::backend::kernel::{Kernel, WeightFormat};
 use wgmoe::backend::params::flags;
 use wgmoe::backend::plan::DecodeKernels;
-use wgmoe::backend::{Device, KernelOverrides, KernelPlan, Program};
+use wgmoe::backend::{Device, KernelOverrides, KernelPlan, Program, LONGEST};
+use wgmoe::blocks::quant::Q4Kind;
 use wgmoe::cpu_ref;
-use wgmoe::format::quant::Q4Kind;
 use wgmoe::model::norm_fold::{self, NormInput};
 use wgmoe::model::ops::{self, OpEnv};
 use wgmoe::model::tensors::{DenseRows, F16Matrix};
@@ -168,7 +168,7 @@ fn run_case(dev: &Device, plan: &KernelPlan, f: WeightFormat, seed: u64, c: &Cas
     let kernels: Vec<Kernel> = p
         .ops
         .iter()
-        .filter_map(|o| o.dispatch(c.t as u32).map(|(k, _, _)| k))
+        .filter_map(|o| o.dispatch(c.t as u32, LONGEST).map(|(k, _, _)| k))
         .collect();
     if c.t == 1 || last {
         assert!(
@@ -282,7 +282,7 @@ fn one_token_steps_dispatch_no_norm_before_a_matvec_on_every_family() {
         let dense = (0..cfg.num_layers)
             .filter(|&l| !cfg.sparse_layers.get(l).copied().unwrap_or(true))
             .count();
-        let step = e.fwd.decode_step_kernels();
+        let step = e.fwd.decode_step_kernels(LONGEST);
         let norms: Vec<&str> = step
             .iter()
             .filter(|(_, k)| *k == Kernel::RmsNorm)
@@ -298,14 +298,14 @@ fn one_token_steps_dispatch_no_norm_before_a_matvec_on_every_family() {
             folded >= cfg.num_layers + (cfg.num_layers - dense) + 1,
             "{name}: {folded} folded matvecs"
         );
-        assert_eq!(e.fwd.dispatches_per_decode_step(), step.len());
+        assert_eq!(e.fwd.dispatches_per_decode_step(LONGEST), step.len());
         // Multi-token steps: both norms of every layer.
         let norms_at = |t: u32| {
             e.fwd
                 .layers
                 .iter()
                 .flat_map(|l| l.pre.program().ops.iter())
-                .filter(|o| o.dispatch(t).is_some_and(|(k, _, _)| k == Kernel::RmsNorm))
+                .filter(|o| o.dispatch(t, LONGEST).is_some_and(|(k, _, _)| k == Kernel::RmsNorm))
                 .count()
         };
         assert_eq!(norms_at(8), 2 * cfg.num_layers, "{name}");

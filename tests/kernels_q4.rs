@@ -22,7 +22,7 @@ use common::q4::*;
 use common::rng::Rng;
 use wgmoe::backend::params::*;
 use wgmoe::backend::Program;
-use wgmoe::format::quant::{Q4SlotLayout, BLOCK};
+use wgmoe::blocks::quant::{Q4SlotLayout, BLOCK};
 use wgmoe::model::moe::Executor;
 use wgmoe::model::ops::{self, CombineBuffers};
 

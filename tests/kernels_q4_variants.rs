@@ -15,7 +15,7 @@ use common::rng::Rng;
 use wgmoe::backend::kernel::{Activations, Arith, Kernel, Lanes, Q4Variant};
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels, Switch};
 use wgmoe::backend::{KernelOverrides, Program};
-use wgmoe::format::quant::Q4SlotLayout;
+use wgmoe::blocks::quant::Q4SlotLayout;
 use wgmoe::model::moe::{Executor, MoeDispatch};
 use wgmoe::model::tensors::{ExpertStore, Q4Pool};
 

@@ -6,8 +6,8 @@
 use wgmoe::backend::kernel::{KvFormat, WeightFormat};
 use wgmoe::backend::plan::{DecodeKernels, PrefillKernels};
 use wgmoe::backend::KernelOverrides;
+use wgmoe::blocks::q8_0::Q8Matrix;
 use wgmoe::config::ModelConfig;
-use wgmoe::format::q8_0::Q8Matrix;
 use wgmoe::insight::kernel_report::{
     report, DeviceClass, KernelsOptions, KernelsReport, LatencyModel, Stages,
 };

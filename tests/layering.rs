@@ -157,31 +157,49 @@ fn the_module_graph_has_no_cycle() {
             panic!("import cycle: {}", names.join(" -> "));
         }
     }
-    // The layers: nothing below the backend seam uses it or anything above it. Each entry
-    // is a module path prefix: "format" is a whole folder, "runtime::engine" would be one file.
-    let below = [
-        "config",
-        "gguf",
-        "format",
-        "residency",
-        "limits",
-        "interrupt",
-        "units",
-    ];
-    let above = [
-        "backend", "model", "runtime", "insight", "bench", "synth", "planner",
-    ];
+    // The same graph between top-level modules (a file's edges lifted to its folder):
+    // no cycle there either, and every edge points down ARCHITECTURE.md's layer table.
+    let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (m, ts) in &edges {
-        if below.iter().any(|p| within(m, p)) {
-            for t in ts {
-                assert!(
-                    !above.iter().any(|p| within(t, p)),
-                    "{} (a lower layer) uses {}",
-                    m.join("::"),
-                    t.join("::")
-                );
+        for t in ts {
+            if m[0] != t[0] {
+                top.entry(m[0].clone()).or_default().insert(t[0].clone());
             }
         }
+    }
+    let top_edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = top
+        .iter()
+        .map(|(m, ts)| {
+            (
+                vec![m.clone()],
+                ts.iter().map(|t| vec![t.clone()]).collect(),
+            )
+        })
+        .collect();
+    let mut state = BTreeMap::new();
+    for n in top_edges.keys() {
+        if let Some(c) = visit(n, &top_edges, &mut state, &mut Vec::new()) {
+            let names: Vec<String> = c.iter().map(|p| p.join("::")).collect();
+            panic!(
+                "import cycle between top-level modules: {}",
+                names.join(" -> ")
+            );
+        }
+    }
+    for (m, ts) in &top {
+        let lm = layer_of(m);
+        for t in ts {
+            let lt = layer_of(t);
+            assert!(
+                lt <= lm,
+                "{m} (layer {lm}, {}) uses {t} (layer {lt}, {}), a higher layer",
+                LAYERS[lm].0,
+                LAYERS[lt].0
+            );
+        }
+    }
+    // The backend seam: the backend knows no model and nothing above it.
+    for (m, ts) in &edges {
         if within(m, "backend") {
             for t in ts {
                 assert!(
@@ -192,6 +210,48 @@ fn the_module_graph_has_no_cycle() {
                     t.join("::")
                 );
             }
+        }
+    }
+}
+
+/// ARCHITECTURE.md's layer table, bottom first: a top-level module may use modules of its
+/// own layer or below (never in a cycle), none above.
+const LAYERS: &[(&str, &[&str])] = &[
+    (
+        "foundations",
+        &["error", "limits", "units", "interrupt", "cache_dir"],
+    ),
+    ("block formats and tokenizers", &["blocks", "tokenizer"]),
+    ("configs", &["config"]),
+    ("GGUF files", &["gguf"]),
+    ("checkpoints and formats", &["format"]),
+    ("residency", &["residency"]),
+    ("the backend seam", &["backend"]),
+    ("the model on a device", &["model"]),
+    ("runtime", &["runtime"]),
+    (
+        "commands' helpers and sessions",
+        &["session", "insight", "synth", "cpu_ref", "loadtest"],
+    ),
+    ("planner, bench and server", &["planner", "bench", "serve"]),
+    ("the command line", &["cli", "main"]),
+];
+
+fn layer_of(m: &str) -> usize {
+    LAYERS
+        .iter()
+        .position(|(_, ms)| ms.contains(&m))
+        .unwrap_or_else(|| panic!("src/{m}: a top-level module with no layer in tests/layering.rs's LAYERS (and ARCHITECTURE.md's table)"))
+}
+
+#[test]
+fn every_top_level_module_has_a_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        let p = e.path();
+        let name = p.file_stem().unwrap().to_string_lossy().to_string();
+        if name != "lib" && (p.is_dir() || p.extension().is_some_and(|x| x == "rs")) {
+            layer_of(&name);
         }
     }
 }

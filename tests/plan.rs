@@ -755,7 +755,7 @@ fn a_gguf_header_plans_as_its_published_config() {
         // in a word of its own), so every slot is as large as those layers' (Q4_K downs,
         // 4.5 bits, on the other 24); the config's experts are wgmoe's block-256 INT4
         // (4.0625 bits).
-        use wgmoe::format::quant::{Q4Kind, Q4SlotLayout};
+        use wgmoe::blocks::quant::{Q4Kind, Q4SlotLayout};
         let gguf_slot = Q4SlotLayout::mixed(2048, 768, Q4Kind::Q4K, Q4Kind::Q6K).bytes as u64;
         assert_eq!(gguf_slot, 2 * 768 * 2048 * 9 / 16 + 2048 * 768 * 53 / 64);
         assert_eq!(u(&a, "expert_bytes"), gguf_slot, "{vram}");

@@ -7,9 +7,9 @@ mod common;
 
 use common::*;
 use safetensors::SafeTensors;
+use wgmoe::blocks::quant::{quantize_row, Q4Matrix};
 use wgmoe::config::ModelConfig;
 use wgmoe::format::checkpoint::{Checkpoint, ExpertProj};
-use wgmoe::format::quant::{quantize_row, Q4Matrix};
 
 fn check(name: &str) {
     let dir = fixture(name);
@@ -109,7 +109,7 @@ fn expert_slot_bytes_at_the_published_shapes() {
         ("Qwen3-30B-A3B", 2048, 768, 2_396_160),
         ("Mixtral-8x7B", 4096, 14336, 89_456_640),
     ] {
-        let l = wgmoe::format::quant::Q4SlotLayout::new(hidden, inter);
+        let l = wgmoe::blocks::quant::Q4SlotLayout::new(hidden, inter);
         assert_eq!(l.bytes, want, "{name}");
     }
 }

@@ -45,7 +45,7 @@ fn check_policies(name: &str) {
     let cfg = wgmoe::config::ModelConfig::from_dir(&fixture(name)).unwrap();
     let (e, k) = (cfg.num_experts, cfg.top_k);
     let slot_bytes =
-        wgmoe::format::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64;
+        wgmoe::blocks::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64;
     // Copies staged on the submitting thread without prefetch (the path before overlapped
     // fills), fills off it alone, and the default (fill threads and next-layer prefetch).
     let ways = [

@@ -8,12 +8,12 @@ mod common;
 use common::cli::{copy_fixture, OLMOE, QWEN3};
 use common::engine::load;
 use common::fixture;
-use wgmoe::format::tokenizer::Tokenizer;
 use wgmoe::model::Executor;
 use wgmoe::runtime::generate::{generate, Flow, GenerateOptions};
 use wgmoe::runtime::sampling::SamplingOptions;
 use wgmoe::session::chat::{chat_prompt, fit, Message, Role};
 use wgmoe::session::{common_prefix, Session};
+use wgmoe::tokenizer::Tokenizer;
 
 fn greedy(n: usize) -> GenerateOptions {
     GenerateOptions {

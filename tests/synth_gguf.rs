@@ -102,7 +102,7 @@ fn a_q4_k_m_file_reads_back_and_runs() {
         let v = m.info(&format!("blk.{l}.attn_v.weight")).unwrap().ggml_type;
         assert_eq!(v == GgmlType::Q6_K, down_q6.contains(&l), "layer {l}: {v}");
         let k = cfg.expert_kinds(l);
-        use wgmoe::format::quant::Q4Kind;
+        use wgmoe::blocks::quant::Q4Kind;
         assert_eq!(k.gate_up, Q4Kind::Q4K);
         assert_eq!(k.down == Q4Kind::Q6K, down_q6.contains(&l));
     }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use tempfile::TempDir;
 
 use common::st::*;
-use wgmoe::format::tokenizer::{TextStream, Tokenizer};
+use wgmoe::tokenizer::{TextStream, Tokenizer};
 
 fn fixture(name: &str) -> PathBuf {
     common::fixture(name)

@@ -461,7 +461,7 @@ def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
 
 
 # Q8_0 (ggml's block of 32 along the input dimension, one f16 scale per block, symmetric, q in [-127, 127]),
-# bit-exact with ggml's quantize_row_q8_0_ref and wgmoe's src/format/q8_0.rs
+# bit-exact with ggml's quantize_row_q8_0_ref and wgmoe's src/blocks/q8_0.rs
 Q8_0_BLOCK = 32
 
 
@@ -517,7 +517,7 @@ def q8_0_quantise_numpy(w):
 
 
 def q8_0_selfcheck() -> None:
-    """The cases of src/format/q8_0.rs's unit test, a rounding trap, a partial block, and the numpy reference."""
+    """The cases of src/blocks/q8_0.rs's unit test, a rounding trap, a partial block, and the numpy reference."""
     x = torch.zeros(1, 32)
     x[0, :4] = torch.tensor([127.0, 2.5, -2.5, 0.5])
     q, d = q8_0_quantise(x)

@@ -934,7 +934,7 @@ weights are also replaced by their Q8_0 round trip: every layer's `self_attn.{{q
 `mlp.shared_expert.{{gate,up,down}}_proj.weight`, qwen3moe-tiny's dense layer `model.layers.1.mlp.{{gate,up,down}}_proj.weight`,
 and `lm_head.weight`; not biases, norms (`q_norm`/`k_norm` included), embeddings, routers, `shared_expert_gate`.
 No fixture ties its embeddings (with tied ones, lm_head would get the round trip of `embed_tokens`, which stays as
-it is). Q8_0 is ggml's `quantize_row_q8_0_ref` (as `src/format/q8_0.rs`): per row of the [out, in] matrix, blocks
+it is). Q8_0 is ggml's `quantize_row_q8_0_ref` (as `src/blocks/q8_0.rs`): per row of the [out, in] matrix, blocks
 of 32 along `in` (a partial last block padded with zeros); d = max|w_block| / 127 in f32 from the bf16 weight;
 q = clamp(roundf(w * (1/d)), -127, 127), roundf half away from zero, q = 0 where d == 0; w' = q * f32(f16(d))
 (f16 nearest even). Metadata: the INT4 golden's keys plus `q8_0` (this in words), `q8_0_tensors` (a JSON list of

@@ -12,7 +12,7 @@
 // max and sum to `part`, and attn_combine merges the chunks. The cache is read through a
 // KV reader (common.cuh: KvF32, KvF16, KvQ8), one entry point per format.
 
-struct FlashParams { u32 n_heads; u32 n_kv; u32 head_dim; u32 g_tile; u32 q_tokens; u32 tk; u32 min_chunk; u32 splits; float scale; u32 _a; u32 _b; u32 _c; };
+struct FlashParams { u32 n_heads; u32 n_kv; u32 head_dim; u32 g_tile; u32 q_tokens; u32 tk; u32 min_chunk; u32 splits; float scale; u32 flags; u32 _b; u32 _c; };
 CHECK_PARAMS(FlashParams);
 
 #define WG 64u
@@ -54,7 +54,10 @@ __device__ void attn_flash_body(const FlashParams& p, const Step* step, const fl
     // This split's keys: the group's last token sees the most.
     u32 n_keys = pos0 + t0 + tn;
     u32 s = blockIdx.y;
-    u32 chunk = max(p.min_chunk, (n_keys + p.splits - 1u) / p.splits);
+    // The splits launched: p.splits, or fewer for a one-token step sized by its position
+    // (ATTN_LIVE_SPLITS); `part` keeps p.splits records a head either way.
+    u32 live = gridDim.y;
+    u32 chunk = max(p.min_chunk, (n_keys + live - 1u) / live);
     chunk = (chunk + tk - 1u) / tk * tk;
     u32 k0 = min(s * chunk, n_keys);
     u32 k1 = min(k0 + chunk, n_keys);
@@ -119,18 +122,22 @@ __device__ void attn_flash_body(const FlashParams& p, const Step* step, const fl
         u32 r = e / d;
         u32 t = t0 + r / gn;
         u32 h = kvh * group + g0 + r % gn;
-        if (p.splits == 1u) {
+        if (live == 1u) {
             out[t * q_dim + h * d + e % d] = o_s[e] / l_s[r];
         } else {
             part[((t * p.n_heads + h) * p.splits + s) * (d + 2u) + e % d] = o_s[e];
         }
     }
-    if (p.splits > 1u && li < rows) {
+    if (live > 1u && li < rows) {
         u32 t = t0 + li / gn;
         u32 h = kvh * group + g0 + li % gn;
         u32 b = ((t * p.n_heads + h) * p.splits + s) * (d + 2u) + d;
         part[b] = m_s[li];
         part[b + 1u] = l_s[li];
+    }
+    // The combine merges as many splits as were launched (it does not know the grid).
+    if ((p.flags & ATTN_LIVE_SPLITS) && blockIdx.x == 0u && blockIdx.y == 0u && li == 0u) {
+        part[p.n_heads * p.splits * (d + 2u)] = (float)live;
     }
 }
 
@@ -167,13 +174,15 @@ extern "C" __global__ void attn_combine(FlashParams p, const Step* step, const f
     u32 d = p.head_dim;
     u32 rec = d + 2u;
     u32 base = (t * p.n_heads + h) * p.splits * rec;
+    // A one-token step sized by its position launched `live` splits (attn_flash wrote it).
+    u32 live = (p.flags & ATTN_LIVE_SPLITS) ? min(p.splits, (u32)part[p.n_heads * p.splits * rec]) : p.splits;
     float mx = NEG;
-    for (u32 s = 0; s < p.splits; s++) mx = fmaxf(mx, part[base + s * rec + d]);
+    for (u32 s = 0; s < live; s++) mx = fmaxf(mx, part[base + s * rec + d]);
     float l = 0.0f;
-    for (u32 s = 0; s < p.splits; s++) l += expf(part[base + s * rec + d] - mx) * part[base + s * rec + d + 1u];
+    for (u32 s = 0; s < live; s++) l += expf(part[base + s * rec + d] - mx) * part[base + s * rec + d + 1u];
     for (u32 c = li; c < d; c += WG) {
         float acc = 0.0f;
-        for (u32 s = 0; s < p.splits; s++) acc += expf(part[base + s * rec + d] - mx) * part[base + s * rec + c];
+        for (u32 s = 0; s < live; s++) acc += expf(part[base + s * rec + d] - mx) * part[base + s * rec + c];
         out[(t * p.n_heads + h) * d + c] = acc / l;
     }
 }

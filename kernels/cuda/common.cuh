@@ -30,7 +30,10 @@ struct Step { u32 pos0; u32 n_tokens; u32 _a; u32 _b; };
 #define ROPE_CLIP 2u
 #define ROPE_QK_NORM_PER_HEAD 4u
 #define ARGMAX_LAST_ROW 1u
+#define ARGMAX_PARTS 2u
+#define ARGMAX_FROM_PARTS 4u
 #define MATVEC_NORM_WRITE 8u
+#define ATTN_LIVE_SPLITS 1u
 
 // A params struct must be exactly its Rust twin's size (the host defines WGMOE_SIZE_<name>
 // from Kernel::params_layout): a drifted layout fails to compile.

@@ -1,7 +1,7 @@
 // W4A16 expert kernels (shaders/ffn_gate_up_q4.wgsl, ffn_down_q4.wgsl,
 // ffn_down_q4_combine.wgsl assembled with q4_dot_f32 and q4_act_storage, and lanes_1 or
 // lanes_8): f32 products and sums, activations from storage, 1 or 8 lanes per output row.
-// INT4 layout (src/format/quant.rs): 8 columns per u32 word (low nibbles of its bytes are columns
+// INT4 layout (src/blocks/quant.rs): 8 columns per u32 word (low nibbles of its bytes are columns
 // 0..3, high nibbles 4..7), stored value q + 8; one f16 scale per 256-input block, two per
 // u32 word. Each thread sums a block's columns unscaled and multiplies by its scale once.
 // Grid (rows / rows per block: 64 with one lane, 8 with eight; top-k indices from j_base;

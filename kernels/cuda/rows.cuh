@@ -185,7 +185,7 @@ __device__ __forceinline__ float nib_dot8(u32 w, float4 a, float4 b) {
     return dot4(lo, a) + dot4(hi, b);
 }
 
-// INT4 (src/format/quant.rs): a word holds 32 consecutive columns of one row as nibbles, one f16
+// INT4 (src/blocks/quant.rs): a word holds 32 consecutive columns of one row as nibbles, one f16
 // scale per 256-column block (8 words); scales from BlockScales.
 struct FmtQ4 : BlockScales {
     static constexpr u32 WORD_COLS = 32u;
@@ -231,7 +231,7 @@ struct FmtQ4 : BlockScales {
     }
 };
 
-// Affine INT4 (src/format/quant.rs, kind int4-a32: GGUF's 4-bit experts as they are;
+// Affine INT4 (src/blocks/quant.rs, kind int4-a32: GGUF's 4-bit experts as they are;
 // fmt_q4a.wgsl, tile_q4a.wgsl): the nibbles of FmtQ4, and each word one block with an f16
 // scale s and offset o side by side (halves 2c and 2c + 1 of its row), value s (q - 8) + o.
 struct FmtQ4A : BlockScales {
@@ -279,7 +279,7 @@ struct FmtQ4A : BlockScales {
     }
 };
 
-// The K-plane formats (src/format/kquant.rs: GGUF's Q4_K, Q5_K, Q6_K and Q5_0/Q5_1 blocks
+// The K-plane formats (src/blocks/kquant.rs: GGUF's Q4_K, Q5_K, Q6_K and Q5_0/Q5_1 blocks
 // as they are; kq_common.wgsl and the record readers fmt_q4k/q5k/q6k/q5a.wgsl): the
 // nibbles of FmtQ4, unsigned, and per row side records in the scale section holding a
 // block's scales and the bits above the nibble. A word's 32 columns have per half (16
@@ -450,7 +450,7 @@ __device__ __forceinline__ float4 i8x4(u32 v) {
                        (float)((int)(v << 8) >> 24), (float)((int)v >> 24));
 }
 
-// Q8_0 (src/format/q8_0.rs, ggml's blocks split in two sections): a word holds 16
+// Q8_0 (src/blocks/q8_0.rs, ggml's blocks split in two sections): a word holds 16
 // consecutive columns of one row as int8, one f16 scale per 32-column block (2 words);
 // scales from BlockScales.
 struct FmtQ8 : BlockScales {

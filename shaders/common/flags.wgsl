@@ -15,4 +15,7 @@ const ROPE_QK_NORM: u32 = 1u;         // rope_kv: RMSNorm of q and k first
 const ROPE_CLIP: u32 = 2u;            // rope_kv: clamp q, k, v to [-clip, clip]
 const ROPE_QK_NORM_PER_HEAD: u32 = 4u; // rope_kv: RMSNorm of each q / k head over head_dim
 const MATVEC_NORM_WRITE: u32 = 8u;   // matvec_norm: one workgroup writes the normalised row
+const ATTN_LIVE_SPLITS: u32 = 1u;     // attn_flash/combine: decode splits follow the position
 const ARGMAX_LAST_ROW: u32 = 1u;      // argmax: the step's last row of [T, n] logits
+const ARGMAX_PARTS: u32 = 2u;         // argmax: each workgroup's best of its share to part[]
+const ARGMAX_FROM_PARTS: u32 = 4u;    // argmax: the id from the n parts

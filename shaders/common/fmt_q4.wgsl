@@ -1,4 +1,4 @@
-// Weights as INT4 (layout in src/format/quant.rs): a 16-byte word holds 32 consecutive columns
+// Weights as INT4 (layout in src/blocks/quant.rs): a 16-byte word holds 32 consecutive columns
 // of one row as nibbles, one f16 scale per 256-column block (8 words). Words at binding
 // 10; the scales at binding 11 and their staging come from scales_staged.wgsl.
 @group(0) @binding(10) var<storage, read> w: array<vec4<u32>>;

@@ -1,4 +1,4 @@
-// Weights as affine INT4 (layout in src/format/quant.rs, kind int4-a32: GGUF's 4-bit
+// Weights as affine INT4 (layout in src/blocks/quant.rs, kind int4-a32: GGUF's 4-bit
 // blocks as they are): a 16-byte word holds 32 consecutive columns of one row as nibbles,
 // and each word is one block with an f16 scale s and an f16 offset o side by side (two
 // halves per block), the value being s (nibble - 8) + o. Words at binding 10; the scales

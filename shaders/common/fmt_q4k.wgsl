@@ -1,4 +1,4 @@
-// Q4_K (src/format/kquant.rs): a record of 4 words per 256 columns, no high bits.
+// Q4_K (src/blocks/kquant.rs): a record of 4 words per 256 columns, no high bits.
 const KQ_REC: u32 = 4u;
 const KQ_SB: u32 = 8u;
 const KQ_HI_BITS: u32 = 0u;

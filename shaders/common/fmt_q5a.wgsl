@@ -1,4 +1,4 @@
-// Q5_0/Q5_1 (src/format/kquant.rs): per 32 columns a record of s | o << 16 and the 5th
+// Q5_0/Q5_1 (src/blocks/kquant.rs): per 32 columns a record of s | o << 16 and the 5th
 // bits; value s q + o.
 const KQ_REC: u32 = 2u;
 const KQ_SB: u32 = 1u;

@@ -1,4 +1,4 @@
-// Q5_K (src/format/kquant.rs): Q4_K's 4 words, then a word of 5th bits per 32 columns.
+// Q5_K (src/blocks/kquant.rs): Q4_K's 4 words, then a word of 5th bits per 32 columns.
 const KQ_REC: u32 = 12u;
 const KQ_SB: u32 = 8u;
 const KQ_HI_BITS: u32 = 1u;

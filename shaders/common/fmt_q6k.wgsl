@@ -1,4 +1,4 @@
-// Q6_K (src/format/kquant.rs): 16 int8 scales (4 words), d, then two words of 2-bit high
+// Q6_K (src/blocks/kquant.rs): 16 int8 scales (4 words), d, then two words of 2-bit high
 // parts per 32 columns; value (d sc) (q - 32), one scale per 16 columns.
 const KQ_REC: u32 = 21u;
 const KQ_SB: u32 = 8u;

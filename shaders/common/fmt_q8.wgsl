@@ -1,4 +1,4 @@
-// Weights as Q8_0 (layout in src/format/q8_0.rs, ggml's blocks split in two sections): a
+// Weights as Q8_0 (layout in src/blocks/q8_0.rs, ggml's blocks split in two sections): a
 // 16-byte word holds 16 consecutive columns of one row as int8, one f16 scale per
 // 32-column block (2 words). Words at binding 10; the scales at binding 11 and their
 // staging come from scales_staged.wgsl, the int8 unpacking from q8_unpack.wgsl.

@@ -1,4 +1,4 @@
-// Weights in a K-plane format (layout in src/format/kquant.rs: GGUF's Q4_K, Q5_K, Q6_K and
+// Weights in a K-plane format (layout in src/blocks/kquant.rs: GGUF's Q4_K, Q5_K, Q6_K and
 // Q5_0/Q5_1 blocks as they are): a 16-byte word holds 32 consecutive columns of one row as
 // nibbles (the INT4 layout), and each row's side records (scales, and the bits above the
 // nibble) lie in the scale section at binding 11, staged by scales_staged.wgsl. A record

@@ -1,4 +1,4 @@
-// Q4_K/Q5_K records (src/format/kquant.rs): word 0 is d | dmin << 16, words 1..3 the 12
+// Q4_K/Q5_K records (src/blocks/kquant.rs): word 0 is d | dmin << 16, words 1..3 the 12
 // bytes of 6-bit scales and mins as ggml packs them.
 
 // Byte `i` (0..12) of the packed scales of the record at word `r`.

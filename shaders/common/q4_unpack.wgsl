@@ -1,4 +1,4 @@
-// INT4 weights (layout in src/format/quant.rs): two nibbles per byte, 8 columns per u32 word
+// INT4 weights (layout in src/blocks/quant.rs): two nibbles per byte, 8 columns per u32 word
 // (low nibbles of its bytes are columns 0..3, high nibbles 4..7), stored value = q + 8;
 // one f16 scale per 256-input block, two per u32 word of `ws` (declared by the kernel).
 

@@ -89,7 +89,7 @@ impl Backend for CudaDevice {
     fn unstage(&self, _: &Staging) {
         match *self {}
     }
-    fn profile(&self, _: &Prepared, _: u32, _: &mut KernelTimes) -> Result<ProfileClock> {
+    fn profile(&self, _: &Prepared, _: u32, _: u32, _: &mut KernelTimes) -> Result<ProfileClock> {
         match *self {}
     }
 }

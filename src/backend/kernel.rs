@@ -88,12 +88,12 @@ pub enum WeightFormat {
     F16,
     /// INT4, block 256, one f16 scale per block (`quant.rs`): 32 columns per word.
     Q4,
-    /// Q8_0, ggml's block of 32 int8 with one f16 scale (`format/q8_0.rs`): 16 columns per word.
+    /// Q8_0, ggml's block of 32 int8 with one f16 scale (`blocks/q8_0.rs`): 16 columns per word.
     Q8,
     /// Affine INT4, block 32, an f16 scale and offset per block (`quant.rs`, GGUF's Q4_0):
     /// 32 columns per word.
     Q4A,
-    /// GGUF's Q4_K, Q5_K, Q6_K and Q5_0/Q5_1 (Q4_1) blocks as they are (`format/kquant.rs`):
+    /// GGUF's Q4_K, Q5_K, Q6_K and Q5_0/Q5_1 (Q4_1) blocks as they are (`blocks/kquant.rs`):
     /// nibbles, 32 columns per word, and side records (scales, high bits) per row.
     Q4K,
     Q5K,
@@ -120,8 +120,8 @@ impl WeightFormat {
     }
 
     /// The format of an INT4 expert pool of `kind`.
-    pub fn int4(kind: crate::format::quant::Q4Kind) -> Self {
-        use crate::format::quant::Q4Kind;
+    pub fn int4(kind: crate::blocks::quant::Q4Kind) -> Self {
+        use crate::blocks::quant::Q4Kind;
         match kind {
             Q4Kind::Sym256 => WeightFormat::Q4,
             Q4Kind::Affine32 => WeightFormat::Q4A,
@@ -134,8 +134,8 @@ impl WeightFormat {
     }
 
     /// The packed kind of a format with block scales (None for f16).
-    pub fn q4_kind(self) -> Option<crate::format::quant::Q4Kind> {
-        use crate::format::quant::Q4Kind;
+    pub fn q4_kind(self) -> Option<crate::blocks::quant::Q4Kind> {
+        use crate::blocks::quant::Q4Kind;
         Some(match self {
             WeightFormat::F16 => return None,
             WeightFormat::Q4 => Q4Kind::Sym256,
@@ -199,7 +199,7 @@ impl KvFormat {
         match self {
             KvFormat::F32 => 4 * kv_dim,
             KvFormat::F16 => 4 * kv_dim.div_ceil(2),
-            KvFormat::Q8 => 4 * crate::format::q8_0::kv::row_words(kv_dim, head_dim),
+            KvFormat::Q8 => 4 * crate::blocks::q8_0::kv::row_words(kv_dim, head_dim),
         }
     }
 

@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::residency::Fence;
 pub use kernel::Kernel;
 pub use plan::{KernelOverrides, KernelPlan};
-pub use program::{binds, groups64, Bind, Dim, Op, Program, Resource};
+pub use program::{binds, groups64, Bind, Dim, Op, Program, Resource, LONGEST};
 
 /// The error of one backend's object handed to another backend's device (a bug: each
 /// device only ever sees the objects it made).
@@ -281,9 +281,9 @@ pub enum NativePrepared {
 }
 
 impl Prepared {
-    /// Dispatches a step of `tokens` tokens makes.
-    pub fn dispatches(&self, tokens: u32) -> usize {
-        self.program.dispatches(tokens)
+    /// Dispatches a step of `tokens` tokens at position `pos0` makes.
+    pub fn dispatches(&self, tokens: u32, pos0: u32) -> usize {
+        self.program.dispatches(tokens, pos0)
     }
     pub fn program(&self) -> &Program {
         &self.program
@@ -323,8 +323,13 @@ impl PendingRead {
 
 /// One item of a submission, executed in order.
 pub enum Work<'a> {
-    /// A program's dispatches for a step of `tokens` tokens.
-    Run { program: &'a Prepared, tokens: u32 },
+    /// A program's dispatches for a step of `tokens` tokens from position `pos0` (which
+    /// the grids of position-sized dispatches follow: the step uniform holds the same).
+    Run {
+        program: &'a Prepared,
+        tokens: u32,
+        pos0: u32,
+    },
     Copy {
         src: &'a Buffer,
         src_offset: u64,
@@ -416,6 +421,7 @@ pub trait Backend {
         &self,
         program: &Prepared,
         tokens: u32,
+        pos0: u32,
         times: &mut KernelTimes,
     ) -> Result<ProfileClock>;
 }
@@ -574,9 +580,10 @@ impl Device {
         &self,
         program: &Prepared,
         tokens: u32,
+        pos0: u32,
         times: &mut KernelTimes,
     ) -> Result<ProfileClock> {
-        with_backend!(self, d => d.profile(program, tokens, times))
+        with_backend!(self, d => d.profile(program, tokens, pos0, times))
     }
 
     /// Zero the memory-access probe's counters (a probe build).
@@ -596,11 +603,16 @@ impl Device {
         }
     }
 
-    /// Run a program's dispatches for a step of `tokens` tokens one at a time, in order,
-    /// and what each one's loads did (a probe build).
-    pub fn probe_program(&self, p: &Prepared, tokens: u32) -> Result<Vec<probe::ProbedOp>> {
+    /// Run a program's dispatches for a step of `tokens` tokens at position `pos0` one at
+    /// a time, in order, and what each one's loads did (a probe build).
+    pub fn probe_program(
+        &self,
+        p: &Prepared,
+        tokens: u32,
+        pos0: u32,
+    ) -> Result<Vec<probe::ProbedOp>> {
         match self {
-            Device::Wgpu(d) => d.probe_program(p, tokens),
+            Device::Wgpu(d) => d.probe_program(p, tokens, pos0),
             Device::Cuda(_) => Err(probe::not_here()),
         }
     }
@@ -693,12 +705,21 @@ impl Device {
         Ok(b)
     }
 
-    /// Prepare and run a program once for a step of `tokens` tokens, and wait for it.
-    pub fn run_once(&self, program: Program, step: &Buffer, tokens: usize) -> Result<()> {
+    /// Prepare and run a program once for a step of `tokens` tokens at position `pos0`
+    /// (what `step` holds; `LONGEST` runs position-sized grids at their largest, which is
+    /// correct at any position), and wait for it.
+    pub fn run_once(
+        &self,
+        program: Program,
+        step: &Buffer,
+        tokens: usize,
+        pos0: u32,
+    ) -> Result<()> {
         let p = self.prepare(program, step)?;
         self.submit(&[Work::Run {
             program: &p,
             tokens: tokens as u32,
+            pos0,
         }])?;
         self.sync()
     }

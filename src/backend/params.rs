@@ -65,9 +65,18 @@ pub mod flags {
     /// rope_kv: RMSNorm of each q and k head over head_dim (one weight vector per side).
     pub const ROPE_QK_NORM_PER_HEAD: u32 = 4;
     pub const ARGMAX_LAST_ROW: u32 = 1;
+    /// argmax: each workgroup writes its share's best (value bits, index, non-finite) to
+    /// binding 4 (the first of two dispatches on GPUs).
+    pub const ARGMAX_PARTS: u32 = 2;
+    /// argmax: reduce the `n` parts at binding 4 into the id (the second dispatch).
+    pub const ARGMAX_FROM_PARTS: u32 = 4;
     /// matvec_norm: its first workgroup also writes the normalised row (binding 7), for
     /// the step's later consumers of the norm.
     pub const MATVEC_NORM_WRITE: u32 = 8;
+    /// attn_flash / attn_combine: a one-token step's key splits follow its position (the
+    /// grid's y, at most `splits`); the flash kernel writes how many it launched after the
+    /// partial outputs, where the combine reads it.
+    pub const ATTN_LIVE_SPLITS: u32 = 1;
 
     /// Every flag with its WGSL name, for the cross-check.
     pub const ALL: &[(&str, u32)] = &[
@@ -86,7 +95,10 @@ pub mod flags {
         ("ROPE_CLIP", ROPE_CLIP),
         ("ROPE_QK_NORM_PER_HEAD", ROPE_QK_NORM_PER_HEAD),
         ("ARGMAX_LAST_ROW", ARGMAX_LAST_ROW),
+        ("ARGMAX_PARTS", ARGMAX_PARTS),
+        ("ARGMAX_FROM_PARTS", ARGMAX_FROM_PARTS),
         ("MATVEC_NORM_WRITE", MATVEC_NORM_WRITE),
+        ("ATTN_LIVE_SPLITS", ATTN_LIVE_SPLITS),
     ];
 }
 
@@ -470,7 +482,8 @@ params! {
         pub min_chunk: u32,
         pub splits: u32,
         pub scale: f32,
-        pub _a: u32,
+        /// ATTN_LIVE_SPLITS
+        pub flags: u32,
         pub _b: u32,
         pub _c: u32,
     }

@@ -28,10 +28,26 @@ pub enum Dim {
     },
     /// 1 for one-token steps, else 0 (a dispatch only decode steps make).
     OneToken,
+    /// Key splits sized by the position: ceil((pos0 + tokens) / min_chunk) splits of at
+    /// least `min_chunk` keys, at most `max` (attention decode: no split without keys).
+    KeySplits {
+        max: u32,
+        min_chunk: u32,
+    },
+    /// 1 for a one-token step whose `KeySplits` are more than one (their combine), else 0.
+    SplitCombine {
+        max: u32,
+        min_chunk: u32,
+    },
 }
 
+/// The position static analyses evaluate grids at: past any context, so position-sized
+/// grids are at their largest (an upper bound of what a step dispatches).
+pub const LONGEST: u32 = u32::MAX;
+
 impl Dim {
-    pub fn eval(self, tokens: u32) -> u32 {
+    /// The dimension for a step of `tokens` tokens starting at position `pos0`.
+    pub fn eval(self, tokens: u32, pos0: u32) -> u32 {
         match self {
             Dim::Const(n) => n,
             Dim::Tokens => tokens,
@@ -41,6 +57,13 @@ impl Dim {
                 u32::from(tokens > first && tokens - 1 < first.saturating_add(len))
             }
             Dim::OneToken => u32::from(tokens == 1),
+            Dim::KeySplits { max, min_chunk } => pos0
+                .saturating_add(tokens)
+                .div_ceil(min_chunk.max(1))
+                .clamp(1, max.max(1)),
+            Dim::SplitCombine { max, min_chunk } => {
+                u32::from(tokens == 1 && Dim::KeySplits { max, min_chunk }.eval(tokens, pos0) > 1)
+            }
         }
     }
 }
@@ -143,11 +166,11 @@ impl Op {
         }
     }
 
-    /// The kernel and grid a step of `tokens` tokens dispatches (None: skipped), and
-    /// whether it is the decode alternative.
-    pub fn dispatch(&self, tokens: u32) -> Option<(Kernel, [u32; 3], bool)> {
+    /// The kernel and grid a step of `tokens` tokens at position `pos0` dispatches (None:
+    /// skipped), and whether it is the decode alternative.
+    pub fn dispatch(&self, tokens: u32, pos0: u32) -> Option<(Kernel, [u32; 3], bool)> {
         let (op, decode) = self.for_tokens(tokens);
-        let g = op.grid.map(|d| d.eval(tokens));
+        let g = op.grid.map(|d| d.eval(tokens, pos0));
         (!g.contains(&0)).then_some((op.kernel, g, decode))
     }
 }
@@ -210,11 +233,11 @@ impl Program {
         self.stage = stage;
     }
 
-    /// Dispatches a step of `tokens` tokens makes.
-    pub fn dispatches(&self, tokens: u32) -> usize {
+    /// Dispatches a step of `tokens` tokens at position `pos0` makes.
+    pub fn dispatches(&self, tokens: u32, pos0: u32) -> usize {
         self.ops
             .iter()
-            .filter(|o| o.dispatch(tokens).is_some())
+            .filter(|o| o.dispatch(tokens, pos0).is_some())
             .count()
     }
 
@@ -245,13 +268,39 @@ mod tests {
 
     #[test]
     fn dims_follow_the_token_count() {
-        assert_eq!(Dim::TokensDiv(4).eval(9), 3);
+        let e = |d: Dim, t: u32| d.eval(t, 0);
+        assert_eq!(e(Dim::TokensDiv(4), 9), 3);
         let w = Dim::Window {
             first: 16,
             per_token: 1,
         };
-        assert_eq!((w.eval(16), w.eval(17)), (0, 1));
+        assert_eq!((e(w, 16), e(w, 17)), (0, 1));
         let l = Dim::LastIn { first: 8, len: 8 };
-        assert_eq!((l.eval(8), l.eval(9), l.eval(16), l.eval(17)), (0, 1, 1, 0));
+        assert_eq!((e(l, 8), e(l, 9), e(l, 16), e(l, 17)), (0, 1, 1, 0));
+    }
+
+    #[test]
+    fn key_splits_follow_the_position() {
+        let (max, min_chunk) = (8, 32);
+        let k = Dim::KeySplits { max, min_chunk };
+        let c = Dim::SplitCombine { max, min_chunk };
+        // (position, splits, combine) of one-token steps: position 31 is the 32nd key.
+        for (pos, splits, combine) in [
+            (0, 1, 0),
+            (31, 1, 0),
+            (32, 2, 1),
+            (100, 4, 1),
+            (255, 8, 1),
+            (4000, 8, 1),
+        ] {
+            assert_eq!(
+                (k.eval(1, pos), c.eval(1, pos)),
+                (splits, combine),
+                "position {pos}"
+            );
+        }
+        assert_eq!((k.eval(1, LONGEST), c.eval(1, LONGEST)), (8, 1));
+        // The combine is a one-token step's only.
+        assert_eq!(c.eval(2, 100), 0);
     }
 }

@@ -283,7 +283,9 @@ pub(super) fn record(
         peak_rss_scope: peak_rss_bytes().map(|_| x.rss_scope.to_string()),
         dispatches_per_token: dispatches as f64 / generated.max(1) as f64,
         submissions_per_token: submissions as f64 / generated.max(1) as f64,
-        dispatches_per_decode_step: engine.fwd.dispatches_per_decode_step(),
+        dispatches_per_decode_step: engine
+            .fwd
+            .dispatches_per_decode_step(crate::backend::LONGEST),
         h2d_bytes: Some(res.h2d_bytes),
         expert_hits: Some(res.expert_hits),
         expert_misses: Some(res.expert_misses),

@@ -6,11 +6,11 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use wgmoe::error::{Error, Result};
-use wgmoe::format::tokenizer::{TextStream, Tokenizer};
 use wgmoe::runtime::generate::{Flow, GenerateOptions};
 use wgmoe::session::chat::{chat_prompt, fit, Message, Role};
 use wgmoe::session::template;
 use wgmoe::session::{Session, TurnStats};
+use wgmoe::tokenizer::{TextStream, Tokenizer};
 
 use super::random_seed;
 use super::run::sampling_options;

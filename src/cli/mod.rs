@@ -52,7 +52,7 @@ pub fn open_host(
 ) -> Result<(
     ModelConfig,
     Option<wgmoe::config::GenerationConfig>,
-    Option<wgmoe::format::tokenizer::Tokenizer>,
+    Option<wgmoe::tokenizer::Tokenizer>,
 )> {
     let Some(file) = tokenizer else {
         return Engine::open_host(model);
@@ -75,10 +75,7 @@ pub fn open_host(
 }
 
 /// The tokenizer of `--tokenizer FILE` for `model`.
-pub fn tokenizer_override(
-    model: &Path,
-    file: &Path,
-) -> Result<wgmoe::format::tokenizer::Tokenizer> {
+pub fn tokenizer_override(model: &Path, file: &Path) -> Result<wgmoe::tokenizer::Tokenizer> {
     if !file.is_file() {
         return Err(Error::option(
             "--tokenizer",

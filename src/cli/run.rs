@@ -5,11 +5,11 @@ use std::io::Write;
 use serde_json::json;
 
 use wgmoe::error::{Error, Result};
-use wgmoe::format::tokenizer::TextStream;
 use wgmoe::runtime::engine::{Engine, EngineOptions};
 use wgmoe::runtime::generate::{generate, GenerateOptions};
 use wgmoe::runtime::sampling::SamplingOptions;
 use wgmoe::session::chat::{chat_prompt, Message, Role};
+use wgmoe::tokenizer::TextStream;
 
 use super::{peak_rss_bytes, prompt_text, software_note};
 use crate::{stdout_error, RunArgs, SamplingArgs};
@@ -327,7 +327,12 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "expert_precision": a.expert_precision,
                 "dense_precision": a.dense_precision,
                 "executor": a.executor,
-                "dispatches_per_decode_step": engine.fwd.dispatches_per_decode_step(),
+                // The most a decode step makes (attention split over the most keys), and
+                // what the last decode step made at its position.
+                "dispatches_per_decode_step": engine.fwd.dispatches_per_decode_step(wgmoe::backend::LONGEST),
+                "dispatches_last_decode_step": engine.fwd.dispatches_per_decode_step(
+                    (prompt_ids.len() + g.generated_ids.len()).saturating_sub(2) as u32,
+                ),
                 "encode_seconds_per_token": g.encode_seconds_per_token(),
                 "submissions_per_token": g.submissions as f64 / n,
                 "dispatches_per_token": g.dispatches as f64 / n,

@@ -69,15 +69,21 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     // a random one unless --seed is given.
     let sampling = sampling_options(&a.sampling, gen.as_ref(), a.sampling.seed.unwrap_or(0))?;
     let ctx = super::ctx_size(&a.load, &cfg, &a.model)?;
-    let model_name = a.alias.clone().unwrap_or_else(|| {
-        std::fs::canonicalize(&a.model)
-            .ok()
-            .as_deref()
-            .unwrap_or(&a.model)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into())
-    });
+    // The directory's name (a GGUF file's, `.gguf` included): the model's own name, and
+    // the one responses carry unless --alias renames it.
+    let own_name = std::fs::canonicalize(&a.model)
+        .ok()
+        .as_deref()
+        .unwrap_or(&a.model)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let model_name = a.alias.clone().unwrap_or_else(|| own_name.clone());
+    let other_names = if own_name != model_name {
+        vec![own_name]
+    } else {
+        Vec::new()
+    };
     let cuda = a.load.gpu.request()?.backend == Some(wgmoe::backend::BackendChoice::Cuda);
     let parallel = a
         .parallel
@@ -95,6 +101,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         max_queue: a.max_queue,
         max_body,
         model_name,
+        other_names,
+        strict_model: a.strict_model,
         defaults: Defaults {
             sampling,
             seed: a.sampling.seed,

@@ -132,18 +132,18 @@ pub struct ModelConfig {
     /// wgmoe's block-256 INT4 everywhere, a safetensors checkpoint's): a GGUF file's blocks
     /// as they are (Q4_0 as affine INT4, Q4_K/Q5_K/Q6_K/Q5_0/Q5_1 as nibble planes, Q8_0),
     /// its float experts as Q8_0.
-    pub expert_kinds: Vec<crate::format::quant::SlotKinds>,
+    pub expert_kinds: Vec<crate::blocks::quant::SlotKinds>,
     /// The dense matrices a GGUF file stores in a block type the kernels compute as it is
     /// (attention projections, lm_head; Hugging Face names, sorted), and the kind they are
     /// held in with quantised dense weights. Q8_0 and float matrices are not listed (Q8_0
     /// as stored, floats quantised to Q8_0). Empty for safetensors checkpoints.
-    pub gguf_dense_kinds: Vec<(String, crate::format::quant::Q4Kind)>,
+    pub gguf_dense_kinds: Vec<(String, crate::blocks::quant::Q4Kind)>,
 }
 
 impl ModelConfig {
     /// The kind the dense matrix `name` is held in with quantised dense weights, where a
     /// GGUF file stores it in a block type the kernels compute as it is (None: Q8_0).
-    pub fn dense_kind(&self, name: &str) -> Option<crate::format::quant::Q4Kind> {
+    pub fn dense_kind(&self, name: &str) -> Option<crate::blocks::quant::Q4Kind> {
         self.gguf_dense_kinds
             .binary_search_by(|x| x.0.as_str().cmp(name))
             .ok()
@@ -156,8 +156,8 @@ impl ModelConfig {
     pub fn dense_runs(
         &self,
         parts: &[(String, usize)],
-    ) -> Vec<(Option<crate::format::quant::Q4Kind>, usize)> {
-        let mut runs: Vec<(Option<crate::format::quant::Q4Kind>, usize)> = Vec::new();
+    ) -> Vec<(Option<crate::blocks::quant::Q4Kind>, usize)> {
+        let mut runs: Vec<(Option<crate::blocks::quant::Q4Kind>, usize)> = Vec::new();
         for (name, rows) in parts {
             let k = self.dense_kind(name);
             match runs.last_mut() {
@@ -169,22 +169,22 @@ impl ModelConfig {
     }
 
     /// The kinds of layer `l`'s expert slots with INT4 experts.
-    pub fn expert_kinds(&self, l: usize) -> crate::format::quant::SlotKinds {
+    pub fn expert_kinds(&self, l: usize) -> crate::blocks::quant::SlotKinds {
         self.expert_kinds
             .get(l)
             .copied()
-            .unwrap_or(crate::format::quant::SlotKinds::SYM256)
+            .unwrap_or(crate::blocks::quant::SlotKinds::SYM256)
     }
 
     /// The INT4 slot of one of layer `l`'s routed experts, its stride the model's largest
     /// slot ([`Self::q4_slot_bytes`]).
-    pub fn q4_slot(&self, l: usize) -> crate::format::quant::Q4SlotLayout {
+    pub fn q4_slot(&self, l: usize) -> crate::blocks::quant::Q4SlotLayout {
         self.unpadded_slot(l).padded_to(self.q4_slot_bytes())
     }
 
-    fn unpadded_slot(&self, l: usize) -> crate::format::quant::Q4SlotLayout {
+    fn unpadded_slot(&self, l: usize) -> crate::blocks::quant::Q4SlotLayout {
         let k = self.expert_kinds(l);
-        crate::format::quant::Q4SlotLayout::mixed(
+        crate::blocks::quant::Q4SlotLayout::mixed(
             self.hidden_size,
             self.moe_intermediate,
             k.gate_up,

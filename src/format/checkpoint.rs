@@ -463,7 +463,7 @@ impl Checkpoint {
         num_experts: usize,
         hidden: usize,
         inter: usize,
-    ) -> Result<Option<crate::format::quant::Q4Source>> {
+    ) -> Result<Option<crate::blocks::quant::Q4Source>> {
         if !self.gguf {
             return Ok(None);
         }

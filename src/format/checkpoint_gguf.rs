@@ -10,8 +10,8 @@ use half::f16;
 use safetensors::Dtype;
 
 use super::{map_shard, Checkpoint, DType, Entry};
+use crate::blocks::quant::Q4Source;
 use crate::error::{Error, Result};
-use crate::format::quant::Q4Source;
 use crate::gguf::{permute, GgmlType, GgufModel};
 
 /// Rows of a GGUF tensor: their bytes in Hugging Face row order, the block type, the

@@ -8,7 +8,7 @@
 //!   them as `lm_head.weight`), stored as ggml's Q8_0 blocks in a U8 tensor
 //!   [rows, ceil(cols/32)*34] under the same name (`identity::Q8_0_LAYOUT`);
 //! - per MoE layer, `model.layers.{l}.mlp.experts.int4` U8 [num_experts, slot_bytes]: the
-//!   routed experts already packed as INT4 slots (layout in `crate::format::quant`), so loading
+//!   routed experts already packed as INT4 slots (layout in `crate::blocks::quant`), so loading
 //!   is a memory map and a copy, no conversion work;
 //! - metadata naming the format, block size, rounding rule and slot layout, the dense
 //!   weights' storage (`wgmoe.dense_precision`, `f16` when absent), the identity
@@ -20,6 +20,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::blocks::quant::{Q4Kind, Q4Matrix, Q4SlotLayout, Q4Source};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertProj};
@@ -28,7 +29,6 @@ pub use crate::format::identity::{
     DenseStorage, FastHasher, DENSE_LAYOUT_KEY, DENSE_PRECISION_KEY, FORMAT, FORMAT_VERSION,
     Q8_0_LAYOUT, ROUNDING,
 };
-use crate::format::quant::{Q4Kind, Q4Matrix, Q4SlotLayout, Q4Source};
 pub use crate::format::safetensors_stream::{PlannedTensor, SafetensorsStream};
 
 const FILES_TO_COPY: [&str; 6] = [
@@ -44,7 +44,7 @@ fn meta_json(cfg: &ModelConfig, layout: &Q4SlotLayout) -> BTreeMap<&'static str,
     let mut m = BTreeMap::new();
     m.insert("wgmoe.format", FORMAT.to_string());
     m.insert("wgmoe.format_version", FORMAT_VERSION.to_string());
-    m.insert("wgmoe.block_size", crate::format::quant::BLOCK.to_string());
+    m.insert("wgmoe.block_size", crate::blocks::quant::BLOCK.to_string());
     m.insert("wgmoe.rounding", ROUNDING.to_string());
     m.insert("wgmoe.expert_layout", layout.describe());
     m.insert("wgmoe.num_experts", cfg.num_experts.to_string());
@@ -125,11 +125,11 @@ pub fn validate_converted(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<()> {
 
 /// `w` (rows of `cols` values) as ggml's Q8_0 blocks, row by row: per block of 32 values
 /// along the row, its f16 scale d (little-endian) then 32 int8, bit-exact with ggml's
-/// `quantize_row_q8_0_ref` (`crate::format::q8_0::quantize_block`); a partial last block
+/// `quantize_row_q8_0_ref` (`crate::blocks::q8_0::quantize_block`); a partial last block
 /// is zero-padded. `Q8Matrix::from_ggml` splits them into the packed sections the kernels
 /// read, giving the bytes `Q8Matrix::pack` gives from `w`.
 pub fn q8_0_ggml_blocks(w: &[f32], cols: usize) -> Vec<u8> {
-    use crate::format::q8_0::{quantize_block, BLOCK};
+    use crate::blocks::q8_0::{quantize_block, BLOCK};
     if cols == 0 {
         return Vec::new();
     }
@@ -154,7 +154,7 @@ pub fn stored_q8_blocks<'a>(
     rows: usize,
     cols: usize,
 ) -> Result<std::borrow::Cow<'a, [u8]>> {
-    use crate::format::q8_0::{BLOCK, GGML_BLOCK_BYTES};
+    use crate::blocks::q8_0::{BLOCK, GGML_BLOCK_BYTES};
     let bytes = match ckpt.ggml_q8_blocks(name, rows, cols)? {
         Some(b) => b,
         None => std::borrow::Cow::Borrowed(ckpt.raw_u8(name, &[rows, ggml_q8_row_bytes(cols)])?),
@@ -564,7 +564,7 @@ pub fn write_converted_to(
                 crate::interrupt::check()?;
                 let n = Q8_ROWS_PER_PIECE.min(rows - start);
                 let v = ckpt.read_rows_f32(source, &shape, start, n)?;
-                if let Some((i, x)) = crate::format::q8_0::first_unstorable(&v, cols) {
+                if let Some((i, x)) = crate::blocks::q8_0::first_unstorable(&v, cols) {
                     return Err(Error::BadTensor {
                         path: ckpt.info(source)?.file,
                         name: source.to_string(),
@@ -615,7 +615,7 @@ pub fn write_converted_to(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::q8_0::Q8Matrix;
+    use crate::blocks::q8_0::Q8Matrix;
 
     #[test]
     fn stored_q8_0_blocks_split_into_what_quantising_on_load_packs() {

@@ -23,7 +23,7 @@ pub const DENSE_PRECISION_KEY: &str = "wgmoe.dense_precision";
 /// Metadata key: the stored layout of the Q8_0 dense weights (with `q8_0` only).
 pub const DENSE_LAYOUT_KEY: &str = "wgmoe.dense_layout";
 /// The stored layout of a Q8_0 dense weight [rows, cols]: ggml's blocks as a GGUF Q8_0
-/// tensor holds them (`crate::format::q8_0`), as a U8 tensor [rows, ggml_q8_row_bytes(cols)].
+/// tensor holds them (`crate::blocks::q8_0`), as a U8 tensor [rows, ggml_q8_row_bytes(cols)].
 pub const Q8_0_LAYOUT: &str = "ggml-q8_0: U8 [rows, ceil(cols/32)*34]; per row, blocks of 32 values along the input, each an f16 scale d (little-endian) then 32 int8 (q = roundf(w/d), d = max|w|/127); a partial last block zero-padded";
 
 /// How a checkpoint stores its dense weights (attention q/k/v/o, shared experts, dense MLP
@@ -102,7 +102,7 @@ pub fn is_dense_weight(name: &str) -> bool {
 
 /// Bytes of one row of `cols` values as ggml Q8_0 blocks (34 bytes per 32 values).
 pub fn ggml_q8_row_bytes(cols: usize) -> usize {
-    cols.div_ceil(crate::format::q8_0::BLOCK) * crate::format::q8_0::GGML_BLOCK_BYTES
+    cols.div_ceil(crate::blocks::q8_0::BLOCK) * crate::blocks::q8_0::GGML_BLOCK_BYTES
 }
 
 /// Whether `name` is stored as Q8_0 blocks in this checkpoint.

@@ -4,13 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::blocks::quant::Q4SlotLayout;
 use crate::config::{Arch, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertLayout, ExpertProj};
 use crate::format::identity::{
     dense_storage, experts_tensor, ggml_q8_row_bytes, is_converted, is_dense_weight, DenseStorage,
 };
-use crate::format::quant::Q4SlotLayout;
 
 /// Every non-routed tensor the model needs, with its shape (routed experts excluded: their
 /// layout varies and is checked by `check_tensors`).

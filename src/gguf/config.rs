@@ -7,9 +7,9 @@
 //! either used, checked against what wgmoe implements, or refused naming it: a key this
 //! module does not know may change the computation, and is never ignored.
 
+use crate::blocks::quant::{Q4Kind, SlotKinds};
 use crate::config::{check_eos_in_vocab, fnv1a64_hex, Arch, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
-use crate::format::quant::{Q4Kind, SlotKinds};
 use crate::limits;
 
 use super::meta::{MetaValue, Metadata};

@@ -6,8 +6,8 @@
 use half::{bf16, f16};
 
 use super::types::{GgmlType, QK_K};
-use crate::format::kquant::{self, KRows};
-use crate::format::quant::{Affine4, Q4Kind};
+use crate::blocks::kquant::{self, KRows};
+use crate::blocks::quant::{Affine4, Q4Kind};
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
@@ -182,7 +182,7 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
 }
 
 /// `data` (whole rows of `cols` elements of `t`) as the nibble planes and side records of
-/// wgmoe's K-plane kinds (`crate::format::kquant`), for Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1;
+/// wgmoe's K-plane kinds (`crate::blocks::kquant`), for Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1;
 /// None for any other type. Every value `kquant::value` gives from them equals ggml's
 /// dequantised value. Err names a block whose scales are not finite (or, for Q5_0, whose
 /// offset -16 d is beyond f16), which wgmoe refuses.

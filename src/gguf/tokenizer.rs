@@ -32,7 +32,7 @@ use tokenizers::{
 use super::meta::{value_type, MetaValue, Metadata};
 use super::model::GgufModel;
 use crate::error::{Error, Result};
-use crate::format::tokenizer::Tokenizer;
+use crate::tokenizer::Tokenizer;
 
 /// llama.cpp's token types (`llama_token_type`).
 pub mod token_type {

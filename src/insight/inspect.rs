@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use crate::blocks::quant::Q4SlotLayout;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::format::convert::is_converted;
-use crate::format::quant::Q4SlotLayout;
 use crate::gguf::GgmlType;
 use crate::model::tensors::ExpertPool;
 
@@ -432,7 +432,7 @@ pub fn gguf_load_note(
     int4_experts: bool,
     q8_dense: bool,
 ) -> String {
-    use crate::format::quant::Q4Kind;
+    use crate::blocks::quant::Q4Kind;
     use crate::gguf::native_kind;
     let form = |k: Q4Kind| match k {
         Q4Kind::Q8 => "Q8_0".to_string(),

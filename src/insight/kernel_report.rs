@@ -200,7 +200,7 @@ fn class_name(c: DeviceClass) -> &'static str {
 fn shape_model(cfg: &ModelConfig) -> (ModelConfig, Vec<(usize, usize)>, Vec<usize>) {
     let prefix = |l: usize| format!("model.layers.{l}.");
     // The layer's dense kinds, named without their layer.
-    let dense_of = |l: usize| -> Vec<(String, crate::format::quant::Q4Kind)> {
+    let dense_of = |l: usize| -> Vec<(String, crate::blocks::quant::Q4Kind)> {
         let p = prefix(l);
         cfg.gguf_dense_kinds
             .iter()
@@ -209,8 +209,8 @@ fn shape_model(cfg: &ModelConfig) -> (ModelConfig, Vec<(usize, usize)>, Vec<usiz
     };
     type Signature = (
         bool,
-        crate::format::quant::SlotKinds,
-        Vec<(String, crate::format::quant::Q4Kind)>,
+        crate::blocks::quant::SlotKinds,
+        Vec<(String, crate::blocks::quant::Q4Kind)>,
     );
     let mut signatures: Vec<Signature> = Vec::new();
     let mut kinds: Vec<(usize, usize)> = Vec::new();
@@ -235,7 +235,7 @@ fn shape_model(cfg: &ModelConfig) -> (ModelConfig, Vec<(usize, usize)>, Vec<usiz
         c.expert_kinds = signatures.iter().map(|s| s.1).collect();
     }
     // The cut layer j holds what its kind's layers hold; the head and embeddings keep theirs.
-    let mut dense: Vec<(String, crate::format::quant::Q4Kind)> = cfg
+    let mut dense: Vec<(String, crate::blocks::quant::Q4Kind)> = cfg
         .gguf_dense_kinds
         .iter()
         .filter(|(n, _)| !n.starts_with("model.layers."))
@@ -425,8 +425,9 @@ pub fn report_with_progress(
             o.context - 1,
             programs.len()
         ));
+        let pos = (o.context - 1) as u32;
         for (l, p) in programs {
-            let ops = dev.probe_program(p, 1)?;
+            let ops = dev.probe_program(p, 1, pos)?;
             let (embed, rest): (Vec<_>, Vec<_>) =
                 ops.into_iter().partition(|op| op.stage == "embed");
             push(&mut stages, "decode", 1.0, embed);
@@ -436,13 +437,13 @@ pub fn report_with_progress(
             &mut stages,
             "decode",
             1.0,
-            dev.probe_program(&f.head_last, 1)?,
+            dev.probe_program(&f.head_last, 1, pos)?,
         );
         push(
             &mut stages,
             "decode",
             1.0,
-            dev.probe_program(f.argmax(), 1)?,
+            dev.probe_program(f.argmax(), 1, pos)?,
         );
     }
     // Prefill: one chunk from position 0.
@@ -456,7 +457,7 @@ pub fn report_with_progress(
             programs.len()
         ));
         for (l, p) in programs {
-            let ops = dev.probe_program(p, t as u32)?;
+            let ops = dev.probe_program(p, t as u32, 0)?;
             let (embed, rest): (Vec<_>, Vec<_>) =
                 ops.into_iter().partition(|op| op.stage == "embed");
             push(&mut stages, "prefill", per, embed);
@@ -466,7 +467,7 @@ pub fn report_with_progress(
             &mut stages,
             "prefill",
             per,
-            dev.probe_program(&f.head_last, t as u32)?,
+            dev.probe_program(&f.head_last, t as u32, 0)?,
         );
     }
     dev.sync()?;
@@ -559,16 +560,19 @@ fn encode_seconds(f: &Forward, layer_kind: &[usize]) -> Result<f64> {
             work.push(Work::Run {
                 program: p,
                 tokens: 1,
+                pos0: crate::backend::LONGEST,
             });
         }
     }
     work.push(Work::Run {
         program: &f.head_last,
         tokens: 1,
+        pos0: crate::backend::LONGEST,
     });
     work.push(Work::Run {
         program: f.argmax(),
         tokens: 1,
+        pos0: crate::backend::LONGEST,
     });
     let mut best = f64::INFINITY;
     for _ in 0..3 {

@@ -95,6 +95,7 @@ pub fn device_read_gbps(dev: &Device, overrides: &KernelOverrides) -> Result<f64
         .map(|_| Work::Run {
             program: &p,
             tokens: 1,
+            pos0: crate::backend::LONGEST,
         })
         .collect();
     let bytes = m.chunks.iter().map(|c| c.buffer.size()).sum::<u64>() * READ_RUNS as u64;
@@ -129,7 +130,7 @@ pub fn h2d_gbps(dev: &Device) -> Result<(f64, f64)> {
 
 /// The CPU expert kernel's packed-weight read rate, GB/s, with its threads and ISA.
 pub fn cpu_expert_gbps(threads: Option<usize>) -> Result<(f64, usize, &'static str)> {
-    let layout = crate::format::quant::Q4SlotLayout::new(2048, 1024);
+    let layout = crate::blocks::quant::Q4SlotLayout::new(2048, 1024);
     let cpu = CpuExperts::new(threads)?;
     // Zero weights and scales: the kernel's work does not depend on the values. Written,
     // so every page is resident before timing.
@@ -225,6 +226,7 @@ pub fn dispatch_latency_s(dev: &Device, overrides: &KernelOverrides) -> Result<f
             dev.submit(&[Work::Run {
                 program: p,
                 tokens: 1,
+                pos0: crate::backend::LONGEST,
             }])?;
             dev.sync()
         };

@@ -99,6 +99,7 @@ impl Forward {
             let s = dev.submit(&[Work::Run {
                 program: routed,
                 tokens: 1,
+                pos0: crate::backend::LONGEST,
             }])?;
             dev.wait(s.token)?;
             // The first run pays one-time costs (pipeline compilation on llvmpipe).

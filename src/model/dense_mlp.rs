@@ -5,9 +5,9 @@
 
 use crate::backend::kernel::WeightFormat;
 use crate::backend::{Buffer, Device, Usage};
+use crate::blocks::q8_0::{self, Q8Matrix};
+use crate::blocks::quant::{Q4SlotLayout, SlotKinds};
 use crate::error::{Error, Result};
-use crate::format::q8_0::{self, Q8Matrix};
-use crate::format::quant::{Q4SlotLayout, SlotKinds};
 use crate::model::slot_mats::SlotMats;
 use crate::model::tensors::{ExpertPool, Q4Pool};
 

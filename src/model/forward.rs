@@ -108,6 +108,9 @@ pub struct Forward {
     pub trace: Option<Tracer>,
     /// `--profile-kernels`: every step's dispatches replayed and timed, gathered here.
     pub kernel_profile: Option<crate::backend::kernel_profile::KernelProfile>,
+    /// The position of the step being submitted (its first token's), which the grids of
+    /// position-sized dispatches (attention's key splits) follow.
+    pub(crate) step_pos0: u32,
     pub counters: Counters,
     /// The step being submitted is batched (one token of each of several sequences).
     pub(crate) batched: bool,
@@ -314,6 +317,7 @@ impl Forward {
             trace: None,
             // The developer's switch of old, as --profile-kernels.
             kernel_profile: std::env::var_os("WGMOE_PROFILE_KERNELS").map(|_| Default::default()),
+            step_pos0: 0,
             counters: Counters::default(),
             batched: false,
             solo,
@@ -330,14 +334,16 @@ impl Forward {
         }
     }
 
-    /// Dispatches of one decode step (greedy, full residency).
-    pub fn dispatches_per_decode_step(&self) -> usize {
-        self.decode_step_kernels().len()
+    /// Dispatches of one decode step (greedy, full residency) at position `pos` (`LONGEST`:
+    /// the most any decode step makes, its attention split over the most keys).
+    pub fn dispatches_per_decode_step(&self, pos: u32) -> usize {
+        self.decode_step_kernels(pos).len()
     }
 
-    /// The (stage, kernel) of each dispatch of one decode step (greedy, full residency),
-    /// in order: the layers' attention and router, their MLP blocks, the head, the argmax.
-    pub fn decode_step_kernels(&self) -> Vec<(&'static str, Kernel)> {
+    /// The (stage, kernel) of each dispatch of one decode step (greedy, full residency) at
+    /// position `pos`, in order: the layers' attention and router, their MLP blocks, the
+    /// head, the argmax.
+    pub fn decode_step_kernels(&self, pos: u32) -> Vec<(&'static str, Kernel)> {
         let progs = self
             .layers
             .iter()
@@ -347,7 +353,7 @@ impl Forward {
             .flat_map(|p| {
                 p.program().ops.iter().filter_map(|o| {
                     let (op, _) = o.for_tokens(1);
-                    o.dispatch(1).map(|(k, _, _)| (op.stage, k))
+                    o.dispatch(1, pos).map(|(k, _, _)| (op.stage, k))
                 })
             })
             .collect()

@@ -583,11 +583,12 @@ pub(super) fn build_head(
 ) -> Result<Heads> {
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
     let eps = cfg.rms_norm_eps as f32;
-    let (x, xf, logits, ids) = (
+    let (x, xf, logits, ids, part) = (
         b.get("x")?,
         b.get("x_final")?,
         b.get("logits")?,
         b.get("ids")?,
+        b.get("argmax_part")?,
     );
     let lm = w.lm_head();
     let mut suppress = [0u32; 4];
@@ -607,6 +608,9 @@ pub(super) fn build_head(
             },
             logits,
             ids,
+            part,
+            // One workgroup over the vocabulary is a GPU's longest dependent wait.
+            env.plan.coalesced_decode,
         );
         dev.prepare(p, step)
     };

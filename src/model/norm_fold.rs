@@ -78,7 +78,7 @@ fn push_folded(prog: &mut Program, env: &OpEnv, norm: &NormInput, mut p: Program
     // A step of `t` tokens needs the norm while one of its dispatches reads xn.
     let needs = |t: u32| {
         p.ops.iter().any(|o| {
-            o.dispatch(t)
+            o.dispatch(t, crate::backend::LONGEST)
                 .is_some_and(|(k, _, _)| !matches!(k, Kernel::MatvecNorm(_)))
         })
     };

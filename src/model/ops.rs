@@ -479,8 +479,9 @@ pub fn flash_part_floats(
 ) -> usize {
     let s = flash_shape(n_heads, n_kv, head_dim, max_context);
     let per_split = n_heads * (head_dim + 2);
+    // One-token steps: the splits' records, then how many were launched.
     let decode = if s.splits > 1 {
-        s.splits * per_split
+        s.splits * per_split + 1
     } else {
         1
     };
@@ -512,7 +513,8 @@ pub fn rope_kv(prog: &mut Program, env: &OpEnv, p: &RopeKvParams, b: &AttentionB
 
 /// The flash attention ops of one-token steps (`decode`) or multi-token steps: with one
 /// key split every key, the output written directly; with more, partial outputs, then
-/// their combine.
+/// their combine. One-token steps launch as many splits as their position fills (one per
+/// ATTN_MIN_CHUNK keys, at most the shape's), and no combine while one split suffices.
 fn flash_ops(
     kv: KvFormat,
     p: &AttentionParams,
@@ -533,15 +535,25 @@ fn flash_ops(
         min_chunk: ATTN_MIN_CHUNK as u32,
         splits: splits as u32,
         scale: p.scale,
+        flags: if decode && splits > 1 {
+            flags::ATTN_LIVE_SPLITS
+        } else {
+            0
+        },
         ..Default::default()
     };
+    let (max, min_chunk) = (splits as u32, ATTN_MIN_CHUNK as u32);
     let mut ops = vec![Op::new(
         Kernel::AttnFlash(kv),
         &fp,
         binds(&[b.q, b.cache_k, b.cache_v, b.out, b.part]),
         [
             Dim::Const((nkv * s.head_tiles) as u32),
-            Dim::Const(splits as u32),
+            if decode {
+                Dim::KeySplits { max, min_chunk }
+            } else {
+                Dim::Const(splits as u32)
+            },
             if decode {
                 Dim::Const(1)
             } else {
@@ -552,7 +564,11 @@ fn flash_ops(
     if splits > 1 {
         // One-token steps only, or multi-token steps only (their z is 0 for one token).
         let grid = if decode {
-            [Dim::Const(p.n_heads), Dim::OneToken, Dim::Const(1)]
+            [
+                Dim::Const(p.n_heads),
+                Dim::SplitCombine { max, min_chunk },
+                Dim::Const(1),
+            ]
         } else {
             let many = Dim::Window {
                 first: 1,
@@ -725,14 +741,53 @@ pub fn moe_combine(prog: &mut Program, p: &MoeCombineParams, b: &CombineBuffers)
     ));
 }
 
-/// The argmax of a logits row into ids[0] (greedy decoding on the device).
-pub fn argmax(prog: &mut Program, p: &ArgmaxParams, logits: &Buffer, ids: &Buffer) {
+/// The argmax of a logits row into ids[0] (greedy decoding on the device). With `split`
+/// (GPU plans), two dispatches: `argmax_parts(n)` workgroups each write the best of their
+/// share of the row to `part`, then one workgroup reduces those parts; otherwise one
+/// workgroup scans the row (`part` is bound but unused), which a CPU adapter runs faster
+/// than two dispatches.
+pub fn argmax(
+    prog: &mut Program,
+    p: &ArgmaxParams,
+    logits: &Buffer,
+    ids: &Buffer,
+    part: &Buffer,
+    split: bool,
+) {
+    let one = [Dim::Const(1), Dim::Const(1), Dim::Const(1)];
+    if !split {
+        prog.push(Op::new(Kernel::Argmax, p, binds(&[logits, ids, part]), one));
+        return;
+    }
+    let parts = argmax_parts(p.n as usize);
+    let first = ArgmaxParams {
+        flags: p.flags | flags::ARGMAX_PARTS,
+        ..*p
+    };
     prog.push(Op::new(
         Kernel::Argmax,
-        p,
-        binds(&[logits, ids]),
-        [Dim::Const(1), Dim::Const(1), Dim::Const(1)],
+        &first,
+        binds(&[logits, ids, part]),
+        [Dim::Const(parts as u32), Dim::Const(1), Dim::Const(1)],
     ));
+    let last = ArgmaxParams {
+        n: parts as u32,
+        flags: flags::ARGMAX_FROM_PARTS,
+        ..*p
+    };
+    prog.push(Op::new(
+        Kernel::Argmax,
+        &last,
+        binds(&[logits, ids, part]),
+        one,
+    ));
+}
+
+/// Workgroups of the split argmax over a row of `n`: 512 values each (two loads a lane),
+/// at most 1024, so the second dispatch reads at most 16 KiB. The vocabulary of Qwen3
+/// (151,936) takes 297, of OLMoE (50,304) 99.
+pub fn argmax_parts(n: usize) -> usize {
+    n.div_ceil(512).clamp(1, 1024)
 }
 
 /// cos/sin of RoPE for positions [0, rows), as transformers computes them in f32:

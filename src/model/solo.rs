@@ -75,6 +75,7 @@ impl Forward {
             work.push(Work::Run {
                 program: l.post_for(n),
                 tokens: n as u32,
+                pos0: crate::backend::LONGEST,
             });
             return Ok(());
         };
@@ -82,6 +83,7 @@ impl Forward {
         work.push(Work::Run {
             program: one,
             tokens: 1,
+            pos0: crate::backend::LONGEST,
         });
         work.push(Work::Copy {
             src: &s.x,
@@ -98,6 +100,7 @@ impl Forward {
             work.push(Work::Run {
                 program: one,
                 tokens: 1,
+                pos0: crate::backend::LONGEST,
             });
             move_row(work, &s.x, hb, 0, t, &s.row);
         }

@@ -120,6 +120,7 @@ impl Forward {
 
     /// The programs of a step whose uniform is written.
     fn run_step(&mut self, pos0: usize, n: usize, new_ids: bool, head: Head) -> Result<()> {
+        self.step_pos0 = u32::try_from(pos0).unwrap_or(crate::backend::LONGEST);
         if self.residency.is_some() || self.record_routing || self.tracing() {
             self.trace_begin(pos0, new_ids);
             return self.submit_segmented(n, head);
@@ -138,6 +139,7 @@ impl Forward {
             work.push(Work::Run {
                 program: l.pre_for(self.batched),
                 tokens: t,
+                pos0: self.step_pos0,
             });
             if solo {
                 self.push_solo_mlp(l, n, &mut work)?;
@@ -145,6 +147,7 @@ impl Forward {
                 work.push(Work::Run {
                     program: l.post_for(n),
                     tokens: t,
+                    pos0: self.step_pos0,
                 });
             }
         }
@@ -152,6 +155,7 @@ impl Forward {
             work.push(Work::Run {
                 program: p,
                 tokens: t,
+                pos0: self.step_pos0,
             });
         }
         if copy_token {
@@ -266,7 +270,7 @@ impl Forward {
             .flat_map(|l| [l.pre_for(self.batched), l.post_for(n)])
             .chain(heads.iter().copied());
         for p in programs {
-            clock = self.dev.profile(p, t, &mut times)?;
+            clock = self.dev.profile(p, t, self.step_pos0, &mut times)?;
         }
         self.dev.write(&self.ids, 0, &ids)?;
         Ok((times, clock, t0.elapsed().as_secs_f64()))
@@ -355,17 +359,20 @@ impl Forward {
                 work.push(Work::Run {
                     program: self.layers[l - 1].post_for(n),
                     tokens: t,
+                    pos0: self.step_pos0,
                 });
             }
             if l < layers {
                 work.push(Work::Run {
                     program: self.layers[l].pre_for(self.batched),
                     tokens: t,
+                    pos0: self.step_pos0,
                 });
                 if let Some(p) = predict {
                     work.push(Work::Run {
                         program: p,
                         tokens: t,
+                        pos0: self.step_pos0,
                     });
                 }
             } else {
@@ -379,6 +386,7 @@ impl Forward {
                     work.push(Work::Run {
                         program: p,
                         tokens: t,
+                        pos0: self.step_pos0,
                     });
                 }
             }
@@ -570,6 +578,7 @@ impl Forward {
                     let s = dev.submit(&[Work::Run {
                         program: routed,
                         tokens: t,
+                        pos0: self.step_pos0,
                     }])?;
                     dispatches += s.dispatches;
                     submissions += 1;
@@ -635,6 +644,7 @@ impl Forward {
                 let s = dev.submit(&[Work::Run {
                     program: routed,
                     tokens: n as u32,
+                    pos0: self.step_pos0,
                 }])?;
                 subs += 1;
                 disp += s.dispatches;

@@ -6,10 +6,10 @@ use half::f16;
 
 use crate::backend::kernel::WeightFormat;
 use crate::backend::{Buffer, Device, Usage};
+use crate::blocks::kquant::KRows;
+use crate::blocks::q8_0::{self, Q8Matrix};
+use crate::blocks::quant::{Affine4, Q4Kind, Q4Matrix, Q4SlotLayout};
 use crate::error::{Error, Result};
-use crate::format::kquant::KRows;
-use crate::format::q8_0::{self, Q8Matrix};
-use crate::format::quant::{Affine4, Q4Kind, Q4Matrix, Q4SlotLayout};
 
 pub fn pad8(n: usize) -> usize {
     n.div_ceil(8) * 8
@@ -35,8 +35,8 @@ pub struct MatrixChunk {
 }
 
 /// A dense [rows, cols] matrix, row-major, split into chunks of whole rows, each in its
-/// format: f16 (rows padded to 8 halves), Q8_0 (`format/q8_0.rs`: each chunk's quants,
-/// then its scales), or a packed kind of `format/quant.rs` (a GGUF file's Q4_0 blocks as
+/// format: f16 (rows padded to 8 halves), Q8_0 (`blocks/q8_0.rs`: each chunk's quants,
+/// then its scales), or a packed kind of `blocks/quant.rs` (a GGUF file's Q4_0 blocks as
 /// affine INT4, its K-quant and 5-bit blocks as nibble planes and side records: each
 /// chunk's nibbles, then its scale section).
 pub struct F16Matrix {

@@ -7,12 +7,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::kernel::WeightFormat;
 use crate::backend::{Buffer, Device, Usage};
+use crate::blocks::quant::{Q4Kind, Q4SlotLayout, Q4Source, SlotKinds};
 use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ExpertProj};
 use crate::format::convert::{is_converted, packed_layer, stored_q8_blocks};
 use crate::format::identity::{dense_storage, stored_q8, DenseStorage};
-use crate::format::quant::{Q4Kind, Q4SlotLayout, Q4Source, SlotKinds};
 use crate::model::dense_mlp::{DenseMlp, Q8Mlp};
 use crate::model::tensors::{
     upload_f16_vec, upload_f32_vec, DenseRows, ExpertPool, ExpertStore, F16Matrix, Q4Pool,
@@ -393,7 +393,7 @@ fn q8_rows(ckpt: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<De
         ));
     }
     let w = ckpt.read_f32(name, &[rows, cols])?;
-    if let Some((i, x)) = crate::format::q8_0::first_unstorable(&w, cols) {
+    if let Some((i, x)) = crate::blocks::q8_0::first_unstorable(&w, cols) {
         return Err(Error::Other(format!(
             "{name} in {}: element [{}, {}] = {x} cannot be stored as Q8_0 (a block's scale max|w|/127 must be a finite f16)",
             ckpt.dir().display(),
@@ -506,7 +506,7 @@ fn blocks_mlp(
             };
         }
         let w = ckpt.read_f32(name, &shape)?;
-        if let Some((k, x)) = crate::format::q8_0::first_unstorable(&w, shape[1]) {
+        if let Some((k, x)) = crate::blocks::q8_0::first_unstorable(&w, shape[1]) {
             return Err(Error::Other(format!(
                 "{name} in {}: element [{}, {}] = {x} cannot be stored as Q8_0 (a block's scale max|w|/127 must be a finite f16)",
                 ckpt.dir().display(),
@@ -581,7 +581,7 @@ fn dense_matrix(
     let mut data = Vec::with_capacity(rows * cols);
     for (name, r) in parts {
         let w = ckpt.read_f32(name, &[*r, cols])?;
-        if let Some((i, x)) = crate::format::q8_0::first_unstorable(&w, cols) {
+        if let Some((i, x)) = crate::blocks::q8_0::first_unstorable(&w, cols) {
             return Err(Error::Other(format!(
                 "{name} in {}: element [{}, {}] = {x} cannot be stored as Q8_0 (a block's scale max|w|/127 must be a finite f16)",
                 ckpt.dir().display(),

@@ -171,6 +171,12 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     w.add("shared_y", Storage, &[t, h])?;
     w.add("x_final", Window, &[t, h])?;
     w.add("logits", Storage, &[logit_rows, v])?;
+    // The split argmax's parts: (value bits, index, non-finite, 0) per workgroup.
+    w.add(
+        "argmax_part",
+        Storage,
+        &[crate::model::ops::argmax_parts(v), 4],
+    )?;
     w.add("dummy", Storage, &[4])?;
     // One readback buffer per step a pipelined generation keeps in flight (each is mapped
     // on its own while later steps run).

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::blocks::quant::Q4SlotLayout;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
-use crate::format::quant::Q4SlotLayout;
 
 /// Where one layer's packed experts live in host memory. Never written after load.
 pub enum HostLayer {

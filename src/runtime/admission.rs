@@ -7,9 +7,9 @@
 //! with checked arithmetic throughout.
 
 use crate::backend::kernel::{KvFormat, WeightFormat};
+use crate::blocks::q8_0::Q8Matrix;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::format::q8_0::Q8Matrix;
 use crate::model::tensors::{pad8, ExpertPool, F16Matrix};
 use crate::model::workspace::{planned_shape, workspace_bytes, WorkspaceShape};
 use crate::residency::MissPolicy;

@@ -10,12 +10,12 @@ use crate::backend::{Device, DeviceRequest, KernelOverrides, KernelPlan};
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
-use crate::format::tokenizer::Tokenizer;
 use crate::model::forward::Head;
 use crate::model::residency::{ExpertPlacement, Residency, ResidencyConfig};
 use crate::model::{Executor, Forward, ForwardOptions, ModelWeights};
 use crate::residency::{build_policy, CacheConfig, MissPolicy, PolicyKind, Prefetch, Profile};
 use crate::runtime::admission::{admit, AdmissionInput};
+use crate::tokenizer::Tokenizer;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -59,7 +59,7 @@ pub enum DensePrecision {
     #[value(name = "f16")]
     #[serde(rename = "f16")]
     F16,
-    /// ggml's Q8_0 (blocks of 32, one f16 scale; `format::q8_0`), quantised on load; a GGUF
+    /// ggml's Q8_0 (blocks of 32, one f16 scale; `blocks::q8_0`), quantised on load; a GGUF
     /// file's Q8_0 matrices as stored, and its Q4_0, Q4_K, Q5_K, Q6_K and Q5_0/Q5_1 ones in
     /// their own blocks.
     #[value(name = "q8_0")]
@@ -113,7 +113,7 @@ impl KvPrecision {
 /// block scales in workgroup memory while rope_kv writes it.
 pub fn check_kv_format(cfg: &ModelConfig, kv: KvFormat) -> Result<()> {
     use crate::backend::params::KV_Q8_MAX_BLOCKS;
-    let block = crate::format::q8_0::kv::kv_block(cfg.head_dim).max(1);
+    let block = crate::blocks::q8_0::kv::kv_block(cfg.head_dim).max(1);
     let blocks = cfg.num_kv_heads * cfg.head_dim / block;
     if kv == KvFormat::Q8 && blocks > KV_Q8_MAX_BLOCKS {
         return Err(Error::option(

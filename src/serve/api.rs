@@ -133,16 +133,16 @@ fn given(v: &Value) -> String {
     }
 }
 
-fn wrong_type(param: &str, want: &str, v: &Value) -> ApiError {
+pub(super) fn wrong_type(param: &str, want: &str, v: &Value) -> ApiError {
     ApiError::invalid(param, format!("`{param}` must be {want}, not {}", given(v)))
 }
 
 /// A field that is absent or null is None.
-fn field<'a>(o: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+pub(super) fn field<'a>(o: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     o.get(name).filter(|v| !v.is_null())
 }
 
-fn opt_bool(o: &Map<String, Value>, name: &str) -> ApiResult<Option<bool>> {
+pub(super) fn opt_bool(o: &Map<String, Value>, name: &str) -> ApiResult<Option<bool>> {
     match field(o, name) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -170,7 +170,7 @@ fn opt_number(o: &Map<String, Value>, name: &str) -> ApiResult<Option<f64>> {
     }
 }
 
-fn object(body: &Value) -> ApiResult<&Map<String, Value>> {
+pub(super) fn object(body: &Value) -> ApiResult<&Map<String, Value>> {
     body.as_object().ok_or_else(|| {
         ApiError::invalid(
             "",

@@ -30,6 +30,12 @@ pub struct AppState {
     pub shared: Arc<Shared>,
     /// The name `/v1/models` lists and responses carry.
     pub model: String,
+    /// Every name of the loaded model (`model` first), for `--strict-model` and
+    /// `GET /v1/models/{id}`.
+    pub names: Vec<String>,
+    pub strict_model: bool,
+    /// The served model's tokenizer (`/tokenize`, `/detokenize`).
+    pub tokenizer: Arc<crate::tokenizer::Tokenizer>,
     pub api_key: Option<String>,
     pub max_body: usize,
     pub max_queue: usize,
@@ -48,6 +54,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/stats", get(stats))
@@ -158,7 +166,7 @@ async fn not_found(req: Request) -> ApiError {
         "invalid_request_error",
         "not_found",
         format!(
-            "no such endpoint: {} {} (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/ID, GET /health, GET /metrics, GET /stats)",
+            "no such endpoint: {} {} (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/ID, POST /tokenize, POST /detokenize, GET /health, GET /metrics, GET /stats)",
             req.method(),
             req.uri().path()
         ),
@@ -318,10 +326,35 @@ async fn model(
     State(st): State<Arc<AppState>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if id != st.model {
+    if !st.names.contains(&id) {
         return Err(api::model_not_found(&id, &st.model));
     }
     Ok(Json(model_object(&st)))
+}
+
+async fn tokenize(State(st): State<Arc<AppState>>, req: Request) -> Result<Json<Value>, ApiError> {
+    if st.shared.draining.load(Ordering::SeqCst) {
+        return Err(refuse_while_draining("/tokenize"));
+    }
+    let body = read_json(req, st.max_body).await?;
+    Ok(Json(crate::serve::tokenize::tokenize(
+        &st.tokenizer,
+        &body,
+    )?))
+}
+
+async fn detokenize(
+    State(st): State<Arc<AppState>>,
+    req: Request,
+) -> Result<Json<Value>, ApiError> {
+    if st.shared.draining.load(Ordering::SeqCst) {
+        return Err(refuse_while_draining("/detokenize"));
+    }
+    let body = read_json(req, st.max_body).await?;
+    Ok(Json(crate::serve::tokenize::detokenize(
+        &st.tokenizer,
+        &body,
+    )?))
 }
 
 async fn stats(State(st): State<Arc<AppState>>) -> Json<Value> {
@@ -522,8 +555,12 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
         Kind::Chat => api::chat_request(&body)?,
         Kind::Completion => api::completion_request(&body)?,
     };
-    if let Some(m) = request.model.as_deref().filter(|m| *m != st.model) {
-        return Err(api::model_not_found(m, &st.model));
+    // Any name is answered by the loaded model unless --strict-model (many clients send a
+    // fixed name); the response names the model that answered.
+    if let Some(m) = request.model.as_deref() {
+        if st.strict_model && !st.names.iter().any(|n| n == m) {
+            return Err(api::model_not_found(m, &st.model));
+        }
     }
     let id = st.next_id.fetch_add(1, Ordering::SeqCst);
     let fmt = Format {

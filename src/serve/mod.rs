@@ -14,6 +14,7 @@
 pub mod api;
 pub mod http;
 pub mod scheduler;
+pub mod tokenize;
 pub mod worker;
 
 use std::future::IntoFuture;
@@ -39,6 +40,12 @@ pub struct ServeOptions {
     pub max_body: usize,
     /// The model's name in `/v1/models` and in responses.
     pub model_name: String,
+    /// Other names of the same model a request may give under `strict_model` (the
+    /// directory's or file's name when `--alias` renamed it).
+    pub other_names: Vec<String>,
+    /// Answer a request naming another model with 404 `model_not_found` (`--strict-model`);
+    /// otherwise any name is answered by the loaded model, as llama-server does.
+    pub strict_model: bool,
     pub defaults: Defaults,
     /// How long a shutdown waits for admitted requests before it ends them.
     pub drain_timeout: Duration,
@@ -127,12 +134,13 @@ pub fn serve(
     opts: ServeOptions,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
-    if session.engine.tokenizer.is_none() {
+    let mut session = session;
+    let Some(tokenizer) = session.engine.tokenizer.take().map(Arc::new) else {
         return Err(Error::bad_file(
             session.engine.dir.join("tokenizer.json"),
             "missing: the server needs the tokenizer to read and write text",
         ));
-    }
+    };
     let parallel = opts.parallel.max(1);
     let batching = opts.batching;
     let context = session.max_context() / parallel;
@@ -141,15 +149,31 @@ pub fn serve(
     let shared = Arc::new(worker::Shared::default());
     let worker_shared = shared.clone();
     let defaults = opts.defaults.clone();
+    let worker_tok = tokenizer.clone();
     let worker = std::thread::Builder::new()
         .name("wgmoe-worker".into())
-        .spawn(move || scheduler::run(session, rx, worker_shared, defaults, parallel, batching))
+        .spawn(move || {
+            scheduler::run(
+                session,
+                worker_tok,
+                rx,
+                worker_shared,
+                defaults,
+                parallel,
+                batching,
+            )
+        })
         .map_err(|e| Error::Other(format!("cannot start the worker thread: {e}")))?;
     let drain_shared = shared.clone();
     let state = Arc::new(http::AppState {
         jobs,
         shared,
         model: opts.model_name.clone(),
+        names: std::iter::once(opts.model_name.clone())
+            .chain(opts.other_names.iter().cloned())
+            .collect(),
+        strict_model: opts.strict_model,
+        tokenizer,
         api_key: opts.api_key.clone(),
         max_body: opts.max_body,
         max_queue: opts.max_queue,

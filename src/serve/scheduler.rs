@@ -17,7 +17,6 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::format::tokenizer::{TextStream, Tokenizer};
 use crate::runtime::batch::{Batching, Slots};
 use crate::runtime::sampling::{sample, Rng, SamplingOptions};
 use crate::serve::api::ApiError;
@@ -27,6 +26,7 @@ use crate::serve::worker::{
 };
 use crate::session::stop::StopStrings;
 use crate::session::{Session, TurnStats};
+use crate::tokenizer::{TextStream, Tokenizer};
 
 /// How often an idle worker looks at the shutdown flags.
 const IDLE_POLL: Duration = Duration::from_millis(50);
@@ -78,16 +78,14 @@ struct Worker<'a> {
 
 /// Serve jobs with `parallel` slots until every sender is gone.
 pub fn run(
-    mut session: Session,
+    session: Session,
+    tok: Arc<Tokenizer>,
     jobs: Receiver<Job>,
     shared: Arc<Shared>,
     defaults: Defaults,
     parallel: usize,
     batching: Batching,
 ) {
-    let Some(tok) = session.engine.tokenizer.take() else {
-        return;
-    };
     let slots = match Slots::new(&session.engine.fwd, parallel) {
         Ok(mut s) => {
             s.batching = batching;

@@ -16,11 +16,11 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::format::tokenizer::Tokenizer;
 use crate::runtime::sampling::{random_seed, SamplingOptions};
 use crate::serve::api::{ApiError, PromptInput, Request, SamplingRequest};
 use crate::session::chat::fit;
 use crate::session::{SessionTotals, TurnStats};
+use crate::tokenizer::Tokenizer;
 
 /// OpenAI's default `max_tokens` for `/v1/completions`.
 pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;

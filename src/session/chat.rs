@@ -4,7 +4,7 @@
 //! are kept) until it fits.
 
 use crate::error::{Error, Result};
-use crate::format::tokenizer::Tokenizer;
+use crate::tokenizer::Tokenizer;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {

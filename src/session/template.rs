@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::format::tokenizer::Tokenizer;
+use crate::tokenizer::Tokenizer;
 
 /// ChatML (Qwen, many fine-tunes): `<|im_start|>role\ncontent<|im_end|>\n`.
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";

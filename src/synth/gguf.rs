@@ -412,7 +412,7 @@ fn block(ty: GgmlType, st: &mut u64, o: &mut Vec<u8>) {
                     32 + ((r >> (6 * j + 3)) & 31) as u8,
                 );
             }
-            o.extend(crate::format::kquant::pack_scale_min(&scm));
+            o.extend(crate::blocks::kquant::pack_scale_min(&scm));
             bytes(o, if ty == GgmlType::Q4_K { 128 } else { 160 }, st);
         }
         GgmlType::Q6_K => {

@@ -249,7 +249,7 @@ mod tests {
     use super::random::normalish;
     use super::vocab::split_words;
     use super::*;
-    use crate::format::quant::Q4SlotLayout;
+    use crate::blocks::quant::Q4SlotLayout;
 
     /// Each preset's config.json parses to the same model as the published config committed
     /// under models/configs (every parsed field but the file's hash; the token ids too, the

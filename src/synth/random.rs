@@ -4,8 +4,8 @@
 use half::{bf16, f16};
 
 use super::{int4_scale_for_std, WEIGHT_STD};
+use crate::blocks::quant::{Q4Matrix, Q4SlotLayout};
 use crate::error::Result;
-use crate::format::quant::{Q4Matrix, Q4SlotLayout};
 
 #[inline]
 pub(super) fn splitmix(state: &mut u64) -> u64 {

@@ -188,8 +188,16 @@ pub fn uniform_buf(dev: &Device, data: &[f32]) -> Buffer {
 
 /// Prepare the program, submit it once for a step of `tokens` tokens, wait, and fail on
 /// any GPU error.
+/// Run a program once; position-sized grids (attention's key splits) at their largest.
 pub fn run(dev: &Device, prog: Program, step: &Buffer, tokens: usize) {
-    dev.run_once(prog, step, tokens)
+    run_at(dev, prog, step, tokens, wgmoe::backend::LONGEST)
+}
+
+/// Run a program once for a step at position `pos0` (what `step` holds), its
+/// position-sized grids as a real step's.
+#[allow(dead_code)] // not every test binary runs attention
+pub fn run_at(dev: &Device, prog: Program, step: &Buffer, tokens: usize, pos0: u32) {
+    dev.run_once(prog, step, tokens, pos0)
         .unwrap_or_else(|e| panic!("GPU error: {e}"));
 }
 

@@ -6,7 +6,7 @@
 //!
 //! Random slots hold random nibbles (all 16 values, -8 included) and random f16 scales
 //! (some zero) at the places `Q4Matrix::pack` writes real weights, found by packing an
-//! all-ones matrix, so the tests follow the layout wherever src/format/quant.rs puts it; padding
+//! all-ones matrix, so the tests follow the layout wherever src/blocks/quant.rs puts it; padding
 //! nibbles stay 8 and unused scale halves are f16 NaN, so a kernel that reads a scale it
 //! should not turns its output into NaN.
 
@@ -16,8 +16,8 @@ use super::gpu::*;
 use super::rng::Rng;
 use wgmoe::backend::plan::DecodeKernels;
 use wgmoe::backend::{Buffer, KernelOverrides, Program};
+use wgmoe::blocks::quant::{Q4Kind, Q4Matrix, Q4SlotLayout};
 use wgmoe::cpu_ref;
-use wgmoe::format::quant::{Q4Kind, Q4Matrix, Q4SlotLayout};
 use wgmoe::model::moe::{Executor, MoeDispatch, MoePairs, MoeSorted};
 use wgmoe::model::tensors::{ExpertStore, Q4Pool};
 use wgmoe::model::workspace::{workspace, WorkspaceShape};
@@ -168,7 +168,7 @@ pub fn random_q8_matrix(rng: &mut Rng, m: Q4Matrix) -> (Vec<u8>, Vec<u8>) {
     (q, s)
 }
 
-/// Random rows of a K-plane kind (`wgmoe::format::kquant`): nibbles 0..=15 and random
+/// Random rows of a K-plane kind (`wgmoe::blocks::kquant`): nibbles 0..=15 and random
 /// high bits; per record finite scales (about 1 in 16 records with d = 0) giving values of
 /// about +-0.6 times `mag(row)`, the scale bytes random. A record's unused half (Q6_K's
 /// word after d) is f16 NaN: a kernel that reads it turns its output into NaN.
@@ -178,8 +178,8 @@ pub fn random_krows(
     rows: usize,
     cols: usize,
     mag: impl Fn(usize) -> f32,
-) -> wgmoe::format::kquant::KRows {
-    use wgmoe::format::kquant::{record_words, KRows};
+) -> wgmoe::blocks::kquant::KRows {
+    use wgmoe::blocks::kquant::{record_words, KRows};
     assert!(kind.is_planes());
     let h = |v: f32| u32::from(f16::from_f32(v).to_bits());
     let nan = u32::from(u16::from_le_bytes(F16_NAN));

@@ -14,7 +14,7 @@ use wgmoe::backend::kernel::WeightFormat;
 use wgmoe::backend::params::flags;
 use wgmoe::backend::plan::Switch;
 use wgmoe::backend::KernelOverrides;
-use wgmoe::format::quant::{Q4Kind, Q4SlotLayout};
+use wgmoe::blocks::quant::{Q4Kind, Q4SlotLayout};
 use wgmoe::model::moe::MoePairs;
 use wgmoe::model::ops;
 use wgmoe::model::tensors::{DenseRows, F16Matrix};

@@ -3,7 +3,7 @@
 
 use super::*;
 use wgmoe::backend::kernel::WeightFormat;
-use wgmoe::format::quant::Q4Kind;
+use wgmoe::blocks::quant::Q4Kind;
 
 const A32: Q4Kind = Q4Kind::Affine32;
 
@@ -102,7 +102,7 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
     let kernels_of = |p: &Program, t: usize| -> Vec<Kernel> {
         p.ops
             .iter()
-            .filter_map(|o| o.dispatch(t as u32).map(|d| d.0))
+            .filter_map(|o| o.dispatch(t as u32, wgmoe::backend::LONGEST).map(|d| d.0))
             .collect()
     };
 
@@ -150,7 +150,7 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
         .into_iter()
         .enumerate()
     {
-        use wgmoe::format::q8_0::Q8Matrix;
+        use wgmoe::blocks::q8_0::Q8Matrix;
         let c = MatmulCase::new(37, 300, 70, fl);
         let data = MatmulData::new(740 + i as u64, &c);
         let mut rng = Rng::new(750 + i as u64);
@@ -419,7 +419,7 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
         );
         seen.extend(ks);
         let r = emulated(emu, &g.dev, &prog, t);
-        let rt = |w: &[f32], rows, cols| wgmoe::format::q8_0::round_trip(w, rows, cols);
+        let rt = |w: &[f32], rows, cols| wgmoe::blocks::q8_0::round_trip(w, rows, cols);
         let want = cpu_ref::swiglu_expert(
             &xs,
             hid,
@@ -440,7 +440,7 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
     // INT4 experts (random nibbles and scales, NaN in the unused scale halves): 300
     // columns (2 scale blocks, the last partial), 70 rows; 3 slots a chunk.
     let c = common::q4::case(300, 70, experts, slots, k, t);
-    let layout = wgmoe::format::quant::Q4SlotLayout::new(c.hidden, c.inter);
+    let layout = wgmoe::blocks::quant::Q4SlotLayout::new(c.hidden, c.inter);
     let g = Gpu::new(Some(3 * layout.bytes as u64), tiled);
     let mut s = common::q4::Setup::random(&g, 720, c);
     assert!(s.pool().chunks.len() > 1);
@@ -472,7 +472,7 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
     // Affine INT4 experts (GGUF's 4-bit blocks: a scale and an offset per 32 columns,
     // random, NaN in the unused halves): the tiled GEMMs, then the decode row kernels
     // (gate/up, and down fused into x) on one token per step of the same pool.
-    let layout = wgmoe::format::quant::Q4SlotLayout::with_kind(c.hidden, c.inter, A32);
+    let layout = wgmoe::blocks::quant::Q4SlotLayout::with_kind(c.hidden, c.inter, A32);
     let g = Gpu::new(Some(3 * layout.bytes as u64), tiled);
     let mut s = common::q4::Setup::random_kind(&g, 730, c, A32);
     assert!(s.pool().chunks.len() > 1);

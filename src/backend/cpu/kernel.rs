@@ -2,20 +2,20 @@
 //! activations laid out in the nibbles' column order.
 //!
 //! Byte `i` of a packed row holds column `8 (i / 4) + i % 4` in its low nibble and column
-//! `8 (i / 4) + 4 + i % 4` in its high nibble (`crate::format::quant`). [`Interleaved`] stores the
+//! `8 (i / 4) + 4 + i % 4` in its high nibble (`crate::blocks::quant`). [`Interleaved`] stores the
 //! activations the same way (`lo[i]`, `hi[i]`), so a block of 256 columns is 128 bytes
 //! against two contiguous arrays of 128 floats: loops the compiler vectorises. The stored
 //! value is q + 8; `sum(q x) = sum(nibble x) - 8 sum(x)` takes the offset out of the loop,
 //! with the block sums of x computed once per token. Affine slots (`Q4Kind::Affine32`) have
 //! a block per 16 bytes and add the block's offset times the same sum. The K-plane kinds
-//! (`format::kquant`: a GGUF file's Q4_K, Q5_K, Q6_K, Q5_0/Q5_1 experts) add each
+//! (`blocks::kquant`: a GGUF file's Q4_K, Q5_K, Q6_K, Q5_0/Q5_1 experts) add each
 //! column's high part to its nibble and scale per 16 columns. Q8_0 matrices (`Q4Kind::Q8`)
 //! take the activations in column order.
 
 use half::f16;
 
 use super::row_bytes;
-use crate::format::quant::{Q4Kind, Q4Matrix, Q4SlotLayout};
+use crate::blocks::quant::{Q4Kind, Q4Matrix, Q4SlotLayout};
 
 /// The instruction set the loops are compiled for, chosen once at start-up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,12 +265,12 @@ fn row_dot<const SIMD: u8>(q: &[u8], scales: &[u8], x: &Interleaved, kind: Q4Kin
     acc
 }
 
-/// A row of a K-plane kind (`format::kquant`: nibbles, and side records of scales and
+/// A row of a K-plane kind (`blocks::kquant`: nibbles, and side records of scales and
 /// high bits) dot one token's activations: per 16 columns `a sum(q x) + b sum(x)`, q the
 /// nibble plus 16 times its high part, fixed-size lanes the compiler vectorises.
 #[inline(always)]
 fn planes_row_dot(q: &[u8], side: &[u8], x: &Interleaved, kind: Q4Kind) -> f32 {
-    use crate::format::kquant::{high_of, record_words, word_terms};
+    use crate::blocks::kquant::{high_of, record_words, word_terms};
     let rw = record_words(kind);
     let per_rec = kind.block() / 32;
     let mut rec = [0u32; 21];

@@ -1,5 +1,5 @@
 //! The CPU backend of the MoE op: routed INT4 experts computed on host threads, straight
-//! from the packed layout the GPU kernels read (`crate::format::quant`) and the host source holds:
+//! from the packed layout the GPU kernels read (`crate::blocks::quant`) and the host source holds:
 //! no repacking and no expanded copy. A missed expert's bytes are already in host memory;
 //! at batch 1 reading them once on the CPU costs less than moving them over the bus.
 //!
@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use crate::blocks::quant::{Q4Matrix, Q4SlotLayout};
 use crate::error::{Error, Result};
-use crate::format::quant::{Q4Matrix, Q4SlotLayout};
 use kernel::{Interleaved, Isa};
 
 /// One routed (token, expert) pair and its router weight.

@@ -189,7 +189,7 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
             &[2, 3, 4, 5, 6, 7, 8, 9],
             64,
         ),
-        Kernel::Argmax => c("argmax.cu", "argmax", "ArgmaxParams", &[2, 3], 256),
+        Kernel::Argmax => c("argmax.cu", "argmax", "ArgmaxParams", &[2, 3, 4], 256),
         Kernel::Matvec(r) => c(
             "matvec.cu",
             rows_entry(

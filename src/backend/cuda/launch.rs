@@ -116,11 +116,11 @@ fn launch(dev: &CudaDevice, f: Function, nop: &NativeOp, step: u64, grid: [u32; 
 }
 
 /// Enqueue a step's launches; returns how many there are.
-pub fn run(dev: &CudaDevice, p: &Prepared, tokens: u32) -> Result<usize> {
+pub fn run(dev: &CudaDevice, p: &Prepared, tokens: u32, pos0: u32) -> Result<usize> {
     let native = native_of(p)?;
     let mut n = 0;
     for (op, nop) in p.program().ops.iter().zip(&native.ops) {
-        let Some((kernel, grid, decode)) = op.dispatch(tokens) else {
+        let Some((kernel, grid, decode)) = op.dispatch(tokens, pos0) else {
             continue;
         };
         let nop = match (&nop.decode, decode) {
@@ -141,6 +141,7 @@ pub fn profile(
     dev: &CudaDevice,
     p: &Prepared,
     tokens: u32,
+    pos0: u32,
     times: &mut KernelTimes,
 ) -> Result<crate::backend::ProfileClock> {
     let native = native_of(p)?;
@@ -154,7 +155,7 @@ pub fn profile(
     };
     let mut run = || -> Result<()> {
         for (op, nop) in p.program().ops.iter().zip(&native.ops) {
-            let Some((kernel, grid, decode)) = op.dispatch(tokens) else {
+            let Some((kernel, grid, decode)) = op.dispatch(tokens, pos0) else {
                 continue;
             };
             let nop = match (&nop.decode, decode) {

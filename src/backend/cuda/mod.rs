@@ -736,8 +736,13 @@ impl Backend for CudaDevice {
         let mut staged = Vec::new();
         for w in work {
             match w {
-                Work::Run { program, tokens } => {
-                    dispatches += launch::run(self, program, *tokens).map_err(|e| self.note(e))?;
+                Work::Run {
+                    program,
+                    tokens,
+                    pos0,
+                } => {
+                    dispatches +=
+                        launch::run(self, program, *tokens, *pos0).map_err(|e| self.note(e))?;
                 }
                 Work::Copy {
                     src,
@@ -875,6 +880,7 @@ impl Backend for CudaDevice {
         &self,
         program: &Prepared,
         tokens: u32,
+        pos0: u32,
         times: &mut KernelTimes,
     ) -> Result<crate::backend::ProfileClock> {
         let _order = self
@@ -882,6 +888,6 @@ impl Backend for CudaDevice {
             .lock()
             .map_err(|_| Error::Gpu("cuda: submit lock poisoned".into()))?;
         self.ctx.current()?;
-        launch::profile(self, program, tokens, times)
+        launch::profile(self, program, tokens, pos0, times)
     }
 }

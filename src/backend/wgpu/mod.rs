@@ -187,9 +187,10 @@ impl WgpuDevice {
         &self,
         p: &Prepared,
         tokens: u32,
+        pos0: u32,
     ) -> Result<Vec<crate::backend::probe::ProbedOp>> {
         self.probe.as_ref().ok_or_else(no_probe)?;
-        record::probe_ops(self, p, tokens)
+        record::probe_ops(self, p, tokens, pos0)
     }
 
     /// Seconds spent compiling shader modules and pipelines, and the pipeline cache's
@@ -519,13 +520,14 @@ impl Backend for WgpuDevice {
         &self,
         program: &Prepared,
         tokens: u32,
+        pos0: u32,
         times: &mut KernelTimes,
     ) -> Result<crate::backend::ProfileClock> {
         if self.info.timestamp_query {
-            timestamps::profile(self, program, tokens, times)?;
+            timestamps::profile(self, program, tokens, pos0, times)?;
             Ok(crate::backend::ProfileClock::GpuTimestamps)
         } else {
-            record::profile_wall(self, program, tokens, times)?;
+            record::profile_wall(self, program, tokens, pos0, times)?;
             Ok(crate::backend::ProfileClock::WallClock)
         }
     }
@@ -543,8 +545,13 @@ impl WgpuDevice {
                 Work::Run { .. } => {
                     // Consecutive programs share one compute pass.
                     let mut pass = enc.begin_compute_pass(&Default::default());
-                    while let Some(Work::Run { program, tokens }) = work.get(i) {
-                        dispatches += record::record(program, &mut pass, *tokens)?;
+                    while let Some(Work::Run {
+                        program,
+                        tokens,
+                        pos0,
+                    }) = work.get(i)
+                    {
+                        dispatches += record::record(program, &mut pass, *tokens, *pos0)?;
                         i += 1;
                     }
                 }

@@ -150,11 +150,16 @@ fn native_of(p: &Prepared) -> Result<&NativePrepared> {
 }
 
 /// Record the step's dispatches into `pass`; returns how many there are.
-pub fn record(p: &Prepared, pass: &mut ::wgpu::ComputePass<'_>, tokens: u32) -> Result<usize> {
+pub fn record(
+    p: &Prepared,
+    pass: &mut ::wgpu::ComputePass<'_>,
+    tokens: u32,
+    pos0: u32,
+) -> Result<usize> {
     let native = native_of(p)?;
     let mut n = 0;
     for (op, nop) in p.program().ops.iter().zip(&native.ops) {
-        let Some((_, [x, y, z], decode)) = op.dispatch(tokens) else {
+        let Some((_, [x, y, z], decode)) = op.dispatch(tokens, pos0) else {
             continue;
         };
         let b = match (&nop.decode, decode) {
@@ -175,11 +180,12 @@ pub fn probe_ops(
     dev: &WgpuDevice,
     p: &Prepared,
     tokens: u32,
+    pos0: u32,
 ) -> Result<Vec<crate::backend::probe::ProbedOp>> {
     let native = native_of(p)?;
     let mut out = Vec::new();
     for (op, nop) in p.program().ops.iter().zip(&native.ops) {
-        let Some((kernel, [x, y, z], decode)) = op.dispatch(tokens) else {
+        let Some((kernel, [x, y, z], decode)) = op.dispatch(tokens, pos0) else {
             continue;
         };
         let b = match (&nop.decode, decode) {
@@ -217,12 +223,12 @@ pub(super) type Dispatch<'a> = (
     [u32; 3],
 );
 
-/// A prepared program's dispatches for `tokens`, in order.
-pub(super) fn dispatches(p: &Prepared, tokens: u32) -> Result<Vec<Dispatch<'_>>> {
+/// A prepared program's dispatches for `tokens` at position `pos0`, in order.
+pub(super) fn dispatches(p: &Prepared, tokens: u32, pos0: u32) -> Result<Vec<Dispatch<'_>>> {
     let native = native_of(p)?;
     let mut out = Vec::new();
     for (op, nop) in p.program().ops.iter().zip(&native.ops) {
-        let Some((kernel, grid, decode)) = op.dispatch(tokens) else {
+        let Some((kernel, grid, decode)) = op.dispatch(tokens, pos0) else {
             continue;
         };
         let b = match (&nop.decode, decode) {
@@ -246,9 +252,10 @@ pub fn profile_wall(
     dev: &WgpuDevice,
     p: &Prepared,
     tokens: u32,
+    pos0: u32,
     times: &mut KernelTimes,
 ) -> Result<()> {
-    for (stage, kernel, pipeline, bind_group, [x, y, z]) in dispatches(p, tokens)? {
+    for (stage, kernel, pipeline, bind_group, [x, y, z]) in dispatches(p, tokens, pos0)? {
         let t = std::time::Instant::now();
         let mut enc = dev.device.create_command_encoder(&Default::default());
         {

@@ -511,7 +511,7 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
     v
 }
 
-/// The pieces of a K-plane weight format (`format/kquant.rs`): the shared word reader and
+/// The pieces of a K-plane weight format (`blocks/kquant.rs`): the shared word reader and
 /// the format's record reader.
 fn kq_pieces(f: WeightFormat) -> Vec<&'static str> {
     let mut v = vec!["scales_staged.wgsl", "kq_common.wgsl"];

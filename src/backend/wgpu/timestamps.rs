@@ -13,8 +13,14 @@ use crate::error::{Error, Result};
 const PER_SET: usize = (::wgpu::QUERY_SET_MAX_QUERIES / 2) as usize;
 
 /// Time each dispatch of `p` with GPU timestamps, adding to `times`.
-pub fn profile(dev: &WgpuDevice, p: &Prepared, tokens: u32, times: &mut KernelTimes) -> Result<()> {
-    let all = dispatches(p, tokens)?;
+pub fn profile(
+    dev: &WgpuDevice,
+    p: &Prepared,
+    tokens: u32,
+    pos0: u32,
+    times: &mut KernelTimes,
+) -> Result<()> {
+    let all = dispatches(p, tokens, pos0)?;
     // Nanoseconds per timestamp tick.
     let period = f64::from(dev.queue.get_timestamp_period());
     for chunk in all.chunks(PER_SET) {

@@ -182,7 +182,12 @@ impl Residency {
             dev.write(slot_of, 0, bytemuck::cast_slice(&words))?;
             open.partial_table = true;
         }
-        let s = dev.submit(&[Work::Run { program, tokens }])?;
+        // The routed experts only: no position-sized grid.
+        let s = dev.submit(&[Work::Run {
+            program,
+            tokens,
+            pos0: crate::backend::LONGEST,
+        }])?;
         open.gpu = GpuState::Busy(s.token);
         open.hits = Some((s.token, ready));
         Ok(())

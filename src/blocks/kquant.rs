@@ -1,5 +1,5 @@
 //! GGUF's K-quants (Q4_K, Q5_K, Q6_K) and 5-bit blocks (Q5_0, Q5_1; Q4_1 too) as the
-//! kernels read them: a plane of nibbles in wgmoe's INT4 layout (`format::quant`: a 16-byte
+//! kernels read them: a plane of nibbles in wgmoe's INT4 layout (`blocks::quant`: a 16-byte
 //! word holds 32 consecutive columns of a row) and, per row, one side record per block of
 //! the type (the matrix's scale section), holding the block's scales and the values' bits
 //! above the nibble. Nothing is re-rounded: every value the file's blocks give, ggml's

@@ -53,7 +53,7 @@ pub fn first_unstorable(w: &[f32], inp: usize) -> Option<(usize, f32)> {
     if let Some(i) = w.iter().position(|x| !x.is_finite()) {
         return Some((i, w[i]));
     }
-    crate::format::block_scale::first_oversized_block(w, inp, BLOCK, 127.0)
+    crate::blocks::block_scale::first_oversized_block(w, inp, BLOCK, 127.0)
 }
 
 /// Byte layout of one packed [out, in] Q8_0 matrix.

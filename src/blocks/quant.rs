@@ -34,13 +34,13 @@
 //! 4 + 32/32 = 5 bits per weight.
 //!
 //! A GGUF expert matrix stored wider than 4 bits (Q5_K, Q6_K, Q5_0/Q5_1, Q8_0, F16...) is
-//! held as ggml's Q8_0 ([`Q4Kind::Q8`], the layout of `format::q8_0`, 8.5 bits per weight)
+//! held as ggml's Q8_0 ([`Q4Kind::Q8`], the layout of `blocks::q8_0`, 8.5 bits per weight)
 //! rather than rounded to 16 levels: a slot's gate/up and its down each have their kind
 //! ([`Q4SlotLayout::mixed`]), so a Q4_K_M file's Q6_K `ffn_down` keeps 8 bits.
 
 use half::f16;
 
-use crate::format::block_scale::first_oversized_block;
+use crate::blocks::block_scale::first_oversized_block;
 
 pub use super::kind::{BLOCK, COLS_PER_VEC4};
 
@@ -104,7 +104,7 @@ pub enum Q4Source {
     Affine(Affine4),
     /// Rows of a K-plane kind as GGUF blocks hold them: packed as they are into a matrix of
     /// their kind (or one that holds them exactly, Q4_K in Q5_K), else as their values.
-    Planes(crate::format::kquant::KRows),
+    Planes(crate::blocks::kquant::KRows),
 }
 
 /// Byte layout of one packed [out, in] matrix.
@@ -128,8 +128,8 @@ impl Q4Matrix {
     }
 
     /// The Q8_0 layout of a `Q4Kind::Q8` matrix.
-    fn q8(&self) -> crate::format::q8_0::Q8Matrix {
-        crate::format::q8_0::Q8Matrix {
+    fn q8(&self) -> crate::blocks::q8_0::Q8Matrix {
+        crate::blocks::q8_0::Q8Matrix {
             out: self.out,
             inp: self.inp,
         }
@@ -156,7 +156,7 @@ impl Q4Matrix {
             Q4Kind::Q8 => return self.q8().pack(w, q_out, s_out),
             Q4Kind::Sym256 => {}
             k => {
-                let rows = crate::format::kquant::KRows::fit(k, w, self.inp);
+                let rows = crate::blocks::kquant::KRows::fit(k, w, self.inp);
                 return self.pack_planes(&rows, q_out, s_out);
             }
         }
@@ -194,7 +194,7 @@ impl Q4Matrix {
     /// records into the scale section.
     pub fn pack_planes(
         &self,
-        r: &crate::format::kquant::KRows,
+        r: &crate::blocks::kquant::KRows,
         q_out: &mut [u8],
         s_out: &mut [u8],
     ) {
@@ -289,10 +289,10 @@ impl Q4Matrix {
             Q4Kind::Affine32 => {
                 first_oversized_block(w, self.inp, COLS_PER_VEC4, 1.0 / AFFINE_SPAN)
             }
-            Q4Kind::Q8 => crate::format::q8_0::first_unstorable(w, self.inp),
+            Q4Kind::Q8 => crate::blocks::q8_0::first_unstorable(w, self.inp),
             _ => w
                 .iter()
-                .position(|x| !x.is_finite() || x.abs() > crate::format::kquant::MAX_ABS)
+                .position(|x| !x.is_finite() || x.abs() > crate::blocks::kquant::MAX_ABS)
                 .map(|i| (i, w[i])),
         }
     }
@@ -310,7 +310,7 @@ impl Q4Matrix {
                 let side: Vec<u32> = (0..sw).map(|i| self.side_word(s, n, i)).collect();
                 for k in 0..self.inp {
                     let nib = self.nibble(q, n, k);
-                    w.push(crate::format::kquant::value(self.kind, &side, k, nib));
+                    w.push(crate::blocks::kquant::value(self.kind, &side, k, nib));
                 }
             }
             return w;

@@ -1,9 +1,9 @@
 //! How a packed matrix (an expert slot's, or a GGUF file's dense matrix held in its own
-//! blocks) is stored: the kinds of `format::quant` (INT4, affine INT4, Q8_0) and of
-//! `format::kquant` (GGUF's K-quant and 5-bit blocks), and the numbers both modules need of
+//! blocks) is stored: the kinds of `blocks::quant` (INT4, affine INT4, Q8_0) and of
+//! `blocks::kquant` (GGUF's K-quant and 5-bit blocks), and the numbers both modules need of
 //! them, here so that neither imports the other.
 
-/// Columns per scale block of wgmoe's INT4 (`format::quant`), and per K-quant super-block.
+/// Columns per scale block of wgmoe's INT4 (`blocks::quant`), and per K-quant super-block.
 pub const BLOCK: usize = 256;
 /// Columns per vec4<u32> of nibbles.
 pub const COLS_PER_VEC4: usize = 32;
@@ -26,16 +26,16 @@ pub enum Q4Kind {
     /// An f16 scale and an f16 offset per 32 columns, value = s (nibble - 8) + o: GGUF's
     /// 4-bit blocks as they are.
     Affine32,
-    /// ggml's Q8_0 (`format::q8_0`: int8 per byte, 16 columns per vec4, an f16 scale per
+    /// ggml's Q8_0 (`blocks::q8_0`: int8 per byte, 16 columns per vec4, an f16 scale per
     /// 32 columns): a GGUF file's Q8_0 expert matrices, and those stored as floats.
     Q8,
     /// GGUF's Q4_K, Q5_K and Q6_K as they are: nibbles, and a side record per 256 columns
-    /// (`format::kquant`).
+    /// (`blocks::kquant`).
     Q4K,
     Q5K,
     Q6K,
     /// GGUF's Q5_0, Q5_1 (and Q4_1) as they are: nibbles, and per 32 columns an f16 scale,
-    /// an f16 offset and the 5th bits (`format::kquant`).
+    /// an f16 offset and the 5th bits (`blocks::kquant`).
     Q5A,
 }
 
@@ -48,7 +48,7 @@ impl Q4Kind {
         }
     }
     /// f16 values per block in the scale section (scale, and the offset if any; a K-plane
-    /// kind's whole side record, `format::kquant`).
+    /// kind's whole side record, `blocks::kquant`).
     pub fn halves_per_block(self) -> usize {
         match self {
             Q4Kind::Sym256 | Q4Kind::Q8 => 1,
@@ -61,7 +61,7 @@ impl Q4Kind {
         match self {
             Q4Kind::Sym256 => MAX_ABS,
             Q4Kind::Affine32 => 65504.0 / AFFINE_SPAN,
-            Q4Kind::Q8 => crate::format::q8_0::MAX_ABS,
+            Q4Kind::Q8 => crate::blocks::q8_0::MAX_ABS,
             _ => PLANES_MAX_ABS,
         }
     }
@@ -78,7 +78,7 @@ impl Q4Kind {
         }
     }
 
-    /// Words of one side record of a K-plane kind (`format::kquant`, per [`Self::block`]
+    /// Words of one side record of a K-plane kind (`blocks::kquant`, per [`Self::block`]
     /// columns); 0 for the others.
     pub fn record_words(self) -> usize {
         match self {
@@ -90,7 +90,7 @@ impl Q4Kind {
         }
     }
 
-    /// Whether the kind is a nibble plane with side records (`format::kquant`).
+    /// Whether the kind is a nibble plane with side records (`blocks::kquant`).
     pub fn is_planes(self) -> bool {
         matches!(self, Q4Kind::Q4K | Q4Kind::Q5K | Q4Kind::Q6K | Q4Kind::Q5A)
     }
@@ -114,7 +114,7 @@ impl Q4Kind {
     /// Columns per vec4<u32> of the quant section.
     pub fn cols_per_vec4(self) -> usize {
         match self {
-            Q4Kind::Q8 => crate::format::q8_0::COLS_PER_VEC4,
+            Q4Kind::Q8 => crate::blocks::q8_0::COLS_PER_VEC4,
             _ => COLS_PER_VEC4,
         }
     }

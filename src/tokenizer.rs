@@ -185,6 +185,13 @@ impl Tokenizer {
             .map_err(|e| Error::Tokenizer(format!("decode failed: {e}")))
     }
 
+    /// Text of `ids` with the special tokens written out (`/detokenize`, a token's piece).
+    pub fn decode_keeping_special(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| Error::Tokenizer(format!("decode failed: {e}")))
+    }
+
     /// Vocabulary size including added tokens (may be smaller than the model's embedding rows).
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

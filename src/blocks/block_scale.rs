@@ -1,6 +1,6 @@
 //! The one check that every block format with an f16 scale per block makes before it
 //! packs values: a block whose scale would overflow f16 cannot be stored. INT4
-//! (`format::quant`) and Q8_0 (`format::q8_0`) share it.
+//! (`blocks::quant`) and Q8_0 (`blocks::q8_0`) share it.
 
 use half::f16;
 
