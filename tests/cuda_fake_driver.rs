@@ -227,7 +227,9 @@ fn the_cuda_backend_on_a_fake_driver_matches_transformers() {
     assert_eq!(p.decode_steps, 3);
     let launches: usize = p.decode.values().map(|v| v.1).sum();
     // Decode steps at positions 4, 5 and 6 (after the 4-token prompt).
-    let want: usize = (4..7).map(|pos| e.fwd.dispatches_per_decode_step(pos)).sum();
+    let want: usize = (4..7)
+        .map(|pos| e.fwd.dispatches_per_decode_step(pos))
+        .sum();
     assert_eq!(launches, want);
     let secs: f64 = p.decode.values().map(|v| v.0).sum();
     assert!(secs > 0.0 && secs.is_finite(), "{secs}");

@@ -119,6 +119,26 @@ fn storage_plan(dev: &Device) -> KernelPlan {
     )
 }
 
+/// The attention kernels' buffers with no q/k norm, no qkv and no RoPE table (`d`, the
+/// dummy, for those): q, cache_k, cache_v, scratch, part, out.
+fn attention_buffers<'a>(
+    d: &'a Buffer,
+    [q, cache_k, cache_v, scratch, part, out]: [&'a Buffer; 6],
+) -> AttentionBuffers<'a> {
+    AttentionBuffers {
+        qkv: d,
+        q_norm: None,
+        k_norm: None,
+        rope: d,
+        q,
+        cache_k,
+        cache_v,
+        scratch,
+        part,
+        out,
+    }
+}
+
 fn attention_params(heads: Heads, positions: usize) -> AttentionParams {
     AttentionParams {
         n_heads: heads.n_heads as u32,
@@ -399,18 +419,7 @@ fn attention_run(
         &mut prog,
         &env,
         &attention_params(heads, positions),
-        &AttentionBuffers {
-            qkv: &d,
-            q_norm: None,
-            k_norm: None,
-            rope: &d,
-            q: &qb,
-            cache_k: &ck,
-            cache_v: &cv,
-            scratch: &scratch,
-            part: &d,
-            out: &out,
-        },
+        &attention_buffers(&d, [&qb, &ck, &cv, &scratch, &d, &out]),
         positions,
     );
     assert_eq!(prog.len(), 1);
@@ -683,18 +692,7 @@ fn flash_run(
         &mut prog,
         &env,
         &attention_params(heads, max_context),
-        &AttentionBuffers {
-            qkv: &d,
-            q_norm: None,
-            k_norm: None,
-            rope: &d,
-            q: qb,
-            cache_k: ck,
-            cache_v: cv,
-            scratch: &d,
-            part,
-            out,
-        },
+        &attention_buffers(&d, [qb, ck, cv, &d, part, out]),
         max_context,
     );
     assert_eq!(prog.ops[0].kernel, Kernel::AttnFlash(kv));
@@ -736,18 +734,7 @@ fn flash_decode_workgroups_follow_the_position() {
         &mut prog,
         &env,
         &attention_params(heads, ctx),
-        &AttentionBuffers {
-            qkv: &d,
-            q_norm: None,
-            k_norm: None,
-            rope: &d,
-            q: &d,
-            cache_k: &d,
-            cache_v: &d,
-            scratch: &d,
-            part: &d,
-            out: &d,
-        },
+        &attention_buffers(&d, [&d; 6]),
         ctx,
     );
     let shape = ops::flash_shape(32, 4, 128, ctx);

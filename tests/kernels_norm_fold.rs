@@ -305,7 +305,10 @@ fn one_token_steps_dispatch_no_norm_before_a_matvec_on_every_family() {
                 .layers
                 .iter()
                 .flat_map(|l| l.pre.program().ops.iter())
-                .filter(|o| o.dispatch(t, LONGEST).is_some_and(|(k, _, _)| k == Kernel::RmsNorm))
+                .filter(|o| {
+                    o.dispatch(t, LONGEST)
+                        .is_some_and(|(k, _, _)| k == Kernel::RmsNorm)
+                })
                 .count()
         };
         assert_eq!(norms_at(8), 2 * cfg.num_layers, "{name}");

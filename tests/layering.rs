@@ -294,3 +294,29 @@ fn no_wgpu_outside_the_wgpu_backend() {
         }
     }
 }
+
+/// One concept per file: no Rust source, shader or CUDA kernel file past 850 lines (the
+/// ~800-line guideline, with a margin), so a file that outgrows its concept is split.
+#[test]
+fn no_source_file_is_over_850_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for d in ["src", "tests", "benches"] {
+        rust_files(&root.join(d), &mut files);
+    }
+    for d in ["shaders", "shaders/common", "kernels/cuda"] {
+        for e in std::fs::read_dir(root.join(d)).unwrap().flatten() {
+            if e.path().is_file() {
+                files.push(e.path());
+            }
+        }
+    }
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(f).ok()?.lines().count();
+            (n > 850).then(|| format!("{} ({n} lines)", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "files past 850 lines: {long:?}");
+}

@@ -6,8 +6,8 @@
 //! normalised row too (the experts after the router), the product's first workgroup writes
 //! it.
 
-use crate::backend::params::{flags, DenseParams, RmsNormParams};
-use crate::backend::{binds, Buffer, Dim, Kernel, Op, Program};
+use crate::backend::params::{flags, DenseParams};
+use crate::backend::{Buffer, Dim, Kernel, Op, Program};
 use crate::model::op_env::numbered;
 use crate::model::ops::{self, OpEnv};
 use crate::model::tensors::F16Matrix;
@@ -84,7 +84,8 @@ fn push_folded(prog: &mut Program, env: &OpEnv, norm: &NormInput, mut p: Program
     };
     let (one, many) = (needs(1), needs(2));
     if one || many {
-        let op = rmsnorm_op(norm).in_stage(norm.stage);
+        let op =
+            ops::rmsnorm_op(norm.weight, norm.x, norm.xn, norm.n, norm.eps).in_stage(norm.stage);
         // Skipped by one-token steps, whose matvecs normalise on load.
         let op = if one {
             op
@@ -96,22 +97,6 @@ fn push_folded(prog: &mut Program, env: &OpEnv, norm: &NormInput, mut p: Program
     for op in p.ops {
         prog.push(op);
     }
-}
-
-/// The rmsnorm dispatch of every token row (`ops::rmsnorm`).
-fn rmsnorm_op(n: &NormInput) -> Op {
-    Op::new(
-        Kernel::RmsNorm,
-        &RmsNormParams {
-            n: n.n as u32,
-            x_stride: n.n as u32,
-            out_stride: n.n as u32,
-            eps: n.eps,
-            ..Default::default()
-        },
-        binds(&[n.x, n.weight, n.xn]),
-        [Dim::Tokens, Dim::Const(1), Dim::Const(1)],
-    )
 }
 
 /// A matvec made its normalising twin: x for xn, the norm's weight and output bound, the

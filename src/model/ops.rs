@@ -37,7 +37,12 @@ pub fn rmsnorm(
     n: usize,
     eps: f32,
 ) {
-    prog.push(Op::new(
+    prog.push(rmsnorm_op(weight, src, dst, n, eps));
+}
+
+/// The rmsnorm dispatch of [`rmsnorm`], for a builder that places it itself.
+pub fn rmsnorm_op(weight: &Buffer, src: &Buffer, dst: &Buffer, n: usize, eps: f32) -> Op {
+    Op::new(
         Kernel::RmsNorm,
         &RmsNormParams {
             n: n as u32,
@@ -48,7 +53,7 @@ pub fn rmsnorm(
         },
         binds(&[src, weight, dst]),
         [Dim::Tokens, Dim::Const(1), Dim::Const(1)],
-    ));
+    )
 }
 
 /// Column splits of a one-token matvec over `rows` rows of `words` 16-byte words: enough
