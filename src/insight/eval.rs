@@ -1,17 +1,7 @@
 //! Fidelity of one expert precision against another on the same token sequence: KL
 //! divergence and top-1 agreement of next-token distributions.
 
-/// log-softmax in f64.
-pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
-    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let lse = logits
-        .iter()
-        .map(|&x| (x as f64 - m).exp())
-        .sum::<f64>()
-        .ln()
-        + m;
-    logits.iter().map(|&x| x as f64 - lse).collect()
-}
+pub use crate::runtime::logprobs::log_softmax;
 
 /// KL(p || q) for the distributions softmax(p_logits), softmax(q_logits), in nats. NaN
 /// when either row holds a NaN (or an infinity that makes the softmax undefined): a broken

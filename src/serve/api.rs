@@ -109,6 +109,29 @@ pub struct Request {
     pub ignore_eos: bool,
     /// The model the request names (checked against the served one by the HTTP side).
     pub model: Option<String>,
+    /// Log-probabilities of the generated tokens with this many most likely alternatives
+    /// each (completions' `logprobs: N`, chat's `logprobs: true` + `top_logprobs: N`).
+    pub logprobs: Option<usize>,
+    /// Completions' `echo`: the prompt's text in front of the completion.
+    pub echo: bool,
+}
+
+/// The most alternatives a token's `top_logprobs` may list (the API's bound).
+pub const MAX_TOP_LOGPROBS: u64 = 20;
+
+/// A count of alternatives in 0..=MAX_TOP_LOGPROBS.
+fn top_count(o: &Map<String, Value>, name: &str) -> ApiResult<Option<usize>> {
+    match field(o, name) {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= MAX_TOP_LOGPROBS => Ok(Some(n as usize)),
+            _ => Err(wrong_type(
+                name,
+                &format!("an integer from 0 to {MAX_TOP_LOGPROBS}"),
+                v,
+            )),
+        },
+    }
 }
 
 fn kind_of(v: &Value) -> &'static str {
@@ -319,6 +342,8 @@ fn common(o: &Map<String, Value>, prompt: PromptInput) -> ApiResult<Request> {
         include_usage,
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
         model,
+        logprobs: None,
+        echo: false,
     })
 }
 
@@ -417,14 +442,19 @@ pub fn chat_request(body: &Value) -> ApiResult<Request> {
         let text = content(i, role, field(mo, "content"))?;
         out.push(Message::new(role, text));
     }
-    // Chat's `logprobs` is a boolean (`top_logprobs` the count).
-    if opt_bool(o, "logprobs")? == Some(true) {
+    // Chat's `logprobs` is a boolean, `top_logprobs` the count of alternatives (which
+    // needs `logprobs`, as OpenAI answers).
+    let logprobs = opt_bool(o, "logprobs")?.unwrap_or(false);
+    let top = top_count(o, "top_logprobs")?;
+    if top.is_some() && !logprobs {
         return Err(ApiError::invalid(
-            "logprobs",
-            "`logprobs` is not supported yet (leave it out or send false)",
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs`: true",
         ));
     }
-    common(o, PromptInput::Chat(out))
+    let mut r = common(o, PromptInput::Chat(out))?;
+    r.logprobs = logprobs.then_some(top.unwrap_or(0));
+    Ok(r)
 }
 
 /// A `/v1/completions` body: `prompt` is a string, or one string or one list of token ids
@@ -469,28 +499,23 @@ pub fn completion_request(body: &Value) -> ApiResult<Request> {
     if matches!(&prompt, PromptInput::Ids(v) if v.is_empty()) {
         return Err(ApiError::invalid("prompt", "`prompt` is empty"));
     }
-    completion_only(o)?;
-    common(o, prompt)
+    let (logprobs, echo) = completion_only(o)?;
+    let mut r = common(o, prompt)?;
+    r.logprobs = logprobs;
+    r.echo = echo;
+    Ok(r)
 }
 
-/// The Completions API's own fields: refused rather than ignored (their neutral values
-/// accepted), as the shared ones.
-fn completion_only(o: &Map<String, Value>) -> ApiResult<()> {
-    // An integer here (the count of most likely tokens), not chat's boolean.
-    match field(o, "logprobs") {
-        None => {}
-        Some(v) if v.is_u64() => {
-            return Err(ApiError::invalid(
-                "logprobs",
-                format!("`logprobs` {v}: log probabilities are not supported yet (leave it out or send null)"),
-            ))
-        }
-        Some(v) => return Err(wrong_type("logprobs", "an integer (0..=5) or null", v)),
-    }
-    if opt_bool(o, "echo")? == Some(true) {
+/// The Completions API's own fields: `logprobs` (an integer here, the count of most likely
+/// tokens, not chat's boolean) and `echo`; the others refused rather than ignored (their
+/// neutral values accepted), as the shared ones.
+fn completion_only(o: &Map<String, Value>) -> ApiResult<(Option<usize>, bool)> {
+    let logprobs = top_count(o, "logprobs")?;
+    let echo = opt_bool(o, "echo")?.unwrap_or(false);
+    if echo && logprobs.is_some() {
         return Err(ApiError::invalid(
             "echo",
-            "`echo`: returning the prompt with the completion is not supported (leave it out or send false)",
+            "`echo` with `logprobs`: scoring the prompt's own tokens is not supported yet (echo alone, or logprobs alone, are)",
         ));
     }
     if let Some(n) = opt_uint(o, "best_of")? {
@@ -512,7 +537,7 @@ fn completion_only(o: &Map<String, Value>) -> ApiResult<()> {
         }
         Some(v) => return Err(wrong_type("suffix", "a string or null", v)),
     }
-    Ok(())
+    Ok((logprobs, echo))
 }
 
 #[cfg(test)]
@@ -661,10 +686,11 @@ mod tests {
         }
     }
 
-    /// Issue 39, defects 2 and 3: the Completions API's own fields are refused, naming
-    /// the field; `logprobs` there is an integer; neutral values pass.
+    /// The Completions API's own fields: `logprobs` an integer of 0..=20 and `echo` read,
+    /// `best_of` and `suffix` refused naming the field, neutral values passing; chat's
+    /// `logprobs` a boolean with `top_logprobs` its count.
     #[test]
-    fn completion_fields_are_refused_not_ignored() {
+    fn completion_fields_are_read_or_refused_not_ignored() {
         let c = |extra: Value| {
             let mut b = json!({"prompt": "hi"});
             for (k, v) in extra.as_object().unwrap() {
@@ -673,11 +699,15 @@ mod tests {
             completion_request(&b)
         };
         for (extra, param, words) in [
-            (json!({"echo": true}), "echo", "not supported"),
+            (
+                json!({"echo": true, "logprobs": 1}),
+                "echo",
+                "not supported yet",
+            ),
             (json!({"best_of": 3}), "best_of", "only one"),
             (json!({"suffix": "end"}), "suffix", "not supported"),
-            (json!({"logprobs": 2}), "logprobs", "not supported yet"),
-            (json!({"logprobs": 0}), "logprobs", "not supported yet"),
+            (json!({"logprobs": 21}), "logprobs", "from 0 to 20"),
+            (json!({"logprobs": -1}), "logprobs", "from 0 to 20"),
             (json!({"logprobs": true}), "logprobs", "an integer"),
             (json!({"echo": "yes"}), "echo", "a boolean"),
             (json!({"suffix": 1}), "suffix", "a string"),
@@ -695,12 +725,39 @@ mod tests {
             json!({"echo": false, "best_of": 1, "suffix": null, "logprobs": null}),
             json!({"suffix": ""}),
         ] {
-            assert!(c(ok.clone()).is_ok(), "{ok}");
+            let r = c(ok.clone()).unwrap();
+            assert_eq!((r.logprobs, r.echo), (None, false), "{ok}");
         }
-        // Chat's logprobs stays a boolean.
-        let e = chat(json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}))
-            .unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("logprobs"));
+        assert_eq!(c(json!({"logprobs": 0})).unwrap().logprobs, Some(0));
+        assert_eq!(c(json!({"logprobs": 20})).unwrap().logprobs, Some(20));
+        assert!(c(json!({"echo": true})).unwrap().echo);
+        // Chat's logprobs is a boolean, top_logprobs its count.
+        let ch = |extra: Value| {
+            let mut b = json!({"messages": [{"role": "user", "content": "x"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            chat(b)
+        };
+        assert_eq!(ch(json!({"logprobs": true})).unwrap().logprobs, Some(0));
+        assert_eq!(
+            ch(json!({"logprobs": true, "top_logprobs": 3}))
+                .unwrap()
+                .logprobs,
+            Some(3)
+        );
+        assert_eq!(ch(json!({"logprobs": false})).unwrap().logprobs, None);
+        for (extra, param) in [
+            (json!({"logprobs": 2}), "logprobs"),
+            (json!({"top_logprobs": 2}), "top_logprobs"),
+            (
+                json!({"logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
+        ] {
+            let e = ch(extra.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}: {e:?}");
+        }
         let r = c(json!({"model": "m"})).unwrap();
         assert_eq!(r.model.as_deref(), Some("m"));
     }

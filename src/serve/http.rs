@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::serve::api::{self, ApiError};
+use crate::serve::logprobs::{self, Logprob};
 use crate::serve::worker::{shutting_down, Done, Event, Job, Shared};
 
 pub struct AppState {
@@ -435,6 +436,10 @@ struct Format {
     created: u64,
     model: String,
     include_usage: bool,
+    /// The request asked for log-probabilities.
+    logprobs: bool,
+    /// Completions' `echo`: the prompt's text, returned in front of the completion.
+    echo: Option<String>,
 }
 
 fn usage(d: &Done) -> Value {
@@ -479,9 +484,31 @@ impl Format {
         })
     }
 
-    /// A streamed piece of text (`role` on a chat stream's first chunk).
-    fn delta(&self, text: &str, first: bool) -> String {
-        let choice = match self.kind {
+    /// The `logprobs` of `entries` (their text starting at character `*offset` of the
+    /// completion, advanced past them); null when the request asked for none.
+    fn logprobs(&self, entries: &[Logprob], offset: &mut usize) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        match self.kind {
+            Kind::Chat => logprobs::chat(entries),
+            Kind::Completion => {
+                let (v, end) = logprobs::completion(entries, *offset);
+                *offset = end;
+                v
+            }
+        }
+    }
+
+    /// Where the completion's own text starts (after an echoed prompt), in characters.
+    fn text_start(&self) -> usize {
+        self.echo.as_deref().map_or(0, |e| e.chars().count())
+    }
+
+    /// A streamed piece of text (`role` on a chat stream's first chunk) with the
+    /// log-probabilities of the tokens it carries.
+    fn delta(&self, text: &str, first: bool, logprobs: Value) -> String {
+        let mut choice = match self.kind {
             Kind::Chat if first => {
                 json!({"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": null})
             }
@@ -492,6 +519,7 @@ impl Format {
                 json!({"index": 0, "text": text, "logprobs": null, "finish_reason": null})
             }
         };
+        choice["logprobs"] = logprobs;
         self.envelope(true, json!([choice])).to_string()
     }
 
@@ -519,8 +547,12 @@ impl Format {
     }
 
     /// The whole response of a request that was not streamed.
-    fn complete(&self, text: String, d: &Done) -> Value {
-        let choice = match self.kind {
+    fn complete(&self, text: String, d: &Done, logprobs: Value) -> Value {
+        let text = match &self.echo {
+            Some(e) => format!("{e}{text}"),
+            None => text,
+        };
+        let mut choice = match self.kind {
             Kind::Chat => {
                 json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": d.finish_reason})
             }
@@ -528,6 +560,7 @@ impl Format {
                 json!({"index": 0, "text": text, "logprobs": null, "finish_reason": d.finish_reason})
             }
         };
+        choice["logprobs"] = logprobs;
         let mut v = self.envelope(false, json!([choice]));
         v["usage"] = usage(d);
         v["timings"] = timings(d);
@@ -562,6 +595,16 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
             return Err(api::model_not_found(m, &st.model));
         }
     }
+    // The prompt as text, returned in front of the completion (`echo`).
+    let echo = match (&request.prompt, request.echo) {
+        (_, false) | (api::PromptInput::Chat(_), _) => None,
+        (api::PromptInput::Text(s), true) => Some(s.clone()),
+        (api::PromptInput::Ids(ids), true) => Some(
+            st.tokenizer
+                .decode_keeping_special(ids)
+                .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
+        ),
+    };
     let id = st.next_id.fetch_add(1, Ordering::SeqCst);
     let fmt = Format {
         kind,
@@ -577,6 +620,8 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
         created: now_unix(),
         model: st.model.clone(),
         include_usage: request.include_usage,
+        logprobs: request.logprobs.is_some(),
+        echo,
     };
     let stream = request.stream;
     let (tx, mut rx) = unbounded_channel();
@@ -645,10 +690,15 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
         return Ok(sse(fmt, rx).into_response());
     }
     let mut text = String::new();
+    let mut entries = Vec::new();
     loop {
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
-            Some(Event::Done(d)) => return Ok(Json(fmt.complete(text, &d)).into_response()),
+            Some(Event::Logprob(l)) => entries.push(l),
+            Some(Event::Done(d)) => {
+                let lp = fmt.logprobs(&entries, &mut fmt.text_start());
+                return Ok(Json(fmt.complete(text, &d, lp)).into_response());
+            }
             Some(Event::Error(e)) => return Ok(tallied(e)),
             Some(Event::Started) => {}
             None => {
@@ -669,6 +719,10 @@ struct SseState {
     queue: VecDeque<String>,
     first: bool,
     done: bool,
+    /// Log-probabilities of tokens whose text has not been sent yet.
+    pending: Vec<Logprob>,
+    /// Where the next token's text starts in the completion, in characters.
+    offset: usize,
 }
 
 /// Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`. Dropping the
@@ -677,13 +731,18 @@ fn sse(
     fmt: Format,
     rx: UnboundedReceiver<Event>,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let st = SseState {
+    let mut st = SseState {
         rx,
-        fmt,
+        offset: fmt.text_start(),
         queue: VecDeque::new(),
         first: true,
         done: false,
+        pending: Vec::new(),
+        fmt,
     };
+    if let Some(e) = st.fmt.echo.clone() {
+        st.queue.push_back(st.fmt.delta(&e, true, Value::Null));
+    }
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(data) = st.queue.pop_front() {
@@ -693,14 +752,24 @@ fn sse(
                 return None;
             }
             match st.rx.recv().await {
+                Some(Event::Logprob(l)) => st.pending.push(l),
                 Some(Event::Text(t)) => {
-                    let d = st.fmt.delta(&t, st.first);
+                    let lp = st
+                        .fmt
+                        .logprobs(&std::mem::take(&mut st.pending), &mut st.offset);
+                    let d = st.fmt.delta(&t, st.first, lp);
                     st.first = false;
                     st.queue.push_back(d);
                 }
                 Some(Event::Done(d)) => {
-                    if st.first && st.fmt.kind == Kind::Chat {
-                        st.queue.push_back(st.fmt.delta("", true));
+                    // Tokens whose text never came (a stop string held it, EOS) keep
+                    // their log-probabilities in a chunk of their own.
+                    if (st.first && st.fmt.kind == Kind::Chat) || !st.pending.is_empty() {
+                        let lp = st
+                            .fmt
+                            .logprobs(&std::mem::take(&mut st.pending), &mut st.offset);
+                        st.queue.push_back(st.fmt.delta("", st.first, lp));
+                        st.first = false;
                     }
                     st.queue.extend(st.fmt.finish(&d));
                     st.queue.push_back("[DONE]".into());

@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod http;
+pub mod logprobs;
 pub mod scheduler;
 pub mod tokenize;
 pub mod worker;

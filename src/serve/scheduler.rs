@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use crate::runtime::batch::{Batching, Slots};
 use crate::runtime::sampling::{sample, Rng, SamplingOptions};
 use crate::serve::api::ApiError;
+use crate::serve::logprobs::Logprob;
 use crate::serve::worker::{
     prompt_of, sampling, server_error, shutting_down, Defaults, Done, Event, Job, LastRequest,
     Shared,
@@ -321,6 +322,15 @@ impl Worker<'_> {
             s.first_token = Some(Instant::now());
         }
         s.generated.push(id);
+        if let Some(n) = s.job.request.logprobs {
+            let lp = match Logprob::of(tok, row, id, n) {
+                Ok(lp) => lp,
+                Err(e) => return Some(End::Failed(server_error(e.to_string()))),
+            };
+            if s.job.events.send(Event::Logprob(lp)).is_err() {
+                return Some(End::Finished("cancelled"));
+            }
+        }
         let piece = match s.stream.push(tok, id) {
             Ok(p) => p,
             Err(e) => return Some(End::Failed(server_error(e.to_string()))),

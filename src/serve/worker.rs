@@ -28,6 +28,9 @@ pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
 pub enum Event {
     /// The prompt fits and generation starts (the HTTP status is decided here).
     Started,
+    /// A generated token's log-probabilities (requests that ask for them), sent before
+    /// the text it adds.
+    Logprob(crate::serve::logprobs::Logprob),
     Text(String),
     Done(Box<Done>),
     Error(ApiError),

@@ -1,0 +1,117 @@
+//! Log-probabilities in the APIs' shapes. The worker turns each generated token's logits
+//! row into a [`Logprob`] (the log-softmax over the whole vocabulary of the raw logits:
+//! before temperature, top-k/top-p and any penalty, so a sampled request reports the
+//! model's own distribution); the HTTP side writes them as the Completions API's
+//! `{tokens, token_logprobs, top_logprobs, text_offset}` or the Chat API's
+//! `{content: [{token, logprob, bytes, top_logprobs}]}`, whole or per streamed chunk.
+
+use serde_json::{json, Map, Value};
+
+use crate::error::Result;
+use crate::runtime::logprobs::token_logprob;
+use crate::tokenizer::Tokenizer;
+
+/// One generated token: its text, log-probability and most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Logprob {
+    pub id: u32,
+    /// The token's own text, special tokens as written.
+    pub token: String,
+    pub logprob: f32,
+    /// (text, log-probability) of the most likely tokens, most likely first.
+    pub top: Vec<(String, f32)>,
+}
+
+impl Logprob {
+    /// Token `id` chosen from `row`, with `n` alternatives.
+    pub fn of(tok: &Tokenizer, row: &[f32], id: u32, n: usize) -> Result<Logprob> {
+        let t = token_logprob(row, id, n);
+        let text = |i: u32| tok.decode_keeping_special(&[i]);
+        Ok(Logprob {
+            id,
+            token: text(id)?,
+            logprob: t.logprob,
+            top: t
+                .top
+                .iter()
+                .map(|&(i, lp)| Ok((text(i)?, lp)))
+                .collect::<Result<_>>()?,
+        })
+    }
+}
+
+/// The Completions API's `logprobs` of `entries`, the first starting at character
+/// `offset` of the returned text (after an echoed prompt); returns the offset after them.
+pub fn completion(entries: &[Logprob], mut offset: usize) -> (Value, usize) {
+    let mut text_offset = Vec::with_capacity(entries.len());
+    for e in entries {
+        text_offset.push(offset);
+        offset += e.token.chars().count();
+    }
+    let top: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let m: Map<String, Value> =
+                e.top.iter().map(|(t, lp)| (t.clone(), json!(lp))).collect();
+            Value::Object(m)
+        })
+        .collect();
+    let v = json!({
+        "tokens": entries.iter().map(|e| e.token.as_str()).collect::<Vec<_>>(),
+        "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
+        "top_logprobs": top,
+        "text_offset": text_offset,
+    });
+    (v, offset)
+}
+
+/// The Chat API's `logprobs` of `entries`.
+pub fn chat(entries: &[Logprob]) -> Value {
+    let item =
+        |token: &str, lp: f32| json!({"token": token, "logprob": lp, "bytes": token.as_bytes()});
+    let content: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let mut v = item(&e.token, e.logprob);
+            v["top_logprobs"] = e.top.iter().map(|(t, lp)| item(t, *lp)).collect();
+            v
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lp(token: &str, logprob: f32, top: &[(&str, f32)]) -> Logprob {
+        Logprob {
+            id: 0,
+            token: token.into(),
+            logprob,
+            top: top.iter().map(|&(t, l)| (t.into(), l)).collect(),
+        }
+    }
+
+    #[test]
+    fn the_shapes_are_the_apis() {
+        let e = [
+            lp("Hé", -0.5, &[("Hé", -0.5), ("x", -2.0)]),
+            lp("!", -1.0, &[]),
+        ];
+        let (c, end) = completion(&e, 3);
+        assert_eq!(
+            c,
+            json!({"tokens": ["Hé", "!"], "token_logprobs": [-0.5, -1.0],
+                   "top_logprobs": [{"Hé": -0.5, "x": -2.0}, {}], "text_offset": [3, 5]})
+        );
+        assert_eq!(end, 6);
+        let h = chat(&e);
+        assert_eq!(h["content"][0]["bytes"], json!([72, 195, 169]));
+        assert_eq!(
+            h["content"][0]["top_logprobs"][1],
+            json!({"token": "x", "logprob": -2.0, "bytes": [120]})
+        );
+        assert_eq!(h["content"][1]["top_logprobs"], json!([]));
+    }
+}
