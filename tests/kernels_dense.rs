@@ -652,13 +652,24 @@ fn argmax_matches_cpu() {
     argmax_case(&dev, "last of 5 rows", &logits, 700, true, &[]);
 }
 
-/// The split argmax's part boundaries (512 values a part, at most 1024 parts): ties and
+/// The split argmax's part boundaries (256 values a part, at most 1024 parts): ties and
 /// suppression across them, a NaN in a late part, a row longer than 1024 parts hold.
 #[test]
 fn argmax_across_parts() {
     let dev = device(None);
     let mut rng = Rng::new(1002);
-    for &n in &[511usize, 512, 513, 1025, 50_304, 151_936, 1024 * 512 + 3] {
+    for &n in &[
+        255usize,
+        256,
+        257,
+        511,
+        512,
+        513,
+        1025,
+        50_304,
+        151_936,
+        1024 * 512 + 3,
+    ] {
         let mut logits = rng.vec(n, 10.0);
         argmax_case(&dev, &format!("parts n {n}"), &logits, n, false, &[]);
         if n > 1024 {

@@ -636,7 +636,11 @@ fn completion_fields_models_and_failures_are_answered() {
     let post = |path: &str, body: Value| srv.post_key(path, &body, key);
     let mut errors = 0;
     for (extra, param, words) in [
-        (json!({"echo": true, "logprobs": 1}), "echo", "not supported yet"),
+        (
+            json!({"echo": true, "logprobs": 1}),
+            "echo",
+            "not supported yet",
+        ),
         (json!({"best_of": 3}), "best_of", "only one"),
         (json!({"suffix": "end"}), "suffix", "not supported"),
         (json!({"logprobs": 21}), "logprobs", "from 0 to 20"),

@@ -216,28 +216,17 @@ fn logprobs_stream_chat_sampling_and_echo() {
         .expect("content")
         .clone();
     assert_eq!(content.len(), 6, "{c}");
-    for (i, t) in content.iter().enumerate() {
-        let token = t["token"].as_str().unwrap();
+    for (t, (token, lp, top)) in content.iter().zip(chat_entries(&content)) {
         assert_eq!(t["bytes"], json!(token.as_bytes()), "{t}");
-        let top: Vec<(String, f64)> = t["top_logprobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| {
-                (
-                    a["token"].as_str().unwrap().to_string(),
-                    a["logprob"].as_f64().unwrap(),
-                )
-            })
-            .collect();
+        for a in t["top_logprobs"].as_array().unwrap() {
+            assert_eq!(
+                a["bytes"],
+                json!(a["token"].as_str().unwrap().as_bytes()),
+                "{a}"
+            );
+        }
         assert_eq!(top.len(), 2);
-        check_entry(
-            &format!("chat token {i}"),
-            token,
-            t["logprob"].as_f64().unwrap(),
-            &top,
-            true,
-        );
+        check_entry(&format!("chat token {token:?}"), &token, lp, &top, true);
     }
     let mut chat_s = chat.clone();
     chat_s["stream"] = json!(true);

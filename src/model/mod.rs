@@ -1,6 +1,7 @@
 //! A model on a device: its weights, the op builders, the workspace and the forward pass
 //! that runs them, with the expert residency runtime for partial residency.
 
+mod attention_ops;
 mod costs;
 pub mod dense_mlp;
 mod fills;
