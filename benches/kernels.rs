@@ -510,6 +510,7 @@ fn synth_model() -> &'static std::path::Path {
                 format: SynthFormat::Converted,
                 max_shard_bytes: DEFAULT_MAX_SHARD_BYTES,
                 gguf_scheme: wgmoe::synth::GgufScheme::Q4KM,
+                router_skew: 0.0,
             },
             dir.path(),
             &mut |_, _| {},

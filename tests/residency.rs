@@ -47,10 +47,12 @@ fn check_policies(name: &str) {
     let slot_bytes =
         wgmoe::blocks::quant::Q4SlotLayout::new(cfg.hidden_size, cfg.moe_intermediate).bytes as u64;
     // Copies staged on the submitting thread without prefetch (the path before overlapped
-    // fills), fills off it alone, and the default (fill threads and next-layer prefetch).
+    // fills), fills off it alone, fill threads with every guess copied, and the default
+    // (fill threads and the gated next-layer prefetch).
     let ways = [
         (Prefetch::Off, Some(0)),
         (Prefetch::Off, None),
+        (Prefetch::NextLayerUngated, None),
         (Prefetch::NextLayer, None),
     ];
     for policy in PolicyKind::ALL {
@@ -102,9 +104,11 @@ fn check_policies(name: &str) {
                         );
                         assert!(st.expert_misses > 0);
                         assert_eq!(st.prefetch, prefetch, "{name} {what}");
-                        if prefetch == Prefetch::NextLayer {
-                            // Guesses were made and copied; each was used or wasted.
-                            assert!(st.prefetch_issued > 0, "{name} {what}: {st:?}");
+                        if prefetch.guesses() {
+                            // Guesses were made and (ungated) copied; each was used or wasted.
+                            if !prefetch.gated() {
+                                assert!(st.prefetch_issued > 0, "{name} {what}: {st:?}");
+                            }
                             assert_eq!(
                                 st.prefetch_issued * slot_bytes,
                                 st.prefetch_used * slot_bytes + st.prefetch_wasted_bytes,
@@ -298,7 +302,7 @@ fn failed_copies_with_prefetch_keep_tables_and_tokens() {
             64,
             ResidencyOptions {
                 resident_experts: Some(3),
-                prefetch: Some(Prefetch::NextLayer),
+                prefetch: Some(Prefetch::NextLayerUngated),
                 fill_threads: fills,
                 ..upload()
             },

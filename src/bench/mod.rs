@@ -392,7 +392,7 @@ pub fn run_bench(
             0,
             format!(
                 "synthetic model (wgmoe synth): {}",
-                crate::synth::NOTE_UNIFORM_ROUTING
+                crate::synth::routing_note(host::synthetic_router_skew(&o.model))
             ),
         );
     }

@@ -102,6 +102,10 @@ pub struct BenchRecord {
     pub prefetch_wasted_bytes: Option<u64>,
     pub prefetch_accuracy: Option<f64>,
     pub prefetch_accuracy_per_layer: Option<Vec<Option<f64>>>,
+    /// `--prefetch next-layer`'s gate: the layers it holds back at the end, and the
+    /// guesses it judged without copying.
+    pub prefetch_gated_layers: Option<Vec<usize>>,
+    pub prefetch_held_back: Option<u64>,
     /// Seconds compiling pipelines while this configuration loaded, and the pipeline cache
     /// (`loaded`, `created`, `replaced`, `off`, `unsupported`).
     pub pipeline_compile_s: f64,
@@ -327,5 +331,15 @@ pub(super) fn record(
             .residency
             .as_ref()
             .map(|_| res.prefetch_accuracy_per_layer.clone()),
+        prefetch_gated_layers: engine
+            .fwd
+            .residency
+            .as_ref()
+            .map(|_| res.prefetch_gated_layers.clone()),
+        prefetch_held_back: engine
+            .fwd
+            .residency
+            .as_ref()
+            .map(|_| res.prefetch_held_back),
     }
 }

@@ -66,6 +66,11 @@ pub(crate) struct SynthArgs {
     /// Seed of the random weights (same seed and shape, same bytes).
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+    /// Routers that prefer some experts, as trained ones do: each MoE layer ranks its
+    /// experts (seeded, per layer) and scales the router row of rank r by (1 + r)^-S, a
+    /// Zipf-like popularity (0..=4; 0: uniform routing, the worst case for a cache).
+    #[arg(long, default_value_t = 0.0, value_name = "S")]
+    pub(crate) router_skew: f64,
     /// --format hf: largest shard (bytes) before splitting into model-0000k-of-0000n files.
     #[arg(long, default_value_t = wgmoe::synth::DEFAULT_MAX_SHARD_BYTES)]
     pub(crate) max_shard_bytes: u64,

@@ -391,6 +391,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         m["prefetch_wasted_bytes_per_layer"] =
             json!(res.map(|r| &r.prefetch_wasted_bytes_per_layer));
         m["prefetch_accuracy_per_layer"] = json!(res.map(|r| &r.prefetch_accuracy_per_layer));
+        // The gate of --prefetch next-layer: layers held back at the end, guesses held back.
+        m["prefetch_gated_layers"] = json!(res.map(|r| &r.prefetch_gated_layers));
+        m["prefetch_held_back"] = json!(res.map(|r| r.prefetch_held_back));
+        m["prefetch_break_even_per_layer"] = json!(res.map(|r| &r.prefetch_break_even_per_layer));
         // The pipelined loop: the depth it ran at, steps in flight, the host's waits.
         m["pipeline_depth"] = json!(g.pipeline_depth);
         m["decode_steps_in_flight_max"] = json!(g.decode_steps_in_flight_max);

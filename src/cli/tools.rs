@@ -600,6 +600,7 @@ pub fn synth(a: SynthArgs) -> Result<()> {
         format: a.format,
         max_shard_bytes: a.max_shard_bytes,
         gguf_scheme: a.gguf_type,
+        router_skew: a.router_skew,
     };
     let pb =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
@@ -665,7 +666,7 @@ pub fn synth(a: SynthArgs) -> Result<()> {
         human(s.expert_bytes),
         t0.elapsed().as_secs_f64()
     );
-    eprintln!("note: {}", wgmoe::synth::NOTE_UNIFORM_ROUTING);
+    eprintln!("note: {}", wgmoe::synth::routing_note(a.router_skew));
     if a.json {
         out!(
             "{}",

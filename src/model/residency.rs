@@ -25,11 +25,13 @@ use crate::model::fills::{FillPool, Ticket};
 use crate::model::tensors::Q4Pool;
 use crate::residency::{
     choose_uploads, CacheConfig, CacheError, CostFigures, ExpertCache, HostSource, MissPolicy,
-    Policy, Prefetch, Reuse, StagingPool,
+    Policy, Prefetch, PrefetchGate, Reuse, StagingPool,
 };
 
 mod overlap;
+mod stats;
 pub use overlap::GpuState;
+pub use stats::ResidencyStats;
 
 /// Where one layer's routed experts live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -77,56 +79,6 @@ pub struct Admission {
     uploads: Vec<(usize, u32, usize, u64)>,
 }
 
-/// Counters reported in `--json` metrics and by the bench.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct ResidencyStats {
-    pub expert_hits: u64,
-    pub expert_misses: u64,
-    pub expert_evictions: u64,
-    pub h2d_bytes: u64,
-    pub upload_seconds: f64,
-    pub hits_per_layer: Vec<u64>,
-    pub misses_per_layer: Vec<u64>,
-    pub evictions_per_layer: Vec<u64>,
-    pub staging_buffers: usize,
-    pub staging_peak_in_use: usize,
-    /// Where misses ran (`--miss-policy`).
-    pub miss_policy: MissPolicy,
-    /// (token, expert) pairs computed on the CPU, and the seconds it took.
-    pub cpu_expert_pairs: u64,
-    pub cpu_expert_seconds: f64,
-    /// Misses copied to the device (the others ran on the CPU).
-    pub uploaded_misses: u64,
-    /// Distinct experts per routed group computed on the CPU (misses not uploaded; every
-    /// expert of a layer without device slots).
-    pub cpu_misses: u64,
-    /// The cost model's figures, when measured.
-    pub cost_figures: Option<CostFigures>,
-    /// Threads and instruction set of the CPU expert kernel.
-    pub cpu_threads: usize,
-    pub cpu_isa: Option<&'static str>,
-    /// Threads filling staging buffers off the submitting thread (0: on it).
-    pub fill_threads: usize,
-    /// Seconds the device waited for a copy: from when it ran out of submitted work to
-    /// when the copy it waited for was submitted (its staging full).
-    pub upload_stall_seconds: f64,
-    /// `--prefetch` and its width (experts guessed per layer and step).
-    pub prefetch: Prefetch,
-    pub prefetch_width: usize,
-    /// Guessed experts copied ahead, those the real router then chose, and the bytes of
-    /// the others (wrong guesses), in total and per layer.
-    pub prefetch_issued: u64,
-    pub prefetch_used: u64,
-    pub prefetch_wasted_bytes: u64,
-    /// Of the experts the router chose where a guess was made (decode steps, layers after
-    /// the first MoE layer), the share the guess held; null before any guess.
-    pub prefetch_accuracy: Option<f64>,
-    pub prefetch_issued_per_layer: Vec<u64>,
-    pub prefetch_used_per_layer: Vec<u64>,
-    pub prefetch_wasted_bytes_per_layer: Vec<u64>,
-    pub prefetch_accuracy_per_layer: Vec<Option<f64>>,
-}
-
 /// Test hook: fail the n-th upload (counting from 1) as if mapping its staging buffer had
 /// failed, before the group is published.
 #[derive(Clone, Copy, Debug, Default)]
@@ -142,6 +94,10 @@ pub struct Residency {
     /// Per layer: distinct experts routed where a guess was made, and those it held.
     pub(crate) guessed: Vec<u64>,
     pub(crate) predicted: Vec<u64>,
+    /// Per layer: `--prefetch next-layer`'s gate, and the copy candidates of the guess made
+    /// for the layer's current step, with whether the gate let them be copied.
+    pub(crate) gates: Vec<PrefetchGate>,
+    pub(crate) judging: Vec<Option<(Vec<u32>, bool)>>,
     /// Prefetch copies staged and not yet submitted (`flush_prefetch`).
     pub(crate) inflight: Vec<overlap::PrefetchFill>,
     /// Staging fills off the submitting thread, and the fence watcher.
@@ -209,7 +165,7 @@ impl Residency {
         let e = host.num_experts;
         let width = match rc.prefetch {
             Prefetch::Off => 0,
-            Prefetch::NextLayer => rc.prefetch_width,
+            Prefetch::NextLayer | Prefetch::NextLayerUngated => rc.prefetch_width,
         };
         let mut caches = Vec::new();
         for (l, &p) in rc.placement.iter().enumerate() {
@@ -256,6 +212,8 @@ impl Residency {
             prefetch_width: if prefetching { width } else { 0 },
             guessed: vec![0; layers],
             predicted: vec![0; layers],
+            gates: vec![PrefetchGate::new(2.0 / 3.0); layers],
+            judging: vec![None; layers],
             inflight: Vec::new(),
             fills,
             stall_seconds: 0.0,
@@ -619,77 +577,6 @@ impl Residency {
         self.cpu_pairs += st.pairs;
         self.cpu_seconds += st.seconds;
         Ok(())
-    }
-
-    pub fn stats(&self) -> ResidencyStats {
-        let mut s = ResidencyStats {
-            h2d_bytes: self.h2d_bytes,
-            upload_seconds: self.upload_seconds,
-            staging_buffers: self.staging_bufs.len(),
-            staging_peak_in_use: self.staging.stats().peak_in_use,
-            miss_policy: self.miss,
-            cpu_expert_pairs: self.cpu_pairs,
-            cpu_expert_seconds: self.cpu_seconds,
-            cpu_misses: self.cpu_misses.iter().sum(),
-            cost_figures: self.figures,
-            cpu_threads: self.cpu.as_ref().map_or(0, |c| c.threads()),
-            cpu_isa: self.cpu.as_ref().map(|c| c.isa()),
-            fill_threads: self.fills.threads(),
-            upload_stall_seconds: self.stall_seconds,
-            prefetch: self.prefetch,
-            prefetch_width: self.prefetch_width,
-            ..Default::default()
-        };
-        let slot = self.host.slot_bytes as u64;
-        let share = |hit: u64, of: u64| (of > 0).then(|| hit as f64 / of as f64);
-        for (l, c) in self.caches.iter().enumerate() {
-            let st = c.as_ref().map(|c| c.stats()).unwrap_or_default();
-            s.expert_hits += st.hits;
-            s.expert_evictions += st.evictions;
-            s.hits_per_layer.push(st.hits);
-            s.evictions_per_layer.push(st.evictions);
-            s.prefetch_issued += st.prefetch_issued;
-            s.prefetch_used += st.prefetch_used;
-            s.prefetch_wasted_bytes += st.prefetch_wasted * slot;
-            s.prefetch_issued_per_layer.push(st.prefetch_issued);
-            s.prefetch_used_per_layer.push(st.prefetch_used);
-            s.prefetch_wasted_bytes_per_layer
-                .push(st.prefetch_wasted * slot);
-            let (p, g) = (self.predicted[l], self.guessed[l]);
-            s.prefetch_accuracy_per_layer.push(share(p, g));
-        }
-        s.prefetch_accuracy = share(self.predicted.iter().sum(), self.guessed.iter().sum());
-        // Misses, per layer and in total: uploaded ones in caches without CPU experts
-        // (counted at publication), and every expert that had no slot when routed beside
-        // CPU experts (those the policy admitted were computed on the CPU that step too).
-        s.uploaded_misses = self.admitted;
-        for (l, c) in self.caches.iter().enumerate() {
-            let mut m = self.cpu_misses[l];
-            if let (Some(c), Some(ExpertPlacement::Cached)) = (c, self.placement.get(l)) {
-                let st = c.stats();
-                s.uploaded_misses += st.uploads;
-                m += st.misses;
-            }
-            s.misses_per_layer.push(m);
-        }
-        s.expert_misses = s.misses_per_layer.iter().sum();
-        s
-    }
-
-    /// Zero every counter (after warm-up).
-    pub fn reset_stats(&mut self) {
-        for c in self.caches.iter_mut().flatten() {
-            c.reset_stats();
-        }
-        self.h2d_bytes = 0;
-        self.upload_seconds = 0.0;
-        self.cpu_pairs = 0;
-        self.cpu_seconds = 0.0;
-        self.cpu_misses.iter_mut().for_each(|m| *m = 0);
-        self.admitted = 0;
-        self.stall_seconds = 0.0;
-        self.guessed.iter_mut().for_each(|x| *x = 0);
-        self.predicted.iter_mut().for_each(|x| *x = 0);
     }
 
     /// A staging buffer whose previous copy has completed.

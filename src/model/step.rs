@@ -11,7 +11,6 @@ use crate::model::residency::ExpertPlacement;
 use crate::model::residency::GpuState;
 use crate::model::tensors::ExpertStore;
 use crate::model::weights::Mlp;
-use crate::residency::Prefetch;
 
 /// The reads of one step's results on their way to the host (`Forward::start_token_read`).
 pub struct StepRead {
@@ -332,7 +331,7 @@ impl Forward {
         let prefetching = self
             .residency
             .as_ref()
-            .is_some_and(|r| r.prefetch == Prefetch::NextLayer);
+            .is_some_and(|r| r.prefetch.guesses());
         // One-token steps guess each next MoE layer's routing (prefetch, traces).
         let guessing = n == 1 && (prefetching || tracing);
         let width = self.opts.predict_width;

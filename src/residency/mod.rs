@@ -8,7 +8,8 @@
 //! - [`HostSource`]: the immutable, already-quantised expert set in host memory.
 //! - [`MissPolicy`] and the cost model: where a miss runs (uploaded, or on the CPU).
 //! - [`Prefetch`]: experts guessed for a layer's next step copied ahead into its prefetch
-//!   slots, published only if the real routing wants them.
+//!   slots, published only if the real routing wants them; [`PrefetchGate`] stops a
+//!   layer's copies while its guesses do not pay.
 //! - Ceilings: [`belady`], [`frequency_ceiling`], and [`simulate`] to compare policies;
 //!   [`replay`] and [`belady_steps`] over recorded steps served as the runtime serves them.
 //!
@@ -25,6 +26,7 @@ mod host_source;
 mod miss;
 mod policy;
 mod prefetch;
+mod prefetch_gate;
 mod profile;
 mod replay;
 mod staging;
@@ -48,6 +50,7 @@ pub use host_source::{HostLayer, HostSource};
 pub use miss::{choose_uploads, CostFigures, MissPolicy, Reuse};
 pub use policy::{build_policy, LfuDecay, Lru, Policy, PolicyKind, StaticProfile};
 pub use prefetch::{Prefetch, Settled};
+pub use prefetch_gate::{break_even_precision, PrefetchGate};
 pub use profile::Profile;
 pub use replay::{
     belady_steps, distinct, replay, replay_prefetch, total, PrefetchSimStats, SimStats,

@@ -22,8 +22,11 @@ pub enum Prefetch {
     #[default]
     Off,
     /// After a layer's attention, apply the next MoE layer's router to this layer's
-    /// hidden state and copy the guessed experts while this layer's experts compute.
+    /// hidden state and copy the guessed experts while this layer's experts compute, in
+    /// each layer only while its recent guesses pay for their copies (`PrefetchGate`).
     NextLayer,
+    /// next-layer without the gate: every guess copied, paying or not.
+    NextLayerUngated,
 }
 
 impl Prefetch {
@@ -31,7 +34,18 @@ impl Prefetch {
         match self {
             Prefetch::Off => "off",
             Prefetch::NextLayer => "next-layer",
+            Prefetch::NextLayerUngated => "next-layer-ungated",
         }
+    }
+
+    /// Next-layer guesses are made and copied (gated or not).
+    pub fn guesses(self) -> bool {
+        self != Prefetch::Off
+    }
+
+    /// A layer's copies stop while its guesses do not pay.
+    pub fn gated(self) -> bool {
+        self == Prefetch::NextLayer
     }
 }
 

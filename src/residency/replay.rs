@@ -13,6 +13,7 @@ use super::cache::{CacheConfig, ExpertCache};
 use super::error::ConfigError;
 use super::fence::MockFence;
 use super::policy::Policy;
+use super::prefetch_gate::PrefetchGate;
 
 /// Outcome of running a trace.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,12 +58,20 @@ pub fn replay(
     policy: &mut dyn Policy,
 ) -> Result<Vec<SimStats>, ConfigError> {
     let none = vec![Vec::new(); steps.len()];
-    Ok(
-        replay_prefetch(layer, steps, &none, num_experts, top_k, capacity, 0, policy)?
-            .into_iter()
-            .map(|s| s.cache)
-            .collect(),
-    )
+    Ok(replay_prefetch(
+        layer,
+        steps,
+        &none,
+        num_experts,
+        top_k,
+        capacity,
+        0,
+        policy,
+        None,
+    )?
+    .into_iter()
+    .map(|s| s.cache)
+    .collect())
 }
 
 /// One step of [`replay_prefetch`].
@@ -83,7 +92,9 @@ pub struct PrefetchSimStats {
 /// [`replay`] with `--prefetch next-layer`: before step s is served, the experts of
 /// `guesses[s]` (the recorded guess for this layer; empty: none) that are not resident are
 /// copied ahead into the layer's `width` prefetch slots, exactly as the runtime does
-/// (the same cache, its prefetch slots, the same settle and plans).
+/// (the same cache, its prefetch slots, the same settle and plans). With `gate` (the
+/// gated `next-layer`), copies are made only while the gate is open, and every guess's
+/// copy candidates are judged, as the runtime judges them.
 #[allow(clippy::too_many_arguments)]
 pub fn replay_prefetch(
     layer: usize,
@@ -94,6 +105,7 @@ pub fn replay_prefetch(
     capacity: usize,
     width: usize,
     policy: &mut dyn Policy,
+    mut gate: Option<&mut PrefetchGate>,
 ) -> Result<Vec<PrefetchSimStats>, ConfigError> {
     let config = CacheConfig::partial(layer, num_experts, top_k, capacity).with_prefetch(width);
     let mut cache = ExpertCache::<MockFence>::new(config)?;
@@ -108,7 +120,19 @@ pub fn replay_prefetch(
         if !guess.is_empty() {
             st.guessed = wanted.len() as u64;
             st.predicted = wanted.iter().filter(|e| guess.contains(e)).count() as u64;
-            if config.prefetch > 0 {
+            let mut open = true;
+            if let (Some(g), true) = (gate.as_deref_mut(), config.prefetch > 0) {
+                let cands: Vec<u32> = guess
+                    .iter()
+                    .copied()
+                    .filter(|&e| cache.table().slot_of(e).is_none())
+                    .take(config.prefetch)
+                    .collect();
+                open = g.is_open();
+                let chosen = cands.iter().filter(|e| wanted.contains(e)).count();
+                g.record(cands.len(), chosen, open);
+            }
+            if config.prefetch > 0 && open {
                 let placed = cache.prefetch(guess, &fence).map_err(|e| fail(t, &e))?;
                 if !placed.is_empty() {
                     let copy = fence.submit();

@@ -229,7 +229,7 @@ fn prefetch_replay_with_oracle_and_wrong_guesses() {
     let steps = singles(&SMALL);
     let plain = replay(0, &steps, 4, 1, 2, &mut Lru::new()).unwrap();
     let oracle: Vec<Vec<u32>> = steps.to_vec();
-    let s = replay_prefetch(0, &steps, &oracle, 4, 1, 2, 1, &mut Lru::new()).unwrap();
+    let s = replay_prefetch(0, &steps, &oracle, 4, 1, 2, 1, &mut Lru::new(), None).unwrap();
     let sum = |f: fn(&PrefetchSimStats) -> u64| s.iter().map(f).sum::<u64>();
     // Hits as without prefetch (resident before); each plain miss comes from the prefetch.
     assert_eq!(sum(|x| x.cache.hits), total(&plain).hits);
@@ -239,7 +239,7 @@ fn prefetch_replay_with_oracle_and_wrong_guesses() {
     assert_eq!((sum(|x| x.predicted), sum(|x| x.guessed)), (6, 6));
     // Expert 3 is never wanted: every guess of it is copied and released.
     let wrong = vec![vec![3u32]; steps.len()];
-    let w = replay_prefetch(0, &steps, &wrong, 4, 1, 2, 1, &mut Lru::new()).unwrap();
+    let w = replay_prefetch(0, &steps, &wrong, 4, 1, 2, 1, &mut Lru::new(), None).unwrap();
     assert_eq!(
         w.iter().map(|x| x.cache).collect::<Vec<_>>(),
         plain,
@@ -248,7 +248,61 @@ fn prefetch_replay_with_oracle_and_wrong_guesses() {
     assert_eq!(w.iter().map(|x| x.wasted).sum::<u64>(), 6);
     assert_eq!(w.iter().map(|x| x.predicted).sum::<u64>(), 0);
     // No prefetch slots: the guesses are scored, nothing is copied.
-    let z = replay_prefetch(0, &steps, &oracle, 4, 1, 2, 0, &mut Lru::new()).unwrap();
+    let z = replay_prefetch(0, &steps, &oracle, 4, 1, 2, 0, &mut Lru::new(), None).unwrap();
     assert_eq!(z.iter().map(|x| x.issued).sum::<u64>(), 0);
     assert_eq!(z.iter().map(|x| x.predicted).sum::<u64>(), 6);
+}
+
+/// The gated replay: a guess never wanted is judged every step and never copied; an
+/// oracle's guesses are held back for the gate's first 16 judgements, then copied.
+#[test]
+fn gated_prefetch_replay_copies_only_paying_guesses() {
+    use crate::residency::PrefetchGate;
+    // 40 steps over experts 0..8, one wanted per step, 4 resident.
+    let refs: Vec<u32> = (0..40u32).map(|t| (t * 3) % 8).collect();
+    let steps = singles(&refs);
+    let plain = replay(0, &steps, 8, 1, 4, &mut Lru::new()).unwrap();
+    // Expert 7 is wanted 1 step in 8: guessing it every step is right an eighth of the time.
+    let poor = vec![vec![7u32]; steps.len()];
+    let mut gate = PrefetchGate::new(2.0 / 3.0);
+    let p = replay_prefetch(
+        0,
+        &steps,
+        &poor,
+        8,
+        1,
+        4,
+        1,
+        &mut Lru::new(),
+        Some(&mut gate),
+    )
+    .unwrap();
+    assert_eq!(p.iter().map(|x| x.issued).sum::<u64>(), 0, "never copied");
+    assert_eq!(
+        p.iter().map(|x| x.cache).collect::<Vec<_>>(),
+        plain,
+        "held-back guesses change nothing"
+    );
+    assert!(gate.held_back > 0 && !gate.is_open());
+    // The oracle: every candidate is wanted, so after 16 judgements its guesses are copied.
+    let oracle: Vec<Vec<u32>> = steps.to_vec();
+    let mut gate = PrefetchGate::new(2.0 / 3.0);
+    let o = replay_prefetch(
+        0,
+        &steps,
+        &oracle,
+        8,
+        1,
+        4,
+        1,
+        &mut Lru::new(),
+        Some(&mut gate),
+    )
+    .unwrap();
+    let ungated = replay_prefetch(0, &steps, &oracle, 8, 1, 4, 1, &mut Lru::new(), None).unwrap();
+    let issued = o.iter().map(|x| x.issued).sum::<u64>();
+    assert!(gate.is_open());
+    assert_eq!(gate.held_back, 16);
+    assert!(issued > 0 && issued < ungated.iter().map(|x| x.issued).sum::<u64>());
+    assert_eq!(o.iter().map(|x| x.wasted).sum::<u64>(), 0);
 }

@@ -163,7 +163,7 @@ impl ResidencyOptions {
     pub fn prefetch(&self, cfg: &ModelConfig) -> Result<Prefetch> {
         let miss = self.miss_policy(cfg);
         match self.prefetch {
-            Some(Prefetch::NextLayer) if miss == MissPolicy::Cpu => Err(Error::option(
+            Some(p) if p.guesses() && miss == MissPolicy::Cpu => Err(Error::option(
                 "--prefetch",
                 "next-layer copies guessed experts to the device; with --miss-policy cpu nothing is copied in decode steps (use --miss-policy auto or upload, or --prefetch off)",
             )),

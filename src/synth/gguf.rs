@@ -433,15 +433,27 @@ fn block(ty: GgmlType, st: &mut u64, o: &mut Vec<u8>) {
 /// Blocks generated per seeded piece of a tensor.
 const PIECE_BLOCKS: u64 = 4096;
 
-fn write_tensor(seed: u64, t: &TensorSpec, out: &mut dyn Write) -> Result<()> {
+/// `skew`: `--router-skew` (the router is f32, scaled by row; see `super::skew`).
+fn write_tensor(seed: u64, skew: f64, t: &TensorSpec, out: &mut dyn Write) -> Result<()> {
     let io = |e: std::io::Error| Error::Other(format!("writing GGUF tensor {}: {e}", t.name));
     let n: u64 = t.ne.iter().product();
     if t.ty == GgmlType::F32 {
         let ones = t.name.ends_with("norm.weight");
+        // GGUF's ne[0] is the row length: a router's rows are its experts.
+        let row_len = t.ne.first().copied().unwrap_or(1).max(1);
+        let rows = t.ne.get(1).copied().unwrap_or(1) as usize;
+        let scales = super::skew::row_scales(seed, &t.name, rows, skew);
+        let rs = scales.as_deref().map(|scales| super::random::RowScales {
+            scales,
+            row_len: row_len as usize,
+        });
         let mut buf = Vec::with_capacity(1 << 20);
         let mut st = stream_seed(seed, &t.name, 0);
         for i in 0..n {
-            let v = if ones { 1.0 } else { normalish(&mut st, 0.02) };
+            let mut v = if ones { 1.0 } else { normalish(&mut st, 0.02) };
+            if let Some(r) = rs {
+                v *= r.at(i as usize);
+            }
             buf.extend(v.to_le_bytes());
             if buf.len() >= 1 << 20 || i + 1 == n {
                 out.write_all(&buf).map_err(io)?;
@@ -471,11 +483,8 @@ fn write_tensor(seed: u64, t: &TensorSpec, out: &mut dyn Write) -> Result<()> {
 /// Write the model's GGUF file to `path`; returns (file bytes, non-routed bytes, routed
 /// expert bytes). `on_progress(done, total)` follows the tensor bytes.
 pub(super) fn write_gguf_model(
-    arch: SynthArch,
-    shape: &SynthShape,
+    opts: &super::SynthOptions,
     cfg: &ModelConfig,
-    scheme: GgufScheme,
-    seed: u64,
     path: &std::path::Path,
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(u64, u64, u64)> {
@@ -485,7 +494,8 @@ pub(super) fn write_gguf_model(
             "gguf: llama.cpp's graphs for these architectures have an MoE block in every layer; this shape has dense layers",
         ));
     }
-    let kv = metadata(arch, shape, cfg, scheme, seed)?;
+    let (arch, scheme, seed) = (opts.arch, opts.gguf_scheme, opts.seed);
+    let kv = metadata(arch, &opts.shape, cfg, scheme, seed)?;
     let specs = tensors(arch, cfg, scheme);
     let size = |t: &TensorSpec| t.bytes().unwrap_or(0);
     let total: u64 = specs.iter().map(size).sum();
@@ -499,7 +509,7 @@ pub(super) fn write_gguf_model(
     let mut done = 0;
     on_progress(0, total);
     let bytes = write_gguf(&mut out, &kv, &specs, &mut |i, w| {
-        write_tensor(seed, &specs[i], w)?;
+        write_tensor(seed, opts.router_skew, &specs[i], w)?;
         done += size(&specs[i]);
         on_progress(done, total);
         Ok(())

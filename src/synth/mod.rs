@@ -20,12 +20,14 @@
 //! are approximately normal with std 0.02 (a sum of four uniforms), norm weights are 1.
 //!
 //! Random weights route almost uniformly across experts: the worst case for an expert
-//! cache. Real routers are skewed; measure caching on real checkpoints.
+//! cache. Real routers are skewed: `--router-skew` (`skew`) gives the routers a Zipf-like
+//! popularity; measure caching on real checkpoints too.
 
 mod config;
 mod gguf;
 mod random;
 mod shape;
+mod skew;
 mod vocab;
 mod writer;
 
@@ -43,6 +45,7 @@ pub use config::config_json;
 pub use gguf::GgufScheme;
 pub use random::random_q4_slot;
 pub use shape::{preset, ShapeOverrides, SynthArch, SynthFormat, SynthShape};
+pub use skew::expert_ranks;
 
 /// Std of the random non-routed weights.
 pub const WEIGHT_STD: f32 = 0.02;
@@ -53,6 +56,18 @@ pub fn int4_scale_for_std(std: f32) -> f32 {
 }
 
 pub const NOTE_UNIFORM_ROUTING: &str = "random weights route almost uniformly across experts: the worst case for an expert cache (hit rate = capacity / experts); real routers are skewed, so measure caching on real checkpoints";
+
+/// What the routing of a synthetic model written with `--router-skew skew` is like.
+pub fn routing_note(skew: f64) -> String {
+    if skew == 0.0 {
+        NOTE_UNIFORM_ROUTING.to_string()
+    } else {
+        format!("routers skewed (--router-skew {skew}): each layer's experts have a Zipf-like popularity, and consecutive tokens share experts through it alone (a random model carries no topic from token to token); real routers differ, so measure caching on real checkpoints")
+    }
+}
+
+/// Largest `--router-skew`: beyond it the lowest ranks' rows scale below f16's normal range.
+pub const MAX_ROUTER_SKEW: f64 = 4.0;
 
 /// Everything `write_synthetic` needs.
 #[derive(Clone, Debug)]
@@ -66,6 +81,8 @@ pub struct SynthOptions {
     pub max_shard_bytes: u64,
     /// `gguf` only: the block types.
     pub gguf_scheme: GgufScheme,
+    /// `--router-skew`: 0 for uniform routing (see `skew`).
+    pub router_skew: f64,
 }
 
 pub const DEFAULT_MAX_SHARD_BYTES: u64 = 2_000_000_000;
@@ -129,7 +146,31 @@ pub fn write_synthetic_to(
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SynthSummary> {
     let (arch, shape) = (opts.arch, &opts.shape);
-    let cfg_value = config_json(arch, shape, opts.seed);
+    if !(0.0..=MAX_ROUTER_SKEW).contains(&opts.router_skew) {
+        return Err(Error::option(
+            "--router-skew",
+            format!(
+                "{} is outside 0..={MAX_ROUTER_SKEW} (0: uniform routing)",
+                opts.router_skew
+            ),
+        ));
+    }
+    let mut cfg_value = config_json(arch, shape, opts.seed);
+    if let Value::Object(m) = &mut cfg_value {
+        m.insert(
+            "wgmoe_synthetic_note".into(),
+            serde_json::json!(format!(
+                "random weights written by `wgmoe synth`: {}",
+                routing_note(opts.router_skew)
+            )),
+        );
+        if opts.router_skew != 0.0 {
+            m.insert(
+                "wgmoe_synthetic_router_skew".into(),
+                serde_json::json!(opts.router_skew),
+            );
+        }
+    }
     let cfg_text = json_bytes(&cfg_value)?;
     // The loader's own parse: what it refuses is refused here, naming the field.
     let cfg = ModelConfig::from_json(
@@ -205,15 +246,7 @@ fn write_gguf_dir(
     on_progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SynthSummary> {
     let path = out.stage("model.gguf");
-    let (bytes, dense_bytes, expert_bytes) = gguf::write_gguf_model(
-        opts.arch,
-        &opts.shape,
-        cfg,
-        opts.gguf_scheme,
-        opts.seed,
-        &path,
-        on_progress,
-    )?;
+    let (bytes, dense_bytes, expert_bytes) = gguf::write_gguf_model(opts, cfg, &path, on_progress)?;
     crate::interrupt::check()?;
     let replaced = out.replaces().map(|e| e.describe().to_string());
     out.commit()?;

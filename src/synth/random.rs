@@ -26,6 +26,23 @@ pub(super) fn stream_seed(seed: u64, name: &str, piece: u64) -> u64 {
     splitmix(&mut s)
 }
 
+/// The scale of flat element `i` of a tensor with rows of `row_len` elements.
+#[derive(Clone, Copy)]
+pub(super) struct RowScales<'a> {
+    pub scales: &'a [f32],
+    pub row_len: usize,
+}
+
+impl RowScales<'_> {
+    #[inline]
+    pub fn at(&self, i: usize) -> f32 {
+        self.scales
+            .get(i / self.row_len.max(1))
+            .copied()
+            .unwrap_or(1.0)
+    }
+}
+
 /// Approximately normal (Irwin-Hall with four 16-bit uniforms from one draw), std `std`.
 #[inline]
 pub(super) fn normalish(state: &mut u64, std: f32) -> f32 {
@@ -66,12 +83,14 @@ pub(super) fn threads() -> usize {
 }
 
 /// Generate `n` values of tensor `name` piece by piece (several pieces in parallel) and
-/// hand each group of pieces' little-endian bytes to `sink` in order.
+/// hand each group of pieces' little-endian bytes to `sink` in order. `rows`: a scale per
+/// row (`--router-skew`), applied to the drawn values.
 pub(super) fn generate_float(
     seed: u64,
     name: &str,
     n: usize,
     fmt: Float,
+    rows: Option<RowScales>,
     sink: &mut dyn FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
     let init = init_for(name);
@@ -88,11 +107,15 @@ pub(super) fn generate_float(
                 let piece = (p + k) as u64;
                 s.spawn(move || {
                     let mut st = stream_seed(seed, name, piece);
-                    for b in part.chunks_exact_mut(2) {
-                        let x = match init {
+                    let first = piece as usize * PIECE;
+                    for (j, b) in part.chunks_exact_mut(2).enumerate() {
+                        let mut x = match init {
                             Init::Ones => 1.0,
                             Init::Normal(std) => normalish(&mut st, std),
                         };
+                        if let Some(r) = rows {
+                            x *= r.at(first + j);
+                        }
                         let bits = match fmt {
                             Float::F16 => f16::from_f32(x).to_bits(),
                             Float::BF16 => bf16::from_f32(x).to_bits(),

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use half::f16;
 use serde_json::json;
 
-use super::random::{generate_float, random_q4_slot, threads, Float};
-use super::{json_bytes, SynthFile, SynthOptions, NOTE_UNIFORM_ROUTING};
+use super::random::{generate_float, random_q4_slot, threads, Float, RowScales};
+use super::skew::row_scales;
+use super::{json_bytes, routing_note, SynthFile, SynthOptions};
 
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
@@ -25,7 +26,7 @@ pub(super) fn write_converted_weights(
     extra.insert("wgmoe.source_files".to_string(), "[]".to_string());
     extra.insert(
         "wgmoe.synthetic".to_string(),
-        json!({"arch": opts.arch.name(), "seed": opts.seed, "note": NOTE_UNIFORM_ROUTING})
+        json!({"arch": opts.arch.name(), "seed": opts.seed, "router_skew": opts.router_skew, "note": routing_note(opts.router_skew)})
             .to_string(),
     );
     let mut w =
@@ -35,7 +36,17 @@ pub(super) fn write_converted_weights(
     on_progress(0, total);
     for (name, shape) in &dense {
         let n: usize = shape.iter().product();
-        generate_float(opts.seed, name, n, Float::F16, &mut |bytes| {
+        let scales = row_scales(
+            opts.seed,
+            name,
+            shape.first().copied().unwrap_or(1),
+            opts.router_skew,
+        );
+        let rows = scales.as_deref().map(|scales| RowScales {
+            scales,
+            row_len: shape.get(1).copied().unwrap_or(1),
+        });
+        generate_float(opts.seed, name, n, Float::F16, rows, &mut |bytes| {
             let v: &[f16] = bytemuck::cast_slice(bytes);
             w.write_dense(name, v)?;
             done += bytes.len() as u64;
@@ -153,7 +164,17 @@ pub(super) fn write_hf_weights(
         for (p, is_expert) in &shard {
             weight_map.insert(p.name.clone(), json!(fname));
             let n: usize = p.shape.iter().product();
-            generate_float(opts.seed, &p.name, n, Float::BF16, &mut |bytes| {
+            let scales = row_scales(
+                opts.seed,
+                &p.name,
+                p.shape.first().copied().unwrap_or(1),
+                opts.router_skew,
+            );
+            let rows = scales.as_deref().map(|scales| RowScales {
+                scales,
+                row_len: p.shape.get(1).copied().unwrap_or(1),
+            });
+            generate_float(opts.seed, &p.name, n, Float::BF16, rows, &mut |bytes| {
                 st.write(&p.name, bytes)?;
                 done += bytes.len() as u64;
                 on_progress(done, total);

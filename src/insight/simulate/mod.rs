@@ -189,7 +189,7 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
     let g = trace.step_groups();
     // The runtime's width: the longest recorded guess.
     let width = g.guesses.iter().flatten().map(Vec::len).max().unwrap_or(0);
-    if o.prefetch == Prefetch::NextLayer && width == 0 {
+    if o.prefetch.guesses() && width == 0 {
         return Err(Error::option(
             "--prefetch",
             format!(
@@ -288,11 +288,17 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
                 fit_steps,
                 h.expert_bytes,
             ));
-            if o.prefetch == Prefetch::NextLayer && c < e {
+            if o.prefetch.guesses() && c < e {
                 let mut p = build_policy(kind, decay.unwrap_or(1.0), Some(&profile), c)
                     .map_err(|er| Error::option("--capacity", er.0))?;
                 let mut per_layer = Vec::new();
                 for (i, &layer) in g.layers.iter().enumerate() {
+                    // The gated default judges as the runtime does with uploads (the
+                    // break-even of a hidden copy).
+                    let mut gate = o
+                        .prefetch
+                        .gated()
+                        .then(|| crate::residency::PrefetchGate::new(2.0 / 3.0));
                     per_layer.push(
                         replay_prefetch(
                             layer,
@@ -303,6 +309,7 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
                             c,
                             width,
                             p.as_mut(),
+                            gate.as_mut(),
                         )
                         .map_err(|er| Error::bad_file(&trace.path, er.0))?,
                     );
@@ -314,6 +321,7 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
                     &g,
                     fit_steps,
                     h.expert_bytes,
+                    o.prefetch,
                 ));
             }
         }
@@ -407,6 +415,7 @@ fn prefetch_result(
     g: &StepGroups,
     fit_steps: usize,
     expert_bytes: u64,
+    prefetch: Prefetch,
 ) -> PolicyResult {
     let as_hits: Vec<Vec<SimStats>> = per_layer
         .iter()
@@ -440,7 +449,7 @@ fn prefetch_result(
         acc.push((lg > 0).then(|| lh as f64 / lg as f64));
     }
     r.h2d_bytes += issued * expert_bytes;
-    r.prefetch = Some(Prefetch::NextLayer);
+    r.prefetch = Some(prefetch);
     r.prefetch_issued = Some(issued);
     r.prefetch_used = Some(used);
     r.prefetch_wasted_bytes = Some(wasted * expert_bytes);

@@ -29,7 +29,7 @@ use super::{ExpertPlacement, Residency};
 use crate::backend::{Buffer, Device, Prepared, Work};
 use crate::error::{Error, Result};
 use crate::model::tensors::Q4Pool;
-use crate::residency::{CacheError, Placement, Plan, NO_SLOT};
+use crate::residency::{break_even_precision, CacheError, Placement, Plan, NO_SLOT};
 
 /// What the device does while a layer's copies are staged.
 #[derive(Clone, Copy, Debug)]
@@ -95,6 +95,14 @@ impl Residency {
                 *n += wanted.len() as u64;
                 *p += wanted.iter().filter(|e| g.contains(e)).count() as u64;
             }
+        }
+        // The gate judges the guess's copy candidates, copied or held back.
+        if let (Some(Some((cands, copied))), Some(gate)) = (
+            self.judging.get_mut(layer).map(Option::take),
+            self.gates.get_mut(layer),
+        ) {
+            let chosen = cands.iter().filter(|e| wanted.contains(e)).count();
+            gate.record(cands.len(), chosen, copied);
         }
         match self.caches.get_mut(layer).and_then(|c| c.as_mut()) {
             Some(c) => Ok(c
@@ -379,6 +387,34 @@ impl Residency {
         };
         if cache.config().prefetch == 0 || guess.is_empty() {
             return Ok(());
+        }
+        if self.prefetch.gated() {
+            // What a copy would move: the guesses not resident, as many as the slots.
+            let cands: Vec<u32> = guess
+                .iter()
+                .copied()
+                .filter(|&e| cache.table().slot_of(e).is_none())
+                .take(cache.config().prefetch)
+                .collect();
+            let threshold = self.figures.as_ref().map_or(2.0 / 3.0, |f| {
+                let slot = f.slot_bytes as f64;
+                let copy = slot / f.h2d_bytes_per_s;
+                let hidden = cache.config().top_k as f64 * slot / f.gpu_bytes_per_s;
+                break_even_precision(copy, hidden)
+            });
+            let open = match self.gates.get_mut(layer) {
+                Some(g) => {
+                    g.set_threshold(threshold);
+                    g.is_open()
+                }
+                None => true,
+            };
+            if let Some(j) = self.judging.get_mut(layer) {
+                *j = Some((cands, open));
+            }
+            if !open {
+                return Ok(());
+            }
         }
         let placed = cache.prefetch(&guess, dev).map_err(Error::from)?;
         let mut staged = Vec::with_capacity(placed.len());
