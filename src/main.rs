@@ -291,8 +291,9 @@ struct PlanArgs {
     /// Expert hit rate to predict with (e.g. from `wgmoe simulate`; default: uniform routing).
     #[arg(long)]
     hit_rate: Option<f64>,
-    /// Use the stored measurements of the adapter whose name contains this text.
-    #[arg(long)]
+    /// Use the stored measurements of this adapter: an index (as `wgmoe devices` numbers
+    /// them and `run --adapter` takes it) or text its name contains.
+    #[arg(long, value_name = "INDEX|NAME")]
     adapter: Option<String>,
     /// The experts' precision planned, as `run --expert-precision`: int4 (a GGUF file's
     /// types held as they are), or int4-strict (a GGUF file's wider expert types rounded
@@ -338,6 +339,10 @@ struct EvalArgs {
     /// How routed experts are dispatched.
     #[arg(long, value_enum, default_value = "grouped")]
     executor: Executor,
+    /// A tokenizer.json (or a GGUF file) to encode --prompt with instead of the model's
+    /// own, as `run --tokenizer`.
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
     /// Print one JSON object instead of a line per precision.
     #[arg(long)]
     json: bool,
@@ -434,6 +439,10 @@ struct RunArgs {
     /// Most prompt tokens per prefill submission.
     #[arg(long, default_value_t = 64)]
     prefill_chunk: usize,
+    /// Positions of the KV cache, prompt and generated tokens: generation stops when it is
+    /// full (default: the prompt plus -n, at most max_position_embeddings).
+    #[arg(short = 'c', long, value_name = "N")]
+    ctx_size: Option<usize>,
     #[command(flatten)]
     residency: ResidencyArgs,
     /// Write the per-layer expert frequencies of this run to FILE (a calibration run for

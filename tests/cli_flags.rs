@@ -55,6 +55,11 @@ fn one_flag_name_per_concept() {
         ("chat", "-c, --ctx-size <N>", "--context "),
         ("serve", "-c, --ctx-size <N>", "--context "),
         ("kernels", "-c, --ctx-size <N>", "--context "),
+        ("run", "-c, --ctx-size <N>", "--context "),
+        ("bench", "--vram <SIZE>", "--vram-budget"),
+        ("bench", "--cpu-experts", "--vram-budget"),
+        ("bench", "--tokenizer <FILE>", "--vram-budget"),
+        ("eval", "--tokenizer <FILE>", "--vram-budget"),
         (
             "kernels",
             "--expert-precision <EXPERT_PRECISION>",
@@ -66,6 +71,7 @@ fn one_flag_name_per_concept() {
             "--int4-strict",
         ),
         ("plan", "--vram <VRAM>", "--vram-budget"),
+        ("plan", "--adapter <INDEX|NAME>", "--vram-budget"),
         ("run", "--vram <SIZE>", "--vram-budget"),
         ("chat", "--vram <SIZE>", "--vram-budget"),
     ] {
@@ -323,4 +329,202 @@ fn kernels_takes_the_expert_precision() {
     assert!(bytes(&[]) < f16);
     let r = wgmoe(["plan", &dir, "--vram", "1GiB", "--expert-precision", "f16"]);
     assert_error(&r, &["--expert-precision", "INT4"]);
+}
+
+/// Issue 39 (friction): `run -c/--ctx-size N` sizes the KV cache to N positions and stops
+/// generating when it is full; a prompt that does not fit, 0, or more than the model's
+/// max_position_embeddings is an error naming the option.
+#[test]
+fn run_takes_the_ctx_size() {
+    let dir = s(&fixture(QWEN3));
+    let (r, v) = run_json_with(&dir, &["-c", "7"]);
+    assert_eq!(v["generated_ids"].as_array().unwrap().len(), 4, "{v}");
+    assert!(r.stderr.contains("--ctx-size is 7"), "{r}");
+    // The tokens are the first ones of an unlimited run.
+    let (_, full) = run_json_with(&dir, &[]);
+    assert_eq!(
+        v["generated_ids"].as_array().unwrap()[..],
+        full["generated_ids"].as_array().unwrap()[..4],
+    );
+    for (c, says) in [
+        (
+            "2",
+            "3 prompt tokens do not fit in a context of 2 positions",
+        ),
+        ("0", "must be at least 1"),
+        ("513", "exceeds max_position_embeddings = 512"),
+    ] {
+        let r = wgmoe([
+            "run",
+            &dir,
+            "--prompt-ids",
+            "1,2,3",
+            "-n",
+            "8",
+            "--ctx-size",
+            c,
+        ]);
+        assert_error(&r, &["--ctx-size", says]);
+    }
+}
+
+fn run_json_with(dir: &str, extra: &[&str]) -> (Run, serde_json::Value) {
+    let mut args = vec![
+        "run",
+        dir,
+        "--prompt-ids",
+        "1,2,3",
+        "-n",
+        "8",
+        "--ignore-eos",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let r = wgmoe(&args);
+    let v = json_of(&r);
+    (r, v)
+}
+
+/// Issue 39 (friction): `plan --adapter INDEX` picks the stored measurements of the
+/// adapter `wgmoe devices` numbers INDEX (as `run --adapter` does), not the latest entry.
+#[test]
+fn plan_takes_an_adapter_index() {
+    let list = json_of(&wgmoe(["devices", "--json"]));
+    let first = list[0]["name"].as_str().unwrap().to_string();
+    let cache = tempfile::tempdir().unwrap();
+    let dir = cache.path().join("wgmoe");
+    std::fs::create_dir_all(&dir).unwrap();
+    let entry = |name: &str, read: f64, date: &str| {
+        serde_json::json!({"adapter": name, "backend": "vulkan", "driver": "x 1",
+            "device_type": "Cpu", "device_read_gbps": read, "h2d_gbps": 3.0,
+            "write_buffer_gbps": 3.0, "read_bytes": 1024, "h2d_bytes": 1024,
+            "repetitions": 1, "date_utc": date})
+    };
+    let store = serde_json::json!({"entries": [
+        entry(&first, 7.0, "2025-01-01T00:00:00Z"),
+        entry("Later GPU", 900.0, "2026-01-01T00:00:00Z"),
+    ]});
+    std::fs::write(dir.join("bandwidth.json"), store.to_string()).unwrap();
+    let plan = |extra: &[&str]| {
+        let o = command()
+            .env("XDG_CACHE_HOME", cache.path())
+            .args(["plan", &config("olmoe-1b-7b-0924.json"), "--vram", "2GiB"])
+            .args(["--ram", "64GiB", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    assert_eq!(plan(&[])["bandwidths"]["device_read_gbps"], 900.0);
+    let by_index = plan(&["--adapter", "0"]);
+    assert_eq!(
+        by_index["bandwidths"]["device_read_gbps"], 7.0,
+        "{by_index}"
+    );
+    assert!(by_index["bandwidths"]["source"]
+        .as_str()
+        .unwrap()
+        .contains(&first));
+    assert_eq!(
+        plan(&["--adapter", "later"])["bandwidths"]["device_read_gbps"],
+        900.0
+    );
+    let r = wgmoe([
+        "plan",
+        &config("olmoe-1b-7b-0924.json"),
+        "--vram",
+        "2GiB",
+        "--adapter",
+        "99",
+    ]);
+    assert_error(&r, &["--adapter", "no adapter [99]"]);
+}
+
+/// Issue 39 (friction): `bench --cpu-experts` and `bench --vram` as `run` takes them, and
+/// `bench --tokenizer`/`eval --tokenizer` in place of the model's own tokenizer.
+#[test]
+fn bench_takes_cpu_experts_vram_and_a_tokenizer() {
+    let dir = fixture(QWEN3);
+    let rec = |extra: &[&str]| rec_in(&dir, extra);
+    let cpu = rec(&["--cpu-experts"]);
+    assert_eq!(cpu["resident_experts_per_layer"], 0, "{cpu}");
+    // The budget derives the residency: below what every expert needs (1.12 MiB here),
+    // fewer are resident; above it, all.
+    let small = rec(&["--vram", "1100KiB"]);
+    let n = small["resident_experts_per_layer"].as_u64().unwrap();
+    assert!(n < small["num_experts"].as_u64().unwrap(), "{small}");
+    let big = rec(&["--vram", "1400KiB"]);
+    assert_eq!(
+        big["resident_experts_per_layer"], big["num_experts"],
+        "{big}"
+    );
+    let r = quick_bench(&dir, &["--vram", "1GiB", "--resident-experts", "3"]);
+    assert_eq!(r.code, Some(2), "{r}");
+    // A model directory without tokenizer.json: the prompts are bytes, unless --tokenizer.
+    let bare = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        if name != "tokenizer.json" && name != "tokenizer_config.json" {
+            std::fs::copy(&p, bare.path().join(&name)).unwrap();
+        }
+    }
+    let bytes = rec_in(bare.path(), &[]);
+    let tok = dir.join("tokenizer.json");
+    let given = rec_in(bare.path(), &["--tokenizer", tok.to_str().unwrap()]);
+    let own = rec_in(&dir, &[]);
+    assert_eq!(given["prompt_tokens"], own["prompt_tokens"], "{given}");
+    assert_ne!(given["prompt_tokens"], bytes["prompt_tokens"], "{bytes}");
+    let r = quick_bench(bare.path(), &["--tokenizer", "/no/such/tokenizer.json"]);
+    assert_error(&r, &["--tokenizer", "/no/such/tokenizer.json"]);
+    // eval encodes -p with --tokenizer (the bare directory has none of its own).
+    let r = wgmoe([
+        "eval",
+        bare.path().to_str().unwrap(),
+        "-p",
+        HELLO,
+        "-n",
+        "2",
+        "--expert-precision",
+        "int4",
+        "--json",
+    ]);
+    assert_error(&r, &["tokenizer.json", "needed to encode --prompt"]);
+    let v = json_of(&wgmoe([
+        "eval",
+        bare.path().to_str().unwrap(),
+        "-p",
+        HELLO,
+        "-n",
+        "2",
+        "--expert-precision",
+        "int4",
+        "--json",
+        "--tokenizer",
+        tok.to_str().unwrap(),
+    ]));
+    let own = json_of(&wgmoe([
+        "eval",
+        dir.to_str().unwrap(),
+        "-p",
+        HELLO,
+        "-n",
+        "2",
+        "--expert-precision",
+        "int4",
+        "--json",
+    ]));
+    assert_eq!(v["prompt_ids"], own["prompt_ids"], "{v}");
+}
+
+fn rec_in(dir: &std::path::Path, extra: &[&str]) -> serde_json::Value {
+    let out = tempfile::tempdir().unwrap();
+    let json = out.path().join("b.json");
+    let mut args = vec!["-n", "2", "--json-out", json.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    assert_ok(&quick_bench(dir, &args));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    v[0].clone()
 }

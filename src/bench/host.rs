@@ -77,27 +77,26 @@ pub fn rfc3339_utc(t: std::time::SystemTime) -> String {
     )
 }
 
-/// Whether a model directory's config.json marks it synthetic (`wgmoe synth`).
+/// A model directory's config.json field `key`, if the file parses.
+fn config_field(dir: &Path, key: &str) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    serde_json::from_str::<serde_json::Value>(&text)
+        .ok()?
+        .get(key)
+        .cloned()
+}
+
 /// A synthetic model's `--router-skew` (0 for one written without it, or not synthetic).
 pub fn synthetic_router_skew(dir: &Path) -> f64 {
-    std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| {
-            v.get("wgmoe_synthetic_router_skew")
-                .and_then(serde_json::Value::as_f64)
-        })
+    config_field(dir, "wgmoe_synthetic_router_skew")
+        .and_then(|v| v.as_f64())
         .unwrap_or(0.0)
 }
 
+/// Whether a model directory's config.json marks it synthetic (`wgmoe synth`).
 pub fn is_synthetic(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| {
-            v.get("wgmoe_synthetic")
-                .and_then(serde_json::Value::as_bool)
-        })
+    config_field(dir, "wgmoe_synthetic")
+        .and_then(|v| v.as_bool())
         .unwrap_or(false)
 }
 

@@ -50,10 +50,16 @@ pub struct BenchOptions {
     pub dense_precisions: Vec<DensePrecision>,
     pub kv_precisions: Vec<KvPrecision>,
     pub prefill_chunk: usize,
+    /// `--tokenizer`: encodes the prompts and stands in for the model's own tokenizer.
+    pub tokenizer: Option<PathBuf>,
     pub adapter: DeviceRequest,
     pub kernels: KernelOverrides,
-    /// Expert slots per layer to sweep (None = all experts resident).
+    /// Expert slots per layer to sweep (None = all experts resident, or as many as
+    /// `vram_budget` allows).
     pub resident_experts: Vec<Option<usize>>,
+    /// `--vram`: the GPU memory every configuration may use; it derives the resident
+    /// experts as `run --vram` does.
+    pub vram_budget: Option<u64>,
     /// Cache policies to sweep (used below full residency).
     pub cache_policies: Vec<crate::residency::PolicyKind>,
     pub decay: f64,
@@ -249,7 +255,7 @@ pub(super) fn engine_options(
     EngineOptions {
         residency: crate::runtime::engine::ResidencyOptions {
             resident_experts: c.resident_experts,
-            vram_budget: None,
+            vram_budget: o.vram_budget,
             policy: c.cache_policy,
             decay: o.decay,
             profile: o.profile.clone(),
@@ -326,7 +332,9 @@ pub(super) fn describe(c: &BenchConfig) -> String {
 pub(super) fn sweep(o: &BenchOptions, cfg: &crate::config::ModelConfig) -> Vec<BenchConfig> {
     let mut configs: Vec<BenchConfig> = Vec::new();
     for c in configurations(o) {
-        let full = c.resident_experts.is_none_or(|n| n >= cfg.num_experts);
+        // Under a --vram budget "all" may be partial residency: nothing collapses.
+        let full =
+            o.vram_budget.is_none() && c.resident_experts.is_none_or(|n| n >= cfg.num_experts);
         let dup = full
             && configs.iter().any(|d| {
                 d.expert_precision == c.expert_precision
@@ -370,7 +378,7 @@ pub fn run_bench(
     let (set_name, all) = prompt_set()?;
     check_options(o, all.len())?;
     let prompts = &all[..o.prompts];
-    let (cfg, _, _) = Engine::open_host(&o.model)?;
+    let (cfg, _) = Engine::open_config(&o.model)?;
     if o.new_tokens >= cfg.max_position_embeddings {
         return Err(Error::option(
             "--max-new-tokens",
@@ -381,7 +389,13 @@ pub fn run_bench(
         ));
     }
     let limit = cfg.max_position_embeddings - o.new_tokens;
-    let tp = tokenize_prompts(&o.model, prompts, cfg.vocab_size, limit)?;
+    let tp = tokenize_prompts(
+        &o.model,
+        o.tokenizer.as_deref(),
+        prompts,
+        cfg.vocab_size,
+        limit,
+    )?;
     let longest = tp.ids.iter().map(Vec::len).max().unwrap_or(1);
     let max_context = longest + o.new_tokens;
     validate(o, &cfg, max_context)?;
@@ -406,8 +420,12 @@ pub fn run_bench(
     let configs = sweep(o, &cfg);
     for (ci, c) in configs.iter().enumerate() {
         let rss_reset = reset_peak_rss();
-        let mut engine = Engine::load(&o.model, &engine_options(o, c, max_context))
-            .map_err(|e| Error::Other(format!("configuration {}: {e}", describe(c))))?;
+        let mut engine = Engine::load_with(
+            &o.model,
+            &engine_options(o, c, max_context),
+            given_tokenizer(o)?,
+        )
+        .map_err(|e| Error::Other(format!("configuration {}: {e}", describe(c))))?;
         if let Some(base) = &o.trace {
             let path = trace_path(base, ci, configs.len());
             engine.start_trace(Some(&path), c.cache_policy.as_str(), o.decay, Vec::new())?;
@@ -449,8 +467,11 @@ pub fn run_bench(
             "{}/{}/{}",
             name_of(&c.expert_precision),
             name_of(&c.executor),
-            c.resident_experts
-                .map_or("all".to_string(), |n| n.to_string())
+            match (c.resident_experts, o.vram_budget) {
+                (Some(n), _) => n.to_string(),
+                (None, Some(b)) => format!("vram {b} B"),
+                (None, None) => "all".to_string(),
+            }
         ));
         // Without a terminal the bar is hidden: plain lines say how far the sweep is.
         let plain = pb.is_hidden();
@@ -554,4 +575,12 @@ pub fn run_bench(
         drop(engine);
     }
     Ok(records)
+}
+
+/// `--tokenizer`'s tokenizer, built for each engine (the model's own is not built then).
+fn given_tokenizer(o: &BenchOptions) -> Result<Option<crate::tokenizer::Tokenizer>> {
+    o.tokenizer
+        .as_deref()
+        .map(|f| crate::gguf::tokenizer::override_for(&o.model, f))
+        .transpose()
 }

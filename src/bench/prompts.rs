@@ -40,11 +40,15 @@ pub(super) struct Prompts {
 
 pub(super) fn tokenize_prompts(
     dir: &Path,
+    tokenizer: Option<&Path>,
     prompts: &[BenchPrompt],
     vocab: usize,
     limit: usize,
 ) -> Result<Prompts> {
-    let (_, _, tok) = Engine::open_host(dir)?;
+    let tok = match tokenizer {
+        Some(f) => Some(crate::gguf::tokenizer::override_for(dir, f)?),
+        None => Engine::own_tokenizer(dir)?,
+    };
     let mut notes = Vec::new();
     let mut ids = Vec::new();
     if tok.is_none() {

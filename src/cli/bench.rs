@@ -21,8 +21,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if let Some(p) = &a.trace {
         check_output_file("--trace", p)?;
     }
+    if let Some(f) = &a.tokenizer {
+        // Checked (and its ids against the vocabulary) before anything is measured.
+        super::open_host(&a.model, Some(f))?;
+    }
     let opts = wgmoe::bench::BenchOptions {
         model: a.model.clone(),
+        tokenizer: a.tokenizer.clone(),
         prompts: a.prompts,
         blocks: a.blocks,
         new_tokens: a.max_new_tokens,
@@ -34,7 +39,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         prefill_chunk: a.prefill_chunk,
         adapter: a.gpu.request()?,
         kernels: a.gpu.kernels(),
-        resident_experts: a.resident_experts.iter().map(|&n| Some(n)).collect(),
+        resident_experts: if a.cpu_experts {
+            vec![Some(0)]
+        } else {
+            a.resident_experts.iter().map(|&n| Some(n)).collect()
+        },
+        vram_budget: a.vram_budget,
         cache_policies: a
             .cache_policy
             .iter()

@@ -83,6 +83,10 @@ pub(crate) struct SynthArgs {
 pub(crate) struct BenchArgs {
     /// Model directory, or a GGUF file.
     pub(crate) model: PathBuf,
+    /// A tokenizer.json (or a GGUF file) to encode the prompts with instead of the model's
+    /// own, as `run --tokenizer`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tokenizer: Option<PathBuf>,
     /// Use the first N prompts of the built-in set (1..=12).
     #[arg(long, default_value_t = 12)]
     pub(crate) prompts: usize,
@@ -128,6 +132,14 @@ pub(crate) struct BenchArgs {
     /// Expert slots per layer to sweep, e.g. 30,40,50,60,64 (default: all resident).
     #[arg(long, value_delimiter = ',')]
     pub(crate) resident_experts: Vec<usize>,
+    /// Every routed expert computed on the CPU, in every configuration (as
+    /// --resident-experts 0).
+    #[arg(long, conflicts_with_all = ["resident_experts", "vram_budget"])]
+    pub(crate) cpu_experts: bool,
+    /// GPU memory every configuration may use (e.g. 6GiB, 512MiB); derives the resident
+    /// experts as `run --vram` does.
+    #[arg(long = "vram", value_name = "SIZE", value_parser = crate::parse_size, alias = "vram-budget", conflicts_with = "resident_experts")]
+    pub(crate) vram_budget: Option<u64>,
     /// Cache policies to sweep below full residency: lru,lfu-decay,profile.
     #[arg(long, value_delimiter = ',', default_value = "lru")]
     pub(crate) cache_policy: Vec<String>,

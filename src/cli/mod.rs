@@ -28,11 +28,23 @@ use crate::LoadArgs;
 /// The context `chat` and `serve` allocate when `--ctx-size` is not given, at most.
 pub const DEFAULT_CTX: usize = 4096;
 
-/// The KV cache positions of `--ctx-size` (checked against the model), or the default.
+/// The KV cache positions of `chat`'s and `serve`'s `--ctx-size` (checked against the
+/// model), or the default.
 pub fn ctx_size(load: &LoadArgs, cfg: &ModelConfig, model: &Path) -> Result<usize> {
+    Ok(given_ctx_size(load.ctx_size, cfg, model)?
+        .unwrap_or(cfg.max_position_embeddings.min(DEFAULT_CTX)))
+}
+
+/// A `--ctx-size` given (`run`, `chat`, `serve`): at least 1, at most the model's
+/// max_position_embeddings.
+pub fn given_ctx_size(
+    given: Option<usize>,
+    cfg: &ModelConfig,
+    model: &Path,
+) -> Result<Option<usize>> {
     let max = cfg.max_position_embeddings;
-    match load.ctx_size {
-        None => Ok(max.min(DEFAULT_CTX)),
+    match given {
+        None => Ok(None),
         Some(0) => Err(Error::option("--ctx-size", "must be at least 1")),
         Some(n) if n > max => Err(Error::option(
             "--ctx-size",
@@ -41,7 +53,7 @@ pub fn ctx_size(load: &LoadArgs, cfg: &ModelConfig, model: &Path) -> Result<usiz
                 model.join("config.json").display()
             ),
         )),
-        Some(n) => Ok(n),
+        Some(n) => Ok(Some(n)),
     }
 }
 

@@ -78,6 +78,21 @@ fn check_gbps(option: &str, v: Option<f64>) -> Result<Option<f64>> {
 
 /// The bandwidths of the prediction: the options, else the stored measurements, and
 /// which of them each figure is.
+/// `--adapter INDEX|NAME` as the name stored measurements are looked up by: an index (as
+/// `wgmoe devices` numbers the adapters, and as `run --adapter` takes it) becomes that
+/// adapter's name; a name is taken as it is (the stored entry need not be on this machine).
+fn stored_adapter_name(given: Option<&str>) -> Result<Option<String>> {
+    let Some(g) = given else { return Ok(None) };
+    if g.trim().parse::<usize>().is_err() {
+        return Ok(Some(g.to_string()));
+    }
+    let req = super::adapter_request(wgmoe::backend::DeviceRequest {
+        adapter: Some(g.to_string()),
+        ..Default::default()
+    })?;
+    Ok(req.adapter)
+}
+
 fn bandwidths(a: &PlanArgs) -> Result<Option<Bandwidths>> {
     let dev = check_gbps("--device-gbps", a.device_gbps)?;
     let h2d = check_gbps("--h2d-gbps", a.h2d_gbps)?;
@@ -108,8 +123,9 @@ fn bandwidths(a: &PlanArgs) -> Result<Option<Bandwidths>> {
         return Ok(None);
     };
     let store = Store::load(&path)?;
-    let Some((m, why)) = store.pick(a.adapter.as_deref()) else {
-        if let Some(ad) = &a.adapter {
+    let wanted = stored_adapter_name(a.adapter.as_deref())?;
+    let Some((m, why)) = store.pick(wanted.as_deref()) else {
+        if let Some(ad) = &wanted {
             if !store.entries.is_empty() {
                 return Err(Error::option(
                     "--adapter",

@@ -160,17 +160,33 @@ pub fn run(a: RunArgs) -> Result<()> {
     if a.prefill_chunk == 0 {
         return Err(Error::option("--prefill-chunk", "must be at least 1"));
     }
-    // Saturating: `-n 18446744073709551615` means "as many as fit".
-    let max_context = prompt_ids
-        .len()
-        .saturating_add(a.max_new_tokens)
-        .min(cfg.max_position_embeddings);
+    // The KV cache: --ctx-size positions, else what the prompt and -n need (saturating:
+    // `-n 18446744073709551615` means "as many as fit"), at most max_position_embeddings.
+    let given_ctx = super::given_ctx_size(a.ctx_size, &cfg, &a.model)?;
+    if let Some(ctx) = given_ctx {
+        if prompt_ids.len() > ctx {
+            return Err(Error::option(
+                "--ctx-size",
+                format!(
+                    "{} prompt tokens do not fit in a context of {ctx} positions",
+                    prompt_ids.len()
+                ),
+            ));
+        }
+    }
+    let limit = given_ctx.unwrap_or(cfg.max_position_embeddings);
+    let max_context = prompt_ids.len().saturating_add(a.max_new_tokens).min(limit);
     let max_new = max_context - prompt_ids.len();
     if max_new < a.max_new_tokens {
-        eprintln!(
-            "note: generating at most {max_new} tokens: max_position_embeddings is {}",
-            cfg.max_position_embeddings
-        );
+        match given_ctx {
+            Some(ctx) => {
+                eprintln!("note: generating at most {max_new} tokens: --ctx-size is {ctx}")
+            }
+            None => eprintln!(
+                "note: generating at most {max_new} tokens: max_position_embeddings is {}",
+                cfg.max_position_embeddings
+            ),
+        }
     }
     if let Some(p) = &a.write_profile {
         super::check_output_file("--write-profile", p)?;

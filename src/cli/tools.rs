@@ -380,7 +380,15 @@ impl Precisions {
 }
 
 pub fn eval(a: EvalArgs) -> Result<()> {
-    let (cfg, _, tok) = Engine::open_host(&a.model)?;
+    let (cfg, _, tok) = super::open_host(&a.model, a.tokenizer.as_deref())?;
+    // --tokenizer stands in for the model's own in every engine (it may be one wgmoe
+    // cannot build).
+    let given = || -> Result<Option<wgmoe::tokenizer::Tokenizer>> {
+        a.tokenizer
+            .as_deref()
+            .map(|f| super::tokenizer_override(&a.model, f))
+            .transpose()
+    };
     // The reference needs f16 experts and dense weights, which only the original weights give.
     if wgmoe::format::identity::is_converted(&wgmoe::format::checkpoint::Checkpoint::open(
         &a.model,
@@ -474,7 +482,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     // Reference: a greedy decode gives the sequence; its logits over that sequence,
     // teacher-forced as every candidate's are (the same kernels, so the reference against
     // itself is exactly 0).
-    let mut f16 = Engine::load(&a.model, &opts(reference))?;
+    let mut f16 = Engine::load_with(&a.model, &opts(reference), given()?)?;
     let g = generate(
         &mut f16.fwd,
         &prompt_ids,
@@ -501,7 +509,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     // Each candidate on the same sequence, one engine at a time.
     let mut rows = Vec::with_capacity(candidates.len());
     for &p in &candidates {
-        let mut e = Engine::load(&a.model, &opts(p))?;
+        let mut e = Engine::load_with(&a.model, &opts(p), given()?)?;
         let cand = wgmoe::runtime::generate::prompt_logits(&mut e.fwd, &seq)
             .map_err(|e| Error::Other(format!("{} candidate: {e}", p.label())))?;
         drop(e);

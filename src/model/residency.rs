@@ -212,7 +212,7 @@ impl Residency {
             prefetch_width: if prefetching { width } else { 0 },
             guessed: vec![0; layers],
             predicted: vec![0; layers],
-            gates: vec![PrefetchGate::new(2.0 / 3.0); layers],
+            gates: vec![PrefetchGate::new(crate::residency::HIDDEN_COPY_BREAK_EVEN); layers],
             judging: vec![None; layers],
             inflight: Vec::new(),
             fills,

@@ -50,7 +50,7 @@ pub use host_source::{HostLayer, HostSource};
 pub use miss::{choose_uploads, CostFigures, MissPolicy, Reuse};
 pub use policy::{build_policy, LfuDecay, Lru, Policy, PolicyKind, StaticProfile};
 pub use prefetch::{Prefetch, Settled};
-pub use prefetch_gate::{break_even_precision, PrefetchGate};
+pub use prefetch_gate::{break_even_precision, PrefetchGate, HIDDEN_COPY_BREAK_EVEN};
 pub use profile::Profile;
 pub use replay::{
     belady_steps, distinct, replay, replay_prefetch, total, PrefetchSimStats, SimStats,

@@ -84,6 +84,17 @@ impl<F: Fence> ExpertCache<F> {
             .collect()
     }
 
+    /// What a prefetch of `guess` would copy, as the gate judges it: the guessed experts
+    /// not resident, at most as many as the prefetch slots.
+    pub fn prefetch_candidates(&self, guess: &[u32]) -> Vec<u32> {
+        guess
+            .iter()
+            .copied()
+            .filter(|&e| self.table().slot_of(e).is_none())
+            .take(self.config.prefetch)
+            .collect()
+    }
+
     /// Reserve prefetch slots for `guess` (in order): each expert not resident, not already
     /// prefetched and not being uploaded gets a free slot no submission in flight reads,
     /// while prefetch slots remain. Never waits: a guess that finds no ready slot is

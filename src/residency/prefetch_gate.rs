@@ -26,13 +26,16 @@ pub const MIN_JUDGED: usize = 16;
 pub const REOPEN_MARGIN: f64 = 0.05;
 /// The cost of a wrong copy, in transfers (see the module doc).
 const WRONG_COPY_COST: f64 = 2.0;
+/// The break-even with the copy fully hidden (`break_even_precision(c, c)`), which is
+/// also the gate's threshold where no cost figures were measured.
+pub const HIDDEN_COPY_BREAK_EVEN: f64 = WRONG_COPY_COST / (1.0 + WRONG_COPY_COST);
 
 /// The precision at which a guess pays: `copy_s` the transfer of one expert, `hidden_s`
 /// the part of it the layer's compute hides (at most `copy_s`). 2/3 when fully hidden, 1
 /// when nothing is.
 pub fn break_even_precision(copy_s: f64, hidden_s: f64) -> f64 {
     if !(copy_s > 0.0 && copy_s.is_finite()) {
-        return 2.0 / 3.0;
+        return HIDDEN_COPY_BREAK_EVEN;
     }
     let hidden = hidden_s.clamp(0.0, copy_s);
     let wrong = WRONG_COPY_COST * copy_s;

@@ -122,12 +122,7 @@ pub fn replay_prefetch(
             st.predicted = wanted.iter().filter(|e| guess.contains(e)).count() as u64;
             let mut open = true;
             if let (Some(g), true) = (gate.as_deref_mut(), config.prefetch > 0) {
-                let cands: Vec<u32> = guess
-                    .iter()
-                    .copied()
-                    .filter(|&e| cache.table().slot_of(e).is_none())
-                    .take(config.prefetch)
-                    .collect();
+                let cands = cache.prefetch_candidates(guess);
                 open = g.is_open();
                 let chosen = cands.iter().filter(|e| wanted.contains(e)).count();
                 g.record(cands.len(), chosen, open);

@@ -295,10 +295,11 @@ pub fn simulate(trace: &Trace, o: &SimulateOptions) -> Result<SimReport> {
                 for (i, &layer) in g.layers.iter().enumerate() {
                     // The gated default judges as the runtime does with uploads (the
                     // break-even of a hidden copy).
-                    let mut gate = o
-                        .prefetch
-                        .gated()
-                        .then(|| crate::residency::PrefetchGate::new(2.0 / 3.0));
+                    let mut gate = o.prefetch.gated().then(|| {
+                        crate::residency::PrefetchGate::new(
+                            crate::residency::HIDDEN_COPY_BREAK_EVEN,
+                        )
+                    });
                     per_layer.push(
                         replay_prefetch(
                             layer,

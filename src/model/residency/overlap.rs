@@ -390,18 +390,16 @@ impl Residency {
         }
         if self.prefetch.gated() {
             // What a copy would move: the guesses not resident, as many as the slots.
-            let cands: Vec<u32> = guess
-                .iter()
-                .copied()
-                .filter(|&e| cache.table().slot_of(e).is_none())
-                .take(cache.config().prefetch)
-                .collect();
-            let threshold = self.figures.as_ref().map_or(2.0 / 3.0, |f| {
-                let slot = f.slot_bytes as f64;
-                let copy = slot / f.h2d_bytes_per_s;
-                let hidden = cache.config().top_k as f64 * slot / f.gpu_bytes_per_s;
-                break_even_precision(copy, hidden)
-            });
+            let cands = cache.prefetch_candidates(&guess);
+            let threshold =
+                self.figures
+                    .as_ref()
+                    .map_or(crate::residency::HIDDEN_COPY_BREAK_EVEN, |f| {
+                        let slot = f.slot_bytes as f64;
+                        let copy = slot / f.h2d_bytes_per_s;
+                        let hidden = cache.config().top_k as f64 * slot / f.gpu_bytes_per_s;
+                        break_even_precision(copy, hidden)
+                    });
             let open = match self.gates.get_mut(layer) {
                 Some(g) => {
                     g.set_threshold(threshold);
