@@ -479,42 +479,16 @@ fn bench_takes_cpu_experts_vram_and_a_tokenizer() {
     let r = quick_bench(bare.path(), &["--tokenizer", "/no/such/tokenizer.json"]);
     assert_error(&r, &["--tokenizer", "/no/such/tokenizer.json"]);
     // eval encodes -p with --tokenizer (the bare directory has none of its own).
-    let r = wgmoe([
-        "eval",
-        bare.path().to_str().unwrap(),
-        "-p",
-        HELLO,
-        "-n",
-        "2",
-        "--expert-precision",
-        "int4",
-        "--json",
-    ]);
+    let eval = |model: &std::path::Path, extra: &[&str]| {
+        let mut args = vec!["eval", model.to_str().unwrap(), "-p", HELLO, "-n", "2"];
+        args.extend_from_slice(&["--expert-precision", "int4", "--json"]);
+        args.extend_from_slice(extra);
+        wgmoe(&args)
+    };
+    let r = eval(bare.path(), &[]);
     assert_error(&r, &["tokenizer.json", "needed to encode --prompt"]);
-    let v = json_of(&wgmoe([
-        "eval",
-        bare.path().to_str().unwrap(),
-        "-p",
-        HELLO,
-        "-n",
-        "2",
-        "--expert-precision",
-        "int4",
-        "--json",
-        "--tokenizer",
-        tok.to_str().unwrap(),
-    ]));
-    let own = json_of(&wgmoe([
-        "eval",
-        dir.to_str().unwrap(),
-        "-p",
-        HELLO,
-        "-n",
-        "2",
-        "--expert-precision",
-        "int4",
-        "--json",
-    ]));
+    let v = json_of(&eval(bare.path(), &["--tokenizer", tok.to_str().unwrap()]));
+    let own = json_of(&eval(&dir, &[]));
     assert_eq!(v["prompt_ids"], own["prompt_ids"], "{v}");
 }
 
