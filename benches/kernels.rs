@@ -545,6 +545,7 @@ fn decode_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(executor): On<Exe
             max_context: 64,
             prefill_chunk: 16,
             all_logits: false,
+            score_rows: 0,
             batch: 1,
         },
     )
@@ -597,6 +598,7 @@ fn prefill_step_synth_h512_l4_e16k4(bencher: divan::Bencher, On(kernels): On<&st
             max_context: n + 1,
             prefill_chunk: n,
             all_logits: false,
+            score_rows: 0,
             batch: 1,
         },
     )

@@ -72,6 +72,7 @@ fn load(name: &str, s: Setup, batch: usize) -> Engine {
             max_context: PER_SLOT * batch.max(1),
             prefill_chunk: 8,
             all_logits: false,
+            score_rows: 0,
             batch,
         },
     )
@@ -346,6 +347,7 @@ fn impossible_slot_counts_are_refused_naming_the_option() {
         max_context: 512,
         prefill_chunk: 128,
         all_logits: false,
+        score_rows: 0,
         batch: 65,
     };
     let err = Engine::load(&fixture("olmoe-tiny"), &o)

@@ -266,6 +266,7 @@ mod runtime {
                 max_context: 32,
                 prefill_chunk: 64,
                 all_logits: true,
+                score_rows: 0,
                 batch: 1,
             },
         )

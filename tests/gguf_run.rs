@@ -74,6 +74,7 @@ fn load(
             max_context: 64,
             prefill_chunk: 16,
             all_logits: true,
+            score_rows: 0,
             batch: 1,
         },
     )

@@ -290,6 +290,7 @@ fn admission_in_closed_form_matches_trying_every_count() {
                 max_context: 100,
                 prefill_chunk: 64,
                 all_logits: false,
+                score_rows: 0,
                 batch: 1,
                 staging_buffers: 2,
                 miss,

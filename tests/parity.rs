@@ -238,6 +238,7 @@ fn converted_model_matches_and_is_validated() {
             max_context: 8,
             prefill_chunk: 8,
             all_logits: false,
+            score_rows: 0,
             batch: 1,
         };
         let err = Engine::load(&out, &opts(ExpertPrecision::F16))

@@ -432,6 +432,7 @@ fn admission_refuses_what_cannot_fit() {
         max_context: 64,
         prefill_chunk: 64,
         all_logits: false,
+        score_rows: 0,
         batch: 1,
     };
     let input = wgmoe::runtime::admission::AdmissionInput {
@@ -441,6 +442,7 @@ fn admission_refuses_what_cannot_fit() {
         max_context: opts.max_context,
         prefill_chunk: opts.prefill_chunk,
         all_logits: opts.all_logits,
+        score_rows: opts.score_rows,
         batch: opts.batch,
         staging_buffers: opts.residency.staging_buffers(&cfg).unwrap(),
         miss: MissPolicy::Upload,

@@ -154,6 +154,7 @@ fn greedy_decoding_stops_at_eos_unless_it_is_ignored() {
             max_context: 32,
             prefill_chunk: 64,
             all_logits: false,
+            score_rows: 0,
             batch: 1,
         },
     )

@@ -277,6 +277,7 @@ pub(super) fn engine_options(
         max_context,
         prefill_chunk: o.prefill_chunk,
         all_logits: false,
+        score_rows: 0,
         batch: 1,
     }
 }

@@ -170,7 +170,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let seed = a.sampling.seed.unwrap_or_else(random_seed);
     let sampling = sampling_options(&a.sampling, gen.as_ref(), seed)?;
     let ctx = super::ctx_size(&a.load, &cfg, &a.model)?;
-    let mut engine = super::load_engine(&a.model, &a.load, ctx, 1)?;
+    let mut engine = super::load_engine(&a.model, &a.load, ctx, 1, 0)?;
     engine.tokenizer = None;
     if let Some(n) = note {
         eprintln!("{n}");

@@ -99,7 +99,14 @@ pub fn tokenizer_override(model: &Path, file: &Path) -> Result<wgmoe::tokenizer:
 
 /// The engine of `chat` and `serve`, with a KV cache of `ctx` positions; says what it
 /// loaded on stderr.
-pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize, batch: usize) -> Result<Engine> {
+/// `score_rows`: logits rows a step returns (the server's prompt scoring; 0 for chat).
+pub fn load_engine(
+    model: &Path,
+    load: &LoadArgs,
+    ctx: usize,
+    batch: usize,
+    score_rows: usize,
+) -> Result<Engine> {
     if load.prefill_chunk == 0 {
         return Err(Error::option("--prefill-chunk", "must be at least 1"));
     }
@@ -121,6 +128,7 @@ pub fn load_engine(model: &Path, load: &LoadArgs, ctx: usize, batch: usize) -> R
             max_context: ctx,
             prefill_chunk: load.prefill_chunk,
             all_logits: false,
+            score_rows,
             batch,
         },
         tokenizer,

@@ -216,6 +216,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             max_context,
             prefill_chunk: a.prefill_chunk,
             all_logits: false,
+            score_rows: 0,
             batch: 1,
         },
         given,

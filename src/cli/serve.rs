@@ -90,7 +90,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .unwrap_or(if cuda { 1 } else { DEFAULT_PARALLEL });
     check_parallel(parallel, ctx, a.load.prefill_chunk)?;
     let listener = bind(&a.host, a.port)?;
-    let mut engine = super::load_engine(&a.model, &a.load, ctx, parallel)?;
+    let mut engine =
+        super::load_engine(&a.model, &a.load, ctx, parallel, wgmoe::serve::SCORE_ROWS)?;
     // The tokenizer with the chat template chosen above.
     engine.tokenizer = Some(tok);
     if let Some(n) = note {

@@ -477,6 +477,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         max_context,
         prefill_chunk: 64,
         all_logits: true,
+        score_rows: 0,
         batch: 1,
     };
     // Reference: a greedy decode gives the sequence; its logits over that sequence,

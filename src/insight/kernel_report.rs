@@ -405,6 +405,7 @@ pub fn report_with_progress(
                 max_context: o.context,
                 prefill_chunk: o.prefill_chunk,
                 all_logits: false,
+                score_rows: 0,
                 suppress: Vec::new(),
                 expert_batches: false,
                 placement: Vec::new(),

@@ -189,7 +189,12 @@ impl Forward {
                 ),
             ));
         }
-        let logit_rows = if opts.all_logits { t } else { 1 }.max(opts.batch);
+        // Scoring rows are a convenience (fewer readbacks): as many as one binding holds.
+        let row_bytes = (cfg.vocab_size as u64 * 4).max(1);
+        opts.score_rows = opts
+            .score_rows
+            .min((dev.binding_limit() / row_bytes) as usize);
+        let logit_rows = workspace::logit_rows(opts.all_logits, t, opts.batch, opts.score_rows);
         if (logit_rows * cfg.vocab_size * 4) as u64 > dev.binding_limit() {
             return Err(Error::DoesNotFit(format!(
                 "logits of {logit_rows} rows x {} exceed the storage binding limit",
@@ -210,6 +215,7 @@ impl Forward {
             max_context: ctxlen,
             chunk: t,
             all_logits: opts.all_logits,
+            score_rows: opts.score_rows,
             batch: opts.batch.max(1),
             expert_major: Some(expert_major),
             host_experts: opts.host_experts(),
@@ -323,6 +329,19 @@ impl Forward {
             solo,
             solo_pairs_per_expert: SOLO_PAIRS_PER_EXPERT,
         })
+    }
+
+    /// Positions one `Head::All` step returns logits for (the logits buffer's rows).
+    pub fn logit_rows(&self) -> usize {
+        if self.head_all.is_none() {
+            return 1;
+        }
+        workspace::logit_rows(
+            self.opts.all_logits,
+            self.opts.prefill_chunk,
+            self.opts.batch,
+            self.opts.score_rows,
+        )
     }
 
     /// The argmax a greedy step runs.

@@ -27,6 +27,9 @@ pub struct ForwardOptions {
     pub prefill_chunk: usize,
     /// Keep logits of every position of a chunk (tests, evaluation), not only the last.
     pub all_logits: bool,
+    /// Logits rows a step returns at least (`Head::All` over that many positions: the
+    /// server's prompt scoring); 0: none beyond `all_logits` and `batch`.
+    pub score_rows: usize,
     /// Token ids greedy sampling never picks (EOS when it must not end a response).
     pub suppress: Vec<u32>,
     /// Partial residency: a multi-token step may route to more experts than a layer's cache
@@ -630,7 +633,7 @@ pub(super) fn build_head(
         dev.prepare(p, step)
     };
     // Batched steps need every row's logits too.
-    let all = if opts.all_logits || opts.batch > 1 {
+    let all = if opts.all_logits || opts.batch > 1 || opts.score_rows > 1 {
         Some((head(0)?, argmax(true, n_suppress)?))
     } else {
         None

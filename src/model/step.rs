@@ -72,6 +72,12 @@ impl Forward {
                 ),
             ));
         }
+        if head == Head::All && n > self.logit_rows() {
+            return Err(Error::Other(format!(
+                "internal: logits of {n} positions asked of a step that holds {}",
+                self.logit_rows()
+            )));
+        }
         if let Some(ids) = ids {
             self.dev.write(&self.ids, 0, bytemuck::cast_slice(ids))?;
         }

@@ -18,6 +18,9 @@ pub struct WorkspaceShape {
     pub chunk: usize,
     /// Logits of every position of a chunk (tests, evaluation), not only the last.
     pub all_logits: bool,
+    /// Logits rows at least (the server's prompt scoring reads that many positions of a
+    /// chunk at once; 0: none beyond the others), at most the chunk.
+    pub score_rows: usize,
     /// Most sequences of a batched step (`serve --parallel`): the logits hold that many
     /// rows at least.
     pub batch: usize,
@@ -118,6 +121,16 @@ impl Table {
     }
 }
 
+/// Rows of the logits buffer: every position of a chunk of `t` (`all_logits`), else the
+/// larger of a batched step's sequences and the scoring rows, at most the chunk.
+pub fn logit_rows(all_logits: bool, t: usize, batch: usize, score_rows: usize) -> usize {
+    if all_logits {
+        t.max(batch)
+    } else {
+        batch.max(score_rows.min(t)).max(1)
+    }
+}
+
 /// Every buffer of the workspace (sizes as requested; the device rounds to 16 bytes).
 pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceBuffer>> {
     let (h, v, k) = (cfg.hidden_size, cfg.vocab_size, cfg.top_k);
@@ -125,7 +138,7 @@ pub fn workspace(cfg: &ModelConfig, s: &WorkspaceShape) -> Result<Vec<WorkspaceB
     let kv_dim = cfg.num_kv_heads * cfg.head_dim;
     let ctxlen = s.max_context.max(1);
     let t = s.chunk.max(1);
-    let logit_rows = if s.all_logits { t } else { 1 }.max(s.batch);
+    let logit_rows = logit_rows(s.all_logits, t, s.batch, s.score_rows);
     let mut w = Table { rows: Vec::new() };
     use Usage::*;
     w.add("ids", Storage, &[t])?;
@@ -239,6 +252,7 @@ pub fn planned_shape(
         max_context,
         chunk: effective_chunk(cfg, max_context, chunk, None),
         all_logits,
+        score_rows: 0,
         batch: 1,
         // Not known before the device: counted, as an upper bound.
         expert_major: None,

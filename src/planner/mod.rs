@@ -319,6 +319,7 @@ pub fn plan(cfg: &ModelConfig, o: &PlanOptions) -> Result<PlanReport> {
             max_context: o.context,
             prefill_chunk: o.prefill_chunk,
             all_logits: false,
+            score_rows: 0,
             batch: 1,
             staging_buffers: o.staging_buffers,
             miss,

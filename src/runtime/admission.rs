@@ -29,6 +29,8 @@ pub struct AdmissionInput {
     pub max_context: usize,
     pub prefill_chunk: usize,
     pub all_logits: bool,
+    /// Logits rows for the server's prompt scoring (`EngineOptions::score_rows`).
+    pub score_rows: usize,
     /// Most sequences of a batched step (`serve --parallel`; 1 otherwise).
     pub batch: usize,
     pub staging_buffers: usize,
@@ -209,6 +211,7 @@ impl AdmissionCost {
                 &WorkspaceShape {
                     kv: a.kv,
                     batch: a.batch,
+                    score_rows: a.score_rows,
                     ..planned_shape(
                         cfg,
                         a.max_context,

@@ -172,6 +172,43 @@ impl Slots {
         keep
     }
 
+    /// Take `slot` and run it from position 0 (a scored prompt needs every position's
+    /// logits, which a kept prefix would not give).
+    pub fn claim_fresh(&mut self, slot: usize) {
+        self.clock += 1;
+        self.last_used[slot] = self.clock;
+        self.cached[slot].clear();
+    }
+
+    /// Run `tokens` in `slot` after what it holds and return each one's logits row, in
+    /// steps of as many positions as the engine's logits hold (one readback a step).
+    pub fn score(
+        &mut self,
+        fwd: &mut Forward,
+        slot: usize,
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>> {
+        self.room(slot, self.cached[slot].len() + tokens.len())?;
+        let step = fwd.opts.prefill_chunk.min(fwd.logit_rows()).max(1);
+        let v = fwd.cfg.vocab_size;
+        let mut rows = Vec::with_capacity(tokens.len());
+        for part in tokens.chunks(step) {
+            let pos = self.cached[slot].len();
+            let r = fwd
+                .submit_at(pos, part.len(), Some(part), Head::All, self.kv0(slot))
+                .and_then(|()| fwd.read_logits(part.len()));
+            match r {
+                Ok(l) => rows.extend(l.chunks(v).map(<[f32]>::to_vec)),
+                Err(e) => {
+                    self.forget(slot);
+                    return Err(e);
+                }
+            }
+            self.cached[slot].extend_from_slice(part);
+        }
+        Ok(rows)
+    }
+
     /// Forget what `slot` holds (after a failed step: trust nothing).
     pub fn forget(&mut self, slot: usize) {
         self.cached[slot].clear();

@@ -281,6 +281,9 @@ pub struct EngineOptions {
     pub max_context: usize,
     pub prefill_chunk: usize,
     pub all_logits: bool,
+    /// Logits rows a step returns at least: the server scores a prompt (`echo` with
+    /// `logprobs`) that many positions a readback. 0: the last token's only.
+    pub score_rows: usize,
     /// Most sequences one batched step holds (`serve --parallel`; 1: no batched steps).
     pub batch: usize,
 }
@@ -461,6 +464,7 @@ impl Engine {
                 max_context: opts.max_context,
                 prefill_chunk: opts.prefill_chunk,
                 all_logits: opts.all_logits,
+                score_rows: opts.score_rows,
                 suppress,
                 expert_batches: place.contains(&ExpertPlacement::Cached),
                 placement: place.clone(),
@@ -676,6 +680,7 @@ pub fn check_host(
             max_context: opts.max_context,
             prefill_chunk: opts.prefill_chunk,
             all_logits: opts.all_logits,
+            score_rows: opts.score_rows,
             batch: opts.batch,
             staging_buffers: r.staging_buffers(cfg)?,
             miss: r.miss_policy(cfg),

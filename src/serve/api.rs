@@ -112,8 +112,17 @@ pub struct Request {
     /// Log-probabilities of the generated tokens with this many most likely alternatives
     /// each (completions' `logprobs: N`, chat's `logprobs: true` + `top_logprobs: N`).
     pub logprobs: Option<usize>,
-    /// Completions' `echo`: the prompt's text in front of the completion.
+    /// Completions' `echo`: the prompt's text in front of the completion; with
+    /// `logprobs`, the prompt's own tokens scored too (the first one's log-probability
+    /// null), and with `max_tokens` 0 nothing generated.
     pub echo: bool,
+}
+
+impl Request {
+    /// The prompt's own tokens are scored (`echo` with `logprobs`).
+    pub fn scores_prompt(&self) -> bool {
+        self.echo && self.logprobs.is_some()
+    }
 }
 
 /// The most alternatives a token's `top_logprobs` may list (the API's bound).
@@ -219,13 +228,20 @@ fn common(o: &Map<String, Value>, prompt: PromptInput) -> ApiResult<Request> {
         (Some(a), _) | (None, Some(a)) => Some(a),
         (None, None) => None,
     };
-    if max_tokens == Some(0) {
+    // 0 is only meaningful with completions' `echo` (the prompt scored, nothing
+    // generated): `completion_only` admits it there.
+    if max_tokens == Some(0) && !(o.contains_key("prompt") && opt_bool(o, "echo")? == Some(true)) {
         let p = if max_completion.is_some() {
             "max_completion_tokens"
         } else {
             "max_tokens"
         };
-        return Err(ApiError::invalid(p, format!("`{p}` must be at least 1")));
+        return Err(ApiError::invalid(
+            p,
+            format!(
+                "`{p}` must be at least 1 (0 only with completions' `echo`, to score the prompt)"
+            ),
+        ));
     }
     let temperature = opt_number(o, "temperature")?;
     if let Some(t) = temperature {
@@ -512,12 +528,6 @@ pub fn completion_request(body: &Value) -> ApiResult<Request> {
 fn completion_only(o: &Map<String, Value>) -> ApiResult<(Option<usize>, bool)> {
     let logprobs = top_count(o, "logprobs")?;
     let echo = opt_bool(o, "echo")?.unwrap_or(false);
-    if echo && logprobs.is_some() {
-        return Err(ApiError::invalid(
-            "echo",
-            "`echo` with `logprobs`: scoring the prompt's own tokens is not supported yet (echo alone, or logprobs alone, are)",
-        ));
-    }
     if let Some(n) = opt_uint(o, "best_of")? {
         if n != 1 {
             return Err(ApiError::invalid(
@@ -699,11 +709,6 @@ mod tests {
             completion_request(&b)
         };
         for (extra, param, words) in [
-            (
-                json!({"echo": true, "logprobs": 1}),
-                "echo",
-                "not supported yet",
-            ),
             (json!({"best_of": 3}), "best_of", "only one"),
             (json!({"suffix": "end"}), "suffix", "not supported"),
             (json!({"logprobs": 21}), "logprobs", "from 0 to 20"),
@@ -731,6 +736,13 @@ mod tests {
         assert_eq!(c(json!({"logprobs": 0})).unwrap().logprobs, Some(0));
         assert_eq!(c(json!({"logprobs": 20})).unwrap().logprobs, Some(20));
         assert!(c(json!({"echo": true})).unwrap().echo);
+        // Prompt scoring: echo with logprobs, max_tokens 0 allowed only with echo.
+        let r = c(json!({"echo": true, "logprobs": 1, "max_tokens": 0})).unwrap();
+        assert!(r.scores_prompt() && r.max_tokens == Some(0));
+        assert!(!c(json!({"echo": true})).unwrap().scores_prompt());
+        let e = c(json!({"max_tokens": 0})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"), "{e:?}");
+        assert!(e.message.contains("echo"), "{e:?}");
         // Chat's logprobs is a boolean, top_logprobs its count.
         let ch = |extra: Value| {
             let mut b = json!({"messages": [{"role": "user", "content": "x"}]});

@@ -440,6 +440,8 @@ struct Format {
     logprobs: bool,
     /// Completions' `echo`: the prompt's text, returned in front of the completion.
     echo: Option<String>,
+    /// The echoed prompt's tokens are scored: the echo waits for their log-probabilities.
+    scores_prompt: bool,
 }
 
 fn usage(d: &Done) -> Value {
@@ -621,6 +623,7 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
         model: st.model.clone(),
         include_usage: request.include_usage,
         logprobs: request.logprobs.is_some(),
+        scores_prompt: request.scores_prompt(),
         echo,
     };
     let stream = request.stream;
@@ -691,12 +694,18 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
     }
     let mut text = String::new();
     let mut entries = Vec::new();
+    let mut prompt = Vec::new();
     loop {
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
             Some(Event::Logprob(l)) => entries.push(l),
+            Some(Event::Prompt(p)) => prompt = p,
             Some(Event::Done(d)) => {
-                let lp = fmt.logprobs(&entries, &mut fmt.text_start());
+                let lp = if fmt.scores_prompt {
+                    logprobs::completion_scored(&prompt, &entries, fmt.text_start())
+                } else {
+                    fmt.logprobs(&entries, &mut fmt.text_start())
+                };
                 return Ok(Json(fmt.complete(text, &d, lp)).into_response());
             }
             Some(Event::Error(e)) => return Ok(tallied(e)),
@@ -740,7 +749,8 @@ fn sse(
         pending: Vec::new(),
         fmt,
     };
-    if let Some(e) = st.fmt.echo.clone() {
+    // A scored prompt's echo goes out with its log-probabilities (`Event::Prompt`).
+    if let (Some(e), false) = (st.fmt.echo.clone(), st.fmt.scores_prompt) {
         st.queue.push_back(st.fmt.delta(&e, true, Value::Null));
     }
     let stream = futures_util::stream::unfold(st, |mut st| async move {
@@ -753,6 +763,12 @@ fn sse(
             }
             match st.rx.recv().await {
                 Some(Event::Logprob(l)) => st.pending.push(l),
+                Some(Event::Prompt(p)) => {
+                    let echo = st.fmt.echo.clone().unwrap_or_default();
+                    let (lp, _) = logprobs::completion(&p, 0);
+                    st.queue.push_back(st.fmt.delta(&echo, st.first, lp));
+                    st.first = false;
+                }
                 Some(Event::Text(t)) => {
                     let lp = st
                         .fmt

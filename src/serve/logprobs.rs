@@ -17,7 +17,8 @@ pub struct Logprob {
     pub id: u32,
     /// The token's own text, special tokens as written.
     pub token: String,
-    pub logprob: f32,
+    /// None for a scored prompt's first token, which nothing predicts (the API's null).
+    pub logprob: Option<f32>,
     /// (text, log-probability) of the most likely tokens, most likely first.
     pub top: Vec<(String, f32)>,
 }
@@ -30,7 +31,7 @@ impl Logprob {
         Ok(Logprob {
             id,
             token: text(id)?,
-            logprob: t.logprob,
+            logprob: Some(t.logprob),
             top: t
                 .top
                 .iter()
@@ -38,6 +39,16 @@ impl Logprob {
                 .collect::<Result<_>>()?,
         })
     }
+}
+
+/// A scored prompt's first token: its text, no log-probability and no alternatives.
+pub fn unscored(tok: &Tokenizer, id: u32) -> Result<Logprob> {
+    Ok(Logprob {
+        id,
+        token: tok.decode_keeping_special(&[id])?,
+        logprob: None,
+        top: Vec::new(),
+    })
 }
 
 /// The Completions API's `logprobs` of `entries`, the first starting at character
@@ -51,6 +62,9 @@ pub fn completion(entries: &[Logprob], mut offset: usize) -> (Value, usize) {
     let top: Vec<Value> = entries
         .iter()
         .map(|e| {
+            if e.logprob.is_none() {
+                return Value::Null;
+            }
             let m: Map<String, Value> =
                 e.top.iter().map(|(t, lp)| (t.clone(), json!(lp))).collect();
             Value::Object(m)
@@ -65,6 +79,19 @@ pub fn completion(entries: &[Logprob], mut offset: usize) -> (Value, usize) {
     (v, offset)
 }
 
+/// The Completions API's `logprobs` of an echoed, scored prompt (its text from character
+/// 0) followed by the generated tokens (from character `start`, after the echo).
+pub fn completion_scored(prompt: &[Logprob], generated: &[Logprob], start: usize) -> Value {
+    let (mut a, _) = completion(prompt, 0);
+    let (b, _) = completion(generated, start);
+    for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        if let (Some(Value::Array(x)), Value::Array(y)) = (a.get_mut(key), &b[key]) {
+            x.extend(y.iter().cloned());
+        }
+    }
+    a
+}
+
 /// The Chat API's `logprobs` of `entries`.
 pub fn chat(entries: &[Logprob]) -> Value {
     let item =
@@ -72,7 +99,10 @@ pub fn chat(entries: &[Logprob]) -> Value {
     let content: Vec<Value> = entries
         .iter()
         .map(|e| {
-            let mut v = item(&e.token, e.logprob);
+            let mut v = item(&e.token, e.logprob.unwrap_or(f32::NAN));
+            if e.logprob.is_none() {
+                v["logprob"] = Value::Null;
+            }
             v["top_logprobs"] = e.top.iter().map(|(t, lp)| item(t, *lp)).collect();
             v
         })
@@ -88,7 +118,7 @@ mod tests {
         Logprob {
             id: 0,
             token: token.into(),
-            logprob,
+            logprob: Some(logprob),
             top: top.iter().map(|&(t, l)| (t.into(), l)).collect(),
         }
     }
@@ -113,5 +143,24 @@ mod tests {
             json!({"token": "x", "logprob": -2.0, "bytes": [120]})
         );
         assert_eq!(h["content"][1]["top_logprobs"], json!([]));
+    }
+
+    /// A scored prompt: its first token null in both lists, its offsets from 0, the
+    /// generated tokens' after the echo.
+    #[test]
+    fn a_scored_prompt_leads_with_nulls() {
+        let first = Logprob {
+            id: 1,
+            token: "<s>".into(),
+            logprob: None,
+            top: vec![],
+        };
+        let prompt = [first, lp("ab", -3.0, &[("ab", -3.0)])];
+        let v = completion_scored(&prompt, &[lp("c", -0.25, &[("c", -0.25)])], 5);
+        assert_eq!(
+            v,
+            json!({"tokens": ["<s>", "ab", "c"], "token_logprobs": [null, -3.0, -0.25],
+                   "top_logprobs": [null, {"ab": -3.0}, {"c": -0.25}], "text_offset": [0, 3, 5]})
+        );
     }
 }

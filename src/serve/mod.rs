@@ -32,6 +32,11 @@ use crate::session::Session;
 
 pub use worker::Defaults;
 
+/// Prompt positions a scoring request (`echo` with `logprobs`) reads back at once: the
+/// logits rows the server's engine holds (vocabulary x 4 bytes each: 19 MiB at Qwen3's
+/// 151,936), at most a prefill chunk and one storage binding.
+pub const SCORE_ROWS: usize = 32;
+
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
     pub api_key: Option<String>,

@@ -58,6 +58,9 @@ struct Seq {
     /// A stop string was found (its text and what follows are never shown).
     hit: bool,
     stopped_by_eos: bool,
+    /// A scored prompt (`echo` with `logprobs`): its tokens' log-probabilities so far,
+    /// sent as one `Event::Prompt` when the prompt has run.
+    scored: Option<Vec<Logprob>>,
 }
 
 /// How a request ended.
@@ -193,7 +196,14 @@ impl Worker<'_> {
                 self.refuse(&job, server_error("internal: no free slot".into()));
                 continue;
             };
-            let cached = self.slots.claim(slot, &prompt);
+            // A scored prompt needs every position's logits: it runs from position 0.
+            let scored = job.request.scores_prompt().then(Vec::new);
+            let cached = if scored.is_some() {
+                self.slots.claim_fresh(slot);
+                0
+            } else {
+                self.slots.claim(slot, &prompt)
+            };
             let req = &job.request;
             let sampling = sampling(&self.defaults, &req.sampling);
             let suppress = if req.ignore_eos {
@@ -220,6 +230,7 @@ impl Worker<'_> {
                 first_token: None,
                 hit: false,
                 stopped_by_eos: false,
+                scored,
                 prompt,
                 job,
             });
@@ -233,10 +244,23 @@ impl Worker<'_> {
         };
         let chunk = self.session.engine.fwd.opts.prefill_chunk.max(1);
         let s = &self.active[i];
+        if s.max_new == 0 && s.scored.is_none() {
+            // `echo` with `max_tokens` 0: the prompt's text is the whole answer.
+            let seq = self.active.remove(i);
+            self.finish(seq, End::Finished("length"));
+            return;
+        }
         let m = chunk.min(s.prompt.len() - s.ran);
         let last = s.ran + m == s.prompt.len();
         let part = s.prompt[s.ran..s.ran + m].to_vec();
         let slot = s.slot;
+        if s.scored.is_some() {
+            if let Some(end) = self.score_chunk(i, &part, last) {
+                let seq = self.active.remove(i);
+                self.finish(seq, end);
+            }
+            return;
+        }
         let r = self
             .slots
             .prefill(&mut self.session.engine.fwd, slot, &part, last);
@@ -255,6 +279,57 @@ impl Worker<'_> {
                 }
             }
         }
+    }
+
+    /// One chunk of a scored prompt: every position's logits scores the token after it
+    /// (the first token is unscored); after the last chunk the prompt's entries go out,
+    /// and its last row chooses the first new token. Some when the request ends.
+    fn score_chunk(&mut self, i: usize, part: &[u32], last: bool) -> Option<End> {
+        let slot = self.active[i].slot;
+        let rows = match self.slots.score(&mut self.session.engine.fwd, slot, part) {
+            Ok(r) => r,
+            Err(e) => return Some(End::Failed(server_error(e.to_string()))),
+        };
+        let tok = self.tok;
+        let s = &mut self.active[i];
+        let n = s.job.request.logprobs.unwrap_or(0);
+        let entries = s.scored.get_or_insert_with(Vec::new);
+        if s.ran == 0 {
+            match crate::serve::logprobs::unscored(tok, s.prompt[0]) {
+                Ok(e) => entries.push(e),
+                Err(e) => return Some(End::Failed(server_error(e.to_string()))),
+            }
+        }
+        for (j, row) in rows.iter().enumerate() {
+            let q = s.ran + j;
+            let Some(&id) = s.prompt.get(q + 1) else {
+                break;
+            };
+            if row.iter().any(|x| !x.is_finite()) {
+                self.slots.forget(slot);
+                return Some(End::Failed(server_error(format!(
+                    "non-finite logits (NaN or infinite) at prompt position {q}: the model's numbers broke down"
+                ))));
+            }
+            match Logprob::of(tok, row, id, n) {
+                Ok(e) => entries.push(e),
+                Err(e) => return Some(End::Failed(server_error(e.to_string()))),
+            }
+        }
+        s.ran += part.len();
+        if !last {
+            return None;
+        }
+        let entries = s.scored.take().unwrap_or_default();
+        if s.job.events.send(Event::Prompt(entries)).is_err() {
+            return Some(End::Finished("cancelled"));
+        }
+        if s.max_new == 0 {
+            s.first_token = Some(Instant::now());
+            return Some(End::Finished("length"));
+        }
+        let row = rows.last()?;
+        self.choose(i, row)
     }
 
     /// The next token of every request that has one to run, in one forward.

@@ -31,6 +31,9 @@ pub enum Event {
     /// A generated token's log-probabilities (requests that ask for them), sent before
     /// the text it adds.
     Logprob(crate::serve::logprobs::Logprob),
+    /// A scored prompt's tokens (`echo` with `logprobs`), the first one unscored, sent
+    /// once the whole prompt has run and before any generated token.
+    Prompt(Vec<crate::serve::logprobs::Logprob>),
     Text(String),
     Done(Box<Done>),
     Error(ApiError),
@@ -241,6 +244,9 @@ pub fn prompt_of(
         ));
     }
     let room = ctx.saturating_sub(prompt.len());
+    if prompt.len() > ctx {
+        return Err(context_error(prompt.len(), 0, ctx, false, false).with_param(&req.prompt));
+    }
     let max_new = match req.max_tokens {
         Some(n) if n > room => {
             return Err(context_error(prompt.len(), n, ctx, true, false).with_param(&req.prompt))
@@ -249,7 +255,8 @@ pub fn prompt_of(
         None if matches!(req.prompt, PromptInput::Chat(_)) => room,
         None => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
     };
-    if max_new == 0 {
+    // `max_tokens` 0 (completions' `echo`) scores or echoes the prompt alone.
+    if max_new == 0 && req.max_tokens != Some(0) {
         return Err(context_error(prompt.len(), 1, ctx, false, false).with_param(&req.prompt));
     }
     Ok((prompt, dropped, max_new))

@@ -59,6 +59,7 @@ pub fn load_batched(
             max_context,
             prefill_chunk: 64,
             all_logits: false,
+            score_rows: 0,
             batch,
         },
     )

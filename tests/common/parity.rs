@@ -164,6 +164,7 @@ pub fn try_load_dir(dir: &std::path::Path, max_context: usize, s: Setup) -> wgmo
             max_context,
             prefill_chunk: s.chunk,
             all_logits: true,
+            score_rows: 0,
             batch: 1,
         },
     )

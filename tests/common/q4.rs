@@ -594,6 +594,7 @@ impl<'a> Setup<'a> {
                 max_context: chunk,
                 chunk,
                 all_logits: false,
+                score_rows: 0,
                 batch: 1,
                 expert_major: Some(true),
                 host_experts: false,
