@@ -1,7 +1,8 @@
 //! The official OpenAI Python client (`openai` from PyPI) reads `wgmoe serve`'s
 //! log-probabilities: `tools/openai_client_check.py` runs completions (`logprobs: N`) and
-//! chat (`logprobs` + `top_logprobs`), whole and streamed, through the client's typed
-//! objects with its response validation on, against the OLMoE fixture.
+//! chat (`logprobs` + `top_logprobs`), whole and streamed, and prompt scoring (`echo` with
+//! `logprobs`, `max_tokens` 0) through the client's typed objects with its response
+//! validation on where its types allow, against the OLMoE fixture.
 //!
 //! `WGMOE_OPENAI_PYTHON` names the interpreter that has `openai` (CI: a venv made by
 //! `.ci/run`). Unset, the test prints "not run" and checks nothing; with

@@ -3,7 +3,7 @@
 //! token's log-probability (the first null), equal to the engine's teacher-forced
 //! log-softmax (`wgmoe eval`'s path, `prompt_logits`) within 1e-4 and to transformers' on
 //! the golden prompts; streamed, batched beside another request, and followed by
-//! generation, the same numbers.
+//! generation, the same numbers. `top_logprobs` objects come most likely first.
 
 mod common;
 
@@ -41,6 +41,12 @@ fn entries(lp: &Value, nulls_at_first: bool) -> Vec<(String, Option<f64>, Vec<(S
                 .iter()
                 .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
                 .collect();
+            // Written most likely first, as OpenAI writes them (clients read them in order).
+            assert!(
+                top.windows(2).all(|w| w[0].1 >= w[1].1),
+                "entry {i}: top_logprobs not most likely first: {}",
+                tops[i]
+            );
             top.sort_by(|a, b| b.1.total_cmp(&a.1));
             // ≤ 0, probabilities summing to at most 1, the token no likelier than the top.
             assert!(l <= 0.0 && l.is_finite(), "entry {i}: {l}");

@@ -299,8 +299,8 @@ def check_chat_stream(ctx):
     return f"{chunks} chunks, {with_lp} with logprobs, {len(got)} tokens equal to the whole answer"
 
 
-# --- Prompt scoring (`echo` + `logprobs`, `max_tokens: 0`): in progress in the server;
-# enabled by --prompt-scoring until it lands, then to join the default checks. ----------
+# --- Prompt scoring (`echo` + `logprobs`, `max_tokens: 0`), as evaluation harnesses
+# score a continuation. ----------------------------------------------------------------
 
 
 def check_prompt_scoring(ctx):
@@ -349,7 +349,7 @@ CHECKS = [
     ("chat", check_chat, None),
     ("chat_stream", check_chat_stream, None),
     # (name, function, the flag that enables it); add new cases here.
-    ("prompt_scoring", check_prompt_scoring, "prompt_scoring"),
+    ("prompt_scoring", check_prompt_scoring, None),
 ]
 
 
@@ -357,8 +357,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8080/v1")
     ap.add_argument("--model", default="olmoe-tiny", help="the served model's name")
-    ap.add_argument("--prompt-scoring", action="store_true",
-                    help="also check echo + logprobs with max_tokens 0 (prompt scoring)")
     args = ap.parse_args()
     ctx = Ctx(args)
     failed, ran = [], 0
