@@ -6,7 +6,8 @@
 // rows' flat run, so neighbouring lanes read neighbouring 16-byte words, and each word's
 // activations serve the gate and the up row. Expert ids are read on the GPU and mapped to
 // a pool slot by the slot table; one dispatch serves the slots of one chunk of the pool.
-// Grid: (row groups, top-k indices from j_base, tokens).
+// With FFN_ROUTE the ids come from the router's logits instead, computed in every
+// workgroup (route_topk.wgsl). Grid: (row groups, top-k indices from j_base, tokens).
 
 struct Params {
     hidden: u32,          // input features (H)
@@ -23,7 +24,11 @@ struct Params {
     up_s: u32,
     words_per_row: u32,
     blocks_per_row: u32,  // scales per row
-    flags: u32,           // FFN_FIXED_SLOT: slot 0, not routed
+    flags: u32,           // FFN_FIXED_SLOT: slot 0, not routed; FFN_ROUTE(_WRITE)
+    route_experts: u32,   // FFN_ROUTE: the router's experts,
+    route_stride: u32,    //   floats per logit row,
+    route_splits: u32,    //   partial rows of a one-token step's logits,
+    route_norm: u32,      //   renormalise the top-k (norm_topk_prob)
     _a: u32,
 }
 
@@ -42,7 +47,10 @@ fn main(inv: Inv) {
     let t = inv.wid.z;
     if (t >= step.n_tokens || n0 >= p.inter) { return; }
     var slot = 0u;
-    if ((p.flags & FFN_FIXED_SLOT) == 0u) {
+    if ((p.flags & FFN_ROUTE) != 0u) {
+        let write = (p.flags & FFN_ROUTE_WRITE) != 0u && inv.wid.x == 0u && inv.wid.y == 0u;
+        slot = slot_of[route_expert(t, j, inv.li, write)];
+    } else if ((p.flags & FFN_FIXED_SLOT) == 0u) {
         probe(SITE_OTHER, (t * p.top_k + j) * 4u, 4u);
         let e = ids[t * p.top_k + j];
         probe(SITE_OTHER, e * 4u, 4u);

@@ -13,7 +13,7 @@ struct Params {
     gate_stride: u32,    // floats per router-logit row
     gate_col: u32,       // column of the shared-expert gate logit
     slots: u32,          // COMBINE_RESIDENT: device slots of the layer's expert pool
-    _b: u32,
+    gate_splits: u32,    // > 1: the gate logit is the sum of that many partial rows
     _c: u32,
 }
 
@@ -46,7 +46,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if ((p.flags & COMBINE_SHARED) != 0u) {
         var g = 1.0;
         if ((p.flags & COMBINE_SHARED_GATED) != 0u) {
-            g = 1.0 / (1.0 + exp(-router_logits[t * p.gate_stride + p.gate_col]));
+            // Fused routing leaves a one-token step's logits as the router matvec's
+            // partial rows: added in order, as router_topk adds them.
+            var l = router_logits[t * p.gate_stride + p.gate_col];
+            if (p.gate_splits > 1u) {
+                l = 0.0;
+                for (var s = 0u; s < p.gate_splits; s++) {
+                    l += router_logits[s * p.gate_stride + p.gate_col];
+                }
+            }
+            g = 1.0 / (1.0 + exp(-l));
         }
         probe_bytes(SITE_X, 4u);
         acc += g * shared_y[t * p.hidden + m];

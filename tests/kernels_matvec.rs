@@ -563,6 +563,7 @@ fn q8_swiglu_blocks_match_cpu() {
                 hbuf: &h,
                 y: &dm,
                 x: &dm,
+                route: None,
             };
             let mut prog = Program::default();
             m.swiglu_dense(&mut prog, &mlp, &y);

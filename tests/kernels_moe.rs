@@ -171,6 +171,7 @@ impl Swiglu<'_> {
             hbuf: h,
             y: self.dummy,
             x: self.dummy,
+            route: None,
         };
         let mut p = Program::default();
         d.swiglu_f16(&mut p, self.pool, self.slot_of, js, out);
@@ -671,6 +672,7 @@ fn ffn_tiled_gemm_matches_cpu() {
             hbuf: &h,
             y: &y,
             x: &d,
+            route: None,
         };
         let mut prog = Program::default();
         if routed {

@@ -167,6 +167,7 @@ fn w4a16_uniform_decode_kernels_equal_portable() {
                     hbuf: &hbuf,
                     y: &y,
                     x: &x,
+                    route: None,
                 };
                 let mut prog = Program::default();
                 let _ = moe.routed(&mut prog, executor, &store, &slot_of);
@@ -296,6 +297,7 @@ fn w4a16_f16_arithmetic_matches_f32_kernels() {
                 hbuf: &hbuf,
                 y: &y,
                 x: &x,
+                route: None,
             };
             let mut prog = Program::default();
             let _ = moe.routed(&mut prog, Executor::Grouped, &store, &slot_of);

@@ -11,7 +11,7 @@
 // read-modify-write of x never races. Grid (row groups, top-k indices from j_base (1 when
 // fused), tokens).
 
-struct ExpertGateUpParams { u32 hidden; u32 inter; u32 top_k; u32 j_base; u32 x_stride; u32 slot_words; u32 first_slot; u32 chunk_slots; u32 gate_w; u32 up_w; u32 gate_s; u32 up_s; u32 words_per_row; u32 blocks_per_row; u32 flags; u32 _a; };
+struct ExpertGateUpParams { u32 hidden; u32 inter; u32 top_k; u32 j_base; u32 x_stride; u32 slot_words; u32 first_slot; u32 chunk_slots; u32 gate_w; u32 up_w; u32 gate_s; u32 up_s; u32 words_per_row; u32 blocks_per_row; u32 flags; u32 route_experts; u32 route_stride; u32 route_splits; u32 route_norm; u32 _a; };
 struct ExpertDownParams { u32 hidden; u32 inter; u32 top_k; u32 j_base; u32 slot_words; u32 first_slot; u32 chunk_slots; u32 down_w; u32 down_s; u32 words_per_row; u32 blocks_per_row; u32 flags; };
 CHECK_PARAMS(ExpertGateUpParams);
 CHECK_PARAMS(ExpertDownParams);

@@ -2,7 +2,7 @@
 //   x[t] += sum_j w[t, j] y[t, j] + g_t shared[t] + host[t]
 // Grid (hidden / 64, tokens).
 
-struct MoeCombineParams { u32 hidden; u32 top_k; u32 flags; u32 gate_stride; u32 gate_col; u32 slots; u32 _b; u32 _c; };
+struct MoeCombineParams { u32 hidden; u32 top_k; u32 flags; u32 gate_stride; u32 gate_col; u32 slots; u32 gate_splits; u32 _c; };
 CHECK_PARAMS(MoeCombineParams);
 
 extern "C" __global__ void moe_combine(MoeCombineParams p, const Step* step, const float* y,
@@ -22,7 +22,15 @@ extern "C" __global__ void moe_combine(MoeCombineParams p, const Step* step, con
     }
     if (p.flags & COMBINE_SHARED) {
         float g = 1.0f;
-        if (p.flags & COMBINE_SHARED_GATED) g = 1.0f / (1.0f + expf(-router_logits[t * p.gate_stride + p.gate_col]));
+        if (p.flags & COMBINE_SHARED_GATED) {
+            // Fused routing leaves a one-token step's logits as partial rows (gate_splits).
+            float l = router_logits[t * p.gate_stride + p.gate_col];
+            if (p.gate_splits > 1u) {
+                l = 0.0f;
+                for (u32 s = 0; s < p.gate_splits; s++) l += router_logits[s * p.gate_stride + p.gate_col];
+            }
+            g = 1.0f / (1.0f + expf(-l));
+        }
         acc += g * shared_y[t * p.hidden + m];
     }
     if (p.flags & COMBINE_HOST) acc += host_y[t * p.hidden + m];

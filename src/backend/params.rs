@@ -58,6 +58,12 @@ pub mod flags {
     pub const COMBINE_HOST: u32 = 16;
     /// expert_down: add the top-k experts' weighted sum into x (fused combine).
     pub const EXPERT_COMBINE: u32 = 2;
+    /// expert_gate_up: compute the token's top-k from the router logits (binding 8) in
+    /// every workgroup, router_topk's arithmetic, instead of reading ids (fused routing).
+    pub const FFN_ROUTE: u32 = 4;
+    /// expert_gate_up with FFN_ROUTE: workgroup (0, 0) of each token writes the ids
+    /// (binding 4) and weights (binding 9) for the dispatches after it.
+    pub const FFN_ROUTE_WRITE: u32 = 8;
     /// expert_gemm: the down projection (else gate/up + SiLU).
     pub const EXPERT_GEMM_DOWN: u32 = 4;
     pub const ROPE_QK_NORM: u32 = 1;
@@ -90,6 +96,8 @@ pub mod flags {
         ("COMBINE_RESIDENT", COMBINE_RESIDENT),
         ("COMBINE_HOST", COMBINE_HOST),
         ("EXPERT_COMBINE", EXPERT_COMBINE),
+        ("FFN_ROUTE", FFN_ROUTE),
+        ("FFN_ROUTE_WRITE", FFN_ROUTE_WRITE),
         ("EXPERT_GEMM_DOWN", EXPERT_GEMM_DOWN),
         ("ROPE_QK_NORM", ROPE_QK_NORM),
         ("ROPE_CLIP", ROPE_CLIP),
@@ -380,7 +388,9 @@ params! {
         pub gate_stride: u32,
         pub gate_col: u32,
         pub slots: u32,
-        pub _b: u32,
+        /// One-token steps whose router logits were never summed (fused routing): the gate
+        /// logit is the sum of this many partial rows, in order (0 or 1: row t's own).
+        pub gate_splits: u32,
         pub _c: u32,
     }
 
@@ -431,6 +441,12 @@ params! {
         pub words_per_row: u32,
         pub blocks_per_row: u32,
         pub flags: u32,
+        /// FFN_ROUTE: the router's experts, floats per logit row, the matvec's column
+        /// splits (partial rows added in order), and whether the top-k is renormalised.
+        pub route_experts: u32,
+        pub route_stride: u32,
+        pub route_splits: u32,
+        pub route_norm: u32,
         pub _a: u32,
     }
 

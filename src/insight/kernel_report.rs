@@ -343,8 +343,9 @@ fn summarise(s: &Stage, gbps: f64, latency: &LatencyModel) -> StageReport {
 fn step_programs(f: &Forward, tokens: usize) -> Vec<(usize, &Prepared)> {
     let mut v = Vec::new();
     for (l, lp) in f.layers.iter().enumerate() {
-        v.push((l, &lp.pre));
-        v.push((l, lp.post_for(tokens)));
+        let (pre, post) = lp.step_programs(tokens, false);
+        v.push((l, pre));
+        v.push((l, post));
     }
     v
 }
@@ -557,7 +558,8 @@ fn encode_seconds(f: &Forward, layer_kind: &[usize]) -> Result<f64> {
     let mut work = Vec::new();
     for &kind in layer_kind {
         let lp = &f.layers[kind];
-        for p in [&lp.pre, lp.post_for(1)] {
+        let (pre, post) = lp.step_programs(1, false);
+        for p in [pre, post] {
             work.push(Work::Run {
                 program: p,
                 tokens: 1,

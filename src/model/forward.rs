@@ -366,7 +366,10 @@ impl Forward {
         let progs = self
             .layers
             .iter()
-            .flat_map(|l| [&l.pre, l.post_for(1)])
+            .flat_map(|l| {
+                let (pre, post) = l.step_programs(1, false);
+                [pre, post]
+            })
             .chain([&self.head_last, &self.argmax_last]);
         progs
             .flat_map(|p| {

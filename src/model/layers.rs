@@ -10,7 +10,7 @@ use crate::backend::{Buffer, Device, Prepared, Program};
 use crate::config::{ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::model::dense_mlp::DenseMlp;
-use crate::model::moe::{Executor, MoeDispatch, MoePairs, MoeSorted};
+use crate::model::moe::{Executor, FusedRoute, MoeDispatch, MoePairs, MoeSorted};
 use crate::model::norm_fold::{self, NormInput};
 use crate::model::ops::{self, AttentionBuffers, CombineBuffers, OpEnv};
 use crate::model::residency::ExpertPlacement;
@@ -87,6 +87,11 @@ pub struct LayerPrograms {
     /// Cached layers with a one-token MLP program of their own: its routed experts alone
     /// (the hits, run while the misses are staged; `post_decode` then computes the misses).
     pub hits_decode: Option<Prepared>,
+    /// One-token steps in one submission (every expert resident, the GPU plan on wgpu):
+    /// `pre` without router_topk, and the MLP block whose gate/up computes the top-k
+    /// itself (`FFN_ROUTE`): a dispatch fewer a MoE layer. Steps whose routing the host
+    /// reads between the two (residency, traces) keep `pre` and `post_decode`.
+    pub fused_decode: Option<(Prepared, Prepared)>,
 }
 
 impl LayerPrograms {
@@ -95,6 +100,15 @@ impl LayerPrograms {
         match &self.pre_batched {
             Some(p) if batched => p,
             _ => &self.pre,
+        }
+    }
+
+    /// The attention + router and MLP programs of a step of `n` tokens submitted whole
+    /// (no host work between them).
+    pub fn step_programs(&self, n: usize, batched: bool) -> (&Prepared, &Prepared) {
+        match &self.fused_decode {
+            Some((pre, post)) if n == 1 && !batched => (pre, post),
+            _ => (self.pre_for(batched), self.post_for(n)),
         }
     }
 
@@ -183,6 +197,7 @@ fn moe_dispatch<'a>(
         hbuf: b.get("ffn_h")?,
         y: b.get("ffn_y")?,
         x: b.get("x")?,
+        route: None,
     })
 }
 
@@ -304,10 +319,15 @@ pub(super) fn build_layers(
         }
         if fl != 0 {
             prog.stage("combine");
-            ops::moe_combine(&mut prog, &combine_params(fl, slots), &cb);
+            let mut cp = combine_params(fl, slots);
+            // Fused routing leaves the gate logit in the router's partial rows.
+            cp.gate_splits = m.route.map_or(0, |r| r.splits);
+            ops::moe_combine(&mut prog, &cp, &cb);
         }
         Ok(prog)
     };
+    // Fused routing needs the wgpu kernels (the CUDA and CPU ones read the ids).
+    let fuse_routing = coalesced && matches!(dev, Device::Wgpu(_));
     let mut rope_fl = match cfg.qk_norm {
         QkNorm::None => 0,
         QkNorm::Projection => flags::ROPE_QK_NORM,
@@ -411,6 +431,7 @@ pub(super) fn build_layers(
             ops::rmsnorm(&mut pre, &lw.ffn_norm, x, xn, h, eps);
         }
         let mut hits_decode = None;
+        let mut fused_post = None;
         let (post, post_decode, routed_only, routed_only_decode, host_term) = match &lw.mlp {
             Mlp::Moe {
                 router,
@@ -428,6 +449,11 @@ pub(super) fn build_layers(
                     logits,
                     router_stride,
                 );
+                let splits = if env.plan.coalesced_decode {
+                    ops::router_splits(router.rows, h) as u32
+                } else {
+                    1
+                };
                 pre.stage("router_topk");
                 ops::router_topk(
                     &mut pre,
@@ -436,11 +462,7 @@ pub(super) fn build_layers(
                         top_k: k as u32,
                         logits_stride: router_stride as u32,
                         norm_topk: cfg.norm_topk_prob as u32,
-                        splits: if env.plan.coalesced_decode {
-                            ops::router_splits(router.rows, h) as u32
-                        } else {
-                            1
-                        },
+                        splits,
                         ..Default::default()
                     },
                     logits,
@@ -448,6 +470,27 @@ pub(super) fn build_layers(
                     b.get("topk_weights")?,
                 );
                 let placement = opts.placement(l);
+                if let (Some(m), ExpertPlacement::Device, true) = (&single, placement, fuse_routing)
+                {
+                    if opts.executor != Executor::PerExpert {
+                        let m = MoeDispatch {
+                            route: Some(FusedRoute {
+                                logits,
+                                experts: cfg.num_experts as u32,
+                                stride: router_stride as u32,
+                                splits,
+                                norm: cfg.norm_topk_prob,
+                            }),
+                            ..m.clone()
+                        };
+                        fused_post = Some(moe_block(
+                            &m,
+                            Some((experts, slot_of)),
+                            None,
+                            shared.as_ref(),
+                        )?);
+                    }
+                }
                 let (post, post_decode, routed_only, routed_only_decode) = if placement.host_term()
                 {
                     // The device's share of the routed experts runs first, on its own;
@@ -545,6 +588,14 @@ pub(super) fn build_layers(
         };
         let pre_batched = batched_attention
             .map(|a| pre.with_stages_replaced(&["attention", "attention_combine"], a));
+        // Fused only where the block's gate/up does route (it then writes the ids).
+        let fused_decode = fused_post
+            .filter(|p| p.ops.iter().any(|o| o.stage == "experts_gate_up"))
+            .map(|post| {
+                let pre = pre.with_stages_replaced(&["router_topk"], Vec::new());
+                Ok::<_, Error>((dev.prepare(pre, step)?, dev.prepare(post, step)?))
+            })
+            .transpose()?;
         out.push(LayerPrograms {
             pre_batched: pre_batched.map(|p| dev.prepare(p, step)).transpose()?,
             pre: dev.prepare(pre, step)?,
@@ -557,6 +608,7 @@ pub(super) fn build_layers(
             host_term,
             predict,
             hits_decode: hits_decode.map(|p| dev.prepare(p, step)).transpose()?,
+            fused_decode,
         });
     }
     Ok(out)

@@ -112,6 +112,22 @@ pub struct MoeDispatch<'a> {
     pub y: &'a Buffer,
     /// Residual stream [T, H].
     pub x: &'a Buffer,
+    /// Fused routing (one-token programs on the GPU plan): the gate/up dispatch computes
+    /// the top-k from the router's logits instead of reading `topk_ids`.
+    pub route: Option<FusedRoute<'a>>,
+}
+
+/// The router's logits as `router_topk` reads them, for fused routing (`FFN_ROUTE`).
+#[derive(Clone, Copy)]
+pub struct FusedRoute<'a> {
+    pub logits: &'a Buffer,
+    pub experts: u32,
+    /// Floats per logit row.
+    pub stride: u32,
+    /// Partial rows a one-token step's logits arrive in (the matvec's column splits).
+    pub splits: u32,
+    /// Renormalise the top-k weights (`norm_topk_prob`).
+    pub norm: bool,
 }
 
 impl MoeDispatch<'_> {
@@ -477,18 +493,39 @@ impl MoeDispatch<'_> {
         route: Option<&Buffer>,
         js: (usize, usize),
     ) {
-        let (top_k, fl, slot_of) = match route {
+        let (top_k, mut fl, slot_of) = match route {
             Some(s) => (self.top_k, 0, s),
             None => (1, flags::FFN_FIXED_SLOT, self.dummy),
         };
-        for (first, n, chunk) in &m.chunks {
+        // Fused routing serves every top-k index in one dispatch per chunk.
+        let fused = self
+            .route
+            .filter(|_| route.is_some() && js == (0, self.top_k));
+        if fused.is_some() {
+            fl |= flags::FFN_ROUTE;
+        }
+        for (ci, (first, n, chunk)) in m.chunks.iter().enumerate() {
+            let write = if fused.is_some() && ci == 0 {
+                flags::FFN_ROUTE_WRITE
+            } else {
+                0
+            };
+            // Fused, the ids are written (12), not read (4); unfused, 9 and 12 are the
+            // h buffer the op writes anyway (one read-write use), never written there.
+            let (ids, logits, w_out, ids_out) = match fused {
+                Some(r) => (self.dummy, r.logits, self.topk_w, self.topk_ids),
+                None => (self.topk_ids, self.dummy, self.hbuf, self.hbuf),
+            };
             let mut b = vec![
                 (2, self.xn),
                 (3, self.xn),
-                (4, self.topk_ids),
+                (4, ids),
                 (5, slot_of),
                 (6, self.hbuf),
+                (8, logits),
+                (9, w_out),
                 (10, chunk),
+                (12, ids_out),
             ];
             if m.format.has_scales() {
                 b.push((11, chunk));
@@ -516,7 +553,11 @@ impl MoeDispatch<'_> {
                         up_s: m.up_s,
                         words_per_row: m.in_words,
                         blocks_per_row: m.in_blocks,
-                        flags: fl,
+                        flags: fl | write,
+                        route_experts: fused.map_or(0, |r| r.experts),
+                        route_stride: fused.map_or(0, |r| r.stride),
+                        route_splits: fused.map_or(0, |r| r.splits),
+                        route_norm: fused.is_some_and(|r| r.norm) as u32,
                         _a: 0,
                     },
                     numbered(&b),

@@ -141,8 +141,9 @@ impl Forward {
         let solo = self.solo_mlp(n);
         let mut work: Vec<Work> = Vec::new();
         for l in &self.layers {
+            let (pre, post) = l.step_programs(n, self.batched);
             work.push(Work::Run {
-                program: l.pre_for(self.batched),
+                program: pre,
                 tokens: t,
                 pos0: self.step_pos0,
             });
@@ -150,7 +151,7 @@ impl Forward {
                 self.push_solo_mlp(l, n, &mut work)?;
             } else {
                 work.push(Work::Run {
-                    program: l.post_for(n),
+                    program: post,
                     tokens: t,
                     pos0: self.step_pos0,
                 });
@@ -272,7 +273,10 @@ impl Forward {
         let programs = self
             .layers
             .iter()
-            .flat_map(|l| [l.pre_for(self.batched), l.post_for(n)])
+            .flat_map(|l| {
+                let (pre, post) = l.step_programs(n, self.batched);
+                [pre, post]
+            })
             .chain(heads.iter().copied());
         for p in programs {
             clock = self.dev.profile(p, t, self.step_pos0, &mut times)?;

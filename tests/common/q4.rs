@@ -517,6 +517,7 @@ impl<'a> Setup<'a> {
             hbuf: h,
             y,
             x,
+            route: None,
         }
     }
 

@@ -69,6 +69,10 @@ pub const PIECES: &[(&str, &str)] = &[
         include_str!("../../../shaders/common/wg_tree.wgsl"),
     ),
     (
+        "route_topk.wgsl",
+        include_str!("../../../shaders/common/route_topk.wgsl"),
+    ),
+    (
         "attn_scratch.wgsl",
         include_str!("../../../shaders/common/attn_scratch.wgsl"),
     ),
@@ -474,6 +478,9 @@ pub fn pieces_for(k: Kernel, probe: bool) -> Vec<&'static str> {
                 Reduce::Subgroup => "reduce_sg.wgsl",
                 Reduce::Workgroup => "reduce_wg.wgsl",
             });
+            if matches!(k, Kernel::ExpertGateUp(_)) {
+                v.push("route_topk.wgsl");
+            }
         }
         Kernel::Gemm(f) | Kernel::ExpertGemm(f) => {
             if matches!(k, Kernel::Gemm(_)) {
