@@ -3,7 +3,8 @@
 //! the variant needs neither f16 nor subgroups, 6.2 otherwise) and MSL 2.4 (Metal), so a
 //! kernel that cannot run on one of them fails here, not on a user's machine. Each kernel's
 //! Rust params struct has the WGSL struct's member names, offsets and size; the flag bits
-//! agree; every shader file is used and no helper function is defined twice.
+//! agree; every shader file is used and no helper function is defined twice. llvmpipe's
+//! build (parameters read from storage, `shaders::params_in_storage`) validates too.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -71,6 +72,17 @@ fn every_variant_validates_with_the_capabilities_it_declares() {
                 "{k} validates without f16"
             );
         }
+        // llvmpipe's build: parameters and step from storage (`params_in_storage`), and
+        // both really moved (a kernel declaring them otherwise would keep leaking there).
+        let src = shaders::params_in_storage(&shaders::source_for(k, false));
+        assert!(
+            !src.contains("var<uniform> p:") && !src.contains("var<uniform> step:"),
+            "{k}: a uniform parameter binding is left in llvmpipe's build"
+        );
+        let ms = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("{k}, llvmpipe build: {}", e.emit_to_string(&src)));
+        validate(&ms, caps(k))
+            .unwrap_or_else(|e| panic!("{k}, llvmpipe build, does not validate: {e}"));
         // The probe build counts loads with subgroup operations.
         if k.probed() {
             let m = parse_build(k, true);

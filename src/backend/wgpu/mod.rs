@@ -273,9 +273,14 @@ impl WgpuDevice {
             .device
             .create_shader_module(::wgpu::ShaderModuleDescriptor {
                 label: Some(&label),
-                source: ::wgpu::ShaderSource::Wgsl(
-                    shaders::source_for(k, self.probe.is_some()).into(),
-                ),
+                source: ::wgpu::ShaderSource::Wgsl({
+                    let src = shaders::source_for(k, self.probe.is_some());
+                    if shaders::inlines_uniforms(&self.info) {
+                        shaders::params_in_storage(&src).into()
+                    } else {
+                        src.into()
+                    }
+                }),
             });
         let pipeline = self
             .device
@@ -347,7 +352,9 @@ impl Backend for WgpuDevice {
         let u = match usage {
             Usage::Storage => U::STORAGE | U::COPY_DST | U::COPY_SRC,
             Usage::Window => U::STORAGE | U::UNIFORM | U::COPY_DST | U::COPY_SRC,
-            Usage::Uniform => U::UNIFORM | U::COPY_DST,
+            // Storage too: llvmpipe's kernels read parameters from storage
+            // (`shaders::params_in_storage`).
+            Usage::Uniform => U::UNIFORM | U::STORAGE | U::COPY_DST,
             Usage::Readback => U::MAP_READ | U::COPY_DST,
             Usage::Staging => {
                 return Err(Error::Other(format!(

@@ -560,6 +560,29 @@ pub fn source_for(k: Kernel, probe: bool) -> String {
     s
 }
 
+/// `src` with the kernel's parameters (binding 0) and the step (binding 1) read from
+/// storage instead of uniform buffers: the form built for llvmpipe. Mesa's lavapipe (22.3
+/// measured) inlines uniform values that decide a branch or a loop bound into the shader
+/// and, for some pipelines, compiles a new variant at every dispatch without freeing the
+/// old ones (about 280 KB per decode step on the storage kernels' moe_combine; a 40-line
+/// wgpu program shows it, and a storage binding of the same values does not): the memory
+/// of a long run grows without bound. The activation windows stay uniform.
+pub fn params_in_storage(src: &str) -> String {
+    src.replace(
+        "@group(0) @binding(0) var<uniform> p:",
+        "@group(0) @binding(0) var<storage, read> p:",
+    )
+    .replace(
+        "@group(0) @binding(1) var<uniform> step:",
+        "@group(0) @binding(1) var<storage, read> step:",
+    )
+}
+
+/// Whether an adapter's driver is lavapipe (llvmpipe), whose uniform inlining leaks.
+pub fn inlines_uniforms(info: &crate::backend::DeviceInfo) -> bool {
+    info.name.contains("llvmpipe") || info.driver.contains("llvmpipe")
+}
+
 /// The complete WGSL module of a kernel variant.
 pub fn source(k: Kernel) -> String {
     source_for(k, false)
