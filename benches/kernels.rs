@@ -185,6 +185,7 @@ fn w4a16_matvec(bencher: divan::Bencher, (inp, out): (usize, usize), decode: boo
         hbuf: &h,
         y: &y,
         x: &dummy,
+        route: None,
     };
     let mut prog = Program::default();
     for _ in 0..reps() {
@@ -340,6 +341,7 @@ fn moe_layer_olmoe_int4(bencher: divan::Bencher, On(executor): On<Executor>) {
         hbuf: &hbuf,
         y: &y,
         x: &x,
+        route: None,
     };
     let mut prog = Program::default();
     let flags = moe.routed(&mut prog, executor, &store, &slot_buf);

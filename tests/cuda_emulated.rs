@@ -434,6 +434,10 @@ fn emulated_cuda_kernels_match_lavapipe_on_every_layer_program() {
                         ("pre", &l.pre, 24, 8),
                         ("pre", &l.pre, 40, 1),
                     ];
+                    // Fused routing: the one-token programs without router_topk.
+                    if let Some((fpre, fpost)) = &l.fused_decode {
+                        runs.extend([("fused pre", fpre, 8, 1), ("fused post(1)", fpost, 8, 1)]);
+                    }
                     // The tiled GEMMs over several token tiles, the last one partial, and
                     // the expert GEMM over runs of more pairs than a block serves.
                     if gpu {

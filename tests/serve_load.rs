@@ -67,14 +67,7 @@ fn concurrent_clients_get_exact_answers_and_the_server_stays_up() {
     // `shaders::params_in_storage`, and the server's memory stays flat on every plan.)
     let srv = Server::start(
         &fixture(OLMOE),
-        &[
-            "--max-queue",
-            "256",
-            "--parallel",
-            "4",
-            "--batching",
-            "on",
-        ],
+        &["--max-queue", "256", "--parallel", "4", "--batching", "on"],
     );
     let (text0, _) = probe(&srv);
     let rss0 = rss_kib(srv.pid());

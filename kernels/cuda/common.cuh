@@ -25,6 +25,8 @@ struct Step { u32 pos0; u32 n_tokens; u32 _a; u32 _b; };
 #define COMBINE_RESIDENT 8u
 #define COMBINE_HOST 16u
 #define EXPERT_COMBINE 2u
+#define FFN_ROUTE 4u
+#define FFN_ROUTE_WRITE 8u
 #define EXPERT_GEMM_DOWN 4u
 #define ROPE_QK_NORM 1u
 #define ROPE_CLIP 2u

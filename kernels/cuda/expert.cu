@@ -16,16 +16,118 @@ struct ExpertDownParams { u32 hidden; u32 inter; u32 top_k; u32 j_base; u32 slot
 CHECK_PARAMS(ExpertGateUpParams);
 CHECK_PARAMS(ExpertDownParams);
 
+// Fused routing (FFN_ROUTE; shaders/common/route_topk.wgsl): every block of a one-token
+// gate/up launch computes the token's top-k from the router matvec's partial rows itself,
+// with router_topk.cu's arithmetic (the same values); with FFN_ROUTE_WRITE thread 0 of
+// block (0, 0) writes the ids and weights for the launches after it.
+struct Route {
+    const float* logits;
+    float* weights;
+    u32* ids;
+};
+
+__device__ __forceinline__ float route_logit(const ExpertGateUpParams& p, const float* l, u32 lb, u32 e) {
+    if (p.route_splits <= 1u) return l[lb + e];
+    float v = 0.0f;
+    for (u32 s = 0; s < p.route_splits; s++) v += l[s * p.route_stride + e];
+    return v;
+}
+
+#define ROUTE_NONE 0xffffffffu
+
+// Every thread calls it, in block-uniform control flow (it holds barriers).
+__device__ u32 route_expert(const ExpertGateUpParams& p, const Route& r, u32 t, u32 j, bool write) {
+    __shared__ float red[ROWS_BLOCK];
+    __shared__ u32 redi[ROWS_BLOCK];
+    u32 lid = threadIdx.x;
+    u32 n = p.route_experts > 0u ? p.route_experts : 1u;
+    u32 lb = t * p.route_stride;
+    float m = -3.4e38f;
+    for (u32 e = lid; e < n; e += ROWS_BLOCK) m = fmaxf(m, route_logit(p, r.logits, lb, e));
+    red[lid] = m;
+    __syncthreads();
+    for (u32 s = ROWS_BLOCK / 2u; s > 0u; s >>= 1) {
+        if (lid < s) red[lid] = fmaxf(red[lid], red[lid + s]);
+        __syncthreads();
+    }
+    float mx = red[0];
+    __syncthreads();
+    float sum = 0.0f;
+    for (u32 e0 = 0; e0 < n; e0 += ROWS_BLOCK) {
+        u32 e = e0 + lid;
+        float v = expf(route_logit(p, r.logits, lb, min(e, n - 1u)) - mx);
+        sum += e < n ? v : 0.0f;
+    }
+    red[lid] = sum;
+    __syncthreads();
+    for (u32 s = ROWS_BLOCK / 2u; s > 0u; s >>= 1) {
+        if (lid < s) red[lid] += red[lid + s];
+        __syncthreads();
+    }
+    float total = red[0];
+    __syncthreads();
+    bool lead = write && lid == 0u;
+    u32 ob = t * p.top_k;
+    float picked_sum = 0.0f;
+    float prev_v = 3.4e38f;
+    u32 prev_e = ROUTE_NONE;
+    u32 mine = 0u;
+    for (u32 jj = 0; jj < p.top_k; jj++) {
+        u32 best = ROUTE_NONE;
+        float best_v = -1.0f;
+        for (u32 e0 = 0; e0 < n; e0 += ROWS_BLOCK) {
+            u32 e = e0 + lid;
+            float v = expf(route_logit(p, r.logits, lb, min(e, n - 1u)) - mx);
+            bool after_prev = v < prev_v || (v == prev_v && (prev_e == ROUTE_NONE || e > prev_e));
+            if (e < n && after_prev && (best == ROUTE_NONE || v > best_v)) { best = e; best_v = v; }
+        }
+        red[lid] = best_v;
+        redi[lid] = best;
+        __syncthreads();
+        for (u32 s = ROWS_BLOCK / 2u; s > 0u; s >>= 1) {
+            if (lid < s) {
+                float ov = red[lid + s];
+                u32 oi = redi[lid + s];
+                u32 ci = redi[lid];
+                if (oi != ROUTE_NONE && (ci == ROUTE_NONE || ov > red[lid] || (ov == red[lid] && oi < ci))) {
+                    red[lid] = ov;
+                    redi[lid] = oi;
+                }
+            }
+            __syncthreads();
+        }
+        float bv = red[0];
+        u32 bi = redi[0];
+        __syncthreads();
+        float w = bv / total;
+        if (lead) { r.ids[ob + jj] = bi; r.weights[ob + jj] = w; }
+        if (jj == j) mine = bi;
+        picked_sum += w;
+        prev_v = bv;
+        prev_e = bi;
+    }
+    if (lead && p.route_norm != 0u) {
+        for (u32 jj = 0; jj < p.top_k; jj++) r.weights[ob + jj] = r.weights[ob + jj] / picked_sum;
+    }
+    return mine;
+}
+
 template <class Fmt, class Sum>
 __device__ void gate_up(const ExpertGateUpParams& p, const Step* step, const Act& a,
-                        const u32* ids, const u32* slot_of, float* h_out, const Mat& m) {
+                        const u32* ids, const u32* slot_of, float* h_out, const Route& r,
+                        const Mat& m) {
     u32 li = threadIdx.x;
     u32 n0 = blockIdx.x * ROWS;
     u32 j = blockIdx.y + p.j_base;
     u32 t = blockIdx.z;
     if (t >= step->n_tokens || n0 >= p.inter) return;
     u32 slot = 0u;
-    if (!(p.flags & FFN_FIXED_SLOT)) slot = slot_of[ids[t * p.top_k + j]];
+    if (p.flags & FFN_ROUTE) {
+        bool write = (p.flags & FFN_ROUTE_WRITE) && blockIdx.x == 0u && blockIdx.y == 0u;
+        slot = slot_of[route_expert(p, r, t, j, write)];
+    } else if (!(p.flags & FFN_FIXED_SLOT)) {
+        slot = slot_of[ids[t * p.top_k + j]];
+    }
     // The same slot for every thread: the reduction's barriers stay uniform.
     if (slot < p.first_slot || slot >= p.first_slot + p.chunk_slots) return;
     u32 sw = (slot - p.first_slot) * p.slot_words;
@@ -108,41 +210,48 @@ __device__ void down(const ExpertDownParams& p, const Step* step, const Act& a, 
 }
 
 // The entry points: one per variant (RowsVariant { format, reduce }). Bindings: x (2), x as
-// float4 (3), ids (4), slot_of (5), then h (6) for gate/up or weights (6) and out (7) for
-// down, then the weights (10) and, INT4 and Q8_0, their scales (11).
+// float4 (3), ids (4), slot_of (5), then h (6) and the route's logits (8), weights (9) and
+// ids (12) for gate/up, or weights (6) and out (7) for down, then the weights (10) and,
+// INT4 and Q8_0, their scales (11).
 extern "C" __global__ void expert_gate_up_f16_sg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w) {
-    gate_up<FmtF16, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, nullptr});
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w) {
+    gate_up<FmtF16, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, nullptr});
 }
 extern "C" __global__ void expert_gate_up_f16_wg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w) {
-    gate_up<FmtF16, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, nullptr});
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w) {
+    gate_up<FmtF16, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, nullptr});
 }
 extern "C" __global__ void expert_gate_up_q4_sg(ExpertGateUpParams p, const Step* step,
                                                 const float* x, const float4* x4, const u32* ids,
-                                                const u32* slot_of, float* h, const uint4* w,
+                                                const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                 const u32* ws) {
-    gate_up<FmtQ4, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ4, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_gate_up_q4_wg(ExpertGateUpParams p, const Step* step,
                                                 const float* x, const float4* x4, const u32* ids,
-                                                const u32* slot_of, float* h, const uint4* w,
+                                                const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                 const u32* ws) {
-    gate_up<FmtQ4, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ4, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_gate_up_q8_sg(ExpertGateUpParams p, const Step* step,
                                                 const float* x, const float4* x4, const u32* ids,
-                                                const u32* slot_of, float* h, const uint4* w,
+                                                const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                 const u32* ws) {
-    gate_up<FmtQ8, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ8, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_gate_up_q8_wg(ExpertGateUpParams p, const Step* step,
                                                 const float* x, const float4* x4, const u32* ids,
-                                                const u32* slot_of, float* h, const uint4* w,
+                                                const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                 const u32* ws) {
-    gate_up<FmtQ8, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ8, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_down_f16_sg(ExpertDownParams p, const Step* step, const float* h,
                                               const float4* h4, const u32* ids, const u32* slot_of,
@@ -180,15 +289,17 @@ extern "C" __global__ void expert_down_q8_wg(ExpertDownParams p, const Step* ste
 }
 extern "C" __global__ void expert_gate_up_q4a_sg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                  const u32* ws) {
-    gate_up<FmtQ4A, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ4A, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_gate_up_q4a_wg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                  const u32* ws) {
-    gate_up<FmtQ4A, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ4A, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_down_q4a_sg(ExpertDownParams p, const Step* step, const float* h,
                                               const float4* h4, const u32* ids, const u32* slot_of,
@@ -205,9 +316,10 @@ extern "C" __global__ void expert_down_q4a_wg(ExpertDownParams p, const Step* st
 // The K-plane formats (GGUF's Q4_K, Q5_K, Q6_K, Q5_0/Q5_1 blocks as they are).
 extern "C" __global__ void expert_gate_up_q4k_sg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                  const u32* ws) {
-    gate_up<FmtQ4K, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ4K, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_down_q4k_sg(ExpertDownParams p, const Step* step, const float* h,
                                               const float4* h4, const u32* ids, const u32* slot_of,
@@ -217,9 +329,10 @@ extern "C" __global__ void expert_down_q4k_sg(ExpertDownParams p, const Step* st
 }
 extern "C" __global__ void expert_gate_up_q4k_wg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                  const u32* ws) {
-    gate_up<FmtQ4K, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ4K, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_down_q4k_wg(ExpertDownParams p, const Step* step, const float* h,
                                               const float4* h4, const u32* ids, const u32* slot_of,
@@ -229,9 +342,10 @@ extern "C" __global__ void expert_down_q4k_wg(ExpertDownParams p, const Step* st
 }
 extern "C" __global__ void expert_gate_up_q5k_sg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                  const u32* ws) {
-    gate_up<FmtQ5K, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ5K, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_down_q5k_sg(ExpertDownParams p, const Step* step, const float* h,
                                               const float4* h4, const u32* ids, const u32* slot_of,
@@ -241,9 +355,10 @@ extern "C" __global__ void expert_down_q5k_sg(ExpertDownParams p, const Step* st
 }
 extern "C" __global__ void expert_gate_up_q5k_wg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                  const u32* ws) {
-    gate_up<FmtQ5K, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ5K, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_down_q5k_wg(ExpertDownParams p, const Step* step, const float* h,
                                               const float4* h4, const u32* ids, const u32* slot_of,
@@ -253,9 +368,10 @@ extern "C" __global__ void expert_down_q5k_wg(ExpertDownParams p, const Step* st
 }
 extern "C" __global__ void expert_gate_up_q6k_sg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                  const u32* ws) {
-    gate_up<FmtQ6K, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ6K, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_down_q6k_sg(ExpertDownParams p, const Step* step, const float* h,
                                               const float4* h4, const u32* ids, const u32* slot_of,
@@ -265,9 +381,10 @@ extern "C" __global__ void expert_down_q6k_sg(ExpertDownParams p, const Step* st
 }
 extern "C" __global__ void expert_gate_up_q6k_wg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                  const u32* ws) {
-    gate_up<FmtQ6K, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ6K, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_down_q6k_wg(ExpertDownParams p, const Step* step, const float* h,
                                               const float4* h4, const u32* ids, const u32* slot_of,
@@ -277,9 +394,10 @@ extern "C" __global__ void expert_down_q6k_wg(ExpertDownParams p, const Step* st
 }
 extern "C" __global__ void expert_gate_up_q5a_sg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                  const u32* ws) {
-    gate_up<FmtQ5A, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ5A, SubgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_down_q5a_sg(ExpertDownParams p, const Step* step, const float* h,
                                               const float4* h4, const u32* ids, const u32* slot_of,
@@ -289,9 +407,10 @@ extern "C" __global__ void expert_down_q5a_sg(ExpertDownParams p, const Step* st
 }
 extern "C" __global__ void expert_gate_up_q5a_wg(ExpertGateUpParams p, const Step* step,
                                                  const float* x, const float4* x4, const u32* ids,
-                                                 const u32* slot_of, float* h, const uint4* w,
+                                                 const u32* slot_of, float* h, const float* rl, float* rw, u32* ri,
+                                                 const uint4* w,
                                                  const u32* ws) {
-    gate_up<FmtQ5A, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Mat{w, ws});
+    gate_up<FmtQ5A, WorkgroupSum>(p, step, Act{x, x4}, ids, slot_of, h, Route{rl, rw, ri}, Mat{w, ws});
 }
 extern "C" __global__ void expert_down_q5a_wg(ExpertDownParams p, const Step* step, const float* h,
                                               const float4* h4, const u32* ids, const u32* slot_of,

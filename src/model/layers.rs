@@ -326,8 +326,8 @@ pub(super) fn build_layers(
         }
         Ok(prog)
     };
-    // Fused routing needs the wgpu kernels (the CUDA and CPU ones read the ids).
-    let fuse_routing = coalesced && matches!(dev, Device::Wgpu(_));
+    // Fused routing: the GPU plan's one-token programs (WGSL and CUDA alike).
+    let fuse_routing = coalesced;
     let mut rope_fl = match cfg.qk_norm {
         QkNorm::None => 0,
         QkNorm::Projection => flags::ROPE_QK_NORM,

@@ -245,6 +245,7 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
                 hbuf: &h,
                 y: &y,
                 x: &d,
+                route: None,
             };
             let mut prog = Program::default();
             let fl = m.routed(&mut prog, Executor::Grouped, store, slot_b);
@@ -343,6 +344,7 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
         hbuf: &hf,
         y: &d,
         x: &d,
+        route: None,
     };
     let mut prog = Program::default();
     m.swiglu_f16(&mut prog, pool, None, (0, 1), &yf);
@@ -408,6 +410,7 @@ fn emulated_tiled_gemms_match_the_cpu_reference() {
             hbuf: &h,
             y: &d,
             x: &d,
+            route: None,
         };
         let mut prog = Program::default();
         m.swiglu_dense(&mut prog, &mlp, &y);

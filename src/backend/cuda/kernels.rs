@@ -293,9 +293,9 @@ pub fn cuda_kernel(k: Kernel) -> Option<CudaKernel> {
             )?,
             "ExpertGateUpParams",
             if r.format.has_scales() {
-                &[2, 3, 4, 5, 6, 10, 11]
+                &[2, 3, 4, 5, 6, 8, 9, 12, 10, 11]
             } else {
-                &[2, 3, 4, 5, 6, 10]
+                &[2, 3, 4, 5, 6, 8, 9, 12, 10]
             },
             64,
         ),
