@@ -72,8 +72,11 @@ fn idle_keep_alive(addr: &str) -> TcpStream {
     write!(sock, "GET /health HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut seen = Vec::new();
     let mut buf = [0u8; 1024];
-    // The body's keys are sorted: "status" comes last.
-    while !String::from_utf8_lossy(&seen).ends_with("\"status\":\"ok\"}") {
+    // The whole body: "status" first, the slot counts after it.
+    while !{
+        let s = String::from_utf8_lossy(&seen);
+        s.contains("\"status\":\"ok\"") && s.ends_with('}')
+    } {
         let n = sock.read(&mut buf).expect("read /health");
         assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
         seen.extend_from_slice(&buf[..n]);

@@ -101,7 +101,7 @@ __device__ u32 route_expert(const ExpertGateUpParams& p, const Route& r, u32 t, 
         __syncthreads();
         float w = bv / total;
         if (lead) { r.ids[ob + jj] = bi; r.weights[ob + jj] = w; }
-        if (jj == j) mine = bi;
+        if (jj == j) mine = bi == ROUTE_NONE ? 0u : bi;
         picked_sum += w;
         prev_v = bv;
         prev_e = bi;

@@ -62,7 +62,7 @@ pub mod flags {
     /// every workgroup, router_topk's arithmetic, instead of reading ids (fused routing).
     pub const FFN_ROUTE: u32 = 4;
     /// expert_gate_up with FFN_ROUTE: workgroup (0, 0) of each token writes the ids
-    /// (binding 4) and weights (binding 9) for the dispatches after it.
+    /// (binding 12) and weights (binding 9) for the dispatches after it.
     pub const FFN_ROUTE_WRITE: u32 = 8;
     /// expert_gemm: the down projection (else gate/up + SiLU).
     pub const EXPERT_GEMM_DOWN: u32 = 4;

@@ -87,7 +87,7 @@ pub struct LayerPrograms {
     /// Cached layers with a one-token MLP program of their own: its routed experts alone
     /// (the hits, run while the misses are staged; `post_decode` then computes the misses).
     pub hits_decode: Option<Prepared>,
-    /// One-token steps in one submission (every expert resident, the GPU plan on wgpu):
+    /// One-token steps in one submission (every expert resident, the GPU plan):
     /// `pre` without router_topk, and the MLP block whose gate/up computes the top-k
     /// itself (`FFN_ROUTE`): a dispatch fewer a MoE layer. Steps whose routing the host
     /// reads between the two (residency, traces) keep `pre` and `post_decode`.

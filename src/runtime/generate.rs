@@ -363,7 +363,7 @@ pub fn prefill_only(fwd: &mut Forward, prompt: &[u32]) -> Result<Generation> {
 
 /// Logits at every prompt position (one row per token), for parity tests and evaluation.
 pub fn prompt_logits(fwd: &mut Forward, prompt: &[u32]) -> Result<Vec<Vec<f32>>> {
-    let chunk = fwd.opts.prefill_chunk;
+    let chunk = fwd.opts.prefill_chunk.min(fwd.logit_rows()).max(1);
     let v = fwd.cfg.vocab_size;
     let mut rows = Vec::with_capacity(prompt.len());
     let mut pos = 0;

@@ -230,7 +230,8 @@ fn common(o: &Map<String, Value>, prompt: PromptInput) -> ApiResult<Request> {
     };
     // 0 is only meaningful with completions' `echo` (the prompt scored, nothing
     // generated): `completion_only` admits it there.
-    if max_tokens == Some(0) && !(o.contains_key("prompt") && opt_bool(o, "echo")? == Some(true)) {
+    let completion = o.contains_key("prompt") && !o.contains_key("messages");
+    if max_tokens == Some(0) && !(completion && opt_bool(o, "echo")? == Some(true)) {
         let p = if max_completion.is_some() {
             "max_completion_tokens"
         } else {

@@ -702,7 +702,8 @@ async fn handle(st: Arc<AppState>, req: Request, kind: Kind) -> Result<Response,
             Some(Event::Prompt(p)) => prompt = p,
             Some(Event::Done(d)) => {
                 let lp = if fmt.scores_prompt {
-                    logprobs::completion_scored(&prompt, &entries, fmt.text_start())
+                    let echo = fmt.echo.as_deref().unwrap_or_default();
+                    logprobs::completion_scored(&prompt, &entries, echo, fmt.text_start())
                 } else {
                     fmt.logprobs(&entries, &mut fmt.text_start())
                 };
@@ -765,7 +766,7 @@ fn sse(
                 Some(Event::Logprob(l)) => st.pending.push(l),
                 Some(Event::Prompt(p)) => {
                     let echo = st.fmt.echo.clone().unwrap_or_default();
-                    let (lp, _) = logprobs::completion(&p, 0);
+                    let lp = logprobs::prompt_completion(&p, &echo);
                     st.queue.push_back(st.fmt.delta(&echo, st.first, lp));
                     st.first = false;
                 }

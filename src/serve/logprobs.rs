@@ -79,10 +79,41 @@ pub fn completion(entries: &[Logprob], mut offset: usize) -> (Value, usize) {
     (v, offset)
 }
 
-/// The Completions API's `logprobs` of an echoed, scored prompt (its text from character
-/// 0) followed by the generated tokens (from character `start`, after the echo).
-pub fn completion_scored(prompt: &[Logprob], generated: &[Logprob], start: usize) -> Value {
-    let (mut a, _) = completion(prompt, 0);
+/// The Completions API's `logprobs` of a scored prompt, its offsets into the echoed
+/// `text`: a token whose text does not come next there (a BOS the prompt's text does not
+/// hold, a piece decoded differently alone) takes no width if it is the first, else its
+/// own, never past the text's end.
+pub fn prompt_completion(prompt: &[Logprob], text: &str) -> Value {
+    let (mut v, _) = completion(prompt, 0);
+    let total = text.chars().count();
+    let (mut off, mut byte) = (0usize, 0usize);
+    let mut offs = Vec::with_capacity(prompt.len());
+    for (i, e) in prompt.iter().enumerate() {
+        offs.push(off);
+        let rest = &text[byte..];
+        let n = if rest.starts_with(&e.token) {
+            e.token.chars().count()
+        } else if i == 0 {
+            0
+        } else {
+            e.token.chars().count().min(total - off)
+        };
+        byte += rest.char_indices().nth(n).map_or(rest.len(), |(b, _)| b);
+        off += n;
+    }
+    v["text_offset"] = json!(offs);
+    v
+}
+
+/// The Completions API's `logprobs` of an echoed, scored prompt (offsets into the echo,
+/// `text`) followed by the generated tokens (from character `start`, after the echo).
+pub fn completion_scored(
+    prompt: &[Logprob],
+    generated: &[Logprob],
+    text: &str,
+    start: usize,
+) -> Value {
+    let mut a = prompt_completion(prompt, text);
     let (b, _) = completion(generated, start);
     for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
         if let (Some(Value::Array(x)), Value::Array(y)) = (a.get_mut(key), &b[key]) {
@@ -156,11 +187,22 @@ mod tests {
             top: vec![],
         };
         let prompt = [first, lp("ab", -3.0, &[("ab", -3.0)])];
-        let v = completion_scored(&prompt, &[lp("c", -0.25, &[("c", -0.25)])], 5);
+        let c = [lp("c", -0.25, &[("c", -0.25)])];
+        // The echo holds the BOS's text (a prompt of ids): offsets along it.
+        let v = completion_scored(&prompt, &c, "<s>ab", 5);
         assert_eq!(
             v,
             json!({"tokens": ["<s>", "ab", "c"], "token_logprobs": [null, -3.0, -0.25],
                    "top_logprobs": [null, {"ab": -3.0}, {"c": -0.25}], "text_offset": [0, 3, 5]})
+        );
+        // A text prompt's echo does not: the BOS takes no width, the offsets never go back.
+        let v = completion_scored(&prompt, &c, "ab", 2);
+        assert_eq!(v["text_offset"], json!([0, 0, 2]));
+        // A piece that decodes differently alone keeps its width, within the text.
+        let odd = [lp("x", -1.0, &[]), lp("yz", -1.0, &[]), lp("q", -1.0, &[])];
+        assert_eq!(
+            prompt_completion(&odd, "ayz")["text_offset"],
+            json!([0, 0, 2])
         );
     }
 }

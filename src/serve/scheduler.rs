@@ -250,7 +250,13 @@ impl Worker<'_> {
             self.finish(seq, End::Finished("length"));
             return;
         }
-        let m = chunk.min(s.prompt.len() - s.ran);
+        // A scored prompt runs as many positions a time as the logits hold (its rows come
+        // back to the host: at most SCORE_ROWS of them at once).
+        let step = match s.scored {
+            Some(_) => chunk.min(self.session.engine.fwd.logit_rows()),
+            None => chunk,
+        };
+        let m = step.min(s.prompt.len() - s.ran);
         let last = s.ran + m == s.prompt.len();
         let part = s.prompt[s.ran..s.ran + m].to_vec();
         let slot = s.slot;
