@@ -588,9 +588,19 @@ pub(super) fn build_layers(
         };
         let pre_batched = batched_attention
             .map(|a| pre.with_stages_replaced(&["attention", "attention_combine"], a));
-        // Fused only where the block's gate/up does route (it then writes the ids).
+        // Fused only where the block's gate/up does route and write the ids (else `pre`
+        // without router_topk would leave them stale).
+        let routes = |p: &Program| {
+            p.ops.iter().any(|o| {
+                matches!(o.kernel, crate::backend::Kernel::ExpertGateUp(_))
+                    && o.params.len() == std::mem::size_of::<ExpertGateUpParams>()
+                    && bytemuck::pod_read_unaligned::<ExpertGateUpParams>(&o.params).flags
+                        & flags::FFN_ROUTE_WRITE
+                        != 0
+            })
+        };
         let fused_decode = fused_post
-            .filter(|p| p.ops.iter().any(|o| o.stage == "experts_gate_up"))
+            .filter(|p| routes(p))
             .map(|post| {
                 let pre = pre.with_stages_replaced(&["router_topk"], Vec::new());
                 Ok::<_, Error>((dev.prepare(pre, step)?, dev.prepare(post, step)?))

@@ -188,24 +188,16 @@ async fn method_not_allowed(req: Request) -> ApiError {
 /// sending requests here).
 async fn health(State(st): State<Arc<AppState>>) -> Response {
     let busy = st.shared.slots_busy.load(Ordering::SeqCst).min(st.slots);
-    let slots = json!({
+    let (code, status) = match st.shared.draining.load(Ordering::SeqCst) {
+        true => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+        false => (StatusCode::OK, "ok"),
+    };
+    let body = json!({
+        "status": status,
         "slots_idle": st.slots - busy,
         "slots_processing": busy,
         "slots_total": st.slots,
     });
-    let mut body = if st.shared.draining.load(Ordering::SeqCst) {
-        json!({"status": "draining"})
-    } else {
-        json!({"status": "ok"})
-    };
-    if let (Some(b), Some(s)) = (body.as_object_mut(), slots.as_object()) {
-        b.extend(s.clone());
-    }
-    let code = if st.shared.draining.load(Ordering::SeqCst) {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::OK
-    };
     tallied((code, Json(body)))
 }
 
